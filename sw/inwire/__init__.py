@@ -1,0 +1,3 @@
+"""inwire host package."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,239 @@
+"""The inwire wire format, defined once.
+
+Every frame the aggregator acts on starts with a fixed 128-byte header: Ethernet II (14 bytes), IPv4
+without options (20), UDP (8) and the aggregation header (86). 128 is a multiple of every data width
+from 8 to 64 bytes, so the int32 elements that follow start on a beat boundary at every width.
+
+The tables below are the single source of truth. The scapy layer (`inwire.layers`), the numpy codec
+(`inwire.packets`), the golden model (`inwire.model`), the gateware layout (`inwire_hdl.layout`) and the
+protocol table in docs/protocol.md are all derived from them.
+"""
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    nbytes: int
+    meaning: str
+    signed: bool = False
+
+    @property
+    def bits(self):
+        return 8 * self.nbytes
+
+
+ETHERNET_FIELDS = (
+    Field("eth_dst", 6, "destination MAC"),
+    Field("eth_src", 6, "source MAC"),
+    Field("eth_type", 2, "EtherType, 0x0800 for IPv4"),
+)
+
+IPV4_FIELDS = (
+    Field("ip_ver_ihl", 1, "version (high nibble, 4) and header length in words (low nibble, 5)"),
+    Field("ip_tos", 1, "DSCP and ECN"),
+    Field("ip_len", 2, "total length of the IPv4 packet in bytes"),
+    Field("ip_id", 2, "identification"),
+    Field("ip_frag", 2, "flags (3 bits) and fragment offset (13 bits)"),
+    Field("ip_ttl", 1, "time to live"),
+    Field("ip_proto", 1, "protocol, 17 for UDP"),
+    Field("ip_csum", 2, "header checksum"),
+    Field("ip_src", 4, "source address"),
+    Field("ip_dst", 4, "destination address"),
+)
+
+UDP_FIELDS = (
+    Field("udp_sport", 2, "source port"),
+    Field("udp_dport", 2, "destination port, INWIRE_PORT for aggregation traffic"),
+    Field("udp_len", 2, "UDP header and payload length in bytes"),
+    Field("udp_csum", 2, "checksum, 0 (none) in frames the aggregator sends"),
+)
+
+AGGREGATION_FIELDS = (
+    Field("magic", 2, "0x4957 ('IW'): marks an inwire header"),
+    Field("version", 1, "protocol version, 1"),
+    Field("opcode", 1, "contribution, result, result request, stats request or stats reply"),
+    Field("sender", 1, "sender's index within its clique, below fanin; in a result, whose frame caused it"),
+    Field("fanin", 1, "number of members in the clique, 1 to the aggregator's maximum"),
+    Field("exponent", 1, "block exponent e: an element q stands for q * 2**e", signed=True),
+    Field("contributors", 1, "in a result: number of members summed (bits set in bitmap)"),
+    Field("job", 4, "training job identifier"),
+    Field("round", 4, "round number; a newer round of the same job may reclaim an unfinished slot"),
+    Field("clique", 2, "clique index within the round"),
+    Field("slot", 2, "aggregator slot chosen by the host (hosts alternate two pools of slots)"),
+    Field("chunk", 4, "offset of the first element within the vector"),
+    Field("count", 2, "number of int32 elements after the header"),
+    Field("reserved0", 2, "zero"),
+    Field("group", 4, "IPv4 multicast group (239.0.0.0/8) that receives the result"),
+    Field("bitmap", 8, "in a result: bit i set when member i was summed"),
+    Field("reserved", 46, "zero; pads the frame header to 128 bytes"),
+)
+
+RESULT_TRAILER_FIELDS = (
+    Field("status", 4, "bit 0: a sum saturated at the int32 limits (overflow)"),
+)
+"""A result ends with this trailer after its elements: a cut-through aggregator knows whether the
+completing contribution saturated only once its last element has gone by, long after the header."""
+
+FRAME_FIELDS = ETHERNET_FIELDS + IPV4_FIELDS + UDP_FIELDS + AGGREGATION_FIELDS
+
+
+def _offsets(fields):
+    offsets, position = {}, 0
+    for field in fields:
+        offsets[field.name] = position
+        position += field.nbytes
+    return offsets, position
+
+
+FRAME_OFFSETS, FRAME_HEADER_BYTES = _offsets(FRAME_FIELDS)
+AGGREGATION_HEADER_BYTES = sum(field.nbytes for field in AGGREGATION_FIELDS)
+ETHERNET_BYTES = sum(field.nbytes for field in ETHERNET_FIELDS)
+IPV4_BYTES = sum(field.nbytes for field in IPV4_FIELDS)
+UDP_BYTES = sum(field.nbytes for field in UDP_FIELDS)
+FIELDS_BY_NAME = {field.name: field for field in FRAME_FIELDS}
+assert FRAME_HEADER_BYTES == 128, FRAME_HEADER_BYTES
+
+INWIRE_PORT = 0x4957
+MAGIC = 0x4957
+VERSION = 1
+ELEMENT_BYTES = 4
+ETHERTYPE_IPV4 = 0x0800
+IP_PROTO_UDP = 17
+IP_VER_IHL = 0x45
+IP_FLAG_DF = 0x4000
+RESULT_TTL = 64
+STATUS_OVERFLOW = 0x01
+RESULT_TRAILER_BYTES = sum(field.nbytes for field in RESULT_TRAILER_FIELDS)
+MAX_FANIN = 64
+MIN_FRAME_BYTES = 60
+"""Shortest Ethernet frame without its FCS; anything shorter is a runt."""
+WIRE_OVERHEAD_BYTES = 24
+"""Preamble and SFD (8), FCS (4) and the minimum inter-frame gap (12) that every frame costs."""
+MTU_BYTES = 2048
+"""The IPv4 MTU that DoubleZero asks of its contributors."""
+MAX_ELEMENTS_PER_FRAME = (MTU_BYTES - IPV4_BYTES - UDP_BYTES - AGGREGATION_HEADER_BYTES
+                          - RESULT_TRAILER_BYTES) // ELEMENT_BYTES
+MULTICAST_PREFIX = 239 << 24
+MULTICAST_MASK = 0xFF000000
+
+
+class Opcode(IntEnum):
+    CONTRIBUTION = 1
+    RESULT = 2
+    RESULT_REQUEST = 3
+    STATS_REQUEST = 4
+    STATS_REPLY = 5
+
+
+OPCODE_MEANING = {
+    Opcode.CONTRIBUTION: "a member's elements for a slot; summed into it",
+    Opcode.RESULT: "the slot's sums and a status trailer, multicast to the group",
+    Opcode.RESULT_REQUEST: "asks for a completed slot's stored result without contributing",
+    Opcode.STATS_REQUEST: "asks the aggregator for its counters",
+    Opcode.STATS_REPLY: "the counters, one uint32 each, as the elements, in COUNTERS order",
+}
+
+
+class Disposition(IntEnum):
+    """What the aggregator did with one input frame: every frame gets exactly one."""
+    FORWARDED = 0
+    ACCUMULATED = 1
+    ANSWERED = 2
+    DROP_RUNT = 3
+    DROP_IP_HEADER = 4
+    DROP_IP_FRAGMENT = 5
+    DROP_IP_CHECKSUM = 6
+    DROP_LENGTH = 7
+    DROP_VERSION = 8
+    DROP_OPCODE = 9
+    DROP_FANIN = 10
+    DROP_SENDER = 11
+    DROP_COUNT = 12
+    DROP_GROUP = 13
+    DROP_SLOT = 14
+    DROP_DUPLICATE = 15
+    DROP_MISMATCH = 16
+    DROP_COLLISION = 17
+    DROP_NO_RESULT = 18
+
+
+DISPOSITION_MEANING = {
+    Disposition.FORWARDED: "not addressed to the aggregator: passed through byte for byte",
+    Disposition.ACCUMULATED: "contribution added to its slot (the last one also emits the result)",
+    Disposition.ANSWERED: "retransmitted contribution or result request for a completed slot, "
+                          "or stats request: answered with one frame",
+    Disposition.DROP_RUNT: "shorter than 60 bytes",
+    Disposition.DROP_IP_HEADER: "IPv4 version is not 4 or header length is not 5 words",
+    Disposition.DROP_IP_FRAGMENT: "IPv4 fragment (MF set or offset not zero)",
+    Disposition.DROP_IP_CHECKSUM: "IPv4 header checksum wrong",
+    Disposition.DROP_LENGTH: "frame, IPv4 and UDP lengths and element count disagree (requests carry "
+                             "no elements)",
+    Disposition.DROP_VERSION: "magic or version unknown",
+    Disposition.DROP_OPCODE: "opcode is not one an aggregator accepts (contribution, result request, "
+                             "stats request)",
+    Disposition.DROP_FANIN: "fanin is 0 or above the aggregator's maximum",
+    Disposition.DROP_SENDER: "sender index not below fanin",
+    Disposition.DROP_COUNT: "element count is 0 or above the aggregator's maximum",
+    Disposition.DROP_GROUP: "group is not in 239.0.0.0/8",
+    Disposition.DROP_SLOT: "slot index beyond the aggregator's slots",
+    Disposition.DROP_DUPLICATE: "member already summed into this slot",
+    Disposition.DROP_MISMATCH: "fanin, group, count or exponent differ from the slot's first contribution",
+    Disposition.DROP_COLLISION: "slot busy with another unfinished job, round, clique or chunk",
+    Disposition.DROP_NO_RESULT: "result request for a slot with no matching completed result",
+}
+
+COUNTERS = tuple(disposition.name.lower() for disposition in Disposition) + (
+    "frames_in", "results_emitted", "slots_reclaimed", "saturations")
+"""Counter names, in the order a stats reply carries them. `frames_in` equals the sum of the
+dispositions; `results_emitted` counts result frames sent (completions and stored-result answers)."""
+
+DROP_COUNTERS = tuple(d.name.lower() for d in Disposition if d.name.startswith("DROP_"))
+
+
+def _numpy_field(field):
+    if field.nbytes in (1, 2, 4, 8):
+        kind = "i" if field.signed else "u"
+        return (field.name, f">{kind}{field.nbytes}")
+    return (field.name, "u1", (field.nbytes,))
+
+
+FRAME_HEADER_DTYPE = np.dtype([_numpy_field(field) for field in FRAME_FIELDS])
+"""numpy structured type of the 128-byte frame header, in network byte order."""
+assert FRAME_HEADER_DTYPE.itemsize == FRAME_HEADER_BYTES
+
+ELEMENT_DTYPE = np.dtype(">i4")
+
+
+def multicast_mac(group):
+    """Ethernet address of an IPv4 multicast group: 01:00:5e and the group's low 23 bits."""
+    return 0x01005E000000 | (int(group) & 0x7FFFFF)
+
+
+def is_multicast_group(group):
+    return (int(group) & MULTICAST_MASK) == MULTICAST_PREFIX
+
+
+def frame_bytes(count, opcode=Opcode.CONTRIBUTION):
+    """Length of an aggregation frame carrying `count` elements, without FCS."""
+    trailer = RESULT_TRAILER_BYTES if opcode == Opcode.RESULT else 0
+    return FRAME_HEADER_BYTES + ELEMENT_BYTES * count + trailer
+
+
+def wire_efficiency(count):
+    """Element bytes of a contribution over all bytes it costs on the wire (preamble, FCS, gap)."""
+    return ELEMENT_BYTES * count / (frame_bytes(count) + WIRE_OVERHEAD_BYTES)
+
+
+def markdown_table(fields=AGGREGATION_FIELDS):
+    """The header as a Markdown table: offset within the frame, size, name and meaning."""
+    lines = ["| offset | bytes | field | meaning |", "| ---: | ---: | --- | --- |"]
+    for field in fields:
+        signed = " (signed)" if field.signed else ""
+        lines.append(f"| {FRAME_OFFSETS[field.name]} | {field.nbytes} | `{field.name}` | "
+                     f"{field.meaning}{signed} |")
+    return "\n".join(lines)
