@@ -15,16 +15,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .packets import build_frames, ipv4_header_valid, mac_bytes, parse_header
+from .packets import build_frames, frame_field, ipv4_header_valid, mac_bytes, parse_header
 from .protocol import (
     COUNTERS,
-    ELEMENT_BYTES,
     ELEMENT_DTYPE,
     ETHERNET_BYTES,
     ETHERTYPE_IPV4,
     FRAME_HEADER_BYTES,
-    FRAME_OFFSETS,
     INWIRE_PORT,
+    IP_FRAGMENT_MASK,
     IP_PROTO_UDP,
     IP_VER_IHL,
     IPV4_BYTES,
@@ -35,6 +34,7 @@ from .protocol import (
     VERSION,
     Disposition,
     Opcode,
+    frame_bytes,
     is_multicast_group,
     multicast_mac,
 )
@@ -126,20 +126,15 @@ class Aggregator:
         return self._contribution(header, elements)
 
     def _addressed_to_me(self, frame):
-        def field_value(name, nbytes):
-            offset = FRAME_OFFSETS[name]
-            return int.from_bytes(frame[offset:offset + nbytes], "big")
-        return (field_value("eth_type", 2) == ETHERTYPE_IPV4 and field_value("ip_proto", 1) == IP_PROTO_UDP
-                and field_value("ip_dst", 4) == self.config.ip
-                and field_value("udp_dport", 2) == self.config.port)
+        return (frame_field(frame, "eth_type") == ETHERTYPE_IPV4 and frame_field(frame, "ip_proto") == IP_PROTO_UDP
+                and frame_field(frame, "ip_dst") == self.config.ip
+                and frame_field(frame, "udp_dport") == self.config.port)
 
     def _malformed(self, frame):
         """Checks of the IPv4, UDP and aggregation headers and of the frame length, in order."""
-        ip = FRAME_OFFSETS["ip_ver_ihl"]
-        if frame[ip] != IP_VER_IHL:
+        if frame_field(frame, "ip_ver_ihl") != IP_VER_IHL:
             return Disposition.DROP_IP_HEADER
-        ip_frag = int.from_bytes(frame[FRAME_OFFSETS["ip_frag"]:][:2], "big")
-        if ip_frag & 0x3FFF:
+        if frame_field(frame, "ip_frag") & IP_FRAGMENT_MASK:
             return Disposition.DROP_IP_FRAGMENT
         if not ipv4_header_valid(frame):
             return Disposition.DROP_IP_CHECKSUM
@@ -150,8 +145,7 @@ class Aggregator:
             return Disposition.DROP_VERSION
         if header["opcode"] not in ACCEPTED_OPCODES:
             return Disposition.DROP_OPCODE
-        carries_elements = header["opcode"] == Opcode.CONTRIBUTION
-        expected = FRAME_HEADER_BYTES + (ELEMENT_BYTES * int(header["count"]) if carries_elements else 0)
+        expected = frame_bytes(int(header["count"]), int(header["opcode"]))
         if (len(frame) != expected or header["ip_len"] != expected - ETHERNET_BYTES
                 or header["udp_len"] != expected - ETHERNET_BYTES - IPV4_BYTES):
             return Disposition.DROP_LENGTH

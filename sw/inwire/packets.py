@@ -193,6 +193,12 @@ def parse_frames(frames):
     return headers, elements
 
 
+def frame_field(frame, name):
+    """Unsigned value of header field `name` read straight from a frame's bytes (which must reach it)."""
+    offset = FRAME_OFFSETS[name]
+    return int.from_bytes(frame[offset:offset + FRAME_HEADER_DTYPE[name].itemsize], "big")
+
+
 def parse_header(frame):
     """The 128-byte header of one frame as a FRAME_HEADER_DTYPE record (frame must be long enough)."""
     return np.frombuffer(bytes(frame[:FRAME_HEADER_BYTES]), dtype=FRAME_HEADER_DTYPE)[0]

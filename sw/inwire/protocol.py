@@ -106,6 +106,8 @@ ETHERTYPE_IPV4 = 0x0800
 IP_PROTO_UDP = 17
 IP_VER_IHL = 0x45
 IP_FLAG_DF = 0x4000
+IP_FRAGMENT_MASK = 0x3FFF
+"""More-fragments flag and fragment offset: a frame with any of them set is a fragment."""
 RESULT_TTL = 64
 STATUS_OVERFLOW = 0x01
 RESULT_TRAILER_BYTES = sum(field.nbytes for field in RESULT_TRAILER_FIELDS)
@@ -218,8 +220,14 @@ def is_multicast_group(group):
     return (int(group) & MULTICAST_MASK) == MULTICAST_PREFIX
 
 
+REQUEST_OPCODES = (Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST)
+"""Requests are the bare header: their count field describes the slot, not the frame."""
+
+
 def frame_bytes(count, opcode=Opcode.CONTRIBUTION):
-    """Length of an aggregation frame carrying `count` elements, without FCS."""
+    """Length, without FCS, of an aggregation frame of kind `opcode` whose count field is `count`."""
+    if opcode in REQUEST_OPCODES:
+        return FRAME_HEADER_BYTES
     trailer = RESULT_TRAILER_BYTES if opcode == Opcode.RESULT else 0
     return FRAME_HEADER_BYTES + ELEMENT_BYTES * count + trailer
 
