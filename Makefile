@@ -25,6 +25,7 @@ iverilog:
 	else echo "Icarus Verilog is missing: run 'sudo apt-get install -y iverilog', then 'make setup' again"; exit 1; fi
 
 test:
+	$(BIN)/ruff check .
 	$(BIN)/pytest
 
 sim:
@@ -34,7 +35,7 @@ verilog:
 	$(BIN)/inwire verilog -o build/inwire_aggregator.v
 
 docs:
-	$(BIN)/inwire docs > docs/protocol.md
+	$(BIN)/python -m inwire.docs
 
 bench:
 	mkdir -p bench

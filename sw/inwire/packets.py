@@ -23,6 +23,7 @@ from .protocol import (
     RESULT_TRAILER_BYTES,
     RESULT_TTL,
     VERSION,
+    Opcode,
     multicast_mac,
 )
 
@@ -40,6 +41,7 @@ HEADER_DEFAULTS = {
     "udp_dport": INWIRE_PORT,
     "magic": MAGIC,
     "version": VERSION,
+    "opcode": Opcode.CONTRIBUTION,
 }
 """Values every aggregation frame carries unless the caller says otherwise."""
 

@@ -1,0 +1,108 @@
+"""The `inwire` command: decode, docs, version and help."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from inwire import __version__
+from inwire.cli import main
+from inwire.codec import dequantize
+from inwire.decode import describe_frame
+from inwire.docs import protocol_markdown, readme_with_table
+from inwire.model import Aggregator, AggregatorConfig
+from inwire.packets import build_frames
+from inwire.pcap import write_frames
+from inwire.protocol import Opcode
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = AggregatorConfig()
+
+
+def round_capture(path):
+    """A clique of two, its result, foreign traffic, a runt and a corrupted contribution."""
+    contributions = build_frames(np.array([[1, -2, 3], [4, 5, -6]]), ip_src=0x0A000001, ip_dst=CONFIG.ip,
+                                 opcode=Opcode.CONTRIBUTION, fanin=2, sender=[0, 1], group=0xEF000007,
+                                 slot=3, job=11, round=2, clique=1, chunk=96, exponent=-4)
+    aggregator = Aggregator(CONFIG)
+    frames = [bytes(row) for row in contributions]
+    result = [out for frame in frames for out in aggregator.process(frame)]
+    corrupted = bytearray(frames[0])
+    corrupted[24] ^= 0xFF
+    foreign = bytes(range(14)) + b"\x86\xdd" + bytes(60)
+    write_frames(path, frames + result + [foreign, b"\x01\x02\x03", bytes(corrupted), frames[0][:100]])
+
+
+def test_decode_prints_one_json_object_per_frame(tmp_path, capsys):
+    capture = tmp_path / "round.pcap"
+    round_capture(capture)
+    assert main(["decode", str(capture)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["kind"] for line in lines] == ["contribution", "contribution", "result", "other", "other",
+                                                "malformed", "malformed"]
+    first, result = lines[0], lines[2]
+    assert {key: first[key] for key in ("job", "round", "clique", "slot", "chunk", "sender", "fanin", "group",
+                                        "exponent", "elements")} == {
+        "job": 11, "round": 2, "clique": 1, "slot": 3, "chunk": 96, "sender": 0, "fanin": 2,
+        "group": "239.0.0.7", "exponent": -4, "elements": [1, -2, 3]}
+    assert result["elements"] == [5, 3, -3] and result["bitmap"] == 3 and result["count"] == 3
+    assert result["overflow"] is False
+    assert [line["frame"] for line in lines] == list(range(7))
+
+
+@pytest.mark.parametrize("content", [b"", b"not a capture at all" * 4, None])
+def test_decode_of_an_unreadable_capture_is_one_line_and_exit_2(tmp_path, capsys, content):
+    capture = tmp_path / "bad.pcap"
+    if content is not None:
+        capture.write_bytes(content)
+    assert main(["decode", str(capture)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "bad.pcap" in error and "Traceback" not in error
+
+
+def test_decode_survives_random_garbage_frames(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    template = build_frames(np.arange(4), ip_dst=CONFIG.ip, fanin=2)[0]
+    frames = []
+    for _ in range(400):
+        frame = bytearray(template[: rng.integers(0, len(template) + 1)])
+        for position in rng.integers(0, max(1, len(frame)), size=rng.integers(0, 4)):
+            if frame:
+                frame[position] ^= 1 << rng.integers(0, 8)
+        frames.append(bytes(frame))
+    capture = tmp_path / "garbage.pcap"
+    write_frames(capture, frames)
+    assert main(["decode", str(capture)]) == 0
+    kinds = {json.loads(line)["kind"] for line in capsys.readouterr().out.splitlines()}
+    assert kinds <= {"contribution", "other", "malformed"} and "malformed" in kinds
+
+
+def test_protocol_docs_are_generated_from_the_table():
+    assert (ROOT / "docs" / "protocol.md").read_text() == protocol_markdown(), "run `make docs`"
+
+
+def test_console_script_reports_version_and_help():
+    version = subprocess.run([sys.executable, "-m", "inwire.cli", "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.strip() == f"inwire {__version__}"
+    usage = subprocess.run([sys.executable, "-m", "inwire.cli", "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and "decode" in usage.stdout
+
+
+def test_readme_protocol_table_is_generated_from_the_table():
+    readme = (ROOT / "README.md").read_text()
+    assert readme == readme_with_table(readme), "run `make docs`"
+    assert "| 42 | 2 | `magic` |" in readme
+
+
+def test_readme_python_example_runs():
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    result = describe_frame(namespace["result"])
+    assert result["kind"] == "result"
+    exponent = namespace["exponent"]
+    assert dequantize(np.array(result["elements"]), exponent, 2).tolist() == [0.875, 1.0]
