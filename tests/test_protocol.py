@@ -52,9 +52,10 @@ def test_largest_result_fits_the_mtu():
 
 
 @settings(max_examples=150, deadline=None)
-@given(values=field_values(), elements=elements_strategy)
+@given(values=field_values(), elements=st.lists(st.integers(-2**31, 2**31 - 1), max_size=300))
 def test_numpy_frame_dissects_in_scapy_to_the_same_values(values, elements):
-    frame = build_frames(np.array([elements], dtype=np.int64).reshape(1, -1), **values)[0]
+    status = 1 if values["opcode"] == Opcode.RESULT else None
+    frame = build_frames(np.array([elements], dtype=np.int64).reshape(1, -1), status=status, **values)[0]
     packet = Ether(bytes(frame))
     header = packet[Inwire]
     for name, value in values.items():
@@ -64,6 +65,8 @@ def test_numpy_frame_dissects_in_scapy_to_the_same_values(values, elements):
         assert getattr(header, name) == expected, name
     assert header.count == len(elements)
     assert header.elements == elements
+    if status is not None:
+        assert header.status == status
     assert packet[UDP].dport == INWIRE_PORT
     assert packet[IP].chksum == IP(raw(packet[IP])).chksum
     assert IP(raw(packet[IP])).len == len(frame) - 14
@@ -77,8 +80,10 @@ def test_scapy_built_frame_equals_numpy_built_frame(values, elements):
     packet = (Ether(dst="01:00:5e:00:00:01", src="02:00:00:00:00:02")
               / IP(src="10.0.0.2", dst="10.0.0.1", id=0, flags="DF", ttl=64)
               / UDP(chksum=0) / Inwire(elements=elements, **scapy_values))
+    status = 0 if values["opcode"] == Opcode.RESULT else None
     frame = build_frames(np.array([elements], dtype=np.int64).reshape(1, -1), eth_dst="01:00:5e:00:00:01",
-                         eth_src="02:00:00:00:00:02", ip_src=0x0A000002, ip_dst=0x0A000001, **values)[0]
+                         eth_src="02:00:00:00:00:02", ip_src=0x0A000002, ip_dst=0x0A000001, status=status,
+                         **values)[0]
     assert raw(packet) == bytes(frame)
 
 

@@ -54,7 +54,8 @@ def _scapy_field(field):
 class Inwire(Packet):
     name = "inwire"
     fields_desc = [_scapy_field(field) for field in AGGREGATION_FIELDS] + [
-        FieldListField("elements", [], SignedIntField("", 0), count_from=lambda pkt: pkt.count),
+        FieldListField("elements", [], SignedIntField("", 0), count_from=lambda pkt: pkt.count,
+                       max_count=2**16),
     ] + [ConditionalField(_scapy_field(field), lambda pkt: pkt.opcode == Opcode.RESULT)
          for field in RESULT_TRAILER_FIELDS]
 

@@ -206,6 +206,18 @@ def parse_header(frame):
     return np.frombuffer(bytes(frame[:FRAME_HEADER_BYTES]), dtype=FRAME_HEADER_DTYPE)[0]
 
 
+def parse_datagram_header(payload):
+    """The aggregation header of a UDP payload as a FRAME_HEADER_DTYPE record (lower layers zero), or None
+    when the payload is too short or lacks the inwire magic and version."""
+    if len(payload) < FRAME_HEADER_BYTES - AGGREGATION_OFFSET:
+        return None
+    header = np.frombuffer(bytes(AGGREGATION_OFFSET) + bytes(payload[:FRAME_HEADER_BYTES - AGGREGATION_OFFSET]),
+                           dtype=FRAME_HEADER_DTYPE)[0]
+    if header["magic"] != MAGIC or header["version"] != VERSION:
+        return None
+    return header
+
+
 def group_macs(groups):
     """Multicast MACs of an array of IPv4 groups, as an (N, 6) uint8 array."""
     groups = np.atleast_1d(np.asarray(groups, dtype=np.uint64))

@@ -1,0 +1,150 @@
+"""The software aggregator service: the golden model behind UDP, never dying on bad input."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inwire.host_cli import run_command
+from inwire.packets import build_frames, parse_header
+from inwire.protocol import ELEMENT_DTYPE, FRAME_HEADER_BYTES, Opcode
+from inwire.serve import PAYLOAD_OFFSET, SoftwareAggregator, parse_stats_reply, stats_request, wrap_datagram
+
+GROUP = 0xEF490001
+SW = str(Path(__file__).resolve().parents[1] / "sw")
+
+
+def contribution(sender, values, fanin=2, slot=0, job=7):
+    frame = build_frames(np.asarray(values, dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=sender, fanin=fanin,
+                         job=job, round=1, clique=0, slot=slot, chunk=0, group=GROUP)
+    return bytes(frame[0, PAYLOAD_OFFSET:])
+
+
+def result_elements(payload):
+    header = parse_header(bytes(PAYLOAD_OFFSET) + payload)
+    count = int(header["count"])
+    return header, np.frombuffer(payload, ELEMENT_DTYPE, count, FRAME_HEADER_BYTES - PAYLOAD_OFFSET).tolist()
+
+
+@pytest.fixture
+def server():
+    servers = []
+
+    def make(**options):
+        instance = SoftwareAggregator(("127.0.0.1", 0), log=lambda line: None, **options)
+        servers.append(instance)
+        return instance
+    yield make
+    for instance in servers:
+        instance.close()
+
+
+def test_wrapped_datagram_has_a_valid_ipv4_header():
+    frame = wrap_datagram(b"x" * 100, ("10.0.0.2", 1234), ("10.0.0.1", 18775), bytes(6))
+    header = parse_header(frame + bytes(FRAME_HEADER_BYTES))
+    assert header["ip_len"] == 128 and header["udp_len"] == 108 and header["udp_sport"] == 1234
+    from inwire.packets import ipv4_header_valid
+    assert ipv4_header_valid(frame)
+
+
+def test_multicast_result_goes_to_the_group(server):
+    aggregator = server()
+    assert aggregator.handle(contribution(0, [1, 2, 3]), ("127.0.0.1", 5000)) == []
+    sends = aggregator.handle(contribution(1, [10, -20, 30]), ("127.0.0.1", 5001))
+    assert len(sends) == 1
+    payload, destination = sends[0]
+    assert destination == ("239.73.0.1", aggregator.address[1])
+    header, elements = result_elements(payload)
+    assert header["opcode"] == Opcode.RESULT and elements == [11, -18, 33] and header["bitmap"] == 3
+
+
+def test_unicast_fallback_sends_each_member_a_copy_and_answers_a_retransmission_alone(server):
+    aggregator = server(unicast=True)
+    peers = [("127.0.0.1", 5000), ("127.0.0.2", 5001)]
+    aggregator.handle(contribution(0, [5]), peers[0])
+    sends = aggregator.handle(contribution(1, [6]), peers[1])
+    assert sorted(destination for _, destination in sends) == peers
+    assert all(result_elements(payload)[1] == [11] for payload, _ in sends)
+    again = aggregator.handle(contribution(0, [5]), peers[0])
+    assert [destination for _, destination in again] == [peers[0]]
+    assert result_elements(again[0][0])[1] == [11]
+    assert aggregator.counters()["answered"] == 1
+
+
+@pytest.mark.parametrize("garbage", [b"", b"\x00", b"IW\x01", os.urandom(300), b"\x49\x57\x01\x01" + bytes(82),
+                                     contribution(0, [1])[:-1], contribution(5, [1])])
+def test_malformed_datagrams_are_counted_and_dropped(server, garbage):
+    aggregator = server()
+    assert aggregator.handle(garbage, ("127.0.0.1", 9)) == []
+    counters = aggregator.counters()
+    assert counters["frames_in"] == 1
+    assert sum(value for name, value in counters.items() if name.startswith("drop_")) == 1
+    aggregator.handle(contribution(0, [1]), ("127.0.0.1", 9))
+    assert aggregator.counters()["accumulated"] == 1
+
+
+def test_stats_request_over_the_socket(server):
+    aggregator = server()
+    thread = threading.Thread(target=aggregator.serve, daemon=True)
+    thread.start()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+        client.settimeout(5)
+        client.sendto(b"junk", aggregator.address)
+        client.sendto(stats_request(), aggregator.address)
+        counters = parse_stats_reply(client.recv(65535))
+    aggregator.stop()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert counters["frames_in"] == 1 and counters["drop_runt"] == 1
+
+
+def _start_service(*extra):
+    environment = {**os.environ, "PYTHONPATH": SW + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    process = subprocess.Popen([sys.executable, "-m", "inwire.serve", "--listen", "127.0.0.1:0", *extra],
+                               stderr=subprocess.PIPE, text=True, env=environment)
+    line = process.stderr.readline()
+    assert "listening on udp://127.0.0.1:" in line, line
+    port = int(line.split("udp://127.0.0.1:")[1].split(",")[0])
+    return process, port
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_service_stops_cleanly_with_a_final_counters_line(signum):
+    process, port = _start_service("--stats-interval", "0.1", "--unicast")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+            client.settimeout(5)
+            for payload in (b"garbage", contribution(0, [1, 2]), contribution(1, [3, 4])):
+                client.sendto(payload, ("127.0.0.1", port))
+            _, elements = result_elements(client.recv(65535))
+            assert elements == [4, 6]
+        assert "counters frames_in=" in process.stderr.readline()
+        process.send_signal(signum)
+        rest = process.communicate(timeout=10)[1]
+    finally:
+        process.kill()
+    assert process.returncode == 0
+    final = rest.strip().splitlines()[-1]
+    assert final.startswith("inwire serve: stopped; final counters frames_in=3 drops=1")
+    assert "Traceback" not in rest
+
+
+def test_port_in_use_is_one_line_and_exit_2(capsys):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        assert run_command("serve", ["--listen", f"127.0.0.1:{port}"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Address already in use" in error
+
+
+@pytest.mark.parametrize("listen", ["nonsense", "127.0.0.1:99999", "no.such.host.invalid:5"])
+def test_bad_listen_address_is_one_line_and_exit_2(capsys, listen):
+    assert run_command("serve", ["--listen", listen]) == 2
+    assert capsys.readouterr().err.startswith("inwire serve: --listen")

@@ -1,0 +1,219 @@
+"""Islands against the software aggregator and into a capture: bit-exact checks, loss recovery, bad input."""
+
+import argparse
+import json
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from inwire.host_cli import add_stream_parser
+from inwire.model import Aggregator, AggregatorConfig
+from inwire.packets import frame_field
+from inwire.pcap import read_frames
+from inwire.protocol import FRAME_HEADER_BYTES, Opcode
+from inwire.serve import SoftwareAggregator
+from inwire.stream import StreamConfig, UdpTransport, Workload, load_plan, run_stream
+
+ISLANDS = ["SIN", "TYO", "SEO", "LAX", "NYC"]
+PERIOD = [
+    [{"members": ["SIN", "TYO", "SEO"], "aggregator": "TYO"}, {"members": ["LAX", "NYC"], "aggregator": "LAX"}],
+    [{"members": ["SIN", "LAX"], "aggregator": "SIN"}, {"members": ["TYO", "SEO", "NYC"], "aggregator": "SEO"}],
+    [{"members": ["SIN", "TYO", "SEO", "LAX", "NYC"], "aggregator": "NYC"}],
+]
+
+
+def write_schedule(path, rounds=PERIOD, islands=ISLANDS, topology="doublezero9"):
+    document = {"topology": topology, "islands": islands, "model_bytes": 4096, "epsilon": 1e-3,
+                "rounds": [{"cliques": cliques, "time_ms": 100.0} for cliques in rounds], "period_ms": 300.0,
+                "rho": 0.5, "time_to_epsilon_ms": 3000.0, "baselines": {}, "lower_bound_ms": 10.0}
+    path.write_text(json.dumps(document))
+    return path
+
+
+class Service:
+    """A software aggregator in a thread; `tamper` may rewrite its answers."""
+
+    def __init__(self, tamper=None, **options):
+        self.aggregator = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None, **options)
+        if tamper:
+            handle = self.aggregator.handle
+            self.aggregator.handle = lambda payload, peer: [(tamper(body), to) for body, to in handle(payload, peer)]
+        self.thread = threading.Thread(target=self.aggregator.serve, daemon=True)
+        self.thread.start()
+        self.target = "udp://{}:{}".format(*self.aggregator.address)
+
+    def close(self):
+        self.aggregator.stop()
+        self.thread.join(5)
+        self.aggregator.close()
+
+
+@pytest.fixture
+def service():
+    services = []
+
+    def start(**options):
+        services.append(Service(**options))
+        return services[-1]
+    yield start
+    for running in services:
+        running.close()
+
+
+@pytest.fixture
+def schedule(tmp_path):
+    return write_schedule(tmp_path / "schedule.json")
+
+
+def stream_cli(*argv):
+    parser = argparse.ArgumentParser()
+    add_stream_parser(parser.add_subparsers())
+    args = parser.parse_args(["stream", *argv])
+    return args.func(args)
+
+
+def test_islands_get_bit_exact_results(service, schedule):
+    running = service()
+    plan = load_plan(schedule)
+    config = StreamConfig(rounds=4, elements=1000, chunk=128, window=3, job=11)
+    report = run_stream(plan, config, UdpTransport({island: running.aggregator.address for island in plan.islands}))
+    chunks = -(-1000 // 128)
+    assert report["bit_exact"] and report["finished"]
+    assert [r["results_checked"] for r in report["rounds"]] == [5 * chunks] * 4
+    assert report["retransmits"] == 0 and report["wrong_results"] == 0
+    assert report["aggregator"]["accumulated"] == 4 * 5 * chunks
+    assert report["aggregator"]["drop_collision"] == 0
+    # Clique averages differ between cliques, so the islands' models are not all equal yet.
+    assert report["model_spread"] > 0
+
+
+def test_models_agree_after_a_global_round(service, tmp_path):
+    running = service()
+    plan = load_plan(write_schedule(tmp_path / "global.json", rounds=[PERIOD[2]]))
+    report = run_stream(plan, StreamConfig(rounds=2, elements=300, job=3),
+                        UdpTransport({island: running.aggregator.address for island in plan.islands}))
+    assert report["bit_exact"] and report["model_spread"] == 0.0
+
+
+def test_loss_is_recovered_by_retransmission(service, schedule):
+    running = service()
+    plan = load_plan(schedule)
+    config = StreamConfig(rounds=3, elements=2000, loss=0.25, timeout_ms=30, seed=5, job=12)
+    report = run_stream(plan, config, UdpTransport({island: running.aggregator.address for island in plan.islands}))
+    assert report["bit_exact"]
+    assert report["dropped"] > 0 and report["retransmits"] >= report["dropped"]
+    assert report["aggregator"]["answered"] > 0 or report["aggregator"]["drop_duplicate"] > 0
+
+
+def test_wrong_results_fail_the_run(service, schedule, capsys):
+    def flip_last_element(body):
+        if body[3] != Opcode.RESULT:
+            return body
+        return body[:-8] + bytes([body[-8] ^ 1]) + body[-7:]
+    running = service(tamper=flip_last_element)
+    assert stream_cli("--target", running.target, "--schedule", str(schedule), "--rounds", "1",
+                      "--elements", "256", "--json") == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["bit_exact"] is False and report["wrong_results"] == report["results_checked"] == 5
+
+
+def test_a_round_that_never_finishes_fails_within_its_timeouts(service, schedule, capsys):
+    running = service(slots=4)
+    code = stream_cli("--target", running.target, "--schedule", str(schedule), "--rounds", "2",
+                      "--elements", "512", "--timeout-ms", "20", "--retries", "3")
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "UNFINISHED" in captured.out and "bit_exact: false" in captured.out
+    assert "no result for chunk" in captured.err
+
+
+def test_human_report(service, schedule, capsys):
+    running = service()
+    assert stream_cli("--target", running.target, "--schedule", str(schedule), "--rounds", "3",
+                      "--elements", "100") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["round", "cliques", "time"]
+    assert "bit_exact: true" in out
+
+
+def test_pcap_target_writes_a_replayable_capture(tmp_path, schedule, capsys):
+    capture = tmp_path / "round.pcap"
+    assert stream_cli("--target", f"pcap:{capture}", "--schedule", str(schedule), "--rounds", "2",
+                      "--elements", "600", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["bit_exact"]
+    frames = read_frames(capture)
+    chunks = -(-600 // 256)
+    assert len(frames) == 2 * 5 * chunks
+    assert {frame_field(f, "opcode") for f in frames} == {Opcode.CONTRIBUTION}
+    # Replayed on a fresh golden model, the capture completes every slot with the sums the islands expect.
+    plan = load_plan(schedule)
+    workload = Workload(plan, StreamConfig(rounds=2, elements=600, job=report["job"]))
+    default = AggregatorConfig()
+    model = Aggregator(AggregatorConfig(slots=max(default.slots, report["slots_needed"])))
+    results = [out for frame in frames for out in model.process(frame)]
+    assert len(results) == 2 * len(PERIOD[0]) * chunks
+    for result in results:
+        round_, clique = frame_field(result, "round"), frame_field(result, "clique")
+        members = plan.cliques(round_)[clique][0]
+        expected = workload.expected_sum(workload.clique_of(members[0], round_))
+        chunk, count = frame_field(result, "chunk"), frame_field(result, "count")
+        got = np.frombuffer(result, ">i4", count, FRAME_HEADER_BYTES)
+        assert np.array_equal(got, expected[chunk:chunk + count])
+
+
+def test_loss_on_the_pcap_target_leaves_retransmissions_in_the_capture(tmp_path, schedule, capsys):
+    capture = tmp_path / "lossy.pcap"
+    assert stream_cli("--target", f"pcap:{capture}", "--schedule", str(schedule), "--rounds", "1",
+                      "--elements", "1024", "--loss", "0.3", "--timeout-ms", "5", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["bit_exact"] and report["retransmits"] > 0
+    assert len(read_frames(capture)) == 5 * 4 + report["retransmits"] - report["dropped"]
+
+
+def _closed_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target", "udp://127.0.0.1:{closed}"], "no answer from the target"),
+    (["--target", "tcp://x"], "is not one of"),
+    (["--target", "udp://127.0.0.1:{closed}", "--elements", "0"], "--elements must be positive"),
+    (["--target", "udp://127.0.0.1:{closed}", "--elements", "-5"], "--elements must be positive"),
+    (["--target", "udp://127.0.0.1:{closed}", "--loss", "1.5"], "--loss"),
+    (["--target", "udp://nowhere.invalid:1"], "cannot resolve"),
+])
+def test_bad_input_is_one_line_and_exit_2(schedule, capsys, argv, message):
+    argv = [part.format(closed=_closed_port()) for part in argv]
+    assert stream_cli(*argv, "--schedule", str(schedule), "--timeout-ms", "50") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read schedule"),
+    ("{not json", "not valid JSON"),
+    ({"rounds": [[{"members": ["SIN", "ATL"], "aggregator": "TYO"}]]}, "is not one of the islands"),
+    ({"aggregator": "ATL"}, "'ATL' is not a city of topology"),
+    ({"islands": ISLANDS + ["ATL"]}, "'ATL' is not a city of topology"),
+    ({"topology": "atlantis"}, "cannot read topology"),
+])
+def test_bad_schedules_are_one_line_and_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "schedule.json"
+    if isinstance(content, str):
+        path.write_text(content)
+    elif isinstance(content, dict):
+        islands = content.get("islands", ISLANDS)
+        rounds = PERIOD
+        if "rounds" in content:
+            rounds = [[{**c} for c in cliques] for cliques in content["rounds"]]
+        if "aggregator" in content:
+            rounds = [[{**PERIOD[0][0], "aggregator": content["aggregator"]}]]
+        write_schedule(path, rounds=rounds, islands=islands, topology=content.get("topology", "doublezero9"))
+    assert stream_cli("--target", "pcap:" + str(tmp_path / "x.pcap"), "--schedule", str(path)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err

@@ -1,0 +1,99 @@
+"""The Lua dissector: generated from the protocol table, and decoding real captures in tshark."""
+
+import argparse
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from inwire.decode import describe_frame
+from inwire.host_cli import add_dissector_parser, add_stream_parser
+from inwire.model import Aggregator, AggregatorConfig
+from inwire.pcap import read_frames, write_frames
+from inwire.protocol import AGGREGATION_FIELDS, INWIRE_PORT, Opcode
+from inwire.serve import PAYLOAD_OFFSET, stats_request, wrap_datagram
+from inwire.wireshark import committed_dissector, lua_dissector
+
+TSHARK = shutil.which("tshark")
+FIELDS = ("opcode", "job", "round", "clique", "slot", "chunk", "sender", "fanin", "exponent", "count", "group")
+
+
+def write_schedule(path):
+    cliques = [{"members": ["SIN", "TYO", "SEO"], "aggregator": "TYO"},
+               {"members": ["LAX", "NYC"], "aggregator": "LAX"}]
+    path.write_text(json.dumps({"topology": "doublezero9", "islands": ["SIN", "TYO", "SEO", "LAX", "NYC"],
+                                "rounds": [{"cliques": cliques, "time_ms": 1.0}]}))
+    return path
+
+
+def cli(*argv):
+    parser = argparse.ArgumentParser()
+    subparsers = parser.add_subparsers()
+    add_stream_parser(subparsers)
+    add_dissector_parser(subparsers)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_committed_dissector_is_the_generated_one():
+    assert committed_dissector() == lua_dissector(), "regenerate: inwire dissector -o sw/inwire/data/inwire.lua"
+
+
+def test_dissector_names_every_header_field():
+    source = lua_dissector()
+    for field in AGGREGATION_FIELDS:
+        assert f'"inwire.{field.name}"' in source
+    assert f"add({INWIRE_PORT}, inwire)" in source
+
+
+def test_dissector_command_writes_the_file(tmp_path):
+    assert cli("dissector", "-o", str(tmp_path / "inwire.lua")) == 0
+    assert (tmp_path / "inwire.lua").read_text() == lua_dissector()
+
+
+def tshark_fields(capture, lua, fields):
+    command = [TSHARK, "-X", f"lua_script:{lua}", "-r", str(capture), "-T", "fields", "-E", "occurrence=a",
+               *(part for name in fields for part in ("-e", f"inwire.{name}"))]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return [line.split("\t") for line in run.stdout.splitlines()]
+
+
+@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed (apt-get install tshark)")
+def test_tshark_decodes_a_stream_capture(tmp_path, capsys):
+    lua = tmp_path / "inwire.lua"
+    lua.write_text(lua_dissector())
+    capture = tmp_path / "round.pcap"
+    schedule = write_schedule(tmp_path / "schedule.json")
+    assert cli("stream", "--target", f"pcap:{capture}", "--schedule", str(schedule), "--rounds", "2",
+               "--elements", "300", "--json") == 0
+    capsys.readouterr()
+    # Add what an aggregator answers (results with their trailer, a stats reply) to the islands' frames.
+    frames = read_frames(capture)
+    model = Aggregator(AggregatorConfig(slots=64))
+    answers = [out for frame in frames for out in model.process(frame)]
+    request = wrap_datagram(stats_request(job=9), ("10.73.1.1", INWIRE_PORT), ("10.73.87.1", INWIRE_PORT),
+                            AggregatorConfig().mac.to_bytes(6, "big"))
+    answers += model.process(request)
+    everything = frames + answers
+    write_frames(capture, everything)
+
+    rows = tshark_fields(capture, lua, FIELDS + ("element", "bitmap", "contributors", "status", "counter"))
+    assert len(rows) == len(everything)
+    for frame, row in zip(everything, rows, strict=True):
+        expected = describe_frame(frame)
+        decoded = dict(zip(FIELDS + ("element", "bitmap", "contributors", "status", "counter"), row, strict=True))
+        assert decoded["opcode"] == str(int(Opcode[expected["kind"].upper()]))
+        for name in FIELDS[1:]:
+            want = expected[name] if name in expected else 0
+            assert decoded[name] == str(want), (name, decoded, expected)
+        if expected["kind"] == "stats_reply":
+            assert [int(v) for v in decoded["counter"].split(",")] == list(expected["counters"].values())
+            continue
+        assert [int(v) for v in decoded["element"].split(",")] == expected["elements"]
+        if expected["kind"] == "result":
+            assert int(decoded["bitmap"], 16) == expected["bitmap"]
+            assert int(decoded["contributors"]) == expected["contributors"]
+            assert int(decoded["status"], 16) == int(expected["overflow"])
+    assert sum(frame[PAYLOAD_OFFSET + 3] == Opcode.RESULT for frame in everything) == len(answers) - 1
