@@ -74,7 +74,9 @@ def mac_int(mac_array):
 def ones_complement_checksum(words):
     """Internet checksum over the last axis of an array of big-endian 16-bit words."""
     total = np.asarray(words, dtype=np.uint64).sum(axis=-1)
-    while np.any(total >> 16):
+    if np.any(total >> 32):
+        raise ValueError("more than 65536 words for a 16-bit ones' complement checksum")
+    for _ in range(2):
         total = (total & 0xFFFF) + (total >> 16)
     return (~total & 0xFFFF).astype(np.uint16)
 
@@ -161,8 +163,19 @@ def _mac_column(value, packets):
     return np.broadcast_to(mac_bytes(value), (packets, 6))
 
 
+_FIELD_LIMITS = {name: np.iinfo(FRAME_HEADER_DTYPE[name].base) for name in FRAME_HEADER_DTYPE.names}
+
+
 def _integer_column(name, value, packets, dtype=None):
-    dtype = FRAME_HEADER_DTYPE[name] if dtype is None else dtype
+    if dtype is None:
+        dtype, info = FRAME_HEADER_DTYPE[name], _FIELD_LIMITS[name]
+    else:
+        info = np.iinfo(dtype.base)
+    if isinstance(value, (int, np.integer)) and not dtype.shape:
+        # The common scalar case, checked without building arrays: results are built one at a time.
+        if not info.min <= value <= info.max:
+            raise ValueError(f"header field {name} must lie in [{info.min}, {info.max}]")
+        return value
     value = np.asarray(value)
     if value.dtype.kind not in "iub":
         raise TypeError(f"header field {name} must be an integer, got {value.dtype}")
@@ -171,7 +184,6 @@ def _integer_column(name, value, packets, dtype=None):
             raise ValueError(f"header field {name} takes {dtype.shape[0]} bytes, got shape {value.shape}")
     elif value.ndim > 1 or (value.ndim == 1 and len(value) != packets):
         raise ValueError(f"header field {name} needs a scalar or {packets} values, got shape {value.shape}")
-    info = np.iinfo(dtype.base)
     if value.size and (value.min() < info.min or value.max() > info.max):
         raise ValueError(f"header field {name} must lie in [{info.min}, {info.max}]")
     return value
