@@ -1,0 +1,54 @@
+"""`make bench`: every benchmark of the project into one JSON file, one key per part.
+
+Benchmarks report figures; they assert nothing. Each section records the wall time it took to measure.
+"""
+
+import argparse
+import importlib
+import json
+import pathlib
+import platform
+import sys
+import time
+
+SECTIONS = {
+    "schedule": "inwire.schedule_bench",
+    "host": "inwire.host_bench",
+    "gateware": "inwire_hdl.bench",
+    "board": "inwire_hdl.board_bench",
+}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m inwire.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results.json", help="JSON file to write (merged with its keys)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated among {', '.join(SECTIONS)}")
+    args = parser.parse_args(argv)
+    chosen = [name for name in args.only.split(",") if name]
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    out = pathlib.Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    results["machine"] = {"python": platform.python_version(), "processor": platform.machine(),
+                          "cores": _cores()}
+    for name in chosen:
+        started = time.perf_counter()
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        section = importlib.import_module(SECTIONS[name]).run()
+        section["bench_wall_s"] = round(time.perf_counter() - started, 1)
+        results[name] = section
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps({name: results[name] for name in chosen}, indent=1))
+    return 0
+
+
+def _cores():
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Model averaging through the software aggregator over UDP: exact clique averages, refusals."""
+
+import math
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from inwire.averaging import AveragingError, CliqueAverager, UdpCliqueExchange  # noqa: E402
+from inwire.codec import choose_exponent, dequantize, quantize  # noqa: E402
+from inwire.serve import SoftwareAggregator  # noqa: E402
+
+ROUNDS = [[(("A", "B", "C"), "LON"), (("D",), None)], [(("A", "D"), "FRA"), (("B", "C"), "AMS")]]
+
+
+@pytest.fixture
+def aggregator():
+    server = SoftwareAggregator(("127.0.0.1", 0), unicast=True, slots=64, max_elements=64, log=lambda line: None)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    yield server
+    server.stop()
+    thread.join(timeout=5)
+    server.close()
+
+
+def run_islands(aggregator, models, steps, period=1, bound=16.0, chunk=64):
+    """Each island in its own thread: `steps` optimizer-free steps, averaging every `period`."""
+    errors = []
+
+    def island(name, model):
+        exchange = UdpCliqueExchange(aggregator.address, bound=bound, chunk=chunk, slots=64, deadline_s=10)
+        averager = CliqueAverager(name, ROUNDS, exchange, period=period)
+        try:
+            for _ in range(steps):
+                averager.average_parameters(model.parameters())
+        except Exception as error:  # the test reports it below
+            errors.append(error)
+        finally:
+            exchange.close()
+
+    threads = [threading.Thread(target=island, args=item) for item in models.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    return models
+
+
+def models_for(names, size=150, seed=0, scale=1.0):
+    generator = torch.Generator().manual_seed(seed)
+    models = {}
+    for name in names:
+        model = torch.nn.Linear(size, 1, bias=False)
+        with torch.no_grad():
+            model.weight.copy_(torch.randn(model.weight.shape, generator=generator) * scale)
+        models[name] = model
+    return models
+
+
+def expected_average(vectors, bound=16.0):
+    exponent = choose_exponent(bound, len(vectors))
+    total = np.sum([quantize(v, exponent).astype(np.int64) for v in vectors], axis=0)
+    return dequantize(total, exponent, len(vectors))
+
+
+def flat(model):
+    return model.weight.detach().numpy().ravel().copy()
+
+
+def test_clique_reaches_the_exact_quantized_average(aggregator):
+    models = models_for("ABCD")
+    before = {name: flat(model) for name, model in models.items()}
+    run_islands(aggregator, models, steps=1)
+    clique = expected_average([before[name] for name in "ABC"])
+    for name in "ABC":
+        assert np.array_equal(flat(models[name]), clique), name
+    assert np.array_equal(flat(models["D"]), before["D"]), "a singleton keeps its parameters"
+
+
+def test_two_rounds_follow_the_rotation(aggregator):
+    models = models_for("ABCD", seed=3)
+    before = {name: flat(model) for name, model in models.items()}
+    run_islands(aggregator, models, steps=4, period=2)
+    first = expected_average([before[name] for name in "ABC"])
+    after_first = {"A": first, "B": first, "C": first, "D": before["D"]}
+    assert np.array_equal(flat(models["A"]), expected_average([after_first["A"], after_first["D"]]))
+    assert np.array_equal(flat(models["B"]), expected_average([after_first["B"], after_first["C"]]))
+
+
+def resent_average(values, bound):
+    """What members get when they start at `bound` and double it until the sum stops saturating."""
+    while True:
+        exponent = choose_exponent(bound, len(values))
+        total = np.sum([quantize(v, exponent).astype(np.int64) for v in values], axis=0)
+        if np.abs(total).max() <= 2**31 - 1:
+            return bound, dequantize(total, exponent, len(values))
+        bound *= 2
+
+
+def test_saturated_sum_is_resent_at_twice_the_bound(aggregator):
+    models = models_for("ABCD", seed=5)
+    with torch.no_grad():
+        for name in "ABC":
+            models[name].weight[0, 7] = 10.0
+    before = {name: flat(model) for name, model in models.items()}
+    run_islands(aggregator, models, steps=1, bound=4.0)
+    bound, average = resent_average([before[name] for name in "ABC"], 4.0)
+    assert bound == 8.0, "three values of 10 overflow a sum bounded for 4, not for 8"
+    assert np.array_equal(flat(models["A"]), average)
+    assert aggregator.counters()["saturations"] > 0
+
+
+def test_values_beyond_int32_raise_the_bound_for_everyone(aggregator):
+    models = models_for("ABCD", seed=6)
+    with torch.no_grad():
+        models["B"].weight[0, 3] = 1000.0
+    before = {name: flat(model) for name, model in models.items()}
+    run_islands(aggregator, models, steps=1, bound=4.0)
+    values = [before[name] for name in "ABC"]
+    limit = math.ldexp(2**31 - 1, choose_exponent(4.0, 3))
+    doublings = math.ceil(math.log2(1000.0 / limit))
+    _, average = resent_average(values, 4.0 * 2**doublings)
+    assert np.array_equal(flat(models["C"]), average)
+
+
+def test_averager_refuses_a_schedule_without_its_island():
+    with pytest.raises(ValueError, match="does not name island 'Z'"):
+        CliqueAverager("Z", ROUNDS, exchange=None, period=1)
+
+
+def test_unanswered_round_fails_with_a_clear_error():
+    silent = UdpCliqueExchange(("127.0.0.1", 9), timeout_s=0.05, deadline_s=0.3)
+    try:
+        with pytest.raises(AveragingError, match="unanswered"):
+            silent.average(0, 0, ["A", "B"], 0, np.zeros(10, dtype=np.float32))
+    finally:
+        silent.close()
