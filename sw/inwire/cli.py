@@ -5,6 +5,8 @@ import json
 import pathlib
 import sys
 
+from inwire_hdl.verilog import add_replay_parser, add_verilog_parser
+
 from . import __version__
 from .decode import describe_frame
 from .docs import protocol_markdown
@@ -39,6 +41,8 @@ def build_parser():
     docs.set_defaults(func=run_docs)
 
     add_schedule_parser(commands)
+    add_verilog_parser(commands)
+    add_replay_parser(commands)
     add_serve_parser(commands)
     add_stream_parser(commands)
     add_demo_parser(commands)

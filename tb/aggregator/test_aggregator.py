@@ -1,0 +1,228 @@
+"""cocotb tests of the aggregator; every expectation comes from the golden model via `TB.check`."""
+
+import random
+
+import cocotb
+import numpy as np
+from cocotb.triggers import ClockCycles, RisingEdge
+from testbench import TB
+from traffic import Traffic, malformed, patch
+
+from inwire.protocol import INWIRE_PORT, Opcode
+
+INT32_MAX, INT32_MIN = 2**31 - 1, -2**31
+
+
+async def start(dut, seed, source_pause=0.0, sink_pause=0.0):
+    tb = TB(dut, seed)
+    tb.pauses(source_pause, sink_pause)
+    await tb.reset()
+    return tb, Traffic(tb.config, seed)
+
+
+@cocotb.test()
+async def one_clique(dut):
+    tb, traffic = await start(dut, 1)
+    count = tb.config.max_elements
+    await tb.send(traffic.clique(count, fanin=4, slot=3, job=7, round=12, clique=2, chunk=4096, exponent=-3))
+    await tb.check()
+    assert tb.model.stats()["results_emitted"] == 1
+
+
+@cocotb.test()
+async def interleaved_cliques_and_jobs(dut):
+    tb, traffic = await start(dut, 2, source_pause=0.2, sink_pause=0.2)
+    frames = []
+    for slot in range(min(12, tb.config.slots)):
+        fanin = 1 + slot % 5
+        count = traffic.random.randint(1, 40)
+        frames.append(traffic.clique(count, fanin, slot=slot, job=100 + slot % 3, round=5, clique=slot,
+                                     chunk=count * slot, group=0xEF_10_00_00 + slot))
+    order = []
+    while any(frames):
+        queue = traffic.random.choice([q for q in frames if q])
+        order.append(queue.pop(0))
+    await tb.send(order)
+    await tb.check()
+    assert tb.model.stats()["results_emitted"] == min(12, tb.config.slots)
+
+
+@cocotb.test()
+async def back_to_back_same_slot(dut):
+    tb, traffic = await start(dut, 3)
+    frames = []
+    for round_ in range(3):
+        for count in (1, 2, 16, 17):
+            frames += traffic.clique(count, fanin=6, slot=0, job=1, round=round_ * 10 + count)
+    await tb.send(frames)
+    await tb.check()
+
+
+@cocotb.test()
+async def foreign_traffic_mixed_in(dut):
+    tb, traffic = await start(dut, 4, source_pause=0.3, sink_pause=0.3)
+    frames = []
+    for slot in range(4):
+        frames += traffic.clique(traffic.random.randint(1, 64), fanin=3, slot=slot, job=3)
+    for _ in range(3):
+        frames += traffic.foreign()
+    traffic.random.shuffle(frames)
+    await tb.send(frames)
+    await tb.check()
+    assert tb.model.stats()["forwarded"] == 21
+
+
+@cocotb.test()
+async def malformed_frames_dropped_by_reason(dut):
+    tb, traffic = await start(dut, 5, sink_pause=0.2)
+    cases = malformed(traffic)
+    frames = [frame for frame, _ in cases]
+    await tb.send(frames)
+    stats = tb.model.stats()
+    for _, reason in cases:
+        assert stats[reason] > 0, reason
+    await tb.check()
+
+
+@cocotb.test()
+async def slot_state_drops(dut):
+    """Duplicate, mismatch, collision and no-result: drops that depend on a slot's state."""
+    tb, traffic = await start(dut, 6)
+    first = traffic.contribution(traffic.elements(8), fanin=3, sender=0, slot=2, job=4, round=2)
+    frames = [
+        first,
+        first,
+        traffic.contribution(traffic.elements(8), fanin=3, sender=1, slot=2, job=4, round=2, exponent=1),
+        traffic.contribution(traffic.elements(9), fanin=3, sender=1, slot=2, job=4, round=2),
+        traffic.contribution(traffic.elements(8), fanin=2, sender=1, slot=2, job=4, round=2),
+        traffic.contribution(traffic.elements(8), fanin=3, sender=1, slot=2, job=4, round=2, group=0xEF000002),
+        traffic.contribution(traffic.elements(8), fanin=3, sender=1, slot=2, job=5, round=3),
+        traffic.contribution(traffic.elements(8), fanin=3, sender=1, slot=2, job=4, round=1),
+        traffic.request(slot=2, job=4, round=2, fanin=3, count=8),
+        traffic.contribution(traffic.elements(8), fanin=3, sender=2, slot=2, job=4, round=2),
+    ]
+    await tb.send(frames)
+    stats = tb.model.stats()
+    for reason in ("drop_duplicate", "drop_mismatch", "drop_collision", "drop_no_result"):
+        assert stats[reason] > 0, reason
+    await tb.check()
+
+
+@cocotb.test()
+async def retransmit_after_completion(dut):
+    tb, traffic = await start(dut, 7, sink_pause=0.1)
+    for count in (5, 16):
+        clique = traffic.clique(count, fanin=3, slot=5, job=2, round=count)
+        await tb.send(clique)
+        await tb.send([clique[1], traffic.request(slot=5, job=2, round=count, fanin=3, count=count, sender=2),
+                       clique[0], traffic.request(slot=5, job=2, round=count + 1, fanin=3, count=count)])
+    # A result request answers with the slot's shape, whatever fan-in, group, count or exponent it names.
+    await tb.send([traffic.request(slot=5, job=2, round=16, fanin=9, count=1, sender=8, exponent=4,
+                                   group=0xEF_77_00_01)])
+    await tb.check()
+    assert tb.model.stats()["answered"] == 7
+
+
+@cocotb.test()
+async def overflow_saturates_and_flags(dut):
+    tb, traffic = await start(dut, 8)
+    count = 19
+    high = np.full((2, count), INT32_MAX - 5)
+    low = np.full((2, count), INT32_MIN + 5)
+    high[:, ::2] = 3
+    await tb.send(traffic.clique(count, fanin=2, elements=high, slot=0, job=1, round=1))
+    await tb.send(traffic.clique(count, fanin=2, elements=low, slot=1, job=1, round=1))
+    await tb.send(traffic.clique(count, fanin=2, slot=0, job=1, round=2))
+    await tb.send([traffic.request(slot=1, job=1, round=1, fanin=2, count=count)])
+    await tb.check()
+    assert tb.model.stats()["saturations"] == 2
+
+
+@cocotb.test()
+async def slot_reuse_by_newer_round(dut):
+    tb, traffic = await start(dut, 9)
+    frames = traffic.clique(12, fanin=2, slot=4, job=6, round=1)
+    frames += traffic.clique(12, fanin=3, slot=4, job=6, round=2)[:2]
+    frames += traffic.clique(10, fanin=2, slot=4, job=6, round=3)[:1]
+    frames += traffic.clique(10, fanin=2, slot=4, job=6, round=2)[2:]
+    frames += traffic.clique(10, fanin=2, slot=4, job=8, round=9)
+    frames += traffic.clique(7, fanin=2, slot=4, job=6, round=0xFFFFFFF0)
+    frames += traffic.clique(7, fanin=2, slot=4, job=6, round=3)[1:]
+    await tb.send(frames)
+    await tb.check()
+    assert tb.model.stats()["slots_reclaimed"] >= 1
+
+
+@cocotb.test()
+async def aborted_results_on_bad_length(dut):
+    """A completing contribution found too long or too short at tlast ends its result with tuser."""
+    tb, traffic = await start(dut, 10)
+    clique = traffic.clique(33, fanin=2, slot=6, job=3, round=3)
+    await tb.send([clique[0], clique[1] + bytes(8), clique[1][:-8], clique[1][:-64], clique[1], clique[0]])
+    await tb.check()
+    assert tb.aborted == 3
+    assert tb.model.stats()["drop_length"] == 3
+
+
+@cocotb.test()
+async def stats_request_answered(dut):
+    tb, traffic = await start(dut, 11)
+    frames = traffic.clique(4, fanin=2, slot=0) + traffic.foreign()[:2] + [bytes(30)]
+    frames.append(traffic.request(Opcode.STATS_REQUEST, sender=5, job=77, udp_sport=4000))
+    frames.append(traffic.request(Opcode.STATS_REQUEST, sender=1, job=78, udp_sport=INWIRE_PORT))
+    await tb.send(frames)
+    await tb.check()
+
+
+@cocotb.test()
+async def reset_in_the_middle_of_a_frame(dut):
+    tb, traffic = await start(dut, 12)
+    await tb.send(traffic.clique(20, fanin=2, slot=1))
+    await tb.check()
+    clique = traffic.clique(tb.config.max_elements, fanin=2, slot=2)
+    await tb.send(clique)
+    for _ in range(len(clique[0]) // tb.width + len(clique[1]) // (2 * tb.width)):
+        await RisingEdge(dut.clk)
+    await tb.reset()
+    tb.restart_model()
+    await ClockCycles(dut.clk, 5)
+    assert tb.counters() == dict.fromkeys(tb.counters(), 0)
+    await tb.send(traffic.clique(20, fanin=2, slot=1) + traffic.clique(9, fanin=2, slot=2))
+    await tb.check()
+
+
+@cocotb.test()
+async def random_mix_under_backpressure(dut):
+    tb, traffic = await start(dut, 13, source_pause=0.25, sink_pause=0.5)
+    chooser = random.Random(13)
+    cliques = [traffic.clique(chooser.randint(1, 48), fanin=chooser.randint(1, 5), slot=slot, job=slot % 2,
+                              round=chooser.randint(0, 2**32 - 1)) for slot in range(8)]
+    frames = []
+    while any(cliques):
+        roll = chooser.random()
+        if roll < 0.15:
+            frames.append(chooser.choice(traffic.foreign()))
+        elif roll < 0.2:
+            frames.append(chooser.choice(malformed(traffic))[0])
+        elif roll < 0.25 and frames:
+            frames.append(chooser.choice(frames))
+        else:
+            queue = chooser.choice([q for q in cliques if q])
+            frames.append(queue.pop(0))
+    await tb.send(frames)
+    await tb.check()
+
+
+@cocotb.test()
+async def header_field_edge_values(dut):
+    """Fields at their extremes: max fan-in, sender = fanin - 1, negative exponent, count = maximum."""
+    tb, traffic = await start(dut, 14)
+    cfg = tb.config
+    frames = [traffic.contribution(traffic.elements(cfg.max_elements, INT32_MIN, INT32_MAX), sender=sender,
+                                   fanin=cfg.max_fanin, exponent=-128, slot=cfg.slots - 1, job=2**32 - 1,
+                                   clique=0xFFFF, chunk=2**32 - 1, group=0xEF_FF_FF_FF)
+              for sender in (cfg.max_fanin - 1, 0)]
+    bad_ttl = bytearray(frames[0])
+    frames.append(bytes(patch(bad_ttl, ip_ttl=1, ip_tos=0xFF, ip_id=0xBEEF)))
+    await tb.send(frames)
+    await tb.check()

@@ -1,0 +1,187 @@
+"""Fast amaranth.sim tests of the gateware's blocks and of the whole aggregator against the golden model."""
+
+import random
+import sys
+
+import numpy as np
+import pytest
+from amaranth.hdl import Module
+from amaranth.sim import Simulator
+
+from inwire.model import Aggregator as Model
+from inwire.model import AggregatorConfig
+from inwire.packets import build_frames, ipv4_checksums
+from inwire.protocol import COUNTERS, FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
+from inwire_hdl.aggregator import Aggregator
+from inwire_hdl.blocks import INT32_MAX, INT32_MIN, IPv4Checksum, SaturatingAdder
+
+CONFIG = AggregatorConfig(slots=4, max_elements=32, max_fanin=8)
+
+
+def run_comb(dut, process):
+    sim = Simulator(dut)
+    sim.add_testbench(process)
+    sim.run()
+
+
+def test_saturating_adder_matches_numpy_clip():
+    lanes = 16
+    dut = SaturatingAdder(lanes)
+    rng = np.random.default_rng(1)
+    edges = np.array([INT32_MAX, INT32_MIN, -1, 0, 1, INT32_MAX - 5, INT32_MIN + 5], dtype=np.int64)
+    cases = [rng.integers(INT32_MIN, INT32_MAX, size=(2, lanes), endpoint=True) for _ in range(20)]
+    cases += [rng.choice(edges, size=(2, lanes)) for _ in range(20)]
+
+    async def process(ctx):
+        for a, b in cases:
+            for base_zero in (0, 1):
+                ctx.set(dut.a, int.from_bytes(a.astype(">i4").tobytes(), "little"))
+                ctx.set(dut.b, int.from_bytes(b.astype(">i4").tobytes(), "little"))
+                ctx.set(dut.base_zero, base_zero)
+                total = b + (0 if base_zero else a)
+                expected = np.clip(total, INT32_MIN, INT32_MAX).astype(">i4").tobytes()
+                assert ctx.get(dut.sum).to_bytes(4 * lanes, "little") == expected
+                saturated = (total > INT32_MAX) | (total < INT32_MIN)
+                assert ctx.get(dut.saturated) == sum(int(s) << i for i, s in enumerate(saturated))
+
+    run_comb(dut, process)
+
+
+def test_ipv4_checksum_checks_and_computes():
+    dut = IPv4Checksum()
+    rng = np.random.default_rng(2)
+    frames = build_frames(rng.integers(-9, 9, size=(30, 1)), ip_src=rng.integers(0, 2**32, 30, dtype=np.uint64)
+                          .astype(np.uint32), ip_dst=rng.integers(0, 2**32, 30, dtype=np.uint64).astype(np.uint32),
+                          ip_id=rng.integers(0, 2**16, 30, dtype=np.uint32).astype(np.uint16))
+    offset = FRAME_OFFSETS["ip_csum"]
+
+    async def process(ctx):
+        for frame in frames:
+            corrupt = frame.copy()
+            corrupt[offset] ^= 0x10
+            for candidate, valid in ((frame, 1), (corrupt, 0)):
+                ctx.set(dut.header, int.from_bytes(bytes(candidate[:FRAME_HEADER_BYTES]), "little"))
+                assert ctx.get(dut.valid) == valid
+                assert ctx.get(dut.checksum) == int(ipv4_checksums(candidate[np.newaxis])[0])
+
+    run_comb(dut, process)
+
+
+class StreamHarness:
+    """Drives the aggregator in amaranth.sim: frames in at one beat per cycle, frames out."""
+
+    def __init__(self, width, config=CONFIG, ready_probability=1.0, seed=0):
+        self.dut = Aggregator(config, width)
+        self.width = width
+        self.ready_probability = ready_probability
+        self.random = random.Random(seed)
+
+    def run(self, frames):
+        dut, width = self.dut, self.width
+        outputs, counters = [], {}
+        received = bytearray()
+        sent = []
+
+        async def source(ctx):
+            for frame in frames:
+                beats = [frame[i:i + width] for i in range(0, len(frame), width)]
+                for index, beat in enumerate(beats):
+                    ctx.set(dut.s_axis_tdata, int.from_bytes(beat, "little"))
+                    ctx.set(dut.s_axis_tkeep, (1 << len(beat)) - 1)
+                    ctx.set(dut.s_axis_tlast, index == len(beats) - 1)
+                    ctx.set(dut.s_axis_tvalid, 1)
+                    await ctx.tick().until(dut.s_axis_tready)
+            ctx.set(dut.s_axis_tvalid, 0)
+            sent.append(True)
+
+        async def sink(ctx):
+            idle = 0
+            while not sent or idle < 200:
+                ready = self.random.random() < self.ready_probability
+                ctx.set(dut.m_axis_tready, ready)
+                await ctx.delay(1e-9)
+                valid = ctx.get(dut.m_axis_tvalid)
+                if ready and valid:
+                    idle = 0
+                    keep = ctx.get(dut.m_axis_tkeep)
+                    received.extend(ctx.get(dut.m_axis_tdata).to_bytes(width, "little")[:keep.bit_length()])
+                    if ctx.get(dut.m_axis_tlast):
+                        if not ctx.get(dut.m_axis_tuser):
+                            outputs.append(bytes(received))
+                        received.clear()
+                else:
+                    idle += 1
+                await ctx.tick()
+            counters.update({name: ctx.get(getattr(dut, f"stat_{name}")) for name in COUNTERS})
+
+        sim = Simulator(dut)
+        sim.add_clock(1e-8)
+        sim.add_testbench(source, background=True)
+        sim.add_testbench(sink)
+        sim.run()
+        return outputs, counters
+
+
+def expected_of(frames, config=CONFIG):
+    model = Model(config)
+    outputs = [out for frame in frames for out in model.process(frame)]
+    return outputs, {name: value & 0xFFFFFFFF for name, value in model.stats().items()}
+
+
+def contribution(elements, **fields):
+    header = dict(ip_dst=CONFIG.ip, eth_dst=CONFIG.mac, eth_src=0x020000000001, ip_src=0x0A000001,
+                  opcode=Opcode.CONTRIBUTION, fanin=2, job=1, round=1, group=0xEF000001, slot=0)
+    header.update(fields)
+    return bytes(build_frames(np.asarray(elements, dtype=np.int64), **header)[0])
+
+
+def small_traffic(seed):
+    rng = np.random.default_rng(seed)
+    frames = []
+    for slot in range(3):
+        for sender in range(2):
+            frames.append(contribution(rng.integers(-100, 100, 5 + 4 * slot), slot=slot, sender=sender,
+                                       chunk=slot))
+    frames.insert(2, bytes(range(64)) * 2)
+    frames.append(frames[0])
+    frames.append(contribution([2**31 - 1] * 3, slot=3, sender=0, chunk=7))
+    frames.append(contribution([5] * 3, slot=3, sender=1, chunk=7))
+    frames.append(contribution([], opcode=Opcode.STATS_REQUEST, sender=1)[:FRAME_HEADER_BYTES])
+    frames.append(bytes(40))
+    return frames
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_aggregator_matches_model(width):
+    frames = small_traffic(width)
+    outputs, counters = StreamHarness(width).run(frames)
+    assert (outputs, counters) == expected_of(frames)
+
+
+def test_aggregator_under_backpressure():
+    frames = small_traffic(5)
+    outputs, counters = StreamHarness(16, ready_probability=0.5, seed=3).run(frames)
+    assert (outputs, counters) == expected_of(frames)
+
+
+@pytest.mark.parametrize("width", [8, 16, 32, 64])
+def test_elaborates_at_every_width(width):
+    m = Module()
+    m.submodules.dut = Aggregator(CONFIG, width)
+    Simulator(m)
+
+
+@pytest.mark.parametrize("width", [16, 32])
+def test_every_drop_reason_and_foreign_frame(width):
+    """The malformed and foreign frames of the cocotb suite, at the widths the cocotb runs leave out."""
+    from inwire_hdl.sim import TB_DIR
+
+    sys.path.insert(0, str(TB_DIR))
+    from traffic import Traffic, malformed
+
+    traffic = Traffic(CONFIG, seed=width)
+    frames = [frame for frame, _ in malformed(traffic)] + traffic.foreign()
+    frames += traffic.clique(9, fanin=2, slot=1, job=9) + [traffic.request(slot=1, job=9, fanin=2, count=9),
+                                                          traffic.request(slot=1, job=9, fanin=5, count=2)]
+    outputs, counters = StreamHarness(width, ready_probability=0.7, seed=width).run(frames)
+    assert (outputs, counters) == expected_of(frames)
