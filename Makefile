@@ -48,7 +48,8 @@ demo:
 	$(BIN)/inwire demo
 
 train-demo:
-	$(BIN)/inwire train --out-dir train
+	$(BIN)/inwire train --out-dir train/real-size
+	$(BIN)/inwire train --model-mb 100 --out-dir train/100mb
 
 bench:
 	mkdir -p bench

@@ -8,7 +8,7 @@ pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 from inwire.cli import main  # noqa: E402
-from inwire.training import TrainConfig, run_training, split_data  # noqa: E402
+from inwire.training import TrainConfig, run_training, split_data, time_to_accuracy_ms  # noqa: E402
 
 ISLANDS = ("LON", "AMS", "FRA", "NYC")
 
@@ -50,3 +50,10 @@ def test_train_command_writes_json_and_plot(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads((tmp_path / "train.json").read_text())
     assert (tmp_path / "train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_to_accuracy_is_the_first_point_at_the_target():
+    curve = [{"time_ms": 10.0, "accuracy": 0.5}, {"time_ms": 20.0, "accuracy": 0.9},
+             {"time_ms": 30.0, "accuracy": 0.8}, {"time_ms": 40.0, "accuracy": 0.95}]
+    assert time_to_accuracy_ms(curve, 0.85) == 20.0
+    assert time_to_accuracy_ms(curve, 0.99) is None

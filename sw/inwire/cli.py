@@ -61,6 +61,8 @@ def add_train_parser(commands):
     train.add_argument("--strategies", default=",".join(("none", "global", "ring", "schedule")),
                        help="comma-separated among none, global, ring, schedule")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--model-mb", type=float, default=0.0,
+                       help="plan and charge communication for a model of this size (default: the MLP's own)")
     train.add_argument("--out-dir", default="train", help="where train.json and train.png go")
     train.add_argument("--json", action="store_true", help="print the report as JSON")
     train.set_defaults(func=run_train)
@@ -73,7 +75,8 @@ def run_train(args):
         raise ValueError(f"needs the torch extra (pip install 'inwire[torch]'): {error}") from None
     config = training.TrainConfig(
         topology=args.topology, islands=tuple(filter(None, args.islands.split(","))), steps=args.steps,
-        period=args.period, seed=args.seed, strategies=tuple(filter(None, args.strategies.split(","))))
+        period=args.period, seed=args.seed, strategies=tuple(filter(None, args.strategies.split(","))),
+        model_bytes=round(args.model_mb * 1e6))
     report = training.run_training(config)
     training.write_report(report, pathlib.Path(args.out_dir))
     print(json.dumps(report) if args.json else training.format_report(report))
