@@ -22,8 +22,6 @@ def test_tiny_run_lowers_the_loss_and_reports_every_strategy():
         assert curve[-1]["loss"] < curve[0]["loss"], name
         times = [point["time_ms"] for point in curve]
         assert times == sorted(times) and times[0] > 0
-    none, schedule = report["curves"]["none"], report["curves"]["schedule"]
-    assert schedule[-1]["time_ms"] - none[-1]["time_ms"] > 0, "averaging rounds cost simulated time"
 
 
 def test_islands_get_disjoint_skewed_shares():
