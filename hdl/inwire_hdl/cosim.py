@@ -1,0 +1,84 @@
+"""The simulated gateware as an aggregator object: `process(frame)` and `stats()`, like the golden model.
+
+A cocotb test (tb/aggregator/test_cosim.py) runs in the simulator and serves frames over a Unix socket,
+one at a time: each frame is driven in, the output is collected until it has been quiet, and the frames
+out and the counters come back. Host tools that talk to `inwire.model.Aggregator` can talk to the
+gateware the same way.
+"""
+
+import json
+import socket
+import struct
+import tempfile
+import threading
+from pathlib import Path
+
+from .sim import SimulationError, build, run
+
+CONNECT_TIMEOUT_S = 120
+ANSWER_TIMEOUT_S = 120
+QUIT = 0xFFFFFFFF
+
+
+class CoSimulation:
+    def __init__(self, simulator, data_width, config):
+        self.config = config
+        runner, build_dir = build(simulator, data_width, config)
+        self.scratch = tempfile.TemporaryDirectory(prefix="inwire-cosim-")
+        path = str(Path(self.scratch.name) / "cosim.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(1)
+        listener.settimeout(CONNECT_TIMEOUT_S)
+        self.outcome = {}
+        self.thread = threading.Thread(target=self._simulate, args=(runner, build_dir, path), daemon=True)
+        self.thread.start()
+        try:
+            self.connection, _ = listener.accept()
+        except TimeoutError:
+            raise SimulationError(f"the {simulator} co-simulation did not connect within {CONNECT_TIMEOUT_S} s, "
+                                  f"see {build_dir / 'cosim.log'}") from None
+        finally:
+            listener.close()
+        self.connection.settimeout(ANSWER_TIMEOUT_S)
+        self.counters = {}
+
+    def _simulate(self, runner, build_dir, path):
+        try:
+            self.outcome = run(runner, build_dir, self.config, testcase="cosim", test_module="test_cosim",
+                               extra_env={"INWIRE_COSIM_SOCKET": path}, results_name="cosim.xml")
+        except SimulationError as error:
+            self.outcome = {"error": str(error)}
+
+    def process(self, frame):
+        """Frames the gateware sends in answer to `frame` (aborted ones left out), as the model's `process`."""
+        frame = bytes(frame)
+        try:
+            self.connection.sendall(struct.pack(">I", len(frame)) + frame)
+            size = struct.unpack(">I", self._receive(4))[0]
+            answer = json.loads(self._receive(size))
+        except (OSError, ConnectionError) as error:
+            raise SimulationError(f"co-simulation stopped answering: {error}") from None
+        self.counters = answer["counters"]
+        return [bytes.fromhex(output) for output in answer["frames"]]
+
+    def stats(self):
+        return dict(self.counters)
+
+    def _receive(self, size):
+        data = b""
+        while len(data) < size:
+            chunk = self.connection.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError("the simulator closed the connection")
+            data += chunk
+        return data
+
+    def close(self):
+        try:
+            self.connection.sendall(struct.pack(">I", QUIT))
+        except OSError:
+            pass
+        self.connection.close()
+        self.thread.join(timeout=ANSWER_TIMEOUT_S)
+        self.scratch.cleanup()
