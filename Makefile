@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup system-tools test sim verilog docs bench demo train-demo clean
+.PHONY: setup system-tools test sim verilog bitstream alveo docs bench demo train-demo clean
 
 # Debian packages the tests use, as command:package.
 SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2
@@ -39,7 +39,14 @@ sim:
 	$(BIN)/pytest -m sim
 
 verilog:
+	mkdir -p build
 	$(BIN)/inwire verilog -o build/inwire_aggregator.v
+
+bitstream:
+	$(BIN)/inwire build --board versa_ecp5 --out build/board
+
+alveo:
+	$(BIN)/python -m inwire_hdl.alveo --out build/alveo
 
 docs:
 	$(BIN)/python -m inwire.docs

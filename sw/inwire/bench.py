@@ -15,7 +15,7 @@ SECTIONS = {
     "schedule": "inwire.schedule_bench",
     "host": "inwire.host_bench",
     "gateware": "inwire_hdl.bench",
-    "board": "inwire_hdl.board_bench",
+    "board": "inwire_hdl.timing",
 }
 
 

@@ -5,6 +5,7 @@ import json
 import pathlib
 import sys
 
+from inwire_hdl.board_build import add_build_parser
 from inwire_hdl.verilog import add_replay_parser, add_verilog_parser
 
 from . import __version__
@@ -43,6 +44,7 @@ def build_parser():
     add_schedule_parser(commands)
     add_verilog_parser(commands)
     add_replay_parser(commands)
+    add_build_parser(commands)
     add_serve_parser(commands)
     add_stream_parser(commands)
     add_demo_parser(commands)
