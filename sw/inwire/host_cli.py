@@ -15,6 +15,7 @@ def _guarded(name, function):
     """`function(args)`, with the errors a user can cause turned into one line and exit status 2."""
     from inwire_hdl.sim import SimulationError
 
+    from .iface import IfaceError
     from .netns import LabError
     from .pcap import CaptureError
     from .serve import ServeError
@@ -24,7 +25,8 @@ def _guarded(name, function):
     def guarded(args):
         try:
             return function(args)
-        except (ServeError, StreamError, LabError, CaptureError, SimulationError, OSError, ValueError) as error:
+        except (ServeError, StreamError, LabError, CaptureError, SimulationError, IfaceError, OSError,
+                ValueError) as error:
             print(f"inwire {name}: {error}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
@@ -63,7 +65,7 @@ def add_stream_parser(subparsers):
     from . import stream
     parser = subparsers.add_parser("stream", help="run one island per city of a schedule against an aggregator")
     parser.add_argument("--target", required=True, metavar="TARGET",
-                        help="udp://HOST:PORT, pcap:FILE or sim:icarus|verilator[:WIDTH]")
+                        help="udp://HOST:PORT, pcap:FILE, sim:icarus|verilator[:WIDTH] or iface:NAME")
     parser.add_argument("--schedule", required=True, metavar="FILE", help="schedule JSON (inwire schedule)")
     parser.add_argument("--rounds", type=int, default=4, metavar="N", help="rounds to run (default 4)")
     parser.add_argument("--elements", type=int, default=1024, metavar="N", help="gradient elements per island")

@@ -69,7 +69,7 @@ class StreamError(Exception):
 @dataclass(frozen=True)
 class Target:
     kind: str
-    """'udp', 'pcap' or 'sim'."""
+    """'udp', 'pcap', 'sim' or 'iface'."""
     value: object
     text: str
 
@@ -86,10 +86,10 @@ def parse_target(text):
             raise StreamError(f"target {text!r}: sim:SIMULATOR[:WIDTH] takes a simulator among "
                               f"{', '.join(SIMULATORS)} and a width among {', '.join(SIM_WIDTHS)}")
         return Target("sim", (simulator, int(width or SIM_DEFAULT_WIDTH)), text)
-    if kind == "iface" and sep:
-        raise StreamError(f"target {text!r}: iface: targets are not available in this version "
-                          f"(use udp://HOST:PORT, pcap:FILE or sim:SIMULATOR)")
-    raise StreamError(f"target {text!r} is not one of udp://HOST:PORT, pcap:FILE, sim:icarus, sim:verilator")
+    if kind == "iface" and sep and rest:
+        return Target("iface", rest, text)
+    raise StreamError(f"target {text!r} is not one of udp://HOST:PORT, pcap:FILE, sim:icarus, sim:verilator, "
+                      f"iface:NAME")
 
 
 @dataclass(frozen=True)
@@ -396,18 +396,22 @@ class UdpTransport:
         self._membership(island, group, socket.IP_DROP_MEMBERSHIP)
 
     async def stats(self, island, stats_future, timeout):
-        """Counters of the target, asked from `island`'s socket; None when it never answers."""
-        for _ in range(PROBE_TRIES):
-            self.send(island, stats_request())
-            try:
-                return await asyncio.wait_for(asyncio.shield(stats_future), timeout)
-            except TimeoutError:
-                continue
-        return None
+        return await probe_stats(self, island, stats_future, timeout)
 
     def close(self):
         for endpoint in (*self.endpoints.values(), *self.listeners.values()):
             endpoint.close()
+
+
+async def probe_stats(transport, island, stats_future, timeout):
+    """Counters of the target, asked from `island`; None when it never answers."""
+    for _ in range(PROBE_TRIES):
+        transport.send(island, stats_request())
+        try:
+            return await asyncio.wait_for(asyncio.shield(stats_future), timeout)
+        except TimeoutError:
+            continue
+    return None
 
 
 class _Receiver(asyncio.DatagramProtocol):
@@ -545,6 +549,10 @@ def run_stream(plan, config, transport, progress=None):
 def make_transport(target, plan, workload_slots, config):
     if target.kind == "udp":
         return UdpTransport({island: target.value for island in plan.islands})
+    if target.kind == "iface":
+        from .iface import IfaceTransport
+
+        return IfaceTransport(target.value, plan.islands)
     if target.kind == "sim":
         from inwire_hdl.cosim import CoSimulation
 
