@@ -34,7 +34,7 @@ from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 
 from .board import aggregator_factory
 from .mac import EventCounters, PacketFifo
-from .width import StreamRegister
+from .width import StreamRegister, connect_core
 
 CMAC_BYTES = 64
 PACKET_BEATS = 512
@@ -90,14 +90,7 @@ class AlveoCore(Elaboratable):
         to_line = {port: self._transmit_path(m, port) for port in (0, 1)}
 
         m.submodules.core = core = self.core_factory(CMAC_BYTES)
-        m.d.comb += [
-            core.s_axis_tdata.eq(from_line[0].tdata), core.s_axis_tkeep.eq(from_line[0].tkeep),
-            core.s_axis_tlast.eq(from_line[0].tlast), core.s_axis_tvalid.eq(from_line[0].tvalid),
-            from_line[0].tready.eq(core.s_axis_tready),
-            to_line[1].tdata.eq(core.m_axis_tdata), to_line[1].tkeep.eq(core.m_axis_tkeep),
-            to_line[1].tlast.eq(core.m_axis_tlast), to_line[1].tuser.eq(core.m_axis_tuser),
-            to_line[1].tvalid.eq(core.m_axis_tvalid), core.m_axis_tready.eq(to_line[1].tready),
-        ]
+        connect_core(m, core, from_line[0], to_line[1])
         wiring.connect(m, from_line[1], to_line[0])
         return m
 

@@ -14,6 +14,7 @@ from amaranth.lib.wiring import In, Out
 
 from .mac import DEFAULT_MAX_FRAME, EthMac
 from .rgmii import RgmiiGmii, RgmiiPlatformDDR
+from .width import connect_core
 
 PLL_VCO_HZ = 500e6
 """VCO of the ECP5 PLL: 125 MHz for the MACs is VCO/4, and one VCO cycle is exactly 90 degrees of it."""
@@ -167,14 +168,7 @@ class InwireBoard(Elaboratable):
 
         m.submodules.core = core = self.core_factory(self.data_width)
         a, b = macs["a"], macs["b"]
-        m.d.comb += [
-            core.s_axis_tdata.eq(a.rx_stream.tdata), core.s_axis_tkeep.eq(a.rx_stream.tkeep),
-            core.s_axis_tlast.eq(a.rx_stream.tlast), core.s_axis_tvalid.eq(a.rx_stream.tvalid),
-            a.rx_stream.tready.eq(core.s_axis_tready),
-            b.tx_stream.tdata.eq(core.m_axis_tdata), b.tx_stream.tkeep.eq(core.m_axis_tkeep),
-            b.tx_stream.tlast.eq(core.m_axis_tlast), b.tx_stream.tuser.eq(core.m_axis_tuser),
-            b.tx_stream.tvalid.eq(core.m_axis_tvalid), core.m_axis_tready.eq(b.tx_stream.tready),
-        ]
+        connect_core(m, core, a.rx_stream, b.tx_stream)
         wiring.connect(m, b.rx_stream, a.tx_stream)
 
         self._leds(m, platform, pll, core, macs)

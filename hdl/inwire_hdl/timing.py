@@ -18,7 +18,7 @@ from pathlib import Path
 from amaranth.back import rtlil
 from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Module, ResetSignal, Signal
 
-from .width import StreamRegister
+from .width import StreamRegister, connect_core
 
 RESOURCES = {"LUT4": "TRELLIS_COMB", "FF": "TRELLIS_FF", "EBR": "DP16KD", "DSP": "MULT18X18D"}
 """Report names and the nextpnr-ecp5 cell types they count (a TRELLIS_COMB holds one LUT4)."""
@@ -99,14 +99,7 @@ class RegisteredCore(Elaboratable):
         m.submodules.core = core = self.core
         m.submodules.s_reg = s_reg = self.s_axis
         m.submodules.m_reg = m_reg = self.m_axis
-        m.d.comb += [
-            core.s_axis_tdata.eq(s_reg.o.tdata), core.s_axis_tkeep.eq(s_reg.o.tkeep),
-            core.s_axis_tlast.eq(s_reg.o.tlast), core.s_axis_tvalid.eq(s_reg.o.tvalid),
-            s_reg.o.tready.eq(core.s_axis_tready),
-            m_reg.i.tdata.eq(core.m_axis_tdata), m_reg.i.tkeep.eq(core.m_axis_tkeep),
-            m_reg.i.tlast.eq(core.m_axis_tlast), m_reg.i.tuser.eq(core.m_axis_tuser),
-            m_reg.i.tvalid.eq(core.m_axis_tvalid), core.m_axis_tready.eq(m_reg.i.tready),
-        ]
+        connect_core(m, core, s_reg.o, m_reg.i)
         for name, register in self.stats.items():
             m.d.sync += register.eq(getattr(core, name))
             m.d.comb += self.stats_out[name].eq(register)

@@ -22,6 +22,19 @@ def axis_signature(width):
     })
 
 
+def connect_core(m, core, source, sink):
+    """Wire a core with the aggregator's flat ports (`s_axis_t*`, `m_axis_t*`) between two streams of
+    `axis_signature`: `source` feeds the core's input, the core's output (abort flag included) feeds `sink`."""
+    m.d.comb += [
+        core.s_axis_tdata.eq(source.tdata), core.s_axis_tkeep.eq(source.tkeep),
+        core.s_axis_tlast.eq(source.tlast), core.s_axis_tvalid.eq(source.tvalid),
+        source.tready.eq(core.s_axis_tready),
+        sink.tdata.eq(core.m_axis_tdata), sink.tkeep.eq(core.m_axis_tkeep),
+        sink.tlast.eq(core.m_axis_tlast), sink.tuser.eq(core.m_axis_tuser),
+        sink.tvalid.eq(core.m_axis_tvalid), core.m_axis_tready.eq(sink.tready),
+    ]
+
+
 class Upsizer(wiring.Component):
     """Packs a byte stream into beats of `width` bytes; a frame's last beat may be partial."""
 
