@@ -155,6 +155,8 @@ class InwireBoard(Elaboratable):
         for side, index in (("a", self.port_a), ("b", self.port_b)):
             pins = platform.request("eth_rgmii", index, dir="-")
             rx = f"rx_{side}"
+            # Defined here, above every user of the domain; the DDR layer drives its clock.
+            m.domains += ClockDomain(rx)
             m.submodules[f"ddr_{side}"] = ddr = RgmiiPlatformDDR(pins, rx_domain=rx)
             m.submodules[f"rgmii_{side}"] = rgmii = RgmiiGmii()
             mac = DomainRenamer({"rx": rx})(EthMac(self.data_width, max_frame=self.max_frame))

@@ -60,8 +60,8 @@ def _subsignal(resource, *names):
 class RgmiiPlatformDDR(wiring.Component):
     """DDR layer on real I/O: `pins` is an RGMII resource requested with dir="-".
 
-    Creates domain `rx_domain` on the PHY's 125 MHz receive clock (the caller resets it and constrains
-    its frequency: constraints/<board>.lpf); the caller provides domains `tx` and `tx90`.
+    Drives the clock of domain `rx_domain` from the PHY's 125 MHz receive clock; the caller defines that
+    domain (and resets it and constrains its frequency: constraints/<board>.lpf), and `tx` and `tx90`.
     """
 
     def __init__(self, pins, rx_domain="rx"):
@@ -76,7 +76,6 @@ class RgmiiPlatformDDR(wiring.Component):
         tx_ctl = _subsignal(pins, "tx_ctl", "tx_ctrl")
 
         rx = self.rx_domain
-        m.domains += ClockDomain(rx)
         m.submodules.rx_clk = rx_clk = io.Buffer("i", pins.rx_clk)
         m.d.comb += ClockSignal(rx).eq(rx_clk.i)
 
