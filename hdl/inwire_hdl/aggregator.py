@@ -19,9 +19,8 @@ its request.
 
 import enum
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, unsigned
+from amaranth.hdl import Array, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -49,7 +48,7 @@ from inwire.protocol import (
     multicast_mac,
 )
 
-from .blocks import IPv4Checksum, SaturatingAdder, lane_bytes, popcount
+from .blocks import RegisteredFIFO, SaturatingAdder, fold16, ipv4_words, lane_bytes, popcount
 from .layout import FRAME_HEADER, field_bytes, field_shape, field_value
 
 DATA_WIDTHS = (8, 16, 32, 64)
@@ -65,12 +64,13 @@ class Action(enum.IntEnum):
     STATS = 5
 
 
-def context_layout(slot_bits, beat_bits):
+def context_layout(slot_bits, beat_bits, sum_addr_bits):
     return data.StructLayout({
         "action": 3, "disp": 5, "slot": slot_bits, "rbank": 1, "fresh": 1, "reclaim": 1,
         "opcode": 8, "sender": 8, "fanin": 8, "exponent": 8, "contributors": 8,
         "job": 32, "round": 32, "clique": 16, "chunk": 32, "count": 16, "group": 32, "bitmap": 64,
         "hdr_slot": 16, "dst_mac": 48, "dst_ip": 32, "dst_port": 16, "out_len": 16, "out_beats": beat_bits,
+        "ip_csum": 16, "rd_first": sum_addr_bits,
     })
 
 
@@ -83,7 +83,7 @@ def header_register(name):
 META = data.StructLayout({
     "job": 32, "round": 32, "clique": 16, "chunk": 32,
     "fanin": 8, "group": 32, "count": 16, "exponent": 8,
-    "bitmap": 64, "complete": 1, "cur": 1,
+    "bitmap": 64, "contributors": 8, "complete": 1, "cur": 1,
 })
 
 
@@ -122,20 +122,19 @@ class Aggregator(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         cfg, W, H = self.config, self.data_width, self.header_beats
-        ctx_layout = context_layout(self.slot_bits, self.beat_bits)
+        sum_depth = cfg.slots * 2 * self.bank_words
+        ctx_layout = context_layout(self.slot_bits, self.beat_bits, ceil_log2(sum_depth))
         beat_layout = data.StructLayout({"data": 8 * W, "keep": W, "last": 1, "first": 1, "bad": 1})
 
-        m.submodules.beats = beats = SyncFIFOBuffered(width=beat_layout.size, depth=self.buffer_beats)
-        m.submodules.contexts = contexts = SyncFIFOBuffered(width=ctx_layout.size, depth=self.buffer_beats)
+        m.submodules.beats = beats = RegisteredFIFO(beat_layout.size, self.buffer_beats)
+        m.submodules.contexts = contexts = RegisteredFIFO(ctx_layout.size, self.buffer_beats)
         m.submodules.meta = meta_mem = Memory(shape=META, depth=cfg.slots, init=[])
-        meta_rd = meta_mem.read_port(domain="comb")
         meta_wr = meta_mem.write_port()
-        m.submodules.sums = sum_mem = Memory(shape=unsigned(8 * W), depth=cfg.slots * 2 * self.bank_words,
-                                             init=[])
+        meta_rd = meta_mem.read_port(transparent_for=(meta_wr,))
+        slot_valid = Signal(cfg.slots)
+        m.submodules.sums = sum_mem = Memory(shape=unsigned(8 * W), depth=sum_depth, init=[])
         sum_wr = sum_mem.write_port()
         sum_rd = sum_mem.read_port(transparent_for=(sum_wr,))
-        m.submodules.ip_check = ip_check = IPv4Checksum()
-        m.submodules.ip_make = ip_make = IPv4Checksum()
         m.submodules.adder = adder = SaturatingAdder(self.lanes)
 
         counters = [Signal(32, name=f"count_{name}") for name in COUNTERS]
@@ -143,213 +142,307 @@ class Aggregator(wiring.Component):
             m.d.comb += getattr(self, f"stat_{name}").eq(counter)
 
         # ---- input side -------------------------------------------------------------------------
-        i0_valid = Signal()
-        i0_data, i0_keep, i0_last = Signal(8 * W), Signal(W), Signal()
-        i0_idx = Signal(self.beat_bits)
+        # Beats move I0 → I1 → I2 → I3 in lockstep (`adv`); I3 writes the beat FIFO. The frame whose
+        # header ends in a beat is classified while that beat travels: entering I1 the header's decoded
+        # flags, fields and partial checksums are registered (C1); entering I2 the frame-length checks and
+        # the checksum total (C2), and the slot table is read; entering I3 the checks before the slot
+        # table, the slot-table comparisons and the answer's fields (C3); in I3 the disposition is chosen.
+        stage_layout = data.StructLayout({"valid": 1, "data": 8 * W, "keep": W, "last": 1, "first": 1,
+                                          "hdr_end": 1, "idx": self.beat_bits, "bytes": range(W + 1)})
+        i0, i1, i2, i3 = (Signal(stage_layout, name=f"i{n}") for n in range(4))
         in_idx = Signal(self.beat_bits)
         hdr = header_register("hdr")
-
-        i0_fire = Signal()
-        m.d.comb += [
-            i0_fire.eq(i0_valid & beats.w_rdy & contexts.w_rdy),
-            self.s_axis_tready.eq(~i0_valid | i0_fire),
-        ]
-        accept = self.s_axis_tvalid & self.s_axis_tready
-        with m.If(accept):
+        adv = Signal()
+        m.d.comb += [adv.eq(beats.w_rdy & contexts.w_rdy), self.s_axis_tready.eq(adv)]
+        with m.If(adv):
             m.d.sync += [
-                i0_valid.eq(1), i0_data.eq(self.s_axis_tdata), i0_keep.eq(self.s_axis_tkeep),
-                i0_last.eq(self.s_axis_tlast), i0_idx.eq(in_idx),
-                in_idx.eq(Mux(self.s_axis_tlast, 0, Mux(in_idx.all(), in_idx, in_idx + 1))),
+                i0.valid.eq(self.s_axis_tvalid), i0.data.eq(self.s_axis_tdata), i0.keep.eq(self.s_axis_tkeep),
+                i0.last.eq(self.s_axis_tlast), i0.first.eq(in_idx == 0), i0.idx.eq(in_idx),
+                i0.hdr_end.eq(self.s_axis_tvalid & (in_idx < H) & (self.s_axis_tlast | (in_idx == H - 1))),
+                i1.eq(i0), i1.bytes.eq(popcount(i0.keep)), i2.eq(i1), i3.eq(i2),
             ]
-            with m.If(in_idx < H):
-                m.d.sync += hdr.as_value().word_select(in_idx[:ceil_log2(H)], 8 * W).eq(self.s_axis_tdata)
-        with m.Elif(i0_fire):
-            m.d.sync += i0_valid.eq(0)
+            with m.If(self.s_axis_tvalid):
+                m.d.sync += in_idx.eq(Mux(self.s_axis_tlast, 0, Mux(in_idx.all(), in_idx, in_idx + 1)))
+                with m.If(in_idx < H):
+                    m.d.sync += hdr.as_value().word_select(in_idx[:ceil_log2(H)], 8 * W).eq(self.s_axis_tdata)
 
         def f(name):
             return field_value(hdr, name)
 
-        beat_bytes = popcount(i0_keep)
         shift = ceil_log2(W)
-        frame_len = (i0_idx << shift) + beat_bytes
-        hdr_end = Signal()
-        m.d.comb += hdr_end.eq(i0_valid & (i0_idx < H) & (i0_last | (i0_idx == H - 1)))
-        m.d.comb += [ip_check.header.eq(hdr.as_value()), meta_rd.addr.eq(f("slot"))]
-        meta = meta_rd.data
-        slot_valid = Signal(cfg.slots)
-        slot_in_range = f("slot") < cfg.slots
-        meta_valid = slot_valid.bit_select(f("slot")[:self.slot_bits], 1) & slot_in_range
+        cls = data.StructLayout({
+            **{flag: 1 for flag in (
+                "foreign", "bad_ver", "frag", "bad_magic", "contribution", "result_req", "stats_req",
+                "lengths_bad", "fanin_bad", "sender_bad", "count_bad", "group_bad", "slot_bad",
+                "runt", "header_short", "request_len_ok", "len_pending", "pre_pass",
+                "slot_seen", "meta_valid", "key_match", "shape_match", "duplicate", "newer", "last_member")},
+            "pre_disp": 5, "pre_action": 3, "csum_a": 18, "csum_b": 18, "csum_c": 17, "csum_total": 20,
+            "slot": 16, "job": 32, "round": 32, "clique": 16, "chunk": 32, "fanin": 8, "group": 32,
+            "count": 16, "exponent": 8, "sender": 8, "sender_bit": 64, "eth_src": 48, "ip_src": 32,
+            "udp_sport": 16, "expected_last": self.beat_bits, "expected_tail": range(W + 1),
+            "len_hdr": 19, "beats_hdr": self.beat_bits, "len_meta": 19, "beats_meta": self.beat_bits,
+        })
+        c1, c2, c3 = (Signal(cls, name=f"c{n}") for n in (1, 2, 3))
+        meta3 = Signal(META)
+        ans = Signal(ctx_layout)
 
+        # C1: everything that needs only the header.
         opcode, count, fanin, sender = f("opcode"), f("count"), f("fanin"), f("sender")
         is_contribution = opcode == Opcode.CONTRIBUTION
-        expected_len = FRAME_HEADER_BYTES + Mux(is_contribution, count * ELEMENT_BYTES, 0)
-        lengths_ok = ((f("ip_len") == expected_len - ETHERNET_BYTES)
-                      & (f("udp_len") == expected_len - ETHERNET_BYTES - IPV4_BYTES))
-        sender_bit = Signal(64)
-        m.d.comb += sender_bit.eq(Const(1, 64) << sender[:6])
-        key_match = (meta_valid & (meta.job == f("job")) & (meta.round == f("round"))
-                     & (meta.clique == f("clique")) & (meta.chunk == f("chunk")))
-        shape_match = ((meta.fanin == fanin) & (meta.group == f("group")) & (meta.count == count)
-                       & (meta.exponent == f("exponent").as_unsigned()))
-        round_delta = Signal(32)
-        m.d.comb += round_delta.eq(f("round") - meta.round)
-        round_newer = (round_delta != 0) & ~round_delta[31]
+        # Lengths as one adder each (constants folded), the opcode choosing between results.
+        payload_bytes = count * ELEMENT_BYTES
+        words = ipv4_words(hdr)
+        contribution_lengths_ok = ((f("ip_len") == payload_bytes + (FRAME_HEADER_BYTES - ETHERNET_BYTES))
+                                   & (f("udp_len") == payload_bytes + (FRAME_HEADER_BYTES - ETHERNET_BYTES
+                                                                       - IPV4_BYTES)))
+        request_lengths_ok = ((f("ip_len") == FRAME_HEADER_BYTES - ETHERNET_BYTES)
+                              & (f("udp_len") == FRAME_HEADER_BYTES - ETHERNET_BYTES - IPV4_BYTES))
+        contribution_end = payload_bytes + (FRAME_HEADER_BYTES - 1)
+        result_len_hdr = payload_bytes + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES)
+        with m.If(adv & i0.hdr_end):
+            m.d.sync += [
+                c1.foreign.eq(~((f("eth_type") == ETHERTYPE_IPV4) & (f("ip_proto") == IP_PROTO_UDP)
+                                & (f("ip_dst") == cfg.ip) & (f("udp_dport") == cfg.port))),
+                c1.bad_ver.eq(f("ip_ver_ihl") != IP_VER_IHL),
+                c1.frag.eq(f("ip_frag")[:14] != 0),
+                c1.bad_magic.eq((f("magic") != MAGIC) | (f("version") != VERSION)),
+                c1.contribution.eq(is_contribution),
+                c1.result_req.eq(opcode == Opcode.RESULT_REQUEST),
+                c1.stats_req.eq(opcode == Opcode.STATS_REQUEST),
+                c1.lengths_bad.eq(~Mux(is_contribution, contribution_lengths_ok, request_lengths_ok)),
+                c1.fanin_bad.eq((fanin == 0) | (fanin > cfg.max_fanin)),
+                c1.sender_bad.eq(sender >= fanin),
+                c1.count_bad.eq((count == 0) | (count > cfg.max_elements)),
+                c1.group_bad.eq((f("group") & MULTICAST_MASK) != MULTICAST_PREFIX),
+                c1.slot_bad.eq(f("slot") >= cfg.slots),
+                c1.csum_a.eq((words[0] + words[1]) + (words[2] + words[3])),
+                c1.csum_b.eq((words[4] + words[5]) + (words[6] + words[7])),
+                c1.csum_c.eq(words[8] + words[9]),
+                c1.slot.eq(f("slot")), c1.job.eq(f("job")), c1.round.eq(f("round")), c1.clique.eq(f("clique")),
+                c1.chunk.eq(f("chunk")), c1.fanin.eq(fanin), c1.group.eq(f("group")), c1.count.eq(count),
+                c1.exponent.eq(f("exponent")), c1.sender.eq(sender), c1.sender_bit.eq(Const(1, 64) << sender[:6]),
+                c1.eth_src.eq(f("eth_src")), c1.ip_src.eq(f("ip_src")), c1.udp_sport.eq(f("udp_sport")),
+                c1.expected_last.eq(Mux(is_contribution, contribution_end >> shift, (FRAME_HEADER_BYTES - 1) >> shift)),
+                c1.expected_tail.eq(Mux(is_contribution, contribution_end[:shift] + 1,
+                                        ((FRAME_HEADER_BYTES - 1) & (W - 1)) + 1)),
+                c1.len_hdr.eq(result_len_hdr),
+                c1.beats_hdr.eq((payload_bytes + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES + W - 1)) >> shift),
+            ]
 
-        # The classification of the frame whose header ends in I0 (valid while hdr_end).
-        disp = Signal(5)
-        action = Signal(Action)
+        # C2: the frame length so far, the checksum total. The slot table is read on the same edge. A
+        # frame that commits an entry has its tlast at least 128/W ≥ 2 beats ahead of the next frame's
+        # header end, so its commit is registered on this edge or earlier and written on the next edge
+        # or earlier: the transparent read port passes a write on this edge through, and a write on the
+        # next one (`stale`) is forwarded in I2.
+        commit, commit_q, stale = Signal(), Signal(), Signal()
+        commit_slot = Signal(self.slot_bits)
+        commit_entry = Signal(META)
+        frame_len = (i1.idx << shift) + i1.bytes
+        with m.If(adv & i1.hdr_end):
+            m.d.sync += [
+                c2.eq(c1),
+                c2.runt.eq(i1.last & (frame_len < MIN_FRAME_BYTES)),
+                c2.header_short.eq(i1.last & (frame_len < FRAME_HEADER_BYTES)),
+                c2.request_len_ok.eq(i1.last & (frame_len == FRAME_HEADER_BYTES)),
+                c2.csum_total.eq(c1.csum_a + c1.csum_b + c1.csum_c),
+                c2.slot_seen.eq(slot_valid.bit_select(c1.slot[:self.slot_bits], 1)
+                                | (commit_q & (commit_slot == c1.slot[:self.slot_bits]))),
+                stale.eq(commit),
+            ]
+        m.d.comb += [meta_rd.en.eq(adv), meta_rd.addr.eq(c1.slot)]
+
+        # C3: the checks in the model's order up to the slot table, then the slot-table comparisons against
+        # the entry read (or forwarded) in I2.
+        once = c2.csum_total[:16] + c2.csum_total[16:]
+        csum_ok = Mux(once[16], once[:16] == 0xFFFE, once[:16] == 0xFFFF)
+        pre_disp, pre_action, pre_pass = Signal(5), Signal(Action), Signal()
         len_pending = Signal()
-        fresh, reclaim = Signal(), Signal()
-        base_bitmap = Signal(64)
-        stored = Signal()
-        new_bitmap = Signal(64)
-        contributors = Signal(8)
-        complete = Signal()
-        m.d.comb += [
-            new_bitmap.eq(Mux(stored, meta.bitmap, base_bitmap | sender_bit)),
-            contributors.eq(popcount(new_bitmap)),
-            complete.eq(contributors == fanin),
-        ]
 
-        def drop(reason):
-            m.d.comb += [disp.eq(reason), action.eq(Action.DROP)]
+        def pre(disposition, action=Action.DROP):
+            m.d.comb += [pre_disp.eq(disposition), pre_action.eq(action)]
 
-        header_short = i0_last & (frame_len < FRAME_HEADER_BYTES)
-        request_len_ok = i0_last & (frame_len == FRAME_HEADER_BYTES)
-        with m.If(i0_last & (frame_len < MIN_FRAME_BYTES)):
-            drop(Disposition.DROP_RUNT)
-        with m.Elif(~((f("eth_type") == ETHERTYPE_IPV4) & (f("ip_proto") == IP_PROTO_UDP)
-                      & (f("ip_dst") == cfg.ip) & (f("udp_dport") == cfg.port))):
-            m.d.comb += [disp.eq(Disposition.FORWARDED), action.eq(Action.FORWARD)]
-        with m.Elif(f("ip_ver_ihl") != IP_VER_IHL):
-            drop(Disposition.DROP_IP_HEADER)
-        with m.Elif(f("ip_frag")[:14] != 0):
-            drop(Disposition.DROP_IP_FRAGMENT)
-        with m.Elif(~ip_check.valid):
-            drop(Disposition.DROP_IP_CHECKSUM)
-        with m.Elif(header_short):
-            drop(Disposition.DROP_LENGTH)
-        with m.Elif((f("magic") != MAGIC) | (f("version") != VERSION)):
-            drop(Disposition.DROP_VERSION)
-        with m.Elif(~is_contribution & (opcode != Opcode.RESULT_REQUEST) & (opcode != Opcode.STATS_REQUEST)):
-            drop(Disposition.DROP_OPCODE)
-        with m.Elif(~lengths_ok | (~is_contribution & ~request_len_ok)):
-            drop(Disposition.DROP_LENGTH)
+        with m.If(c2.runt):
+            pre(Disposition.DROP_RUNT)
+        with m.Elif(c2.foreign):
+            pre(Disposition.FORWARDED, Action.FORWARD)
+        with m.Elif(c2.bad_ver):
+            pre(Disposition.DROP_IP_HEADER)
+        with m.Elif(c2.frag):
+            pre(Disposition.DROP_IP_FRAGMENT)
+        with m.Elif(~csum_ok):
+            pre(Disposition.DROP_IP_CHECKSUM)
+        with m.Elif(c2.header_short):
+            pre(Disposition.DROP_LENGTH)
+        with m.Elif(c2.bad_magic):
+            pre(Disposition.DROP_VERSION)
+        with m.Elif(~c2.contribution & ~c2.result_req & ~c2.stats_req):
+            pre(Disposition.DROP_OPCODE)
+        with m.Elif(c2.lengths_bad | (~c2.contribution & ~c2.request_len_ok)):
+            pre(Disposition.DROP_LENGTH)
         with m.Else():
             # From here on a contribution's frame length is still to be checked beat by beat.
-            m.d.comb += len_pending.eq(is_contribution)
-            with m.If(opcode == Opcode.STATS_REQUEST):
-                m.d.comb += [disp.eq(Disposition.ANSWERED), action.eq(Action.STATS)]
-            with m.Elif((fanin == 0) | (fanin > cfg.max_fanin)):
-                drop(Disposition.DROP_FANIN)
-            with m.Elif(sender >= fanin):
-                drop(Disposition.DROP_SENDER)
-            with m.Elif((count == 0) | (count > cfg.max_elements)):
-                drop(Disposition.DROP_COUNT)
-            with m.Elif((f("group") & MULTICAST_MASK) != MULTICAST_PREFIX):
-                drop(Disposition.DROP_GROUP)
-            with m.Elif(~slot_in_range):
-                drop(Disposition.DROP_SLOT)
-            with m.Elif(~is_contribution):
-                with m.If(key_match & meta.complete):
-                    m.d.comb += [disp.eq(Disposition.ANSWERED), action.eq(Action.STORED), stored.eq(1)]
-                with m.Else():
-                    drop(Disposition.DROP_NO_RESULT)
-            with m.Elif(key_match):
-                with m.If(~shape_match):
-                    drop(Disposition.DROP_MISMATCH)
-                with m.Elif(meta.complete):
-                    m.d.comb += [disp.eq(Disposition.ANSWERED), action.eq(Action.STORED), stored.eq(1)]
-                with m.Elif((meta.bitmap & sender_bit) != 0):
-                    drop(Disposition.DROP_DUPLICATE)
-                with m.Else():
-                    m.d.comb += base_bitmap.eq(meta.bitmap)
-                    m.d.comb += [disp.eq(Disposition.ACCUMULATED),
-                                 action.eq(Mux(complete, Action.SUM_RESULT, Action.SUM_SILENT))]
-            with m.Elif(~meta_valid | meta.complete):
-                m.d.comb += [fresh.eq(1), disp.eq(Disposition.ACCUMULATED),
-                             action.eq(Mux(complete, Action.SUM_RESULT, Action.SUM_SILENT))]
-            with m.Elif((f("job") == meta.job) & round_newer):
-                m.d.comb += [fresh.eq(1), reclaim.eq(1), disp.eq(Disposition.ACCUMULATED),
-                             action.eq(Mux(complete, Action.SUM_RESULT, Action.SUM_SILENT))]
+            m.d.comb += len_pending.eq(c2.contribution)
+            with m.If(c2.stats_req):
+                pre(Disposition.ANSWERED, Action.STATS)
+            with m.Elif(c2.fanin_bad):
+                pre(Disposition.DROP_FANIN)
+            with m.Elif(c2.sender_bad):
+                pre(Disposition.DROP_SENDER)
+            with m.Elif(c2.count_bad):
+                pre(Disposition.DROP_COUNT)
+            with m.Elif(c2.group_bad):
+                pre(Disposition.DROP_GROUP)
+            with m.Elif(c2.slot_bad):
+                pre(Disposition.DROP_SLOT)
             with m.Else():
-                drop(Disposition.DROP_COLLISION)
+                m.d.comb += pre_pass.eq(1)
 
-        # Frame length checks of a contribution, on every beat from the header's end to tlast.
-        expected_last = Signal(self.beat_bits)
-        expected_tail = Signal(range(W + 1))
-        m.d.comb += [
-            expected_last.eq((expected_len - 1) >> shift),
-            expected_tail.eq(((expected_len - 1) & (W - 1)) + 1),
-        ]
-        f_len_pending, f_bad = Signal(), Signal()
-        f_action = Signal(Action)
-        f_last, f_tail = Signal(self.beat_bits), Signal(range(W + 1))
-        f_bitmap, f_complete, f_wbank = Signal(64), Signal(), Signal()
-        pending = Mux(hdr_end, len_pending, f_len_pending)
-        last_at = Mux(hdr_end, expected_last, f_last)
-        tail_at = Mux(hdr_end, expected_tail, f_tail)
-        bad_before = ~hdr_end & f_bad
+        forward = stale & (commit_slot == c2.slot[:self.slot_bits])
+        meta_valid = (c2.slot_seen | forward) & ~c2.slot_bad
+
+        def compare(entry):
+            """The frame against one candidate entry; both candidates are compared, then one is chosen."""
+            round_delta = Signal(32)
+            m.d.comb += round_delta.eq(c2.round - entry.round)
+            length = entry.count * ELEMENT_BYTES + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES)
+            return {
+                "key_match": ((entry.job == c2.job) & (entry.round == c2.round) & (entry.clique == c2.clique)
+                              & (entry.chunk == c2.chunk)),
+                "shape_match": ((entry.fanin == c2.fanin) & (entry.group == c2.group) & (entry.count == c2.count)
+                                & (entry.exponent == c2.exponent)),
+                "duplicate": (entry.bitmap & c2.sender_bit) != 0,
+                "newer": (c2.job == entry.job) & (round_delta != 0) & ~round_delta[31],
+                "last_member": entry.contributors + 1 == c2.fanin,
+                "len_meta": length,
+                "beats_meta": (entry.count * ELEMENT_BYTES
+                               + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES + W - 1)) >> shift,
+            }
+
+        read, forwarded = compare(meta_rd.data), compare(commit_entry)
+        checks = {name: Mux(forward, forwarded[name], read[name]) for name in read}
+        key_match = meta_valid & checks.pop("key_match")
+        with m.If(adv & i2.hdr_end):
+            m.d.sync += [
+                c3.eq(c2), c3.pre_disp.eq(pre_disp), c3.pre_action.eq(pre_action), c3.pre_pass.eq(pre_pass),
+                c3.len_pending.eq(len_pending), c3.meta_valid.eq(meta_valid), c3.key_match.eq(key_match),
+                *(getattr(c3, name).eq(value) for name, value in checks.items()),
+                meta3.eq(Mux(forward, commit_entry, meta_rd.data)),
+            ]
+
+        # The answer's fields. A stored result is the slot's: a result request need not repeat its fan-in,
+        # group, count or exponent. Where the frame is dropped these fields are not used.
+        stored = c3.key_match & meta3.complete
+        result_group = Mux(stored, meta3.group, c3.group)
+        stats_len = FRAME_HEADER_BYTES + ELEMENT_BYTES * STATS_COUNT
+        result_fields = {
+            "opcode": Opcode.RESULT, "fanin": Mux(stored, meta3.fanin, c3.fanin),
+            "exponent": Mux(stored, meta3.exponent, c3.exponent),
+            "contributors": Mux(c3.key_match, meta3.contributors + ~meta3.complete, 1),
+            "round": c3.round, "clique": c3.clique, "chunk": c3.chunk,
+            "count": Mux(stored, meta3.count, c3.count), "group": result_group,
+            "bitmap": Mux(c3.key_match, meta3.bitmap | Mux(meta3.complete, 0, c3.sender_bit), c3.sender_bit),
+            "hdr_slot": c3.slot, "slot": c3.slot,
+            "dst_mac": multicast_mac(0) | result_group[:23], "dst_ip": result_group, "dst_port": cfg.port,
+            "out_len": Mux(stored, c3.len_meta, c3.len_hdr), "out_beats": Mux(stored, c3.beats_meta, c3.beats_hdr),
+        }
+        stats_fields = {"opcode": Opcode.STATS_REPLY, "count": STATS_COUNT, "dst_mac": c3.eth_src,
+                        "dst_ip": c3.ip_src, "dst_port": c3.udp_sport, "out_len": stats_len,
+                        "out_beats": (stats_len + W - 1) >> shift}
+        m.d.comb += [ans.rbank.eq(meta3.cur), ans.sender.eq(c3.sender), ans.job.eq(c3.job)]
+        for name, value in result_fields.items():
+            m.d.comb += getattr(ans, name).eq(Mux(c3.stats_req, stats_fields.get(name, 0), value))
+
+        # I3: the disposition of the frame whose header ends here.
+        disp = Signal(5)
+        action = Signal(Action)
+        fresh, reclaim = Signal(), Signal()
+        complete = Mux(c3.key_match, c3.last_member, c3.fanin == 1)
+        summed = Mux(complete, Action.SUM_RESULT, Action.SUM_SILENT)
+
+        def decide(disposition, what=Action.DROP):
+            m.d.comb += [disp.eq(disposition), action.eq(what)]
+
+        with m.If(~c3.pre_pass):
+            decide(c3.pre_disp, c3.pre_action)
+        with m.Elif(~c3.contribution):
+            with m.If(c3.key_match & meta3.complete):
+                decide(Disposition.ANSWERED, Action.STORED)
+            with m.Else():
+                decide(Disposition.DROP_NO_RESULT)
+        with m.Elif(c3.key_match):
+            with m.If(~c3.shape_match):
+                decide(Disposition.DROP_MISMATCH)
+            with m.Elif(meta3.complete):
+                decide(Disposition.ANSWERED, Action.STORED)
+            with m.Elif(c3.duplicate):
+                decide(Disposition.DROP_DUPLICATE)
+            with m.Else():
+                decide(Disposition.ACCUMULATED, summed)
+        with m.Elif(~c3.meta_valid | meta3.complete):
+            m.d.comb += fresh.eq(1)
+            decide(Disposition.ACCUMULATED, summed)
+        with m.Elif(c3.newer):
+            m.d.comb += [fresh.eq(1), reclaim.eq(1)]
+            decide(Disposition.ACCUMULATED, summed)
+        with m.Else():
+            decide(Disposition.DROP_COLLISION)
+
+        # Frame length checks of a contribution, on every beat from the header's end to tlast: C3 holds
+        # the frame of the last header end that reached I3.
+        fire = adv & i3.valid
+        f_bad, f_sum = Signal(), Signal()
+        last_at, tail_at = c3.expected_last, c3.expected_tail
         bad = Signal()
-        m.d.comb += bad.eq(bad_before | (pending & (
-            ((i0_idx == last_at) & (~i0_last | (beat_bytes != tail_at))) | (i0_last & (i0_idx < last_at)))))
-
-        with m.If(i0_fire):
-            m.d.sync += f_bad.eq(bad & ~i0_last)
-            with m.If(hdr_end):
-                m.d.sync += [f_len_pending.eq(len_pending), f_action.eq(action), f_last.eq(expected_last),
-                             f_tail.eq(expected_tail), f_bitmap.eq(new_bitmap), f_complete.eq(complete),
-                             f_wbank.eq(~meta.cur)]
-        commit_action = Mux(hdr_end, action, f_action)
-        commit = i0_fire & i0_last & ~bad & ((commit_action == Action.SUM_SILENT)
-                                             | (commit_action == Action.SUM_RESULT))
+        m.d.comb += bad.eq((~i3.hdr_end & f_bad) | (c3.len_pending & (
+            ((i3.idx == last_at) & (~i3.last | (i3.bytes != tail_at))) | (i3.last & (i3.idx < last_at)))))
+        with m.If(fire):
+            m.d.sync += f_bad.eq(bad & ~i3.last)
+            with m.If(i3.hdr_end):
+                m.d.sync += f_sum.eq((action == Action.SUM_SILENT) | (action == Action.SUM_RESULT))
+        # A summing contribution has at least one element, so its header end is never its good tlast.
+        # The entry is registered here and written into the table (and its valid bit set) one cycle later.
+        m.d.comb += commit.eq(fire & i3.last & ~i3.hdr_end & ~bad & f_sum)
+        m.d.sync += commit_q.eq(commit)
         with m.If(commit):
-            m.d.sync += slot_valid.bit_select(f("slot")[:self.slot_bits], 1).eq(1)
-        m.d.comb += [
-            meta_wr.en.eq(commit),
-            meta_wr.addr.eq(f("slot")),
-            meta_wr.data.job.eq(f("job")), meta_wr.data.round.eq(f("round")),
-            meta_wr.data.clique.eq(f("clique")), meta_wr.data.chunk.eq(f("chunk")),
-            meta_wr.data.fanin.eq(fanin), meta_wr.data.group.eq(f("group")), meta_wr.data.count.eq(count),
-            meta_wr.data.exponent.eq(f("exponent")),
-            meta_wr.data.bitmap.eq(Mux(hdr_end, new_bitmap, f_bitmap)),
-            meta_wr.data.complete.eq(Mux(hdr_end, complete, f_complete)),
-            meta_wr.data.cur.eq(Mux(hdr_end, ~meta.cur, f_wbank)),
-        ]
+            m.d.sync += [
+                commit_slot.eq(ans.slot),
+                commit_entry.job.eq(ans.job), commit_entry.round.eq(ans.round),
+                commit_entry.clique.eq(ans.clique), commit_entry.chunk.eq(ans.chunk),
+                commit_entry.fanin.eq(ans.fanin), commit_entry.group.eq(ans.group),
+                commit_entry.count.eq(ans.count), commit_entry.exponent.eq(ans.exponent),
+                commit_entry.bitmap.eq(ans.bitmap), commit_entry.contributors.eq(ans.contributors),
+                commit_entry.complete.eq(complete), commit_entry.cur.eq(~meta3.cur),
+            ]
+        with m.If(commit_q):
+            m.d.sync += slot_valid.bit_select(commit_slot, 1).eq(1)
+        m.d.comb += [meta_wr.en.eq(commit_q), meta_wr.addr.eq(commit_slot), meta_wr.data.eq(commit_entry)]
 
         beat_in = Signal(beat_layout)
         m.d.comb += [
-            beat_in.data.eq(i0_data), beat_in.keep.eq(i0_keep), beat_in.last.eq(i0_last),
-            beat_in.first.eq(i0_idx == 0), beat_in.bad.eq(bad),
-            beats.w_data.eq(beat_in), beats.w_en.eq(i0_fire),
+            beat_in.data.eq(i3.data), beat_in.keep.eq(i3.keep), beat_in.last.eq(i3.last),
+            beat_in.first.eq(i3.first), beat_in.bad.eq(bad),
+            beats.w_data.eq(beat_in), beats.w_en.eq(fire),
         ]
 
-        # The context of the frame: what to do, and the fields of the header it answers with.
+        # The context goes into its FIFO one cycle after the header's last beat enters the beat FIFO (the
+        # output side waits for it); that cycle finishes the answer's IPv4 checksum.
+        ctx_q = Signal(ctx_layout)
+        ctx_q_valid = Signal()
+        csum_sum = Signal(19)
+        csum_base = ((IP_VER_IHL << 8) + IP_FLAG_DF + ((RESULT_TTL << 8) | IP_PROTO_UDP)
+                     + (cfg.ip >> 16) + (cfg.ip & 0xFFFF) - ETHERNET_BYTES)
+        with m.If(fire & i3.hdr_end):
+            m.d.sync += [
+                ctx_q.eq(ans), ctx_q.action.eq(action), ctx_q.disp.eq(disp), ctx_q.fresh.eq(fresh),
+                ctx_q.reclaim.eq(reclaim),
+                csum_sum.eq((ans.out_len + csum_base) + (ans.dst_ip[16:] + ans.dst_ip[:16])),
+            ]
+        m.d.sync += ctx_q_valid.eq((fire & i3.hdr_end) | (ctx_q_valid & ~contexts.w_rdy))
         ctx_in = Signal(ctx_layout)
-        is_stats = action == Action.STATS
-        # A stored result is the slot's: a result request need not repeat its fan-in, group, count or exponent.
-        result_count = Mux(stored, meta.count, count)
-        result_group = Mux(stored, meta.group, f("group"))
-        result_len = FRAME_HEADER_BYTES + ELEMENT_BYTES * result_count + RESULT_TRAILER_BYTES
-        stats_len = FRAME_HEADER_BYTES + ELEMENT_BYTES * STATS_COUNT
-        out_len = Mux(is_stats, stats_len, result_len)
-        result_fields = {
-            "opcode": Opcode.RESULT, "fanin": Mux(stored, meta.fanin, fanin),
-            "exponent": Mux(stored, meta.exponent, f("exponent").as_unsigned()), "contributors": contributors,
-            "round": f("round"), "clique": f("clique"), "chunk": f("chunk"), "count": result_count,
-            "group": result_group, "bitmap": new_bitmap, "hdr_slot": f("slot"), "slot": f("slot"),
-            "dst_mac": multicast_mac(0) | result_group[:23], "dst_ip": result_group, "dst_port": cfg.port,
-        }
-        stats_fields = {"opcode": Opcode.STATS_REPLY, "count": STATS_COUNT, "dst_mac": f("eth_src"),
-                        "dst_ip": f("ip_src"), "dst_port": f("udp_sport")}
-        for name, value in result_fields.items():
-            m.d.comb += getattr(ctx_in, name).eq(Mux(is_stats, stats_fields.get(name, 0), value))
         m.d.comb += [
-            ctx_in.action.eq(action), ctx_in.disp.eq(disp), ctx_in.rbank.eq(meta.cur),
-            ctx_in.fresh.eq(fresh), ctx_in.reclaim.eq(reclaim), ctx_in.sender.eq(sender),
-            ctx_in.job.eq(f("job")), ctx_in.out_len.eq(out_len),
-            ctx_in.out_beats.eq((out_len + W - 1) >> shift),
-            contexts.w_data.eq(ctx_in), contexts.w_en.eq(i0_fire & hdr_end),
+            ctx_in.eq(ctx_q), ctx_in.ip_csum.eq(~fold16(csum_sum)),
+            ctx_in.rd_first.eq((ctx_q.slot * 2 + ctx_q.rbank) * self.bank_words - H),
+            contexts.w_data.eq(ctx_in), contexts.w_en.eq(ctx_q_valid),
         ]
 
         # ---- output side ------------------------------------------------------------------------
@@ -369,14 +462,24 @@ class Aggregator(wiring.Component):
             return ((context.action == Action.SUM_RESULT) | (context.action == Action.STORED)
                     | (context.action == Action.STATS))
 
-        a_valid, a_popped, a_emit, a_last, a_user, a_end, a_bad = (Signal(name=f"a_{n}") for n in (
+        r_valid, r_popped, r_emit, r_last, r_user, r_end, r_bad = (Signal(name=f"r_{n}") for n in (
             "valid", "popped", "emit", "last", "user", "end", "bad"))
-        a_j = Signal(self.beat_bits)
-        a_data, a_keep = Signal(8 * W), Signal(W)
+        r_j = Signal(self.beat_bits)
+        r_data, r_keep = Signal(8 * W), Signal(W)
 
+        # `remaining` is ctx.out_beats - j_next (stuck once negative); `j_lt` and `j1_lt` are registered
+        # `j_next < ctx.out_beats` and `j_next + 1 < ctx.out_beats`, which keeps adders and comparators
+        # out of the beat-loading decision.
+        remaining = Signal(signed(self.beat_bits + 2))
+        j_lt, j1_lt = Signal(), Signal()
+        first_ctx = data.View(ctx_layout, contexts.r_data)
+        first_beats = first_ctx.out_beats
+        # The sum memory address of beat j_next of the frame in ctx, kept alongside j_next; a frame's
+        # first beat reads at `rd_first`, computed with its context.
+        rd_addr = Signal.like(sum_rd.addr)
         extend = Signal()
         m.d.comb += [
-            extend.eq(in_done & ~aborted & answers(ctx) & (j_next < ctx.out_beats)),
+            extend.eq(in_done & ~aborted & answers(ctx) & j_lt),
             cur.eq(Mux(~extend & head.first, contexts.r_data, ctx)),
         ]
         can_pop = beats.r_rdy & (~head.first | contexts.r_rdy)
@@ -388,131 +491,173 @@ class Aggregator(wiring.Component):
             contexts.r_en.eq(pop & head.first),
         ]
         was_aborted = ~head.first & aborted
-        in_window = load_j < cur.out_beats
-        more_after = answers(cur) & ~head.bad & ~was_aborted & (load_j + 1 < cur.out_beats)
+        in_window = Mux(head.first, first_beats > 0, j_lt)
+        more_after = answers(cur) & ~head.bad & ~was_aborted & Mux(head.first, first_beats > 1, j1_lt)
+        step = [remaining.eq(Mux(remaining < 0, remaining, remaining - 1)), j_lt.eq(j1_lt), j1_lt.eq(remaining > 2),
+                rd_addr.eq(rd_addr + 1)]
 
         with m.If(advance):
-            m.d.sync += [a_valid.eq(0), a_popped.eq(0)]
+            m.d.sync += [r_valid.eq(0), r_popped.eq(0)]
             with m.If(extend):
                 m.d.sync += [
-                    a_valid.eq(1), a_j.eq(j_next), a_emit.eq(1), a_user.eq(0), a_bad.eq(0),
-                    a_last.eq(j_next == ctx.out_beats - 1), a_end.eq(j_next == ctx.out_beats - 1),
-                    a_data.eq(0), a_keep.eq(0), j_next.eq(j_next + 1),
+                    r_valid.eq(1), r_j.eq(j_next), r_emit.eq(1), r_user.eq(0), r_bad.eq(0),
+                    r_last.eq(j_lt & ~j1_lt), r_end.eq(j_lt & ~j1_lt),
+                    r_data.eq(0), r_keep.eq(0), j_next.eq(j_next + 1), *step,
                 ]
             with m.Elif(can_pop):
                 m.d.sync += [
-                    a_valid.eq(1), a_popped.eq(1), a_j.eq(load_j), a_data.eq(head.data), a_keep.eq(head.keep),
-                    a_bad.eq(head.bad), a_end.eq(head.last & ~more_after), a_user.eq(0),
+                    r_valid.eq(1), r_popped.eq(1), r_j.eq(load_j), r_data.eq(head.data), r_keep.eq(head.keep),
+                    r_bad.eq(head.bad), r_end.eq(head.last & ~more_after), r_user.eq(0),
                     j_next.eq(Mux(load_j.all(), load_j, load_j + 1)), in_done.eq(head.last),
                 ]
                 with m.If(head.first):
-                    m.d.sync += [ctx.eq(contexts.r_data), aborted.eq(0)]
+                    m.d.sync += [ctx.eq(contexts.r_data), aborted.eq(0), remaining.eq(first_beats - 1),
+                                 j_lt.eq(first_beats > 1), j1_lt.eq(first_beats > 2),
+                                 rd_addr.eq(first_ctx.rd_first + 1)]
+                with m.Else():
+                    m.d.sync += step
                 with m.If(cur.action == Action.FORWARD):
-                    m.d.sync += [a_emit.eq(1), a_last.eq(head.last)]
+                    m.d.sync += [r_emit.eq(1), r_last.eq(head.last)]
                 with m.Elif(answers(cur)):
-                    m.d.sync += a_emit.eq(~was_aborted & in_window)
+                    m.d.sync += r_emit.eq(~was_aborted & in_window)
                     with m.If(head.bad):
-                        m.d.sync += [a_last.eq(1), a_user.eq(1)]
+                        m.d.sync += [r_last.eq(1), r_user.eq(1)]
                         with m.If(~was_aborted & in_window):
                             m.d.sync += aborted.eq(1)
                     with m.Else():
-                        m.d.sync += a_last.eq(load_j == cur.out_beats - 1)
+                        m.d.sync += r_last.eq(Mux(head.first, first_beats == 1, j_lt & ~j1_lt))
                 with m.Else():
-                    m.d.sync += a_emit.eq(0)
+                    m.d.sync += r_emit.eq(0)
 
-        bank_base = (cur.slot * 2 + cur.rbank) * self.bank_words
         m.d.comb += [
             sum_rd.en.eq(advance),
-            sum_rd.addr.eq(bank_base + load_j - H),
+            sum_rd.addr.eq(Mux(~extend & head.first, first_ctx.rd_first, rd_addr)),
         ]
 
-        # Stage A: the output beat.
+        # Stage R loads the beat and reads its word of the sum memory; stage A has that word in a register
+        # (the block RAM's clock-to-output stays out of the adder's path) and the beat's frame context.
+        a_valid, a_popped, a_emit, a_last, a_user, a_end, a_bad = (Signal(name=f"a_{n}") for n in (
+            "valid", "popped", "emit", "last", "user", "end", "bad"))
+        a_j = Signal(self.beat_bits)
+        a_data, a_keep, a_mem = Signal(8 * W), Signal(W), Signal(8 * W)
+        actx = Signal(ctx_layout)
+        with m.If(advance):
+            m.d.sync += [
+                a_valid.eq(r_valid), a_popped.eq(r_popped), a_emit.eq(r_emit), a_last.eq(r_last),
+                a_user.eq(r_user), a_end.eq(r_end), a_bad.eq(r_bad), a_j.eq(r_j), a_data.eq(r_data),
+                a_keep.eq(r_keep), a_mem.eq(sum_rd.data), actx.eq(ctx),
+            ]
+
+        # Stage A: the adder's result and the beat's other
+        # sources (forwarded bytes, a word of the rewritten header, stored sums or counters) are
+        # registered into stage S, which picks per lane, adds the status trailer and writes the sums
+        # back; B is the output register.
         payload_beat = a_j - H
         is_payload = a_j >= H
-        summing = (ctx.action == Action.SUM_RESULT) | (ctx.action == Action.SUM_SILENT)
-        with_trailer = (ctx.action == Action.SUM_RESULT) | (ctx.action == Action.STORED)
-        m.d.comb += [adder.a.eq(sum_rd.data), adder.b.eq(a_data), adder.base_zero.eq(ctx.fresh)]
-        m.d.comb += [
-            sum_wr.en.eq(advance & a_valid & a_popped & summing & is_payload
-                         & (payload_beat * self.lanes < ctx.count)),
-            sum_wr.addr.eq((ctx.slot * 2 + ~ctx.rbank) * self.bank_words + payload_beat),
-            sum_wr.data.eq(adder.sum),
-        ]
-        overflow = Signal(cfg.slots)
-        slot_overflow = overflow.bit_select(ctx.slot, 1)
-        saturated_beat = Signal()
-        saturated_acc = Signal()
+        summing = (actx.action == Action.SUM_RESULT) | (actx.action == Action.SUM_SILENT)
+        with_trailer = (actx.action == Action.SUM_RESULT) | (actx.action == Action.STORED)
+        m.d.comb += [adder.a.eq(a_mem), adder.b.eq(a_data), adder.base_zero.eq(actx.fresh)]
         lane_elements = [payload_beat * self.lanes + lane for lane in range(self.lanes)]
-        m.d.comb += saturated_beat.eq(a_popped & summing & is_payload & Cat(*(
-            adder.saturated[lane] & (element < ctx.count) for lane, element in enumerate(lane_elements))).any())
-        overflowed = (~ctx.fresh & slot_overflow) | saturated_acc | saturated_beat
-        status = Signal(32)
-        m.d.comb += status.eq(Mux(ctx.action == Action.STORED, slot_overflow, overflowed))
         counter_array = Array(counters)
 
         rh = header_register("result_header")
         header_values = {
-            "eth_dst": ctx.dst_mac, "eth_src": cfg.mac, "eth_type": ETHERTYPE_IPV4,
-            "ip_ver_ihl": IP_VER_IHL, "ip_len": ctx.out_len - ETHERNET_BYTES, "ip_frag": IP_FLAG_DF,
-            "ip_ttl": RESULT_TTL, "ip_proto": IP_PROTO_UDP, "ip_csum": ip_make.checksum,
-            "ip_src": cfg.ip, "ip_dst": ctx.dst_ip, "udp_sport": cfg.port, "udp_dport": ctx.dst_port,
-            "udp_len": ctx.out_len - ETHERNET_BYTES - IPV4_BYTES, "magic": MAGIC, "version": VERSION,
-            "opcode": ctx.opcode, "sender": ctx.sender, "fanin": ctx.fanin, "exponent": ctx.exponent,
-            "contributors": ctx.contributors, "job": ctx.job, "round": ctx.round, "clique": ctx.clique,
-            "slot": ctx.hdr_slot, "chunk": ctx.chunk, "count": ctx.count, "group": ctx.group,
-            "bitmap": ctx.bitmap,
+            "eth_dst": actx.dst_mac, "eth_src": cfg.mac, "eth_type": ETHERTYPE_IPV4,
+            "ip_ver_ihl": IP_VER_IHL, "ip_len": actx.out_len - ETHERNET_BYTES, "ip_frag": IP_FLAG_DF,
+            "ip_ttl": RESULT_TTL, "ip_proto": IP_PROTO_UDP, "ip_csum": actx.ip_csum,
+            "ip_src": cfg.ip, "ip_dst": actx.dst_ip, "udp_sport": cfg.port, "udp_dport": actx.dst_port,
+            "udp_len": actx.out_len - ETHERNET_BYTES - IPV4_BYTES, "magic": MAGIC, "version": VERSION,
+            "opcode": actx.opcode, "sender": actx.sender, "fanin": actx.fanin, "exponent": actx.exponent,
+            "contributors": actx.contributors, "job": actx.job, "round": actx.round, "clique": actx.clique,
+            "slot": actx.hdr_slot, "chunk": actx.chunk, "count": actx.count, "group": actx.group,
+            "bitmap": actx.bitmap,
         }
-        unsummed = header_register("result_header_unsummed")
         for name, value in header_values.items():
             if not isinstance(value, Value):
                 value = Const(value, field_shape(name))
             m.d.comb += getattr(rh, name).as_value().eq(field_bytes(value, name))
-            if name != "ip_csum":
-                m.d.comb += getattr(unsummed, name).as_value().eq(field_bytes(value, name))
-        m.d.comb += ip_make.header.eq(unsummed.as_value())
 
-        out_data, out_keep = Signal(8 * W), Signal(W)
-        with m.If(ctx.action == Action.FORWARD):
-            m.d.comb += [out_data.eq(a_data), out_keep.eq(a_keep)]
+        other, out_keep = Signal(8 * W), Signal(W)
+        trailer_lanes, counted_lanes = Signal(self.lanes), Signal(self.lanes)
+        with m.If(actx.action == Action.FORWARD):
+            m.d.comb += [other.eq(a_data), out_keep.eq(a_keep)]
         with m.Elif(~is_payload):
-            m.d.comb += [out_data.eq(rh.as_value().word_select(a_j[:ceil_log2(H)], 8 * W)),
+            m.d.comb += [other.eq(rh.as_value().word_select(a_j[:ceil_log2(H)], 8 * W)),
                          out_keep.eq(Const(-1, W))]
         with m.Else():
             for lane, element in enumerate(lane_elements):
                 bits = slice(32 * lane, 32 * lane + 32)
-                value = Signal(32, name=f"lane{lane}")
-                with m.If(summing):
-                    m.d.comb += value.eq(adder.sum[bits])
-                with m.Elif(ctx.action == Action.STORED):
-                    m.d.comb += value.eq(sum_rd.data[bits])
+                with m.If(actx.action == Action.STORED):
+                    m.d.comb += other[bits].eq(a_mem[bits])
                 with m.Else():
                     counter = Signal(32, name=f"counter{lane}")
                     m.d.comb += [counter.eq(counter_array[element[:ceil_log2(STATS_COUNT)]]),
-                                 value.eq(lane_bytes(counter))]
-                trailer = with_trailer & (element == ctx.count)
+                                 other[bits].eq(lane_bytes(counter))]
+                trailer = with_trailer & (element == actx.count)
                 m.d.comb += [
-                    out_data[bits].eq(Mux(trailer, lane_bytes(status), value)),
-                    out_keep[4 * lane:4 * lane + 4].eq(Mux((element < ctx.count) | trailer, 0xF, 0)),
+                    trailer_lanes[lane].eq(trailer),
+                    counted_lanes[lane].eq(element < actx.count),
+                    out_keep[4 * lane:4 * lane + 4].eq(Mux((element < actx.count) | trailer, 0xF, 0)),
                 ]
+
+        s_valid, s_emit, s_last, s_user, s_end, s_bad, s_first, s_wen = (Signal(name=f"s_{n}") for n in (
+            "valid", "emit", "last", "user", "end", "bad", "first", "wen"))
+        s_sum, s_other, s_keep = Signal(8 * W), Signal(8 * W), Signal(W)
+        s_saturated, s_trailer = Signal(self.lanes), Signal(self.lanes)
+        s_waddr = Signal.like(sum_wr.addr)
+        s_use_sum, s_stored, s_summing, s_with_trailer, s_fresh, s_reclaim = (
+            Signal(name=f"s_{n}") for n in ("use_sum", "stored", "summing", "with_trailer", "fresh", "reclaim"))
+        s_slot = Signal(self.slot_bits)
+        s_disp = Signal(5)
+        with m.If(advance):
+            m.d.sync += [
+                s_valid.eq(a_valid), s_emit.eq(a_emit), s_last.eq(a_last), s_user.eq(a_user), s_end.eq(a_end),
+                s_bad.eq(a_bad), s_first.eq(a_j == 0), s_sum.eq(adder.sum), s_other.eq(other),
+                s_keep.eq(out_keep), s_trailer.eq(trailer_lanes),
+                s_saturated.eq(Mux(a_popped & summing & is_payload, adder.saturated & counted_lanes, 0)),
+                s_wen.eq(a_valid & a_popped & summing & is_payload & (payload_beat * self.lanes < actx.count)),
+                s_waddr.eq((actx.slot * 2 + ~actx.rbank) * self.bank_words + payload_beat),
+                s_use_sum.eq(summing & is_payload), s_stored.eq(actx.action == Action.STORED),
+                s_summing.eq(summing), s_with_trailer.eq(with_trailer), s_fresh.eq(actx.fresh),
+                s_reclaim.eq(actx.reclaim), s_slot.eq(actx.slot), s_disp.eq(actx.disp),
+            ]
+        # The 128/W ≥ 2 header beats of a later frame of the same slot put its first read of these words
+        # (loading R) no earlier than the edge on which S writes the last of them: the read port is
+        # transparent to this write.
+        m.d.comb += [sum_wr.en.eq(s_wen), sum_wr.addr.eq(s_waddr), sum_wr.data.eq(s_sum)]
+
+        overflow = Signal(cfg.slots)
+        slot_overflow = overflow.bit_select(s_slot, 1)
+        saturated_beat = Signal()
+        saturated_acc = Signal()
+        m.d.comb += saturated_beat.eq(s_saturated.any())
+        overflowed = (~s_fresh & slot_overflow) | saturated_acc | saturated_beat
+        status = Signal(32)
+        m.d.comb += status.eq(Mux(s_stored, slot_overflow, overflowed))
+        out_data = Signal(8 * W)
+        for lane in range(self.lanes):
+            bits = slice(32 * lane, 32 * lane + 32)
+            m.d.comb += out_data[bits].eq(Mux(s_trailer[lane], lane_bytes(status),
+                                              Mux(s_use_sum, s_sum[bits], s_other[bits])))
 
         with m.If(advance):
             m.d.sync += [
-                b_valid.eq(a_valid & a_emit),
+                b_valid.eq(s_valid & s_emit),
                 self.m_axis_tdata.eq(out_data),
-                self.m_axis_tkeep.eq(Mux(a_user, Const(-1, W), out_keep)),
-                self.m_axis_tlast.eq(a_last), self.m_axis_tuser.eq(a_user),
+                self.m_axis_tkeep.eq(Mux(s_user, Const(-1, W), s_keep)),
+                self.m_axis_tlast.eq(s_last), self.m_axis_tuser.eq(s_user),
             ]
-            with m.If(a_valid):
-                m.d.sync += saturated_acc.eq(Mux(a_j == 0, 0, saturated_acc) | saturated_beat)
-            with m.If(a_valid & a_end):
-                good = ~a_bad
-                final = Mux(a_bad, Disposition.DROP_LENGTH, ctx.disp)
+            with m.If(s_valid):
+                m.d.sync += saturated_acc.eq(Mux(s_first, 0, saturated_acc) | saturated_beat)
+            with m.If(s_valid & s_end):
+                good = ~s_bad
+                final = Mux(s_bad, Disposition.DROP_LENGTH, s_disp)
                 index = {name: i for i, name in enumerate(COUNTERS)}
                 increments = {
                     "frames_in": 1,
-                    "results_emitted": good & with_trailer,
-                    "slots_reclaimed": good & ctx.reclaim,
-                    "saturations": good & summing & (saturated_acc | saturated_beat),
+                    "results_emitted": good & s_with_trailer,
+                    "slots_reclaimed": good & s_reclaim,
+                    "saturations": good & s_summing & (saturated_acc | saturated_beat),
                 }
                 for disposition in Disposition:
                     counter = counters[index[disposition.name.lower()]]
@@ -521,6 +666,6 @@ class Aggregator(wiring.Component):
                 for name, increment in increments.items():
                     counter = counters[index[name]]
                     m.d.sync += counter.eq(counter + increment)
-                with m.If(good & summing):
+                with m.If(good & s_summing):
                     m.d.sync += slot_overflow.eq(overflowed)
         return m

@@ -5,10 +5,9 @@ byte first, so byte 4l sits in the lowest bits of the lane.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, signed
-from amaranth.lib import data, wiring
+from amaranth.lib import wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
-
-from .layout import FRAME_HEADER, field_value
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
@@ -24,7 +23,13 @@ def lane_bytes(value):
 
 
 def popcount(value):
-    return sum(value[i] for i in range(len(value)))
+    """Bits set in `value`, summed as a balanced tree (a chained sum would be one carry chain per bit)."""
+    terms = [value[i] for i in range(len(value))]
+    if not terms:
+        return Const(0, 1)
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
 
 
 def fold16(total):
@@ -73,28 +78,32 @@ def ipv4_words(header):
     return [Cat(raw[16 * i + 8:16 * i + 16], raw[16 * i:16 * i + 8]) for i in range(10)]
 
 
-class IPv4Checksum(wiring.Component):
-    """Checks a captured header's IPv4 checksum, and computes the checksum the header should carry.
+class RegisteredFIFO(wiring.Component):
+    """A synchronous FIFO of `depth` entries whose `r_data` comes from a register, not from the memory's
+    read port (a block RAM's clock-to-output would start every path that uses it).
 
-    `header` holds the 128 header bytes in FRAME_HEADER order (byte 0 in the lowest bits).
-
-    `valid`: the ones-complement sum of all ten words is 0xFFFF. `checksum`: the value for the checksum
-    field, computed as if that field were zero.
+    Same interface as `amaranth.lib.fifo.SyncFIFOBuffered`: `w_data`/`w_en`/`w_rdy`, `r_data`/`r_en`/`r_rdy`.
     """
 
-    def __init__(self):
+    def __init__(self, width, depth):
+        if depth < 3:
+            raise ValueError(f"depth must be at least 3, got {depth}")
+        self.width, self.depth = width, depth
         super().__init__({
-            "header": In(FRAME_HEADER.size),
-            "valid": Out(1),
-            "checksum": Out(16),
+            "w_data": In(width), "w_en": In(1), "w_rdy": Out(1),
+            "r_data": Out(width), "r_en": In(1), "r_rdy": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
-        header = data.View(FRAME_HEADER, self.header)
-        total = sum(ipv4_words(header))
+        m.submodules.inner = inner = SyncFIFOBuffered(width=self.width, depth=self.depth - 1)
+        load = inner.r_rdy & (~self.r_rdy | self.r_en)
         m.d.comb += [
-            self.valid.eq(fold16(total) == 0xFFFF),
-            self.checksum.eq(~fold16(total - field_value(header, "ip_csum"))),
+            inner.w_data.eq(self.w_data), inner.w_en.eq(self.w_en), self.w_rdy.eq(inner.w_rdy),
+            inner.r_en.eq(load),
         ]
+        with m.If(load):
+            m.d.sync += [self.r_data.eq(inner.r_data), self.r_rdy.eq(1)]
+        with m.Elif(self.r_en):
+            m.d.sync += self.r_rdy.eq(0)
         return m
