@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup system-tools test sim verilog bitstream alveo docs bench demo train-demo clean
+.PHONY: setup system-tools test sim formal fuzz coverage verilog bitstream alveo docs bench demo train-demo clean
 
 # Debian packages the tests use, as command:package.
 SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2
@@ -37,6 +37,15 @@ test:
 
 sim:
 	$(BIN)/pytest -m sim
+
+formal:
+	$(BIN)/python -m inwire_hdl.formal
+
+fuzz:
+	INWIRE_FUZZ_FRAMES=100000 $(BIN)/pytest -s tests/test_fuzz.py
+
+coverage:
+	$(BIN)/python tb/coverage/verilator_coverage.py
 
 verilog:
 	mkdir -p build

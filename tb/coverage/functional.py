@@ -1,0 +1,78 @@
+"""Functional coverage: frame classes (dispositions) and slot-state transitions.
+
+Sampled on the golden model that the cocotb scoreboard runs beside the gateware; the scoreboard makes
+every output frame and counter of the gateware equal the model's, so a bin hit here was hit by the gateware
+with the same outcome. A slot is `empty` (never claimed since reset), `partial` (claimed, fan-in not
+reached) or `complete`; a transition is sampled whenever a frame changes a slot.
+"""
+
+from inwire.protocol import Disposition
+
+SLOT_TRANSITIONS = (
+    ("empty", "partial", "claim"),
+    ("empty", "complete", "claim"),
+    ("partial", "partial", "member"),
+    ("partial", "complete", "member"),
+    ("partial", "partial", "reclaim"),
+    ("partial", "complete", "reclaim"),
+    ("complete", "partial", "claim"),
+    ("complete", "complete", "claim"),
+)
+"""Every change a slot can go through: claimed when empty or complete (a fan-in of 1 completes it at
+once), a new member summed, reclaimed by a newer round of its job."""
+
+FRAME_CLASSES = tuple(d.name.lower() for d in Disposition)
+
+
+def slot_state(slot):
+    if slot.key is None:
+        return "empty"
+    return "complete" if slot.complete else "partial"
+
+
+def _snapshot(slot):
+    return (slot.key, slot.bitmap, slot.complete)
+
+
+class Coverage:
+    """Wraps a model's `process`: counts frame classes and slot transitions of every frame it sees."""
+
+    def __init__(self, model):
+        self.model = model
+        self.classes = dict.fromkeys(FRAME_CLASSES, 0)
+        self.transitions = dict.fromkeys(SLOT_TRANSITIONS, 0)
+        self._process = model.process
+        model.process = self.process
+
+    def process(self, frame):
+        model = self.model
+        before = [(slot_state(slot), _snapshot(slot)) for slot in model.slots]
+        counters = dict(model.counters)
+        outputs = self._process(frame)
+        for name in FRAME_CLASSES:
+            if model.counters[name] != counters[name]:
+                self.classes[name] += 1
+        reclaimed = model.counters["slots_reclaimed"] != counters["slots_reclaimed"]
+        for (state, snapshot), slot in zip(before, model.slots, strict=True):
+            if _snapshot(slot) == snapshot:
+                continue
+            if reclaimed:
+                cause = "reclaim"
+            elif state == "partial" and snapshot[0] == slot.key:
+                cause = "member"
+            else:
+                cause = "claim"
+            self.transitions[(state, slot_state(slot), cause)] += 1
+        return outputs
+
+    def missing(self):
+        """Bins never hit, as readable names."""
+        return ([f"class {name}" for name, hits in self.classes.items() if not hits]
+                + [f"slot {a}->{b} ({cause})" for (a, b, cause), hits in self.transitions.items() if not hits])
+
+    def report(self):
+        return {
+            "classes": self.classes,
+            "transitions": {f"{a}->{b} ({cause})": hits for (a, b, cause), hits in self.transitions.items()},
+            "missing": self.missing(),
+        }

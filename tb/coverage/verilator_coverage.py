@@ -1,0 +1,95 @@
+"""Verilator line and toggle coverage of the aggregator over the cocotb suite and a fuzz run.
+
+`python tb/coverage/verilator_coverage.py [--width 8] [--frames 2000]` builds the aggregator with
+`--coverage-line --coverage-toggle`, runs tb/aggregator/test_aggregator.py and tb/fuzz/test_fuzz.py
+against it (default configuration), merges the coverage.dat files and prints line and toggle coverage of
+the generated Verilog with the uncovered lines listed.
+"""
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "tb" / "fuzz"), str(REPO / "tb" / "aggregator")]
+
+from inwire.model import AggregatorConfig  # noqa: E402
+from inwire_hdl import sim  # noqa: E402
+from inwire_hdl.verilog import TOP, generate_verilog  # noqa: E402
+
+BUILD_ROOT = REPO / "build" / "coverage"
+COVERAGE_ARGS = ["--coverage-line", "--coverage-toggle"]
+
+
+def build(width, config):
+    from cocotb_tools.runner import get_runner
+
+    build_dir = BUILD_ROOT / f"verilator_w{width}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    source = build_dir / f"{TOP}.v"
+    source.write_text(generate_verilog(config, width))
+    runner = get_runner("verilator")
+    with sim._environment("verilator"):
+        runner.build(sources=[source], hdl_toplevel=TOP, build_dir=build_dir, log_file=build_dir / "build.log",
+                     build_args=sim.BUILD_ARGS["verilator"] + COVERAGE_ARGS)
+    return runner, build_dir
+
+
+def points(path):
+    """(kind, file, line) -> hit count from a coverage.dat; kind is 'line' or 'toggle'."""
+    result = defaultdict(int)
+    for raw in Path(path).read_text(errors="replace").splitlines():
+        if not raw.startswith("C '"):
+            continue
+        body, count = raw[3:].rsplit("' ", 1)
+        fields = dict(item.split("\x02", 1) for item in body.split("\x01") if "\x02" in item)
+        kind = "toggle" if "toggle" in fields.get("page", "") else "line"
+        key = (kind, fields.get("f", "?"), int(fields.get("l", 0)), fields.get("o", ""))
+        result[key] += int(count)
+    return result
+
+
+def summarize(merged, source):
+    text = Path(source).read_text().splitlines()
+    report = {}
+    for kind in ("line", "toggle"):
+        items = {key: hits for key, hits in merged.items() if key[0] == kind}
+        covered = sum(1 for hits in items.values() if hits)
+        uncovered = sorted({(key[2], key[3]) for key, hits in items.items() if not hits})
+        report[kind] = {"covered": covered, "total": len(items),
+                        "percent": round(100 * covered / max(1, len(items)), 1),
+                        "uncovered": [f"{line}: {text[line - 1].strip()[:80] if 0 < line <= len(text) else ''}"
+                                      + (f" [{what}]" if kind == "toggle" else "") for line, what in uncovered]}
+    return report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--width", type=int, default=8, choices=(8, 64))
+    parser.add_argument("--frames", type=int, default=2000, help="fuzz frames")
+    args = parser.parse_args(argv)
+    merged = defaultdict(int)
+    config = AggregatorConfig()
+    runner, build_dir = build(args.width, config)
+    for module, env in (("test_aggregator", {}), ("test_fuzz", {"INWIRE_FUZZ_FRAMES": str(args.frames)})):
+        (build_dir / "coverage.dat").unlink(missing_ok=True)
+        outcome = sim.run(runner, build_dir, config, test_module=module, extra_env=env,
+                          results_name=f"{module}.xml")
+        failed = [test for test, passed in outcome.items() if not passed]
+        if failed:
+            sys.exit(f"cocotb tests failed under coverage: {failed}")
+        for key, hits in points(build_dir / "coverage.dat").items():
+            merged[key] += hits
+    report = summarize(merged, build_dir / f"{TOP}.v")
+    for kind in ("line", "toggle"):
+        entry = report[kind]
+        print(f"{kind} coverage: {entry['covered']}/{entry['total']} = {entry['percent']} %")
+    print(json.dumps({kind: report[kind]["uncovered"] for kind in report}, indent=1))
+    (BUILD_ROOT / "report.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

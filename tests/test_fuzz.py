@@ -1,0 +1,137 @@
+"""Fuzzing: mutated frames through the gateware (cocotb, Verilator) and through the software aggregator.
+
+The CI subset runs a few thousand frames; `make fuzz` runs the same tests with INWIRE_FUZZ_FRAMES=100000
+(docs/verification.md).
+"""
+
+import json
+import os
+import shutil
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inwire.model import AggregatorConfig
+from inwire.packets import build_frames, parse_header
+from inwire.protocol import DROP_COUNTERS, Opcode
+
+REPO = Path(__file__).resolve().parents[1]
+FUZZ_DIR = REPO / "tb" / "fuzz"
+FUZZ_CONFIG = AggregatorConfig(slots=4, max_elements=32, max_fanin=8)
+"""Few slots and a low fan-in limit: cliques collide, reclaim and hit the limits often."""
+CI_FRAMES = {8: 2000, 64: 1000}
+
+
+def fuzz_frames(width):
+    return int(os.environ.get("INWIRE_FUZZ_FRAMES", CI_FRAMES[width]))
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("width", [8, 64])
+def test_gateware_survives_fuzzing_then_aggregates(width, tmp_path):
+    if shutil.which("verilator") is None:
+        pytest.fail("verilator is not on PATH (run `make setup`)")
+    from inwire_hdl import sim
+
+    if str(FUZZ_DIR) not in sys.path:
+        sys.path.insert(0, str(FUZZ_DIR))
+    runner, build_dir = sim.build("verilator", width, FUZZ_CONFIG, build_root=REPO / "build" / "fuzz")
+    report = tmp_path / "report.json"
+    frames = fuzz_frames(width)
+    seed = int(os.environ.get("INWIRE_FUZZ_SEED", width))
+    outcome = sim.run(runner, build_dir, FUZZ_CONFIG, test_module="test_fuzz", results_name="fuzz.xml",
+                      extra_env={"INWIRE_FUZZ_FRAMES": str(frames), "INWIRE_FUZZ_SEED": str(seed),
+                                 "INWIRE_FUZZ_REPORT": str(report)})
+    assert outcome == {"fuzz_then_clean_round": True}, f"fuzz failed at seed {seed}, see {build_dir}/fuzz.log"
+    summary = json.loads(report.read_text())
+    print(json.dumps(summary))
+    assert summary["frames"] == frames
+    assert summary["counters"]["frames_in"] == frames + summary["clean_frames"]
+    assert summary["clean_results"] == FUZZ_CONFIG.slots
+    # Functional coverage: every frame class and every slot transition was hit (and checked).
+    assert summary["coverage"]["missing"] == [], summary["coverage"]
+
+
+@pytest.fixture
+def server():
+    from inwire.serve import SoftwareAggregator
+
+    lines = []
+    instance = SoftwareAggregator(("127.0.0.1", 0), unicast=True, slots=FUZZ_CONFIG.slots,
+                                  max_elements=FUZZ_CONFIG.max_elements, log=lines.append)
+    thread = threading.Thread(target=instance.serve, daemon=True)
+    thread.start()
+    yield instance
+    instance.stop()
+    thread.join(timeout=5)
+    instance.close()
+    assert not thread.is_alive()
+
+
+def _socket():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5)
+    return sock
+
+
+def test_software_aggregator_keeps_serving_mutated_datagrams(server):
+    """The UDP payloads of the mutated frames, then a clique whose result must come back right."""
+    from inwire.serve import PAYLOAD_OFFSET, parse_stats_reply, stats_request
+
+    if str(FUZZ_DIR) not in sys.path:
+        sys.path.insert(0, str(FUZZ_DIR))
+    from mutate import Mutator
+
+    frames = fuzz_frames(8)
+    mutator = Mutator(server.config, seed=int(os.environ.get("INWIRE_FUZZ_SEED", 5)))
+    sender = _socket()
+
+    def counters_now(tag):
+        """A stats request answers after every datagram before it: the counters, and flow control. The
+        job field tells its reply from replies to fuzzed stats requests."""
+        sender.sendto(stats_request(job=tag), server.address)
+        while True:
+            payload = sender.recvfrom(65535)[0]
+            reply = parse_stats_reply(payload)
+            if reply is not None and parse_header(bytes(PAYLOAD_OFFSET) + payload)["job"] == tag:
+                return reply
+
+    payloads = [frame[PAYLOAD_OFFSET:] for _, frame in mutator.frames(frames)]
+    payloads += [b"", bytes(65507), bytes(range(256)) * 8]
+    sent = 0
+    for start in range(0, len(payloads), 32):
+        for payload in payloads[start:start + 32]:
+            sender.sendto(payload, server.address)
+        sent += len(payloads[start:start + 32])
+        reply = counters_now(0x5EED0000 + start)
+        sent += 1
+        # Every datagram, the stats requests included, is counted once.
+        assert reply["frames_in"] == sent - 1
+    assert sum(reply[name] for name in DROP_COUNTERS) > 0
+
+    # A clean clique on a slot reclaimed by a newer round: every member gets the clipped sum.
+    slot = 1
+    owner = server.model.slots[slot].key
+    job, round_ = (owner[0], (owner[1] + 1) & 0xFFFFFFFF) if owner else (77, 1)
+    members = [_socket() for _ in range(3)]
+    vectors = np.random.default_rng(9).integers(-2**31, 2**31 - 1, size=(3, 8))
+    for index, (member, vector) in enumerate(zip(members, vectors, strict=True)):
+        frame = build_frames(vector, opcode=Opcode.CONTRIBUTION, sender=index, fanin=3, job=job, round=round_,
+                             slot=slot, group=0xEF_01_01_01)
+        member.sendto(bytes(frame[0, PAYLOAD_OFFSET:]), server.address)
+    want = vectors[0]
+    for vector in vectors[1:]:
+        want = np.clip(want + vector, -2**31, 2**31 - 1)
+    for member in members:
+        payload = member.recvfrom(65535)[0]
+        result = bytes(PAYLOAD_OFFSET) + payload
+        header = parse_header(result)
+        assert header["opcode"] == Opcode.RESULT and header["round"] == round_
+        assert list(np.frombuffer(result, dtype=">i4", offset=128, count=8)) == list(want)
+        member.close()
+    sender.close()
