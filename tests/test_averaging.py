@@ -139,3 +139,27 @@ def test_unanswered_round_fails_with_a_clear_error():
             silent.average(0, 0, ["A", "B"], 0, np.zeros(10, dtype=np.float32))
     finally:
         silent.close()
+
+
+@pytest.mark.sim
+def test_averaging_through_the_gateware_matches_the_model():
+    """`inwire serve --sim`: the same UDP service, answered by the co-simulated gateware."""
+    from inwire_hdl.cosim import CoSimulation
+
+    server = SoftwareAggregator(("127.0.0.1", 0), unicast=True, slots=64, max_elements=64, log=lambda line: None,
+                                make_aggregator=lambda config: CoSimulation("verilator", 64, config))
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        models = models_for("ABCD", seed=8)
+        before = {name: flat(model) for name, model in models.items()}
+        run_islands(server, models, steps=1)
+        counters = server.counters()
+    finally:
+        server.stop()
+        thread.join(timeout=5)
+        server.close()
+    clique = expected_average([before[name] for name in "ABC"])
+    for name in "ABC":
+        assert np.array_equal(flat(models[name]), clique), name
+    assert counters["accumulated"] == 3 * -(-151 // 64)

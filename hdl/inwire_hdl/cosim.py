@@ -13,6 +13,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from inwire.protocol import COUNTERS
+
 from .sim import SimulationError, build, run
 
 CONNECT_TIMEOUT_S = 120
@@ -41,7 +43,8 @@ class CoSimulation:
         finally:
             listener.close()
         self.connection.settimeout(ANSWER_TIMEOUT_S)
-        self.counters = {}
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        """The gateware's counters after the last frame; zero after its reset."""
 
     def _simulate(self, runner, build_dir, path):
         try:

@@ -14,6 +14,7 @@ from .docs import protocol_markdown
 from .host_cli import add_demo_parser, add_dissector_parser, add_serve_parser, add_stream_parser
 from .pcap import CaptureError, read_frames
 from .schedule_cli import add_schedule_parser
+from .stream import parse_simulator
 
 
 def main(argv=None):
@@ -63,6 +64,9 @@ def add_train_parser(commands):
     train.add_argument("--strategies", default=",".join(("none", "global", "ring", "schedule")),
                        help="comma-separated among none, global, ring, schedule")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--sim", default="", metavar="SIMULATOR[:WIDTH]",
+                       help="average through the gateware in co-simulation (icarus or verilator) "
+                            "instead of the golden model")
     train.add_argument("--model-mb", type=float, default=0.0,
                        help="plan and charge communication for a model of this size (default: the MLP's own)")
     train.add_argument("--out-dir", default="train", help="where train.json and train.png go")
@@ -78,7 +82,7 @@ def run_train(args):
     config = training.TrainConfig(
         topology=args.topology, islands=tuple(filter(None, args.islands.split(","))), steps=args.steps,
         period=args.period, seed=args.seed, strategies=tuple(filter(None, args.strategies.split(","))),
-        model_bytes=round(args.model_mb * 1e6))
+        model_bytes=round(args.model_mb * 1e6), sim=parse_simulator(args.sim) if args.sim else ())
     report = training.run_training(config)
     training.write_report(report, pathlib.Path(args.out_dir))
     print(json.dumps(report) if args.json else training.format_report(report))

@@ -41,6 +41,15 @@ def _positive_float(text):
     return value
 
 
+def _simulator(text):
+    from .stream import parse_simulator
+
+    try:
+        return parse_simulator(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def add_serve_parser(subparsers):
     from . import serve
     parser = subparsers.add_parser("serve", help="run the software aggregator (the golden model) as a UDP service")
@@ -57,6 +66,9 @@ def add_serve_parser(subparsers):
     parser.add_argument("--slots", type=int, default=serve.DEFAULT_SLOTS, help="aggregator slots")
     parser.add_argument("--max-elements", type=int, default=serve.DEFAULT_MAX_ELEMENTS,
                         help="largest element count per frame")
+    parser.add_argument("--sim", type=_simulator, default=None, metavar="SIMULATOR[:WIDTH]",
+                        help="answer with the gateware in co-simulation (icarus or verilator, width 8 to 64) "
+                             "instead of the golden model")
     parser.set_defaults(func=_guarded("serve", serve.run))
     return parser
 

@@ -106,7 +106,7 @@ class SoftwareAggregator:
     """
 
     def __init__(self, listen=("127.0.0.1", INWIRE_PORT), unicast=False, slots=DEFAULT_SLOTS,
-                 max_elements=DEFAULT_MAX_ELEMENTS, multicast_iface=None, log=None):
+                 max_elements=DEFAULT_MAX_ELEMENTS, multicast_iface=None, log=None, make_aggregator=Aggregator):
         self.unicast = unicast
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -123,7 +123,7 @@ class SoftwareAggregator:
         self.address = self.sock.getsockname()
         self.config = AggregatorConfig(ip=ip_int(self.address[0]), port=self.address[1], slots=slots,
                                        max_elements=max_elements)
-        self.model = Aggregator(self.config)
+        self.model = make_aggregator(self.config)
         self.dst_mac = self.config.mac.to_bytes(6, "big")
         self.members = {}
         """(job, group) -> {sender index: (ip, port)}, learned from accepted contributions."""
@@ -133,11 +133,11 @@ class SoftwareAggregator:
     def handle(self, payload, peer):
         """Datagrams to send, as (payload, (ip, port)), in answer to one datagram from `peer`."""
         frame = wrap_datagram(payload, peer, self.address, self.dst_mac)
-        counters = self.model.counters
-        accumulated, answered = counters["accumulated"], counters["answered"]
+        before = self.model.stats()
         outputs = self.model.process(frame)
-        answered = counters["answered"] > answered
-        if answered or counters["accumulated"] > accumulated:
+        after = self.model.stats()
+        answered = after["answered"] > before["answered"]
+        if answered or after["accumulated"] > before["accumulated"]:
             self._learn(frame, peer)
         sends = []
         for output in outputs:
@@ -207,6 +207,8 @@ class SoftwareAggregator:
 
     def close(self):
         self.sock.close()
+        if hasattr(self.model, "close"):
+            self.model.close()
 
 
 def stats_request(job=0, sender=0):
@@ -234,14 +236,23 @@ def run(args):
     listen = parse_endpoint(args.listen, "--listen")
     if args.stats_interval is not None and args.stats_interval <= 0:
         raise ValueError(f"--stats-interval must be positive, got {args.stats_interval}")
+    make_aggregator = Aggregator
+    if args.sim:
+        from inwire_hdl.cosim import CoSimulation
+
+        simulator, width = args.sim
+
+        def make_aggregator(config):
+            return CoSimulation(simulator, width, config)
     server = SoftwareAggregator(listen, unicast=args.unicast, slots=args.slots, max_elements=args.max_elements,
-                                multicast_iface=args.multicast_iface)
+                                multicast_iface=args.multicast_iface, make_aggregator=make_aggregator)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: server.stop())
     host, port = server.address
     mode = "unicast to each member" if args.unicast else "multicast to the clique's group"
+    engine = f"the gateware in {args.sim[0]} at width {args.sim[1]}" if args.sim else "the golden model"
     server.log(f"inwire serve: listening on udp://{host}:{port}, {server.config.slots} slots of up to "
-               f"{server.config.max_elements} elements, results by {mode}")
+               f"{server.config.max_elements} elements, {engine}, results by {mode}")
     try:
         server.serve(args.stats_interval)
     finally:

@@ -74,6 +74,15 @@ class Target:
     text: str
 
 
+def parse_simulator(text):
+    """'SIMULATOR[:WIDTH]' as (simulator, data width in bytes)."""
+    simulator, _, width = text.partition(":")
+    if simulator not in SIMULATORS or (width and width not in SIM_WIDTHS):
+        raise ValueError(f"sim:SIMULATOR[:WIDTH] takes a simulator among {', '.join(SIMULATORS)} and a width "
+                         f"among {', '.join(SIM_WIDTHS)}")
+    return simulator, int(width or SIM_DEFAULT_WIDTH)
+
+
 def parse_target(text):
     kind, sep, rest = str(text).partition(":")
     if kind == "udp" and rest.startswith("//"):
@@ -81,11 +90,10 @@ def parse_target(text):
     if kind == "pcap" and sep and rest:
         return Target("pcap", rest, text)
     if kind == "sim" and sep:
-        simulator, _, width = rest.partition(":")
-        if simulator not in SIMULATORS or (width and width not in SIM_WIDTHS):
-            raise StreamError(f"target {text!r}: sim:SIMULATOR[:WIDTH] takes a simulator among "
-                              f"{', '.join(SIMULATORS)} and a width among {', '.join(SIM_WIDTHS)}")
-        return Target("sim", (simulator, int(width or SIM_DEFAULT_WIDTH)), text)
+        try:
+            return Target("sim", parse_simulator(rest), text)
+        except ValueError as error:
+            raise StreamError(f"target {text!r}: {error}") from None
     if kind == "iface" and sep and rest:
         return Target("iface", rest, text)
     raise StreamError(f"target {text!r} is not one of udp://HOST:PORT, pcap:FILE, sim:icarus, sim:verilator, "

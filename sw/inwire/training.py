@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .model import Aggregator
 from .schedule import parse_schedule, plan_schedule, schedule_document
 from .serve import SoftwareAggregator
 from .topology import load_topology
@@ -45,6 +46,8 @@ class TrainConfig:
     seed: int = 0
     epsilon: float = 1e-3
     strategies: tuple = STRATEGIES
+    sim: tuple = ()
+    """(simulator, data width) to average through the gateware in co-simulation instead of the golden model."""
     model_bytes: int = 0
     """Size the communication is planned and charged for; 0 means the MLP's own size. A larger size asks
     how the same training would fare if each averaging moved a model that large."""
@@ -151,7 +154,14 @@ def _island(name, config, strategy, rounds, target, results):
 
 def run_strategy(config, strategy, rounds, round_times_ms):
     """Train every island under one strategy; returns the curve of mean test metrics over simulated time."""
-    server = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)
+    make_aggregator = Aggregator
+    if config.sim:
+        from inwire_hdl.cosim import CoSimulation
+
+        def make_aggregator(aggregator_config):
+            return CoSimulation(*config.sim, aggregator_config)
+    server = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None,
+                                make_aggregator=make_aggregator)
     serving = threading.Thread(target=server.serve, daemon=True)
     import torch  # noqa: F401  (imported once here, so that forked islands start at once)
 
