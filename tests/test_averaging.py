@@ -10,20 +10,16 @@ torch = pytest.importorskip("torch")
 
 from inwire.averaging import AveragingError, CliqueAverager, UdpCliqueExchange  # noqa: E402
 from inwire.codec import choose_exponent, dequantize, quantize  # noqa: E402
-from inwire.serve import SoftwareAggregator  # noqa: E402
+from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
 
 ROUNDS = [[(("A", "B", "C"), "LON"), (("D",), None)], [(("A", "D"), "FRA"), (("B", "C"), "AMS")]]
 
 
 @pytest.fixture
 def aggregator():
-    server = SoftwareAggregator(("127.0.0.1", 0), unicast=True, slots=64, max_elements=64, log=lambda line: None)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    yield server
-    server.stop()
-    thread.join(timeout=5)
-    server.close()
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, slots=64, max_elements=64,
+                                              log=lambda line: None)) as server:
+        yield server
 
 
 def run_islands(aggregator, models, steps, period=1, bound=16.0, chunk=64):
@@ -146,19 +142,13 @@ def test_averaging_through_the_gateware_matches_the_model():
     """`inwire serve --sim`: the same UDP service, answered by the co-simulated gateware."""
     from inwire_hdl.cosim import CoSimulation
 
-    server = SoftwareAggregator(("127.0.0.1", 0), unicast=True, slots=64, max_elements=64, log=lambda line: None,
-                                make_aggregator=lambda config: CoSimulation("verilator", 64, config))
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    try:
+    gateware = SoftwareAggregator(("127.0.0.1", 0), unicast=True, slots=64, max_elements=64, log=lambda line: None,
+                                  make_aggregator=lambda config: CoSimulation("verilator", 64, config))
+    with serving_in_thread(gateware) as server:
         models = models_for("ABCD", seed=8)
         before = {name: flat(model) for name, model in models.items()}
         run_islands(server, models, steps=1)
         counters = server.counters()
-    finally:
-        server.stop()
-        thread.join(timeout=5)
-        server.close()
     clique = expected_average([before[name] for name in "ABC"])
     for name in "ABC":
         assert np.array_equal(flat(models[name]), clique), name

@@ -4,7 +4,6 @@ import argparse
 import json
 import os
 import subprocess
-import threading
 
 import pytest
 
@@ -12,7 +11,7 @@ from inwire.host_cli import add_stream_parser
 from inwire.model import AggregatorConfig
 from inwire.netns import inside, unavailable_reason
 from inwire.packets import mac_bytes
-from inwire.serve import SoftwareAggregator, ip_str
+from inwire.serve import SoftwareAggregator, ip_str, serving_in_thread
 
 REASON = unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
@@ -41,12 +40,8 @@ def wire(tmp_path):
         ip("-n", namespace, "route", "add", "239.0.0.0/8", "dev", "eth0")
         with inside(namespace):
             server = SoftwareAggregator((board_ip, BOARD.port), multicast_iface=board_ip, log=lambda line: None)
-        thread = threading.Thread(target=server.serve, daemon=True)
-        thread.start()
-        yield ours, server
-        server.stop()
-        thread.join(timeout=5)
-        server.close()
+        with serving_in_thread(server):
+            yield ours, server
     finally:
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=10)
 

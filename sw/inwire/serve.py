@@ -10,6 +10,7 @@ Where multicast is not routable, `unicast=True` sends a result to each member in
 member's contributions came from; a result answering a retransmission goes to the requester only.
 """
 
+import contextlib
 import ipaddress
 import socket
 import struct
@@ -209,6 +210,19 @@ class SoftwareAggregator:
         self.sock.close()
         if hasattr(self.model, "close"):
             self.model.close()
+
+
+@contextlib.contextmanager
+def serving_in_thread(server):
+    """Run `server.serve()` in a thread for the body of a with-statement; stop and close it afterwards."""
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        thread.join(timeout=5)
+        server.close()
 
 
 def stats_request(job=0, sender=0):
