@@ -45,7 +45,7 @@ def build(board="versa_ecp5", core="aggregator", *, data_width=8, core_div=16, o
     try:
         platform.build(top, name=NAME, build_dir=str(out), do_program=False,
                        add_preferences=lpf.read_text() if lpf.exists() else "",
-                       nextpnr_opts=f"--report {NAME}.report.json --timing-allow-fail --seed {seed}")
+                       nextpnr_opts=f"--report {NAME}.report.json --timing-allow-fail --seed {seed} --router router2")
     finally:
         for var, value in saved.items():
             if value is None:
