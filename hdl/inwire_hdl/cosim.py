@@ -22,6 +22,17 @@ ANSWER_TIMEOUT_S = 120
 QUIT = 0xFFFFFFFF
 
 
+def receive_exactly(connection, size):
+    """`size` bytes from a stream socket; both ends of the co-simulation read their messages with it."""
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the other end of the co-simulation closed the connection")
+        data += chunk
+    return data
+
+
 class CoSimulation:
     def __init__(self, simulator, data_width, config):
         self.config = config
@@ -58,8 +69,8 @@ class CoSimulation:
         frame = bytes(frame)
         try:
             self.connection.sendall(struct.pack(">I", len(frame)) + frame)
-            size = struct.unpack(">I", self._receive(4))[0]
-            answer = json.loads(self._receive(size))
+            size = struct.unpack(">I", receive_exactly(self.connection, 4))[0]
+            answer = json.loads(receive_exactly(self.connection, size))
         except (OSError, ConnectionError) as error:
             raise SimulationError(f"co-simulation stopped answering: {error}") from None
         self.counters = answer["counters"]
@@ -67,15 +78,6 @@ class CoSimulation:
 
     def stats(self):
         return dict(self.counters)
-
-    def _receive(self, size):
-        data = b""
-        while len(data) < size:
-            chunk = self.connection.recv(size - len(data))
-            if not chunk:
-                raise ConnectionError("the simulator closed the connection")
-            data += chunk
-        return data
 
     def close(self):
         try:

@@ -10,21 +10,10 @@ import cocotb
 from cocotbext.axi import AxiStreamFrame
 from testbench import TB
 
+from inwire_hdl.cosim import QUIT, receive_exactly
+
 QUIET_CYCLES = 64
 """Idle output cycles after which a frame's answer is complete: the pipeline's latency is far shorter."""
-QUIT = 0xFFFFFFFF
-
-
-def receive_exactly(connection, size):
-    data = b""
-    while len(data) < size:
-        chunk = connection.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("co-simulation client went away")
-        data += chunk
-    return data
-
-
 @cocotb.test()
 async def cosim(dut):
     tb = TB(dut)
