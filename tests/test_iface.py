@@ -12,6 +12,7 @@ from inwire.model import AggregatorConfig
 from inwire.netns import inside, unavailable_reason
 from inwire.packets import mac_bytes
 from inwire.serve import SoftwareAggregator, ip_str, serving_in_thread
+from schedules import write_schedule
 
 REASON = unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
@@ -47,8 +48,6 @@ def wire(tmp_path):
 
 
 def test_islands_on_raw_frames_get_bit_exact_results(wire, tmp_path, capsys):
-    from test_stream import write_schedule
-
     interface, server = wire
     schedule = write_schedule(tmp_path / "schedule.json")
     parser = argparse.ArgumentParser()
@@ -63,8 +62,6 @@ def test_islands_on_raw_frames_get_bit_exact_results(wire, tmp_path, capsys):
 
 
 def test_unknown_interface_is_one_line_and_exit_2(tmp_path, capsys):
-    from test_stream import write_schedule
-
     parser = argparse.ArgumentParser()
     add_stream_parser(parser.add_subparsers())
     args = parser.parse_args(["stream", "--target", "iface:no-such-nic0", "--schedule",

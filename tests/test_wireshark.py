@@ -1,7 +1,6 @@
 """The Lua dissector: generated from the protocol table, and decoding real captures in tshark."""
 
 import argparse
-import json
 import shutil
 import subprocess
 
@@ -14,17 +13,10 @@ from inwire.pcap import read_frames, write_frames
 from inwire.protocol import AGGREGATION_FIELDS, INWIRE_PORT, Opcode
 from inwire.serve import PAYLOAD_OFFSET, stats_request, wrap_datagram
 from inwire.wireshark import committed_dissector, lua_dissector
+from schedules import PERIOD, write_schedule
 
 TSHARK = shutil.which("tshark")
 FIELDS = ("opcode", "job", "round", "clique", "slot", "chunk", "sender", "fanin", "exponent", "count", "group")
-
-
-def write_schedule(path):
-    cliques = [{"members": ["SIN", "TYO", "SEO"], "aggregator": "TYO"},
-               {"members": ["LAX", "NYC"], "aggregator": "LAX"}]
-    path.write_text(json.dumps({"topology": "doublezero9", "islands": ["SIN", "TYO", "SEO", "LAX", "NYC"],
-                                "rounds": [{"cliques": cliques, "time_ms": 1.0}]}))
-    return path
 
 
 def cli(*argv):
@@ -65,7 +57,7 @@ def test_tshark_decodes_a_stream_capture(tmp_path, capsys):
     lua = tmp_path / "inwire.lua"
     lua.write_text(lua_dissector())
     capture = tmp_path / "round.pcap"
-    schedule = write_schedule(tmp_path / "schedule.json")
+    schedule = write_schedule(tmp_path / "schedule.json", rounds=PERIOD[:1])
     assert cli("stream", "--target", f"pcap:{capture}", "--schedule", str(schedule), "--rounds", "2",
                "--elements", "300", "--json") == 0
     capsys.readouterr()

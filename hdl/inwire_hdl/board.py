@@ -139,8 +139,8 @@ class InwireBoard(Elaboratable):
 
     def elaborate(self, platform):
         m = Module()
-        clk100 = platform.request("clk100", 0)
-        button = platform.request("rst", 0)
+        m.submodules.clk100 = clk100 = io.Buffer("i", platform.request("clk100", 0, dir="-"))
+        m.submodules.button = button = io.Buffer("i", platform.request("rst", 0, dir="-"))
 
         m.submodules.pll = pll = EcpPll(clk100.i, self.core_div)
         for name, clock in (("sync", pll.core), ("tx", pll.tx), ("tx90", pll.tx90)):
@@ -187,7 +187,10 @@ class InwireBoard(Elaboratable):
 
     def _leds(self, m, platform, pll, core, macs):
         hold = int(self.core_hz * 0.05)
-        leds = Cat(*(platform.request("led", index).o for index in range(8)))
+        leds = Signal(8)
+        for index in range(8):
+            m.submodules[f"led_buffer_{index}"] = led = io.Buffer("o", platform.request("led", index, dir="-"))
+            m.d.comb += led.o.eq(leds[index])
 
         def activity(name, counter):
             m.submodules[f"led_{name}"] = led = ActivityLed(counter, hold)
