@@ -558,7 +558,9 @@ class Aggregator(wiring.Component):
         with_trailer = (actx.action == Action.SUM_RESULT) | (actx.action == Action.STORED)
         m.d.comb += [adder.a.eq(a_mem), adder.b.eq(a_data), adder.base_zero.eq(actx.fresh)]
         lane_elements = [payload_beat * self.lanes + lane for lane in range(self.lanes)]
-        counter_array = Array(counters)
+        # Lane k of a stats reply only ever carries counters k, k + lanes, ...: one small multiplexer each.
+        lane_counters = [Array(counters[lane::self.lanes]) for lane in range(self.lanes)]
+        stats_beat = payload_beat[:max(1, ceil_log2(-(-STATS_COUNT // self.lanes)))]
 
         rh = header_register("result_header")
         header_values = {
@@ -591,7 +593,7 @@ class Aggregator(wiring.Component):
                     m.d.comb += other[bits].eq(a_mem[bits])
                 with m.Else():
                     counter = Signal(32, name=f"counter{lane}")
-                    m.d.comb += [counter.eq(counter_array[element[:ceil_log2(STATS_COUNT)]]),
+                    m.d.comb += [counter.eq(lane_counters[lane][stats_beat]),
                                  other[bits].eq(lane_bytes(counter))]
                 trailer = with_trailer & (element == actx.count)
                 m.d.comb += [

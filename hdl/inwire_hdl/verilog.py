@@ -4,7 +4,7 @@ import json
 import sys
 from pathlib import Path
 
-from amaranth.back import verilog
+from amaranth.back import rtlil, verilog
 
 from inwire.model import AggregatorConfig
 
@@ -13,9 +13,19 @@ from .aggregator import DATA_WIDTHS, Aggregator
 TOP = "inwire_aggregator"
 
 
-def generate_verilog(config=None, data_width=8):
-    """Verilog text whose top module `inwire_aggregator` has ports clk, rst, s_axis_*, m_axis_*, stat_*."""
-    return verilog.convert(Aggregator(config or AggregatorConfig(), data_width), name=TOP, emit_src=False)
+def generate_verilog(config=None, data_width=8, systemverilog=False):
+    """Verilog text whose top module `inwire_aggregator` has ports clk, rst, s_axis_*, m_axis_*, stat_*.
+
+    With `systemverilog`, combinational processes are `always_comb` blocks. Plain Verilog needs an
+    `if (...) begin end` statement in each `always @*` to run it at time zero; such statements can never
+    execute and would count as uncovered lines in coverage.
+    """
+    aggregator = Aggregator(config or AggregatorConfig(), data_width)
+    if not systemverilog:
+        return verilog.convert(aggregator, name=TOP, emit_src=False)
+    # Amaranth's own Yosys script, with write_verilog's -sv option (amaranth 0.5 has no public knob).
+    return verilog._convert_rtlil_text(rtlil.convert(aggregator, name=TOP, emit_src=False),
+                                       write_verilog_opts=("-sv",))
 
 
 def _config(args):

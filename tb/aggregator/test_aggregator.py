@@ -5,12 +5,15 @@ import random
 import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles, RisingEdge
+from scapy.layers.l2 import Ether
 from testbench import TB
 from traffic import Traffic, malformed, patch
 
 from inwire.protocol import INWIRE_PORT, Opcode
+from inwire_hdl.aggregator import Aggregator
 
 INT32_MAX, INT32_MIN = 2**31 - 1, -2**31
+LOCAL_EXPERIMENTAL_ETHERTYPE = 0x88B5
 
 
 async def start(dut, seed, source_pause=0.0, sink_pause=0.0):
@@ -226,3 +229,19 @@ async def header_field_edge_values(dut):
     frames.append(bytes(patch(bad_ttl, ip_ttl=1, ip_tos=0xFF, ip_id=0xBEEF)))
     await tb.send(frames)
     await tb.check()
+
+
+@cocotb.test()
+async def frames_longer_than_the_beat_counters(dut):
+    """Frames past the range of the beat counters, which saturate rather than wrap: a foreign frame still
+    leaves byte for byte, a contribution with trailing bytes is dropped for its length, the next clique
+    aggregates."""
+    tb, traffic = await start(dut, 15)
+    beats = 2 ** Aggregator(tb.config, tb.width).beat_bits + 2
+    foreign = bytes(Ether(dst="02:00:00:00:00:08", src="02:00:00:00:00:07", type=LOCAL_EXPERIMENTAL_ETHERTYPE))
+    foreign += bytes(traffic.random.randrange(256) for _ in range(beats * tb.width - len(foreign)))
+    contribution = traffic.contribution(traffic.elements(3), fanin=2, slot=0)
+    await tb.send([foreign, contribution + bytes(beats * tb.width)] + traffic.clique(5, fanin=2, slot=0))
+    await tb.check()
+    stats = tb.model.stats()
+    assert (stats["forwarded"], stats["drop_length"], stats["results_emitted"]) == (1, 1, 1)

@@ -2,8 +2,9 @@
 
 `python tb/coverage/verilator_coverage.py [--width 8] [--frames 2000]` builds the aggregator with
 `--coverage-line --coverage-toggle`, runs tb/aggregator/test_aggregator.py and tb/fuzz/test_fuzz.py
-against it (default configuration), merges the coverage.dat files and prints line and toggle coverage of
-the generated Verilog with the uncovered lines listed.
+against it (default configuration), merges the coverage.dat files and prints the uncovered lines and
+toggles, then line and toggle coverage of the generated (System)Verilog; exits 1 below the line goal.
+The report is also written to build/coverage/report_w<width>.json.
 """
 
 import argparse
@@ -21,6 +22,8 @@ from inwire_hdl.verilog import TOP, generate_verilog  # noqa: E402
 
 BUILD_ROOT = REPO / "build" / "coverage"
 COVERAGE_ARGS = ["--coverage-line", "--coverage-toggle"]
+LINE_GOAL = 95.0
+"""Percent of the core's Verilog lines that the suite must execute; `make coverage` fails below it."""
 
 
 def build(width, config):
@@ -28,8 +31,8 @@ def build(width, config):
 
     build_dir = BUILD_ROOT / f"verilator_w{width}"
     build_dir.mkdir(parents=True, exist_ok=True)
-    source = build_dir / f"{TOP}.v"
-    source.write_text(generate_verilog(config, width))
+    source = build_dir / f"{TOP}.sv"
+    source.write_text(generate_verilog(config, width, systemverilog=True))
     runner = get_runner("verilator")
     with sim._environment("verilator"):
         runner.build(sources=[source], hdl_toplevel=TOP, build_dir=build_dir, log_file=build_dir / "build.log",
@@ -65,29 +68,45 @@ def summarize(merged, source):
     return report
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--width", type=int, default=8, choices=(8, 64))
-    parser.add_argument("--frames", type=int, default=2000, help="fuzz frames")
-    args = parser.parse_args(argv)
+def measure(width=8, frames=2000, config=None):
+    """Runs the cocotb suite and a fuzz run of `frames` frames under coverage; returns the report."""
+    config = config or AggregatorConfig()
     merged = defaultdict(int)
-    config = AggregatorConfig()
-    runner, build_dir = build(args.width, config)
-    for module, env in (("test_aggregator", {}), ("test_fuzz", {"INWIRE_FUZZ_FRAMES": str(args.frames)})):
+    runner, build_dir = build(width, config)
+    for module, env in (("test_aggregator", {}), ("test_fuzz", {"INWIRE_FUZZ_FRAMES": str(frames)})):
         (build_dir / "coverage.dat").unlink(missing_ok=True)
         outcome = sim.run(runner, build_dir, config, test_module=module, extra_env=env,
                           results_name=f"{module}.xml")
         failed = [test for test, passed in outcome.items() if not passed]
         if failed:
-            sys.exit(f"cocotb tests failed under coverage: {failed}")
+            raise RuntimeError(f"cocotb tests failed under coverage: {failed} (logs in {build_dir})")
         for key, hits in points(build_dir / "coverage.dat").items():
             merged[key] += hits
-    report = summarize(merged, build_dir / f"{TOP}.v")
+    report = summarize(merged, build_dir / f"{TOP}.sv")
+    report["width"] = width
+    BUILD_ROOT.mkdir(parents=True, exist_ok=True)
+    (BUILD_ROOT / f"report_w{width}.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--width", type=int, default=8, choices=(8, 64))
+    parser.add_argument("--frames", type=int, default=2000, help="fuzz frames")
+    args = parser.parse_args(argv)
+    try:
+        report = measure(args.width, args.frames)
+    except RuntimeError as error:
+        print(error, file=sys.stderr)
+        return 1
+    print(json.dumps({kind: report[kind]["uncovered"] for kind in ("line", "toggle")}, indent=1))
     for kind in ("line", "toggle"):
         entry = report[kind]
         print(f"{kind} coverage: {entry['covered']}/{entry['total']} = {entry['percent']} %")
-    print(json.dumps({kind: report[kind]["uncovered"] for kind in report}, indent=1))
-    (BUILD_ROOT / "report.json").write_text(json.dumps(report, indent=1))
+    line = report["line"]["percent"]
+    if line < LINE_GOAL:
+        print(f"line coverage {line} % is below the goal of {LINE_GOAL} %", file=sys.stderr)
+        return 1
     return 0
 
 
