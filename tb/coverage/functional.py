@@ -1,4 +1,4 @@
-"""Functional coverage: frame classes (dispositions) and slot-state transitions.
+"""Functional coverage: frame classes (dispositions), slot-state transitions and aggregation events.
 
 Sampled on the golden model that the cocotb scoreboard runs beside the gateware; the scoreboard makes
 every output frame and counter of the gateware equal the model's, so a bin hit here was hit by the gateware
@@ -22,6 +22,8 @@ SLOT_TRANSITIONS = (
 once), a new member summed, reclaimed by a newer round of its job."""
 
 FRAME_CLASSES = tuple(d.name.lower() for d in Disposition)
+EVENTS = ("results_emitted", "saturations", "slots_reclaimed")
+"""Counters whose increase marks an event worth seeing: a result sent, a sum clipped, a slot taken over."""
 
 
 def slot_state(slot):
@@ -41,6 +43,7 @@ class Coverage:
         self.model = model
         self.classes = dict.fromkeys(FRAME_CLASSES, 0)
         self.transitions = dict.fromkeys(SLOT_TRANSITIONS, 0)
+        self.events = dict.fromkeys(EVENTS, 0)
         self._process = model.process
         model.process = self.process
 
@@ -52,6 +55,9 @@ class Coverage:
         for name in FRAME_CLASSES:
             if model.counters[name] != counters[name]:
                 self.classes[name] += 1
+        for name in EVENTS:
+            if model.counters[name] != counters[name]:
+                self.events[name] += 1
         reclaimed = model.counters["slots_reclaimed"] != counters["slots_reclaimed"]
         for (state, snapshot), slot in zip(before, model.slots, strict=True):
             if _snapshot(slot) == snapshot:
@@ -68,11 +74,13 @@ class Coverage:
     def missing(self):
         """Bins never hit, as readable names."""
         return ([f"class {name}" for name, hits in self.classes.items() if not hits]
-                + [f"slot {a}->{b} ({cause})" for (a, b, cause), hits in self.transitions.items() if not hits])
+                + [f"slot {a}->{b} ({cause})" for (a, b, cause), hits in self.transitions.items() if not hits]
+                + [f"event {name}" for name, hits in self.events.items() if not hits])
 
     def report(self):
         return {
             "classes": self.classes,
             "transitions": {f"{a}->{b} ({cause})": hits for (a, b, cause), hits in self.transitions.items()},
+            "events": self.events,
             "missing": self.missing(),
         }

@@ -70,7 +70,11 @@ class Mutator:
                 job, round_ = rnd.choice(((self.job + 1, round_), (self.job, round_ - 2)))
             fields = dict(slot=slot, job=job, round=round_, clique=rnd.randrange(3), chunk=rnd.randrange(2) * count,
                           exponent=rnd.randint(-4, 4), group=0xEF_00_00_00 | rnd.randrange(1, 1 << 24))
-            self.pending = self.traffic.clique(count, fanin, **fields)
+            # One clique in ten near the int32 limits, so that sums saturate and results carry the flag.
+            vectors = None
+            if rnd.random() < 0.1:
+                vectors = [self.traffic.elements(count, 2**30, 2**31 - 1) * rnd.choice((1, -1)) for _ in range(fanin)]
+            self.pending = self.traffic.clique(count, fanin, vectors, **fields)
             # Some members retransmit, some requests ask for the result.
             extra = [rnd.choice(self.pending) for _ in range(rnd.randrange(2))]
             if rnd.random() < 0.3:
