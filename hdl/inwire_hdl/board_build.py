@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 from .board import PLL_VCO_HZ, InwireBoard, aggregator_factory, passthrough_factory
 from .timing import summarize, tool_environment
@@ -40,18 +41,11 @@ def build(board="versa_ecp5", core="aggregator", *, data_width=8, core_div=16, o
     lpf = CONSTRAINTS / f"{board}.lpf"
     env = tool_environment()
     started = time.monotonic()
-    saved = {var: os.environ.get(var) for var in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")}
-    os.environ.update({var: env[var] for var in saved})
-    try:
+    # The platform's build script reads the tools from the environment; the old one comes back after.
+    with mock.patch.dict(os.environ, {var: env[var] for var in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")}):
         platform.build(top, name=NAME, build_dir=str(out), do_program=False,
                        add_preferences=lpf.read_text() if lpf.exists() else "",
                        nextpnr_opts=f"--report {NAME}.report.json --timing-allow-fail --seed {seed} --router router2")
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
     elapsed = time.monotonic() - started
     summary = summarize(json.loads((out / f"{NAME}.report.json").read_text()))
     report = {

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from unittest import mock
 
 from inwire.model import AggregatorConfig
 
@@ -80,20 +81,13 @@ def _environment(simulator):
     Icarus, WAVES is hidden from the runner, whose SystemVerilog dump module -g2005 rejects (`build` adds
     a Verilog-2005 one instead).
     """
-    saved = {name: os.environ.get(name) for name in ("MAKEFLAGS", "WAVES", "PATH")}
-    os.environ["PATH"] = _search_path()
+    changes = {"PATH": _search_path()}
     if simulator == "verilator":
-        os.environ["MAKEFLAGS"] = " ".join(filter(None, [saved["MAKEFLAGS"], "CFG_CXXFLAGS_PCH_I=-include"]))
-    else:
-        os.environ.pop("WAVES", None)
-    try:
+        changes["MAKEFLAGS"] = " ".join(filter(None, [os.environ.get("MAKEFLAGS"), "CFG_CXXFLAGS_PCH_I=-include"]))
+    with mock.patch.dict(os.environ, changes):
+        if simulator != "verilator":
+            os.environ.pop("WAVES", None)
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def build(simulator, data_width, config=None, build_root=BUILD_ROOT):
