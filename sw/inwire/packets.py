@@ -29,7 +29,6 @@ from .protocol import (
 
 IP_OFFSET = FRAME_OFFSETS["ip_ver_ihl"]
 UDP_OFFSET = FRAME_OFFSETS["udp_sport"]
-AGGREGATION_OFFSET = FRAME_OFFSETS["magic"]
 
 HEADER_DEFAULTS = {
     "eth_type": ETHERTYPE_IPV4,
@@ -216,18 +215,6 @@ def frame_field(frame, name):
 def parse_header(frame):
     """The 128-byte header of one frame as a FRAME_HEADER_DTYPE record (frame must be long enough)."""
     return np.frombuffer(bytes(frame[:FRAME_HEADER_BYTES]), dtype=FRAME_HEADER_DTYPE)[0]
-
-
-def parse_datagram_header(payload):
-    """The aggregation header of a UDP payload as a FRAME_HEADER_DTYPE record (lower layers zero), or None
-    when the payload is too short or lacks the inwire magic and version."""
-    if len(payload) < FRAME_HEADER_BYTES - AGGREGATION_OFFSET:
-        return None
-    header = np.frombuffer(bytes(AGGREGATION_OFFSET) + bytes(payload[:FRAME_HEADER_BYTES - AGGREGATION_OFFSET]),
-                           dtype=FRAME_HEADER_DTYPE)[0]
-    if header["magic"] != MAGIC or header["version"] != VERSION:
-        return None
-    return header
 
 
 def group_macs(groups):

@@ -8,16 +8,10 @@ Frames are between 1 and MAX_FRAME bytes (an AXI4-Stream frame has at least one 
 """
 
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aggregator"))
-
-from traffic import Traffic, patch  # noqa: E402
-
-from inwire.protocol import (  # noqa: E402
+from inwire.protocol import (
     AGGREGATION_FIELDS,
     ETHERNET_BYTES,
     FIELDS_BY_NAME,
@@ -25,6 +19,7 @@ from inwire.protocol import (  # noqa: E402
     IPV4_BYTES,
     Opcode,
 )
+from inwire_hdl.cocotb.traffic import Traffic, patch
 
 MAX_FRAME = 1600
 KINDS = ("good", "foreign", "request", "stats", "bit_flip", "truncate", "extend", "field_limit",
