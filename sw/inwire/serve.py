@@ -1,49 +1,81 @@
-"""The software aggregator: the golden model behind a UDP socket (`inwire serve`).
+"""The software aggregator behind a UDP socket (`inwire serve`).
 
-Each received datagram is wrapped in the Ethernet/IPv4/UDP header it would have carried on the wire
-(source: the peer's address and port; destination: the aggregator's own address and port), so the very
-`model.Aggregator` that the gateware is checked against decides what happens to it. Each frame the model
-sends is unwrapped again: its UDP payload goes to the frame's IPv4 destination and UDP port, which is the
-clique's multicast group for a result and the requester for a stats reply.
+By default the fast path (`fastpath.FastAggregator`) decides on each UDP payload directly, bit for bit
+and counter for counter what the golden model decides (tests/test_fastpath.py holds it to that). With
+`engine="golden"` (and with a co-simulation behind `make_aggregator`) each received datagram is wrapped
+in the Ethernet/IPv4/UDP header it would have carried on the wire (source: the peer's address and port;
+destination: the aggregator's own address and port), so the very `model.Aggregator` that the gateware is
+checked against decides what happens to it, and each frame it sends is unwrapped again. Either way an
+answer goes to the clique's multicast group (a result) or to the requester (a stats reply).
 
 Where multicast is not routable, `unicast=True` sends a result to each member instead, at the address the
 member's contributions came from; a result answering a retransmission goes to the requester only.
 """
 
 import contextlib
+import select
 import socket
+import struct
 import sys
 import threading
 import time
 
 from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, wrap
 from .errors import InwireError
+from .fastpath import FastAggregator
 from .model import Aggregator, AggregatorConfig
 from .packets import frame_field, parse_header
-from .protocol import DROP_COUNTERS, INWIRE_PORT, Opcode
+from .protocol import DROP_COUNTERS, INWIRE_PORT, Disposition, Opcode
 
 POLL_S = 0.1
-"""Longest a receive blocks, so that a stop request is seen promptly."""
+"""Longest a wait for input lasts, so that a stop request is seen promptly."""
 DEFAULT_SLOTS = 256
 DEFAULT_MAX_ELEMENTS = 256
+DEFAULT_RECEIVE_BUFFER = 4 << 20
+"""SO_RCVBUF of the service: every island's window of datagrams must fit, or the kernel drops them and
+each waits for a retransmission. A 1 KiB datagram costs about 2.3 KiB of buffer on loopback, so the
+Linux default (208 KiB) holds about 90: fewer than 3 islands x 32 in flight. 4 MiB holds 9 x 32 with
+8 KiB datagrams. Above net.core.rmem_max a root process forces it (SO_RCVBUFFORCE)."""
 MULTICAST_TTL = 8
 SERVE_COUNTERS = ("send_errors", "unicast_copies")
 """Counters of the service itself, beside the model's: sends the kernel refused, unicast result copies."""
+ENGINES = ("fast", "golden")
+_MEMBER = struct.Struct("!4xB3xI16xI")
+"""sender, job and group of a payload: who a unicast result copy goes to."""
+_RESULT = struct.Struct("!4xB3xI16xIQ")
+"""sender, job, group and bitmap of a result payload."""
 
 
 class ServeError(InwireError):
     """The service cannot start; the message is one line for the user."""
 
 
+def set_receive_buffer(sock, size):
+    """Ask for an SO_RCVBUF of `size` bytes (forced past rmem_max where allowed); returns what was granted."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, size)
+    except (OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+
+
 class SoftwareAggregator:
-    """A UDP socket in front of `model.Aggregator`.
+    """A UDP socket in front of the aggregator's decision (fast path, golden model or co-simulation).
 
     `handle(payload, peer)` is the whole decision (returns the datagrams to send); `serve()` is the
-    receive loop around it, which runs until `stop()`.
+    receive loop around it, which runs until `stop()`. `engine` is "fast" (default) or "golden";
+    `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a co-simulation) implies "golden".
     """
 
     def __init__(self, listen=("127.0.0.1", INWIRE_PORT), unicast=False, slots=DEFAULT_SLOTS,
-                 max_elements=DEFAULT_MAX_ELEMENTS, multicast_iface=None, log=None, make_aggregator=Aggregator):
+                 max_elements=DEFAULT_MAX_ELEMENTS, multicast_iface=None, log=None, make_aggregator=None,
+                 engine=None, backend=None, receive_buffer=DEFAULT_RECEIVE_BUFFER):
+        engine = engine or ("golden" if make_aggregator is not None else "fast")
+        if engine not in ENGINES:
+            raise ServeError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if engine == "fast" and make_aggregator is not None:
+            raise ServeError("a custom aggregator (co-simulation) is served by the golden path only")
+        self.engine = engine
         self.unicast = unicast
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -52,7 +84,9 @@ class SoftwareAggregator:
         except OSError as error:
             self.sock.close()
             raise ServeError(f"cannot listen on {listen[0]}:{listen[1]}: {error.strerror}") from None
-        self.sock.settimeout(POLL_S)
+        # Non-blocking: a socket with a timeout polls before every receive; this one polls only when empty.
+        self.sock.setblocking(False)
+        self.receive_buffer = set_receive_buffer(self.sock, receive_buffer) if receive_buffer else None
         self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, MULTICAST_TTL)
         self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
         if multicast_iface:
@@ -60,15 +94,55 @@ class SoftwareAggregator:
         self.address = self.sock.getsockname()
         self.config = AggregatorConfig(ip=ip_int(self.address[0]), port=self.address[1], slots=slots,
                                        max_elements=max_elements)
-        self.model = make_aggregator(self.config)
+        if engine == "fast":
+            self.model = None
+            self.fast = FastAggregator(self.config, backend)
+            self.handle = self._handle_fast
+        else:
+            self.fast = None
+            self.model = (make_aggregator or Aggregator)(self.config)
+            self.handle = self._handle_golden
         self.dst_mac = self.config.mac.to_bytes(6, "big")
         self.members = {}
         """(job, group) -> {sender index: (ip, port)}, learned from accepted contributions."""
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
+        self._groups = {}
         self._stop = threading.Event()
 
-    def handle(self, payload, peer):
-        """Datagrams to send, as (payload, (ip, port)), in answer to one datagram from `peer`."""
+    @property
+    def description(self):
+        if self.fast is not None:
+            return f"the fast path ({self.fast.backend}, bit-exact with the golden model)"
+        return "the golden model" if isinstance(self.model, Aggregator) else type(self.model).__name__
+
+    def slot_key(self, slot):
+        """(job, round, clique, chunk) owning `slot`, or None while it was never used."""
+        return self.fast.slot_key(slot) if self.fast is not None else self.model.slots[slot].key
+
+    def _handle_fast(self, payload, peer):
+        disposition, answer = self.fast.handle(payload)
+        if disposition == Disposition.ACCUMULATED or (disposition == Disposition.ANSWERED
+                                                      and payload[3] == Opcode.CONTRIBUTION):
+            sender, job, group = _MEMBER.unpack_from(payload)
+            key = (job, group)
+            members = self.members.get(key)
+            if members is None:
+                members = self.members[key] = {}
+            members[sender] = peer
+        if answer is None:
+            return []
+        if answer[3] != Opcode.RESULT:
+            return [(answer, peer)]
+        answered = disposition == Disposition.ANSWERED
+        if self.unicast:
+            return self._unicast_copies(answer, peer, answered)
+        group = _RESULT.unpack_from(answer)[2]
+        destination = self._groups.get(group)
+        if destination is None:
+            destination = self._groups[group] = (ip_str(group), self.config.port)
+        return [(answer, destination)]
+
+    def _handle_golden(self, payload, peer):
         frame = wrap(payload, peer, self.address, self.dst_mac)
         before = self.model.stats()
         outputs = self.model.process(frame)
@@ -80,7 +154,7 @@ class SoftwareAggregator:
         for output in outputs:
             body = payload_of(output)
             if self.unicast and frame_field(output, "opcode") == Opcode.RESULT:
-                sends.extend(self._unicast_copies(output, body, peer, answered))
+                sends.extend(self._unicast_copies(body, peer, answered))
             else:
                 destination = (ip_str(frame_field(output, "ip_dst")), frame_field(output, "udp_dport"))
                 sends.append((body, destination))
@@ -94,25 +168,33 @@ class SoftwareAggregator:
         key = (int(header["job"]), int(header["group"]))
         self.members.setdefault(key, {})[int(header["sender"])] = peer
 
-    def _unicast_copies(self, output, body, peer, answered):
+    def _unicast_copies(self, body, peer, answered):
         if answered:
             return [(body, peer)]
-        header = parse_header(output)
-        members = self.members.get((int(header["job"]), int(header["group"])), {})
-        bitmap = int(header["bitmap"])
+        _, job, group, bitmap = _RESULT.unpack_from(body)
+        members = self.members.get((job, group), {})
         copies = [(body, address) for sender, address in sorted(members.items()) if bitmap >> sender & 1]
         self.own["unicast_copies"] += len(copies)
         return copies
 
     def send(self, sends):
+        sock = self.sock
         for body, destination in sends:
             try:
-                self.sock.sendto(body, destination)
+                sock.sendto(body, destination)
+            except BlockingIOError:
+                # The send buffer is full: wait until it drains rather than lose the datagram.
+                select.select([], [sock], [], POLL_S)
+                try:
+                    sock.sendto(body, destination)
+                except OSError:
+                    self.own["send_errors"] += 1
             except OSError:
                 self.own["send_errors"] += 1
 
     def counters(self):
-        return {**self.model.stats(), **self.own}
+        engine = self.fast if self.fast is not None else self.model
+        return {**engine.stats(), **self.own}
 
     def counters_line(self, prefix="counters"):
         counters = self.counters()
@@ -122,18 +204,27 @@ class SoftwareAggregator:
         return f"{prefix} frames_in={counters['frames_in']} drops={drops} " + " ".join(shown)
 
     def serve(self, stats_interval=None):
-        """Receive and answer until `stop()`; logs counters every `stats_interval` seconds and at the end."""
+        """Receive and answer until `stop()`; logs counters every `stats_interval` seconds and at the end.
+
+        The socket is drained without waiting while it holds datagrams; only an empty socket is waited on
+        (at most POLL_S, so that a stop request is seen)."""
         next_log = time.monotonic() + stats_interval if stats_interval else None
-        while not self._stop.is_set():
+        buffer = bytearray(MAX_DATAGRAM)
+        view = memoryview(buffer)
+        sock, stopped = self.sock, self._stop.is_set
+        while not stopped():
             try:
-                payload, peer = self.sock.recvfrom(MAX_DATAGRAM)
-            except TimeoutError:
-                payload = None
+                size, peer = sock.recvfrom_into(buffer)
+            except BlockingIOError:
+                select.select([sock], [], [], POLL_S)
+                size = None
             except OSError:
                 # ICMP errors from earlier sends surface here on some kernels: they are no reason to stop.
-                payload = None
-            if payload is not None:
-                self.send(self.handle(payload, peer))
+                size = None
+            if size is not None:
+                sends = self.handle(view[:size], peer)
+                if sends:
+                    self.send(sends)
             if next_log is not None and time.monotonic() >= next_log:
                 self.log(f"inwire serve: {self.counters_line()}")
                 next_log += stats_interval

@@ -1,15 +1,16 @@
-"""Run the software aggregator, the golden model behind a UDP socket, until SIGINT or SIGTERM.
+"""Run the software aggregator behind a UDP socket until SIGINT or SIGTERM.
 
-Each datagram is wrapped in the frame it would have been on the wire and handed to the model; what the
-model sends goes to the clique's multicast group (or, with --unicast, to each member). With --sim the
-gateware itself answers, in co-simulation.
+By default the fast path decides on each UDP payload, bit-exact with the golden model; with --golden each
+datagram is wrapped in the frame it would have been on the wire and handed to the model itself; with
+--sim the gateware answers, in co-simulation. Results go to the clique's multicast group (or, with
+--unicast, to each member).
 """
 
 import signal
 
 from ..datagram import parse_endpoint
 from ..protocol import INWIRE_PORT
-from ..serve import DEFAULT_MAX_ELEMENTS, DEFAULT_SLOTS, SoftwareAggregator
+from ..serve import DEFAULT_MAX_ELEMENTS, DEFAULT_RECEIVE_BUFFER, DEFAULT_SLOTS, SoftwareAggregator
 from .options import simulator
 
 
@@ -29,13 +30,20 @@ def add_arguments(parser):
     parser.add_argument("--sim", type=simulator, default=None, metavar="SIMULATOR[:WIDTH]",
                         help="answer with the gateware in co-simulation (icarus or verilator, width 8 to 64) "
                              "instead of the golden model")
+    parser.add_argument("--golden", action="store_true",
+                        help="answer with the golden model itself (each datagram wrapped into its frame) instead "
+                             "of the fast path; slower, same answers")
+    parser.add_argument("--receive-buffer", type=int, default=DEFAULT_RECEIVE_BUFFER, metavar="BYTES",
+                        help="socket receive buffer; must hold islands x window datagrams")
 
 
 def run(args):
     listen = parse_endpoint(args.listen, "--listen")
     if args.stats_interval is not None and args.stats_interval <= 0:
         raise ValueError(f"--stats-interval must be positive, got {args.stats_interval}")
-    kwargs = {}
+    if args.receive_buffer <= 0:
+        raise ValueError(f"--receive-buffer must be positive, got {args.receive_buffer}")
+    kwargs = {"engine": "golden" if args.golden or args.sim else "fast", "receive_buffer": args.receive_buffer}
     if args.sim:
         from inwire_hdl.cosim import CoSimulation
 
@@ -47,9 +55,10 @@ def run(args):
         signal.signal(signum, lambda *_: server.stop())
     host, port = server.address
     mode = "unicast to each member" if args.unicast else "multicast to the clique's group"
-    engine = f"the gateware in {args.sim[0]} at width {args.sim[1]}" if args.sim else "the golden model"
+    engine = f"the gateware in {args.sim[0]} at width {args.sim[1]}" if args.sim else server.description
     server.log(f"inwire serve: listening on udp://{host}:{port}, {server.config.slots} slots of up to "
-               f"{server.config.max_elements} elements, {engine}, results by {mode}")
+               f"{server.config.max_elements} elements, {engine}, results by {mode}, receive buffer "
+               f"{server.receive_buffer} bytes")
     try:
         server.serve(args.stats_interval)
     finally:
