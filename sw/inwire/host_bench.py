@@ -51,7 +51,8 @@ def aggregator_goodput(elements=ELEMENTS, chunk=DEFAULT_CHUNK, window=WINDOW):
                            "rounds": [{"cliques": [{"members": ["LON", "FRA"], "aggregator": "AMS"}]}]}, handle)
             plan = load_plan(path)
         config = StreamConfig(rounds=2, elements=elements, chunk=chunk, window=window, timeout_ms=500, job=4242)
-        report = run_stream(plan, config, UdpTransport({island: ("127.0.0.1", port) for island in plan.islands}))
+        report = run_stream(plan, config, UdpTransport({island: ("127.0.0.1", port) for island in plan.islands},
+                                                         window=window, chunk=chunk))
     finally:
         service.terminate()
         service.communicate(timeout=10)

@@ -26,6 +26,7 @@ from .fastpath import FastAggregator
 from .model import Aggregator, AggregatorConfig
 from .packets import frame_field, parse_header
 from .protocol import DROP_COUNTERS, INWIRE_PORT, Disposition, Opcode
+from .transport import set_receive_buffer
 
 POLL_S = 0.1
 """Longest a wait for input lasts, so that a stop request is seen promptly."""
@@ -48,15 +49,6 @@ _RESULT = struct.Struct("!4xB3xI16xIQ")
 
 class ServeError(InwireError):
     """The service cannot start; the message is one line for the user."""
-
-
-def set_receive_buffer(sock, size):
-    """Ask for an SO_RCVBUF of `size` bytes (forced past rmem_max where allowed); returns what was granted."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, size)
-    except (OSError, AttributeError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
-    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
 
 
 class SoftwareAggregator:

@@ -24,10 +24,22 @@ import numpy as np
 from inwire_hdl import parse_simulator
 
 from .codec import choose_exponent, dequantize, quantize
-from .datagram import ip_int, opcode_of, parse_endpoint, parse_result, parse_stats_reply, payloads_of
+from .datagram import PAYLOAD_HEADER_BYTES, ip_int, opcode_of, parse_endpoint, parse_stats_reply, payloads_of
 from .errors import InwireError
+from .fastpath import HEADER as RESULT_HEADER
 from .packets import build_frames
-from .protocol import ELEMENT_BYTES, MAX_ELEMENTS_PER_FRAME, MAX_FANIN, MTU_BYTES, Opcode
+from .protocol import (
+    ELEMENT_BYTES,
+    ELEMENT_DTYPE,
+    MAGIC,
+    MAX_ELEMENTS_PER_FRAME,
+    MAX_FANIN,
+    MTU_BYTES,
+    RESULT_TRAILER_BYTES,
+    STATUS_OVERFLOW,
+    VERSION,
+    Opcode,
+)
 from .schedule import ScheduleError, load_schedule
 from .topology import TopologyError, load_topology
 
@@ -40,6 +52,8 @@ DEFAULT_CHUNK = 256
 DEFAULT_WINDOW = 4
 DEFAULT_TIMEOUT_MS = 200
 DEFAULT_RETRIES = 25
+RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
+"""A result payload without elements: header and status trailer."""
 
 
 class StreamError(InwireError):
@@ -231,13 +245,18 @@ class RoundTally:
 
 
 class Island:
-    """One island: its socket (through the transport), its round state and its model."""
+    """One island: its socket (through the transport), its round state and its model.
+
+    A result is read with one struct unpack; its elements are copied straight into the round's buffer and
+    its header fields are checked on the spot; the elements are compared with the expected sum once per
+    round, when every chunk is in (`finish_round`)."""
 
     def __init__(self, name, workload, transport, loss_rng):
         self.name, self.workload, self.transport = name, workload, transport
         self.loss_rng = loss_rng
         self.model = np.zeros(workload.config.elements, dtype=np.float32)
         self.clique = None
+        self.prepared = None
 
     def transmit(self, payload, tally):
         if self.loss_rng.random() < self.workload.config.loss:
@@ -245,24 +264,38 @@ class Island:
             return
         self.transport.send(self.name, payload)
 
-    async def run_round(self, round_, tally):
-        config, workload = self.workload.config, self.workload
+    def prepare(self, round_):
+        """Everything the round needs that does not depend on the network: the gradient, its payloads, the
+        expected sum. Done before the round's clock starts."""
+        workload = self.workload
         clique = workload.clique_of(self.name, round_)
         if clique is None:
+            self.prepared = None
             return
+        fanin = len(clique.members)
+        self.prepared = (clique, workload.payloads(self.name, clique), workload.expected_sum(clique),
+                         (clique.exponent, fanin, (1 << fanin) - 1, fanin))
+
+    async def run_round(self, round_, tally):
+        config = self.workload.config
+        if self.prepared is None:
+            return
+        clique, self.payloads, expected, self.expected_header = self.prepared
+        self.prepared = None
         self.clique, self.tally = clique, tally
+        self.key = (config.job, clique.round, clique.clique)
         self.transport.subscribe(self.name, clique.group)
-        self.payloads = workload.payloads(self.name, clique)
-        self.expected = workload.expected_sum(clique)
-        self.sums = np.zeros(config.elements, dtype=np.int64)
-        self.done = np.zeros(len(self.payloads), dtype=bool)
+        self.received = bytearray(ELEMENT_BYTES * config.elements)
+        self.wrong_chunks = set()
+        self.done = bytearray(len(self.payloads))
+        self.remaining = len(self.payloads)
         self.deadline, self.tries, self.next = {}, {}, 0
         self.finished = asyncio.Event()
         loop = asyncio.get_running_loop()
         timeout = config.timeout_ms / 1000
         self._send_window(loop)
         try:
-            while not self.done.all():
+            while self.remaining:
                 try:
                     await asyncio.wait_for(self.finished.wait(), timeout / 4)
                 except TimeoutError:
@@ -282,45 +315,59 @@ class Island:
         finally:
             self.clique = None
             self.transport.unsubscribe(self.name, clique.group)
-        average = dequantize(self.sums, clique.exponent, len(clique.members))
+        sums = self.finish_round(expected)
+        average = dequantize(sums, clique.exponent, len(clique.members))
         self.model -= np.float32(LEARNING_RATE) * average
 
+    def finish_round(self, expected):
+        """Compare the round's elements with the expected sum; count each wrong result once; the sums."""
+        sums = np.frombuffer(self.received, dtype=ELEMENT_DTYPE).astype(np.int64)
+        differ = np.flatnonzero(sums != expected)
+        if len(differ):
+            self.wrong_chunks.update((differ // self.workload.config.chunk).tolist())
+        self.tally.wrong += len(self.wrong_chunks)
+        return sums
+
     def _send_window(self, loop):
-        window = self.workload.config.window
-        while self.next < len(self.payloads) and (self.next < window or self.done[self.next - window]):
+        config = self.workload.config
+        window, payloads, done = config.window, self.payloads, self.done
+        while self.next < len(payloads) and (self.next < window or done[self.next - window]):
             chunk = self.next
             self.next += 1
             self.tries[chunk] = 0
-            self.deadline[chunk] = loop.time() + self.workload.config.timeout_ms / 1000
-            self.transmit(self.payloads[chunk], self.tally)
+            self.deadline[chunk] = loop.time() + config.timeout_ms / 1000
+            self.transmit(payloads[chunk], self.tally)
 
     def on_result(self, payload):
-        clique, config = self.clique, self.workload.config
-        result = parse_result(payload) if clique is not None else None
-        if result is None:
+        """A result payload (bytes or a view valid only during the call) for this island, or not."""
+        if self.clique is None or len(payload) < RESULT_MIN_BYTES:
             return
-        header, elements = result.header, result.elements
-        if (int(header["job"]), int(header["round"]), int(header["clique"])) != (config.job, clique.round,
-                                                                                  clique.clique):
+        (magic, version, opcode, _, fanin, exponent, contributors, job, round_, clique, _, offset, count, _, _,
+         bitmap) = RESULT_HEADER.unpack_from(payload)
+        if (magic != MAGIC or version != VERSION or opcode != Opcode.RESULT
+                or len(payload) != RESULT_MIN_BYTES + ELEMENT_BYTES * count):
             return
-        offset = int(header["chunk"])
-        chunk = offset // config.chunk
-        if offset % config.chunk or chunk not in self.deadline:
+        if (job, round_, clique) != self.key:
             return
-        fanin = len(clique.members)
-        expected = self.expected[offset:offset + config.chunk]
-        right = (len(elements) == len(expected) and int(header["exponent"]) == clique.exponent
-                 and int(header["fanin"]) == fanin and int(header["bitmap"]) == (1 << fanin) - 1
-                 and int(header["contributors"]) == fanin and not result.overflow
-                 and np.array_equal(elements, expected))
+        config = self.workload.config
+        chunk, partial = divmod(offset, config.chunk)
+        if partial or chunk not in self.deadline:
+            return
+        want = min(config.chunk, config.elements - offset)
         self.tally.checked += 1
-        if not right:
-            self.tally.wrong += 1
-        self.sums[offset:offset + len(elements[:len(expected)])] = elements[:len(expected)]
+        status = int.from_bytes(payload[-RESULT_TRAILER_BYTES:], "big")
+        if (count != want or (exponent, fanin, bitmap, contributors) != self.expected_header
+                or status & STATUS_OVERFLOW):
+            self.wrong_chunks.add(chunk)
+        got = min(count, want)
+        start = ELEMENT_BYTES * offset
+        self.received[start:start + ELEMENT_BYTES * got] = payload[PAYLOAD_HEADER_BYTES:
+                                                                   PAYLOAD_HEADER_BYTES + ELEMENT_BYTES * got]
         del self.deadline[chunk]
-        self.done[chunk] = True
+        self.done[chunk] = 1
+        self.remaining -= 1
         self._send_window(asyncio.get_running_loop())
-        if self.done.all():
+        if not self.remaining:
             self.finished.set()
 
 
@@ -337,7 +384,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None):
         if opcode == Opcode.RESULT:
             islands[island].on_result(payload)
         elif opcode == Opcode.STATS_REPLY and stats_future is not None and not stats_future.done():
-            counters = parse_stats_reply(payload)
+            counters = parse_stats_reply(bytes(payload))
             if counters is not None:
                 stats_future.set_result(counters)
 
@@ -356,6 +403,8 @@ async def stream_async(plan, config, transport, progress=lambda _round: None):
         for round_ in range(config.rounds):
             workload.forget_before(round_)
             tally = RoundTally()
+            for island in islands.values():
+                island.prepare(round_)
             begun = time.perf_counter()
             await asyncio.gather(*(island.run_round(round_, tally) for island in islands.values()))
             elapsed = time.perf_counter() - begun

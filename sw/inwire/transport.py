@@ -10,56 +10,104 @@ and can write them to a capture. `inwire.iface.IfaceTransport` sends raw frames 
 import asyncio
 import socket
 
-from .datagram import ip_str, island_address, payload_of, stats_request, wrap
+from .datagram import MAX_DATAGRAM, PAYLOAD_HEADER_BYTES, ip_str, island_address, payload_of, stats_request, wrap
 from .model import Aggregator, AggregatorConfig
 from .pcap import write_frames
 from .protocol import INWIRE_PORT
 
 PROBE_TRIES = 3
+DRAIN_BATCH = 256
+"""Datagrams read from one socket per readiness event before the other sockets get their turn."""
+BUFFER_OVERHEAD = 1280
+"""What a datagram costs a receive buffer beyond its payload on Linux (skb and headers, rounded up): a
+1 KiB datagram takes about 2.3 KiB."""
+MIN_RECEIVE_BUFFER = 256 << 10
+
+
+def receive_buffer_bytes(datagrams, payload_bytes):
+    """SO_RCVBUF that holds `datagrams` datagrams of `payload_bytes` twice over."""
+    return max(MIN_RECEIVE_BUFFER, 2 * datagrams * (payload_bytes + BUFFER_OVERHEAD))
+
+
+def set_receive_buffer(sock, size):
+    """Ask for an SO_RCVBUF of `size` bytes (forced past net.core.rmem_max where the process may); returns
+    what the kernel granted."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, size)
+    except (OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
 PCAP_AGGREGATOR = AggregatorConfig()
 """A pcap capture is addressed to an aggregator with the gateware's default addresses."""
 
 
 class UdpTransport:
     """One UDP socket per island, each talking to its target address (a software aggregator, a board or
-    a relay). With `multicast_iface`, each island also receives its clique's group on that interface."""
+    a relay). With `multicast_iface`, each island also receives its clique's group on that interface.
 
-    def __init__(self, targets, sockets=None, multicast_iface=None, multicast_port=INWIRE_PORT):
+    The sockets are non-blocking and read in batches: one readiness event drains a socket (up to
+    DRAIN_BATCH datagrams) into a preallocated buffer, and each payload is handed over as a view of it,
+    valid during the `deliver` call. Each socket's receive buffer holds `window` results of `chunk`
+    elements twice over (results beyond the window are retransmission answers)."""
+
+    def __init__(self, targets, sockets=None, multicast_iface=None, multicast_port=INWIRE_PORT, window=32,
+                 chunk=256):
         self.targets = dict(targets)
         self.sockets = dict(sockets or {})
         self.multicast_iface, self.multicast_port = multicast_iface, multicast_port
-        self.endpoints, self.listeners = {}, {}
+        self.receive_buffer = receive_buffer_bytes(window, PAYLOAD_HEADER_BYTES + 4 * chunk + 4)
+        self.readers, self.listeners = {}, {}
         self.send_errors = 0
 
     async def start(self, deliver):
-        loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
+        self.deliver = deliver
+        self.buffer = bytearray(MAX_DATAGRAM)
+        self.view = memoryview(self.buffer)
         for island in self.targets:
             sock = self.sockets.get(island)
             if sock is None:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 sock.bind(("0.0.0.0", 0))
-            sock.setblocking(False)
-            self.endpoints[island], _ = await loop.create_datagram_endpoint(
-                lambda island=island: _Receiver(island, deliver), sock=sock)
+            self.sockets[island] = sock
+            self._listen(island, sock)
             if self.multicast_iface:
                 listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 listener.bind(("0.0.0.0", self.multicast_port))
-                listener.setblocking(False)
-                self.listeners[island], _ = await loop.create_datagram_endpoint(
-                    lambda island=island: _Receiver(island, deliver), sock=listener)
+                self.listeners[island] = listener
+                self._listen(island, listener)
+
+    def _listen(self, island, sock):
+        sock.setblocking(False)
+        set_receive_buffer(sock, self.receive_buffer)
+        self.loop.add_reader(sock.fileno(), self._drain, island, sock)
+        self.readers[sock.fileno()] = sock
+
+    def _drain(self, island, sock):
+        deliver, buffer, view = self.deliver, self.buffer, self.view
+        for _ in range(DRAIN_BATCH):
+            try:
+                size = sock.recv_into(buffer)
+            except BlockingIOError:
+                return
+            except OSError:
+                # ICMP errors (port unreachable) on a UDP socket: the timeouts deal with the silence.
+                continue
+            deliver(island, view[:size])
 
     def send(self, island, payload):
         try:
-            self.endpoints[island].sendto(payload, self.targets[island])
+            self.sockets[island].sendto(payload, self.targets[island])
         except OSError:
+            # A full send buffer or an ICMP error: the datagram is lost, and retransmitted after its timeout.
             self.send_errors += 1
 
     def _membership(self, island, group, option):
         listener = self.listeners.get(island)
         if listener is not None:
             request = socket.inet_aton(ip_str(group)) + socket.inet_aton(self.multicast_iface)
-            listener.get_extra_info("socket").setsockopt(socket.IPPROTO_IP, option, request)
+            listener.setsockopt(socket.IPPROTO_IP, option, request)
 
     def subscribe(self, island, group):
         self._membership(island, group, socket.IP_ADD_MEMBERSHIP)
@@ -71,8 +119,10 @@ class UdpTransport:
         return await probe_stats(self, island, stats_future, timeout)
 
     def close(self):
-        for endpoint in (*self.endpoints.values(), *self.listeners.values()):
-            endpoint.close()
+        for fileno, sock in self.readers.items():
+            self.loop.remove_reader(fileno)
+            sock.close()
+        self.readers = {}
 
 
 async def probe_stats(transport, island, stats_future, timeout):
@@ -84,17 +134,6 @@ async def probe_stats(transport, island, stats_future, timeout):
         except TimeoutError:
             continue
     return None
-
-
-class _Receiver(asyncio.DatagramProtocol):
-    def __init__(self, island, deliver):
-        self.island, self.deliver = island, deliver
-
-    def datagram_received(self, data, addr):
-        self.deliver(self.island, data)
-
-    def error_received(self, exc):
-        """ICMP errors (port unreachable) on a UDP socket: the timeouts deal with the silence."""
 
 
 class CaptureTransport:

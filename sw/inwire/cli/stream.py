@@ -50,7 +50,7 @@ def make_transport(target, plan, workload_slots, config):
     from ..transport import CaptureTransport, UdpTransport
 
     if target.kind == "udp":
-        return UdpTransport({island: target.value for island in plan.islands})
+        return UdpTransport({island: target.value for island in plan.islands}, window=config.window, chunk=config.chunk)
     if target.kind == "iface":
         from ..iface import IfaceTransport
 
