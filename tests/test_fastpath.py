@@ -245,3 +245,27 @@ def test_unknown_or_missing_backend_is_refused():
     if fastpath.compiled is None:
         with pytest.raises(ValueError, match="not built"):
             fastpath.FastAggregator(AggregatorConfig(), backend="c")
+
+
+def test_a_tampered_kernel_is_caught(pair, monkeypatch):
+    """The compiled backend is held to the model too: a kernel that loses the saturation flag is caught."""
+    real = backend_available("c") and fastpath.compiled
+
+    class Forgetful:
+        encode_result = staticmethod(real.encode_result)
+
+        @staticmethod
+        def accumulate(sums, payload, offset, count):
+            real.accumulate(sums, payload, offset, count)
+            return False
+
+    monkeypatch.setattr(fastpath, "compiled", Forgetful)
+    golden, fast = pair("c", unicast=False, slots=4, max_elements=32)
+    assert first_difference(golden, fast, CliqueStream(seed=4, slots=4, max_elements=32).stream(DATAGRAMS))
+
+
+def test_a_missing_kernel_fails_under_ci(monkeypatch):
+    monkeypatch.setattr(fastpath, "compiled", None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="not built"):
+        backend_available("c")

@@ -1,16 +1,23 @@
-"""The `host` benchmark: software aggregator goodput against the machine's UDP ceiling, and the numpy
-packet path against scapy.
+"""The `host` benchmark: software aggregator goodput against the machine's UDP ceiling, against gloo, and
+the numpy packet path against scapy.
 
-Goodput: two islands on loopback stream a vector through `inwire serve` (a separate process, unicast
-results); gradient bytes summed per second. Ceiling: iperf3 UDP on loopback in the same run, same datagram
-size, unlimited rate; received payload bytes per second. Packet rates: frames built and parsed per second by
-`packets.build_frames` / `parse_frames` and by scapy one packet at a time.
+Goodput: k islands (one clique of k, k = 2, 3, 9) on loopback stream a vector through `inwire serve` (a
+separate process, unicast results); gradient bytes contributed per second. Gradients and their datagrams
+are made before each round's clock starts. Ceiling: iperf3 UDP on loopback, same datagram size, unlimited
+rate; received payload bytes per second. The machine is shared and noisy, so each repetition measures the
+ceiling and then every variant right after it, and the ratios are taken within the repetition; min and
+median over the repetitions are reported. Variants: the fast path with its compiled kernel (when built)
+and with numpy, and the golden model (`serve --golden`, fewer elements: it is two orders slower).
+gloo: the same element count per process summed by `torch.distributed` gloo `all_reduce` among k
+processes; `gloo_ratio` = inwire's time for a round / gloo's all_reduce time.
 """
 
 import json
+import multiprocessing
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -18,16 +25,25 @@ import time
 
 import numpy as np
 
+from . import fastpath
 from .datagram import PAYLOAD_HEADER_BYTES
 from .protocol import INWIRE_PORT, Opcode
 from .stream import DEFAULT_CHUNK, StreamConfig, load_plan, run_stream
 from .transport import UdpTransport
 
-ELEMENTS = 256 * 2048
+ELEMENTS = 1 << 19
+"""Per island, per round: 2 MiB of gradient."""
+GOLDEN_ELEMENTS = 1 << 15
+ROUNDS = 2
 WINDOW = 32
-IPERF_SECONDS = 3
+ISLANDS = (2, 3, 9)
+REPETITIONS = 3
+CITIES = ("LON", "FRA", "AMS", "NYC", "LAX", "SIN", "TYO", "SEO", "BAR")
+IPERF_SECONDS = 2
+GLOO_REPETITIONS = 5
 NUMPY_FRAMES = 4096
 SCAPY_FRAMES = 400
+COMMAND = "make bench  (python -m inwire.bench --only host --out bench/results.json)"
 
 
 def _free_port():
@@ -36,31 +52,44 @@ def _free_port():
         return probe.getsockname()[1]
 
 
-def aggregator_goodput(elements=ELEMENTS, chunk=DEFAULT_CHUNK, window=WINDOW):
+def _plan(islands):
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "schedule.json")
+        with open(path, "w") as handle:
+            json.dump({"topology": "doublezero9", "islands": list(CITIES[:islands]),
+                       "rounds": [{"cliques": [{"members": list(CITIES[:islands]), "aggregator": "AMS"}]}]}, handle)
+        return load_plan(path)
+
+
+def variants():
+    """(name, `inwire serve` options, elements per island) of the aggregators measured."""
+    chosen = [("fast_c", ["--fastpath", "c"], ELEMENTS)] if fastpath.compiled is not None else []
+    return chosen + [("fast_numpy", ["--fastpath", "numpy"], ELEMENTS), ("golden", ["--golden"], GOLDEN_ELEMENTS)]
+
+
+def aggregator_goodput(islands=2, serve_options=(), elements=ELEMENTS, chunk=DEFAULT_CHUNK, window=WINDOW,
+                       rounds=ROUNDS):
+    """k islands through `inwire serve` in its own process: goodput, round time, retransmits."""
     port = _free_port()
     environment = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     service = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", f"127.0.0.1:{port}", "--unicast",
-                                "--max-elements", str(chunk)], stderr=subprocess.PIPE, text=True, env=environment)
+                                "--max-elements", str(chunk), *serve_options], stderr=subprocess.PIPE, text=True,
+                               env=environment)
     try:
         if "listening on" not in service.stderr.readline():
             raise RuntimeError("inwire serve did not start")
-        with tempfile.TemporaryDirectory() as scratch:
-            path = os.path.join(scratch, "schedule.json")
-            with open(path, "w") as handle:
-                json.dump({"topology": "doublezero9", "islands": ["LON", "FRA"],
-                           "rounds": [{"cliques": [{"members": ["LON", "FRA"], "aggregator": "AMS"}]}]}, handle)
-            plan = load_plan(path)
-        config = StreamConfig(rounds=2, elements=elements, chunk=chunk, window=window, timeout_ms=500, job=4242)
+        plan = _plan(islands)
+        config = StreamConfig(rounds=rounds, elements=elements, chunk=chunk, window=window, timeout_ms=500,
+                              job=int.from_bytes(os.urandom(4), "big"))
         report = run_stream(plan, config, UdpTransport({island: ("127.0.0.1", port) for island in plan.islands},
-                                                         window=window, chunk=chunk))
+                                                       window=window, chunk=chunk))
     finally:
         service.terminate()
         service.communicate(timeout=10)
     if not report["bit_exact"]:
         raise RuntimeError("benchmark run was not bit-exact")
-    return {"goodput_bytes_per_s": report["goodput_bytes_per_s"], "elements": elements, "chunk": chunk,
-            "window": window, "islands": 2, "rounds": 2, "retransmits": report["retransmits"],
-            "datagram_bytes": PAYLOAD_HEADER_BYTES + 4 * chunk}
+    return {"goodput_bytes_per_s": report["goodput_bytes_per_s"], "retransmits": report["retransmits"],
+            "round_s": report["time_s"] / rounds}
 
 
 def udp_ceiling(datagram_bytes, seconds=IPERF_SECONDS):
@@ -121,16 +150,92 @@ def packet_rates(chunk=DEFAULT_CHUNK):
             "parse_ratio": numpy_parse / scapy_parse}
 
 
+def _gloo_worker(rank, world, port, elements, repetitions, times):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    tensor = torch.from_numpy(np.random.default_rng(rank).integers(-2**20, 2**20, elements, dtype=np.int32))
+    dist.all_reduce(tensor.clone())  # warm-up: connections and buffers
+    spans = []
+    for _ in range(repetitions):
+        work = tensor.clone()
+        dist.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(work)
+        spans.append(time.perf_counter() - started)
+    dist.barrier()
+    if rank == 0:
+        times.put(spans)
+    dist.destroy_process_group()
+
+
+def gloo_all_reduce_s(islands, elements=ELEMENTS, repetitions=GLOO_REPETITIONS):
+    """Median time of a gloo all_reduce of `elements` int32 among `islands` processes; None without torch."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not dist.is_available() or not dist.is_gloo_available():
+        return None
+    context = multiprocessing.get_context("spawn")
+    times, port = context.Queue(), _free_port()
+    workers = [context.Process(target=_gloo_worker, args=(rank, islands, port, elements, repetitions, times))
+               for rank in range(islands)]
+    for worker in workers:
+        worker.start()
+    try:
+        spans = times.get(timeout=300)
+    finally:
+        for worker in workers:
+            worker.join(timeout=60)
+    return statistics.median(spans)
+
+
+def _summary(values):
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def clique_figures(islands, repetitions=REPETITIONS):
+    """Interleaved ceiling and goodput of every variant for one clique size."""
+    chunk = DEFAULT_CHUNK
+    datagram = PAYLOAD_HEADER_BYTES + 4 * chunk
+    measured = {name: [] for name, _, _ in variants()}
+    ceilings = []
+    for _ in range(repetitions):
+        ceiling = udp_ceiling(datagram)
+        ceilings.append(ceiling)
+        for name, options, elements in variants():
+            run = aggregator_goodput(islands, options, elements, chunk)
+            run["ratio"] = None if ceiling is None else run["goodput_bytes_per_s"] / ceiling
+            measured[name].append(run)
+    figures = {"islands": islands, "datagram_bytes": datagram, "udp_ceiling_bytes_per_s": ceilings}
+    for name, runs in measured.items():
+        figures[name] = {
+            "elements": dict((n, e) for n, _, e in variants())[name],
+            "goodput_bytes_per_s": [run["goodput_bytes_per_s"] for run in runs],
+            "retransmits": [run["retransmits"] for run in runs],
+            "round_s": [run["round_s"] for run in runs],
+            **({"ratio": _summary([run["ratio"] for run in runs])} if ceilings[0] is not None else {}),
+        }
+    fastest = variants()[0][0]
+    gloo = gloo_all_reduce_s(islands)
+    inwire_round = statistics.median(figures[fastest]["round_s"])
+    figures["gloo"] = {"all_reduce_s": gloo, "inwire_round_s": inwire_round, "inwire_variant": fastest,
+                       "elements": ELEMENTS}
+    figures["gloo_ratio"] = None if gloo is None else inwire_round / gloo
+    return figures
+
+
 def run():
     """The `host` key of bench/results.json."""
-    aggregator = aggregator_goodput()
-    ceiling = udp_ceiling(aggregator["datagram_bytes"])
     return {
         "software_aggregator": {
-            **aggregator,
-            "udp_ceiling_bytes_per_s": ceiling,
-            "ratio_to_ceiling": None if ceiling is None else aggregator["goodput_bytes_per_s"] / ceiling,
-            "ceiling_tool": "iperf3 -u -b 0 on loopback" if ceiling is not None else "iperf3 not installed",
+            "command": COMMAND,
+            "ceiling_tool": "iperf3 -u -b 0 on loopback" if shutil.which("iperf3") else "iperf3 not installed",
+            "chunk": DEFAULT_CHUNK, "window": WINDOW, "rounds": ROUNDS, "repetitions": REPETITIONS,
+            "compiled_kernel": fastpath.compiled is not None,
+            "cliques": {str(k): clique_figures(k) for k in ISLANDS},
         },
         "packets": packet_rates(),
     }

@@ -33,6 +33,9 @@ def add_arguments(parser):
     parser.add_argument("--golden", action="store_true",
                         help="answer with the golden model itself (each datagram wrapped into its frame) instead "
                              "of the fast path; slower, same answers")
+    parser.add_argument("--fastpath", choices=("auto", "c", "numpy"), default="auto",
+                        help="the fast path's element kernel: the compiled one (c, built by make setup), numpy, or "
+                             "auto (c when built)")
     parser.add_argument("--receive-buffer", type=int, default=DEFAULT_RECEIVE_BUFFER, metavar="BYTES",
                         help="socket receive buffer; must hold islands x window datagrams")
 
@@ -44,6 +47,8 @@ def run(args):
     if args.receive_buffer <= 0:
         raise ValueError(f"--receive-buffer must be positive, got {args.receive_buffer}")
     kwargs = {"engine": "golden" if args.golden or args.sim else "fast", "receive_buffer": args.receive_buffer}
+    if kwargs["engine"] == "fast" and args.fastpath != "auto":
+        kwargs["backend"] = args.fastpath
     if args.sim:
         from inwire_hdl.cosim import CoSimulation
 
