@@ -122,6 +122,13 @@ MTU_BYTES = 2048
 """The IPv4 MTU that DoubleZero asks of its contributors."""
 MAX_ELEMENTS_PER_FRAME = (MTU_BYTES - IPV4_BYTES - UDP_BYTES - AGGREGATION_HEADER_BYTES
                           - RESULT_TRAILER_BYTES) // ELEMENT_BYTES
+JUMBO_MTU_BYTES = 9000
+"""The usual jumbo-frame MTU (loopback's is 65536)."""
+JUMBO_ELEMENTS_PER_FRAME = 2048
+"""8 KiB of elements: an 8282-byte result payload, an 8310-byte IPv4 packet, within a jumbo MTU. The
+largest chunk `inwire stream` sends; above MAX_ELEMENTS_PER_FRAME it needs jumbo frames (or loopback)
+end to end, since the aggregator drops IPv4 fragments."""
+assert IPV4_BYTES + UDP_BYTES + AGGREGATION_HEADER_BYTES + 4 * JUMBO_ELEMENTS_PER_FRAME + 4 <= JUMBO_MTU_BYTES
 MULTICAST_PREFIX = 239 << 24
 MULTICAST_MASK = 0xFF000000
 

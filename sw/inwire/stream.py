@@ -31,6 +31,7 @@ from .packets import build_frames
 from .protocol import (
     ELEMENT_BYTES,
     ELEMENT_DTYPE,
+    JUMBO_ELEMENTS_PER_FRAME,
     MAGIC,
     MAX_ELEMENTS_PER_FRAME,
     MAX_FANIN,
@@ -151,9 +152,10 @@ class StreamConfig:
             raise StreamError(f"--window must be positive, got {self.window}")
         if not self.timeout_ms > 0:
             raise StreamError(f"--timeout-ms must be positive, got {self.timeout_ms}")
-        if not 1 <= self.chunk <= MAX_ELEMENTS_PER_FRAME:
-            raise StreamError(f"--chunk must lie in [1, {MAX_ELEMENTS_PER_FRAME}] elements (a {MTU_BYTES}-byte "
-                              f"MTU), got {self.chunk}")
+        if not 1 <= self.chunk <= JUMBO_ELEMENTS_PER_FRAME:
+            raise StreamError(f"--chunk must lie in [1, {JUMBO_ELEMENTS_PER_FRAME}] elements (8 KiB, a jumbo frame; "
+                              f"above {MAX_ELEMENTS_PER_FRAME} the path needs an MTU above {MTU_BYTES} bytes), "
+                              f"got {self.chunk}")
         if self.retries <= 0:
             raise StreamError(f"--retries must be positive, got {self.retries}")
         if not 0 <= self.job < 2**32:
