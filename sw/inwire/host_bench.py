@@ -43,7 +43,7 @@ IPERF_SECONDS = 2
 GLOO_REPETITIONS = 5
 NUMPY_FRAMES = 4096
 SCAPY_FRAMES = 400
-COMMAND = "make bench  (python -m inwire.bench --only host --out bench/results.json)"
+COMMAND = "make bench (host key alone: inwire bench --only host --out bench/results.json)"
 
 
 def _free_port():
