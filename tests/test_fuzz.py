@@ -108,7 +108,7 @@ def test_software_aggregator_keeps_serving_mutated_datagrams(server):
 
     # A clean clique on a slot reclaimed by a newer round: every member gets the clipped sum.
     slot = 1
-    owner = server.model.slots[slot].key
+    owner = server.slot_key(slot)
     job, round_ = (owner[0], (owner[1] + 1) & 0xFFFFFFFF) if owner else (77, 1)
     members = [_socket() for _ in range(3)]
     vectors = np.random.default_rng(9).integers(INT32_MIN, INT32_MAX, size=(3, 8))

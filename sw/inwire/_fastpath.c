@@ -7,13 +7,28 @@
    encode_result(header, sums, status) -> bytes
        header + the sums as big-endian int32 + status: a result payload in one allocation.
 
+   recv_batch(fd, buffer, slot_size, addresses) -> list
+       Reads up to len(buffer) // slot_size datagrams with one recvmmsg (non-blocking), datagram i into
+       buffer[i * slot_size:]; returns their sizes, or (size, (host, port)) pairs with `addresses`; an
+       empty list when none is waiting.
+   send_batch(fd, messages, start) -> (next, errors)
+       Sends (payload, (host, port)) messages from index `start` with sendmmsg; stops at a full send
+       buffer and returns the index of the first message not sent (len(messages) when all went) and the
+       number of messages the kernel refused (skipped).
+
+   One system call per batch instead of one per datagram: the way past Python's per-datagram loop.
    The Python fallback in fastpath.py does the same with numpy; tests/test_fastpath.py runs both against
    the golden model. */
 
+#define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 
 static int get_buffer(PyObject *object, Py_buffer *view, int writable, const char *what)
 {
@@ -109,7 +124,136 @@ static PyObject *encode_result(PyObject *self, PyObject *const *args, Py_ssize_t
     return result;
 }
 
+#define BATCH 64
+
+static PyObject *recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "recv_batch(fd, buffer, slot_size, addresses)");
+        return NULL;
+    }
+    int fd = PyLong_AsLong(args[0]);
+    Py_ssize_t slot_size = PyLong_AsSsize_t(args[2]);
+    int addresses = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer buffer;
+    if (get_buffer(args[1], &buffer, 1, "buffer") < 0)
+        return NULL;
+    Py_ssize_t count = slot_size > 0 ? buffer.len / slot_size : 0;
+    if (count > BATCH)
+        count = BATCH;
+    struct mmsghdr messages[BATCH];
+    struct iovec vectors[BATCH];
+    struct sockaddr_in peers[BATCH];
+    memset(messages, 0, sizeof(messages[0]) * count);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        vectors[i].iov_base = (char *)buffer.buf + i * slot_size;
+        vectors[i].iov_len = slot_size;
+        messages[i].msg_hdr.msg_iov = &vectors[i];
+        messages[i].msg_hdr.msg_iovlen = 1;
+        messages[i].msg_hdr.msg_name = &peers[i];
+        messages[i].msg_hdr.msg_namelen = sizeof(peers[i]);
+    }
+    int received;
+    Py_BEGIN_ALLOW_THREADS
+    received = recvmmsg(fd, messages, count, MSG_DONTWAIT, NULL);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buffer);
+    if (received < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return PyList_New(0);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *list = PyList_New(received);
+    if (list == NULL)
+        return NULL;
+    for (int i = 0; i < received; i++) {
+        PyObject *item;
+        if (addresses) {
+            char host[INET_ADDRSTRLEN];
+            inet_ntop(AF_INET, &peers[i].sin_addr, host, sizeof(host));
+            item = Py_BuildValue("(n(si))", (Py_ssize_t)messages[i].msg_len, host, ntohs(peers[i].sin_port));
+        } else {
+            item = PyLong_FromSsize_t(messages[i].msg_len);
+        }
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
+static PyObject *send_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "send_batch(fd, messages: list, start)");
+        return NULL;
+    }
+    int fd = PyLong_AsLong(args[0]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *list = args[1];
+    Py_ssize_t total = PyList_GET_SIZE(list), errors = 0;
+    struct mmsghdr messages[BATCH];
+    struct iovec vectors[BATCH];
+    struct sockaddr_in peers[BATCH];
+    while (start < total) {
+        Py_ssize_t count = total - start < BATCH ? total - start : BATCH;
+        memset(messages, 0, sizeof(messages[0]) * count);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *payload, *host_object;
+            int port;
+            PyObject *message = PyList_GET_ITEM(list, start + i);
+            if (!PyArg_ParseTuple(message, "O(Ui)", &payload, &host_object, &port))
+                return NULL;
+            if (!PyBytes_Check(payload)) {
+                PyErr_SetString(PyExc_TypeError, "send_batch: payloads must be bytes");
+                return NULL;
+            }
+            const char *host = PyUnicode_AsUTF8(host_object);
+            if (host == NULL)
+                return NULL;
+            memset(&peers[i], 0, sizeof(peers[i]));
+            peers[i].sin_family = AF_INET;
+            peers[i].sin_port = htons(port);
+            if (inet_pton(AF_INET, host, &peers[i].sin_addr) != 1) {
+                PyErr_Format(PyExc_ValueError, "send_batch: %s is not an IPv4 address", host);
+                return NULL;
+            }
+            vectors[i].iov_base = PyBytes_AS_STRING(payload);
+            vectors[i].iov_len = PyBytes_GET_SIZE(payload);
+            messages[i].msg_hdr.msg_iov = &vectors[i];
+            messages[i].msg_hdr.msg_iovlen = 1;
+            messages[i].msg_hdr.msg_name = &peers[i];
+            messages[i].msg_hdr.msg_namelen = sizeof(peers[i]);
+        }
+        /* The list holds the payloads, so their bytes stay put while the GIL is released. */
+        int sent;
+        Py_BEGIN_ALLOW_THREADS
+        sent = sendmmsg(fd, messages, count, MSG_DONTWAIT);
+        Py_END_ALLOW_THREADS
+        if (sent > 0) {
+            start += sent;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            break;
+        } else {
+            /* The first message was refused (e.g. an unreachable address): skip it, count it. */
+            errors++;
+            start++;
+        }
+    }
+    return Py_BuildValue("(nn)", start, errors);
+}
+
 static PyMethodDef methods[] = {
+    {"recv_batch", (PyCFunction)(void (*)(void))recv_batch, METH_FASTCALL,
+     "recv_batch(fd, buffer, slot_size, addresses) -> list: datagrams read with one recvmmsg"},
+    {"send_batch", (PyCFunction)(void (*)(void))send_batch, METH_FASTCALL,
+     "send_batch(fd, messages, start) -> (next, errors): datagrams sent with sendmmsg"},
     {"accumulate", (PyCFunction)(void (*)(void))accumulate, METH_FASTCALL,
      "accumulate(sums, payload, offset, count) -> bool: saturating sum of big-endian int32 elements"},
     {"encode_result", (PyCFunction)(void (*)(void))encode_result, METH_FASTCALL,

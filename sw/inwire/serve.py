@@ -22,7 +22,7 @@ import time
 
 from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, wrap
 from .errors import InwireError
-from .fastpath import FastAggregator
+from .fastpath import FastAggregator, compiled
 from .model import Aggregator, AggregatorConfig
 from .packets import frame_field, parse_header
 from .protocol import DROP_COUNTERS, INWIRE_PORT, Disposition, Opcode
@@ -41,6 +41,8 @@ MULTICAST_TTL = 8
 SERVE_COUNTERS = ("send_errors", "unicast_copies")
 """Counters of the service itself, beside the model's: sends the kernel refused, unicast result copies."""
 ENGINES = ("fast", "golden")
+BATCH = 64
+"""Datagrams read per recvmmsg (with the compiled kernel)."""
 _MEMBER = struct.Struct("!4xB3xI16xI")
 """sender, job and group of a payload: who a unicast result copy goes to."""
 _RESULT = struct.Struct("!4xB3xI16xIQ")
@@ -90,10 +92,13 @@ class SoftwareAggregator:
             self.model = None
             self.fast = FastAggregator(self.config, backend)
             self.handle = self._handle_fast
+            # recvmmsg/sendmmsg come with the compiled kernel; the numpy variant stays all Python.
+            self.batch_io = self.fast.backend == "c"
         else:
             self.fast = None
             self.model = (make_aggregator or Aggregator)(self.config)
             self.handle = self._handle_golden
+            self.batch_io = False
         self.dst_mac = self.config.mac.to_bytes(6, "big")
         self.members = {}
         """(job, group) -> {sender index: (ip, port)}, learned from accepted contributions."""
@@ -199,11 +204,25 @@ class SoftwareAggregator:
         """Receive and answer until `stop()`; logs counters every `stats_interval` seconds and at the end.
 
         The socket is drained without waiting while it holds datagrams; only an empty socket is waited on
-        (at most POLL_S, so that a stop request is seen)."""
-        next_log = time.monotonic() + stats_interval if stats_interval else None
+        (at most POLL_S, so that a stop request is seen). With the compiled kernel, datagrams are read
+        with one recvmmsg and the answers to a batch leave with one sendmmsg."""
+        self._next_log = time.monotonic() + stats_interval if stats_interval else None
+        self._stats_interval = stats_interval
+        if self.batch_io:
+            self._serve_batched()
+        else:
+            self._serve_each()
+        self.log(f"inwire serve: stopped; final {self.counters_line()}")
+
+    def _log_due(self):
+        if self._next_log is not None and time.monotonic() >= self._next_log:
+            self.log(f"inwire serve: {self.counters_line()}")
+            self._next_log += self._stats_interval
+
+    def _serve_each(self):
         buffer = bytearray(MAX_DATAGRAM)
         view = memoryview(buffer)
-        sock, stopped = self.sock, self._stop.is_set
+        sock, stopped, handle = self.sock, self._stop.is_set, self.handle
         while not stopped():
             try:
                 size, peer = sock.recvfrom_into(buffer)
@@ -214,13 +233,47 @@ class SoftwareAggregator:
                 # ICMP errors from earlier sends surface here on some kernels: they are no reason to stop.
                 size = None
             if size is not None:
-                sends = self.handle(view[:size], peer)
+                sends = handle(view[:size], peer)
                 if sends:
                     self.send(sends)
-            if next_log is not None and time.monotonic() >= next_log:
-                self.log(f"inwire serve: {self.counters_line()}")
-                next_log += stats_interval
-        self.log(f"inwire serve: stopped; final {self.counters_line()}")
+            self._log_due()
+
+    def _serve_batched(self):
+        slot = MAX_DATAGRAM + 1
+        buffer = bytearray(slot * BATCH)
+        view = memoryview(buffer)
+        sock, fd, stopped, handle = self.sock, self.sock.fileno(), self._stop.is_set, self.handle
+        receive = compiled.recv_batch
+        while not stopped():
+            try:
+                batch = receive(fd, buffer, slot, True)
+            except OSError:
+                continue  # an ICMP error from an earlier send: read on
+            if not batch:
+                select.select([sock], [], [], POLL_S)
+                self._log_due()
+                continue
+            sends, at = [], 0
+            for size, peer in batch:
+                answer = handle(view[at:at + size], peer)
+                if answer:
+                    sends += answer
+                at += slot
+            if sends:
+                self.send_batch(sends)
+            self._log_due()
+
+    def send_batch(self, sends):
+        """Send (payload, (ip, port)) pairs with sendmmsg; a full send buffer is waited out (POLL_S)."""
+        start = 0
+        while True:
+            start, refused = compiled.send_batch(self.sock.fileno(), sends, start)
+            self.own["send_errors"] += refused
+            if start >= len(sends):
+                return
+            if not select.select([], [self.sock], [], POLL_S)[1]:
+                self.own["send_errors"] += len(sends) - start
+                return
 
     def stop(self):
         self._stop.set()

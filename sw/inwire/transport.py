@@ -11,11 +11,14 @@ import asyncio
 import socket
 
 from .datagram import MAX_DATAGRAM, PAYLOAD_HEADER_BYTES, ip_str, island_address, payload_of, stats_request, wrap
+from .fastpath import compiled
 from .model import Aggregator, AggregatorConfig
 from .pcap import write_frames
 from .protocol import INWIRE_PORT
 
 PROBE_TRIES = 3
+BATCH = 64
+"""Datagrams per recvmmsg with the compiled kernel."""
 DRAIN_BATCH = 256
 """Datagrams read from one socket per readiness event before the other sockets get their turn."""
 BUFFER_OVERHEAD = 1280
@@ -48,7 +51,11 @@ class UdpTransport:
     The sockets are non-blocking and read in batches: one readiness event drains a socket (up to
     DRAIN_BATCH datagrams) into a preallocated buffer, and each payload is handed over as a view of it,
     valid during the `deliver` call. Each socket's receive buffer holds `window` results of `chunk`
-    elements twice over (results beyond the window are retransmission answers)."""
+    elements twice over (results beyond the window are retransmission answers). With the compiled kernel
+    (`inwire._fastpath`) a socket is read with recvmmsg and the datagrams the islands send in answer to
+    a batch leave with one sendmmsg."""
+
+    SLOT = MAX_DATAGRAM + 1
 
     def __init__(self, targets, sockets=None, multicast_iface=None, multicast_port=INWIRE_PORT, window=32,
                  chunk=256):
@@ -64,6 +71,11 @@ class UdpTransport:
         self.deliver = deliver
         self.buffer = bytearray(MAX_DATAGRAM)
         self.view = memoryview(self.buffer)
+        self.pending = None
+        """island -> [(payload, target)] sent while a batch is being delivered; None outside a batch."""
+        if compiled is not None:
+            self.batch_buffer = bytearray(self.SLOT * BATCH)
+            self.batch_view = memoryview(self.batch_buffer)
         for island in self.targets:
             sock = self.sockets.get(island)
             if sock is None:
@@ -85,6 +97,8 @@ class UdpTransport:
         self.readers[sock.fileno()] = sock
 
     def _drain(self, island, sock):
+        if compiled is not None:
+            return self._drain_batched(island, sock)
         deliver, buffer, view = self.deliver, self.buffer, self.view
         for _ in range(DRAIN_BATCH):
             try:
@@ -96,7 +110,37 @@ class UdpTransport:
                 continue
             deliver(island, view[:size])
 
+    def _drain_batched(self, island, sock):
+        """recvmmsg in, and what the islands send in answer leaves with one sendmmsg per socket."""
+        deliver, buffer, view, slot = self.deliver, self.batch_buffer, self.batch_view, self.SLOT
+        self.pending = pending = {}
+        try:
+            for _ in range(DRAIN_BATCH // BATCH):
+                try:
+                    sizes = compiled.recv_batch(sock.fileno(), buffer, slot, False)
+                except OSError:
+                    continue
+                at = 0
+                for size in sizes:
+                    deliver(island, view[at:at + size])
+                    at += slot
+                if len(sizes) < BATCH:
+                    break
+        finally:
+            self.pending = None
+            for sender, messages in pending.items():
+                start, refused = compiled.send_batch(self.sockets[sender].fileno(), messages, 0)
+                # Refused or not sent (full buffer): lost, and retransmitted after its timeout.
+                self.send_errors += refused + len(messages) - start
+
     def send(self, island, payload):
+        pending = self.pending
+        if pending is not None and type(payload) is bytes:
+            messages = pending.get(island)
+            if messages is None:
+                messages = pending[island] = []
+            messages.append((payload, self.targets[island]))
+            return
         try:
             self.sockets[island].sendto(payload, self.targets[island])
         except OSError:
