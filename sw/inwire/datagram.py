@@ -90,6 +90,16 @@ def parse_endpoint(text, what="address"):
     return address, port
 
 
+def set_receive_buffer(sock, size):
+    """Ask for an SO_RCVBUF of `size` bytes (forced past net.core.rmem_max where the process may); returns
+    what the kernel granted."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, size)
+    except (OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+
+
 _HEADER = struct.Struct("!6s6sHBBHHHBBH4s4sHHHH")
 
 

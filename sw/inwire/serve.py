@@ -20,13 +20,12 @@ import sys
 import threading
 import time
 
-from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, wrap
+from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, set_receive_buffer, wrap
 from .errors import InwireError
 from .fastpath import FastAggregator, compiled
 from .model import Aggregator, AggregatorConfig
 from .packets import frame_field, parse_header
 from .protocol import DROP_COUNTERS, INWIRE_PORT, Disposition, Opcode
-from .transport import set_receive_buffer
 
 POLL_S = 0.1
 """Longest a wait for input lasts, so that a stop request is seen promptly."""

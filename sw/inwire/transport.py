@@ -10,7 +10,16 @@ and can write them to a capture. `inwire.iface.IfaceTransport` sends raw frames 
 import asyncio
 import socket
 
-from .datagram import MAX_DATAGRAM, PAYLOAD_HEADER_BYTES, ip_str, island_address, payload_of, stats_request, wrap
+from .datagram import (
+    MAX_DATAGRAM,
+    PAYLOAD_HEADER_BYTES,
+    ip_str,
+    island_address,
+    payload_of,
+    set_receive_buffer,
+    stats_request,
+    wrap,
+)
 from .fastpath import compiled
 from .model import Aggregator, AggregatorConfig
 from .pcap import write_frames
@@ -32,14 +41,6 @@ def receive_buffer_bytes(datagrams, payload_bytes):
     return max(MIN_RECEIVE_BUFFER, 2 * datagrams * (payload_bytes + BUFFER_OVERHEAD))
 
 
-def set_receive_buffer(sock, size):
-    """Ask for an SO_RCVBUF of `size` bytes (forced past net.core.rmem_max where the process may); returns
-    what the kernel granted."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, size)
-    except (OSError, AttributeError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
-    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
 PCAP_AGGREGATOR = AggregatorConfig()
 """A pcap capture is addressed to an aggregator with the gateware's default addresses."""
 
