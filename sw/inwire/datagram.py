@@ -13,23 +13,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .packets import build_frames
+from .packets import HEADER_DEFAULTS, build_frames
 from .protocol import (
     COUNTERS,
     ELEMENT_BYTES,
     ELEMENT_DTYPE,
     ETHERNET_BYTES,
-    ETHERTYPE_IPV4,
     FRAME_HEADER_BYTES,
     FRAME_HEADER_DTYPE,
     FRAME_OFFSETS,
-    IP_FLAG_DF,
-    IP_PROTO_UDP,
-    IP_VER_IHL,
     IPV4_BYTES,
     MAGIC,
     RESULT_TRAILER_BYTES,
-    RESULT_TTL,
     STATUS_OVERFLOW,
     UDP_BYTES,
     VERSION,
@@ -104,13 +99,15 @@ _HEADER = struct.Struct("!6s6sHBBHHHBBH4s4sHHHH")
 
 
 def wrap(payload, source, destination, dst_mac, src_mac=PEER_MAC):
-    """The Ethernet frame that carries `payload` from `source` to `destination` ((ip, port) pairs)."""
+    """The Ethernet frame that carries `payload` from `source` to `destination` ((ip, port) pairs), with the
+    header values `packets.build_frames` uses too (IPv4 without options, don't-fragment, TTL 64)."""
     ip_len = IPV4_BYTES + UDP_BYTES + len(payload)
     src_ip = socket.inet_aton(source[0])
     dst_ip = socket.inet_aton(destination[0])
-    header = bytearray(_HEADER.pack(dst_mac, src_mac, ETHERTYPE_IPV4, IP_VER_IHL, 0, ip_len & 0xFFFF, 0,
-                                    IP_FLAG_DF, RESULT_TTL, IP_PROTO_UDP, 0, src_ip, dst_ip, source[1],
-                                    destination[1], (UDP_BYTES + len(payload)) & 0xFFFF, 0))
+    fixed = HEADER_DEFAULTS
+    header = bytearray(_HEADER.pack(dst_mac, src_mac, fixed["eth_type"], fixed["ip_ver_ihl"], 0, ip_len & 0xFFFF, 0,
+                                    fixed["ip_frag"], fixed["ip_ttl"], fixed["ip_proto"], 0, src_ip, dst_ip,
+                                    source[1], destination[1], (UDP_BYTES + len(payload)) & 0xFFFF, 0))
     total = sum(struct.unpack_from("!10H", header, ETHERNET_BYTES))
     total = (total & 0xFFFF) + (total >> 16)
     total = (total & 0xFFFF) + (total >> 16)

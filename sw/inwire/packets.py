@@ -14,6 +14,8 @@ from .protocol import (
     FRAME_HEADER_BYTES,
     FRAME_HEADER_DTYPE,
     FRAME_OFFSETS,
+    INT32_MAX,
+    INT32_MIN,
     INWIRE_PORT,
     IP_FLAG_DF,
     IP_PROTO_UDP,
@@ -111,7 +113,7 @@ def build_frames(elements, status=None, **fields):
         raise ValueError(f"elements must be a (packets, count) array, got shape {elements.shape}")
     if elements.dtype.kind not in "iu":
         raise TypeError(f"elements must be integers, got {elements.dtype}")
-    if elements.size and (elements.min() < -2**31 or elements.max() >= 2**31):
+    if elements.size and (elements.min() < INT32_MIN or elements.max() > INT32_MAX):
         raise ValueError("elements must fit in int32")
     packets, count = elements.shape
     if count >= 1 << 16:

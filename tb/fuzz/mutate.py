@@ -16,6 +16,8 @@ from inwire.protocol import (
     ETHERNET_BYTES,
     FIELDS_BY_NAME,
     FRAME_HEADER_BYTES,
+    INT32_MAX,
+    INT32_MIN,
     IPV4_BYTES,
     Opcode,
 )
@@ -68,7 +70,7 @@ class Mutator:
             # One clique in ten near the int32 limits, so that sums saturate and results carry the flag.
             vectors = None
             if rnd.random() < 0.1:
-                vectors = [self.traffic.elements(count, 2**30, 2**31 - 1) * rnd.choice((1, -1)) for _ in range(fanin)]
+                vectors = [self.traffic.elements(count, 2**30, INT32_MAX) * rnd.choice((1, -1)) for _ in range(fanin)]
             self.pending = self.traffic.clique(count, fanin, vectors, **fields)
             # Some members retransmit, some requests ask for the result.
             extra = [rnd.choice(self.pending) for _ in range(rnd.randrange(2))]
@@ -164,7 +166,7 @@ class Mutator:
 
     def _element_limit(self):
         rnd = self.random
-        pick = (2**31 - 1, -2**31, 2**30, -2**30, 1, -1, 0)
+        pick = (INT32_MAX, INT32_MIN, 2**30, -2**30, 1, -1, 0)
         elements = np.array([rnd.choice(pick) for _ in range(rnd.randint(1, min(8, self.config.max_elements)))])
         fanin = rnd.randint(1, min(3, self.config.max_fanin))
         return self.traffic.contribution(elements, fanin=fanin, sender=rnd.randrange(fanin),

@@ -6,13 +6,13 @@ import json
 import sys
 from pathlib import Path
 
+from inwire_hdl import board_build
 from inwire_hdl.board import PLL_VCO_HZ
-from inwire_hdl.board_build import BOARDS, CORES, build
 
 
 def add_arguments(parser):
-    parser.add_argument("--board", choices=sorted(BOARDS), default="versa_ecp5")
-    parser.add_argument("--core", choices=sorted(CORES), default="aggregator")
+    parser.add_argument("--board", choices=sorted(board_build.BOARDS), default="versa_ecp5")
+    parser.add_argument("--core", choices=sorted(board_build.CORES), default="aggregator")
     parser.add_argument("--width", type=int, default=8, help="core data width in bytes")
     # 31.25 MHz x 8 bytes = 2 Gb/s covers one 1 GbE port with room for result multicasts, and lies
     # within what the aggregator reaches on the ECP5-45 (see docs/board.md).
@@ -26,7 +26,8 @@ def run(args):
     core_div = round(PLL_VCO_HZ / (args.core_mhz * 1e6))
     if not 4 <= core_div <= 128 or abs(PLL_VCO_HZ / core_div - args.core_mhz * 1e6) > 1:
         raise ValueError(f"--core-mhz must be {PLL_VCO_HZ / 1e6:g} MHz divided by an integer from 4 to 128")
-    report = build(args.board, args.core, data_width=args.width, core_div=core_div, out=args.out, seed=args.seed)
+    report = board_build.build(args.board, args.core, data_width=args.width, core_div=core_div, out=args.out,
+                               seed=args.seed)
     print(json.dumps(report, indent=2))
     if not report["timing_met"]:
         failed = [name for name, clock in report["clocks"].items() if not clock["met"]]
