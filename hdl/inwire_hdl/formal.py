@@ -36,6 +36,8 @@ from inwire.protocol import (
     FIELDS_BY_NAME,
     FRAME_HEADER_BYTES,
     FRAME_OFFSETS,
+    INT32_MAX,
+    INT32_MIN,
     IP_PROTO_UDP,
     MIN_FRAME_BYTES,
     RESULT_TRAILER_BYTES,
@@ -52,7 +54,6 @@ ABC = "berkeley-abc"
 """ABC as Debian packages it: YoWASP's Yosys carries ABC inside but no standalone binary for sby's abc engines."""
 SMALL = AggregatorConfig(slots=2, max_elements=2, max_fanin=3)
 """Few slots, short vectors, small cliques: the state the solver has to search stays small."""
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 STATS_REPLY_BYTES = FRAME_HEADER_BYTES + ELEMENT_BYTES * len(COUNTERS)
 SLACK_BEATS = 4
 """Beat FIFO depth beyond the header's beats: small, so that full-FIFO backpressure is in reach."""
