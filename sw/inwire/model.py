@@ -167,28 +167,27 @@ class Aggregator:
         because `frame`'s length is wrong, or None when it starts no answer; call it before `process(frame)`.
 
         The gateware decides at the end of the 128-byte header and answers while the frame still comes in.
-        When the header alone would be answered (its IPv4 and UDP lengths agree with its count) but the frame
-        ends early or runs past its expected end, and that is found on a beat after the header's, the answer's
-        beats go out up to that beat; the output beat that matches it ends the frame with an abort (tuser, one
-        beat of no defined content). That beat is the frame's last when it is short, the one holding its
-        expected last byte when it is long. The frame itself is DROP_LENGTH and changes nothing, as `process`
-        says.
+        A request's whole length is known there, but a contribution's is not: when a contribution that holds
+        the whole header would be answered (its IPv4 and UDP lengths agree with its count) and yet ends early
+        or runs past its expected end, the answer's beats go out up to the output beat that matches the input
+        beat where the length is found wrong, and that beat ends the frame with an abort (tuser, content not
+        defined). It is the frame's last beat when the frame is short, the one holding its expected last byte
+        when it is long. The frame itself is DROP_LENGTH and changes nothing, as `process` says.
         """
         frame = bytes(frame)
-        if len(frame) <= FRAME_HEADER_BYTES or not self._addressed_to_me(frame):
+        if len(frame) < FRAME_HEADER_BYTES or not self._addressed_to_me(frame):
             return None
         header = parse_header(frame)
-        if header["magic"] != MAGIC or header["version"] != VERSION or header["opcode"] not in ACCEPTED_OPCODES:
+        if header["magic"] != MAGIC or header["version"] != VERSION or header["opcode"] != Opcode.CONTRIBUTION:
             return None
-        expected = frame_bytes(int(header["count"]), int(header["opcode"]))
-        known_wrong_at = min(len(frame), expected)
-        if len(frame) == expected or known_wrong_at <= FRAME_HEADER_BYTES:
+        expected = frame_bytes(int(header["count"]), Opcode.CONTRIBUTION)
+        if len(frame) == expected:
             return None
         as_announced = frame[:expected].ljust(expected, b"\0")
         disposition, answers = copy.deepcopy(self)._classify_and_act(as_announced)
         if disposition == Disposition.FORWARDED or not answers:
             return None
-        wrong_beat = (known_wrong_at - 1) // data_width
+        wrong_beat = (min(len(frame), expected) - 1) // data_width
         return answers[0][:wrong_beat * data_width]
 
     def _classify_and_act(self, frame):

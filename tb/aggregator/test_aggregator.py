@@ -165,14 +165,14 @@ async def aborted_results_on_bad_length(dut):
     completing = clique[1]
     header_end = len(traffic.request())
     frames = [clique[0], completing + bytes(8), completing[:-8], completing[:-64], completing + bytes(1),
-              completing[:header_end + 1], completing[:-1]]
+              completing[:header_end + 1], completing[:header_end], completing[:header_end - 1], completing[:-1]]
     frames += [completing, clique[0] + bytes(3), clique[0][:-4]]
     frames += [traffic.request(Opcode.STATS_REQUEST) + bytes(tb.width), traffic.request(slot=6, job=3, round=3,
                fanin=2, count=33) + bytes(4)]
     await tb.send(frames)
     await tb.check()
-    assert tb.aborted == sum(aborted for aborted, _ in tb.expected) == 8
-    assert tb.model.stats()["drop_length"] == 10
+    assert tb.aborted == sum(aborted for aborted, _ in tb.expected) == 9
+    assert tb.model.stats()["drop_length"] == 12
 
 
 @cocotb.test()
