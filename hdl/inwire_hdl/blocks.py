@@ -9,7 +9,7 @@ from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+from inwire.protocol import INT32_MAX, INT32_MIN
 
 
 def lane_value(lane):

@@ -5,8 +5,9 @@ members of a clique use the same e, picked from a bound M on |x| that they agree
 of the q cannot leave int32: k * (floor(M / 2**e) + 1) <= 2**31 - 1 (the +1 covers either rounding).
 
 Error bound (docs/protocol.md derives it): with the smallest such e, the average decoded from the sum
-differs from the float64 average of the inputs by at most 2**(e-1) < k*M / (2**31 - 1 - k) with
-round-to-nearest (below 2**e with stochastic rounding), plus the float32 rounding of the result.
+differs from the float64 average of the inputs by at most 2**(e-1) with round-to-nearest (below 2**e
+with stochastic rounding), plus the float32 rounding of the result; 2**(e-1) < k*M / (2**31 - 1 - k)
+except at the exponent's floor, where e = -128 whatever M.
 """
 
 import math

@@ -2,6 +2,7 @@
 
 import pathlib
 
+from .model import FRAME_CHECKS, SLOT_CHECKS
 from .protocol import (
     AGGREGATION_FIELDS,
     AGGREGATION_HEADER_BYTES,
@@ -28,6 +29,10 @@ EFFICIENCY_COUNTS = (16, 64, 256, MAX_ELEMENTS_PER_FRAME)
 def protocol_markdown():
     opcodes = "\n".join(f"| {op.value} | `{op.name.lower()}` | {meaning} |" for op, meaning in OPCODE_MEANING.items())
     dispositions = "\n".join(f"| `{d.name.lower()}` | {meaning} |" for d, meaning in DISPOSITION_MEANING.items())
+    frame_checks = "\n".join(f"| {step} | {when} | `{d.name.lower()}` |"
+                              for step, (d, when, _test) in enumerate(FRAME_CHECKS, 1))
+    slot_checks = "\n".join(f"| {step} | {when} | `{d.name.lower()}` |"
+                             for step, (d, when) in enumerate(SLOT_CHECKS, len(FRAME_CHECKS) + 1))
     efficiency = "\n".join(f"| {count} | {frame_bytes(count)} | {100 * wire_efficiency(count):.1f} % |"
                            for count in EFFICIENCY_COUNTS)
     trailer_table = "\n".join(f"| {field.nbytes} | `{field.name}` | {field.meaning} |"
@@ -72,11 +77,18 @@ so an aggregator needs no configuration and the capture of a round is self-conta
 
 A frame is for the aggregator when it is IPv4 (EtherType 0x0800) and UDP, and its IPv4 destination and UDP
 destination port are the aggregator's, read at their fixed offsets. Every input frame gets exactly one
-disposition, checked in this order, and causes at most one output frame:
+disposition and causes at most one output frame:
 
 | disposition | meaning |
 | --- | --- |
 {dispositions}
+
+The first of these that applies decides, in this order (the golden model's own table):
+
+| step | applies when | disposition |
+| ---: | --- | --- |
+{frame_checks}
+{slot_checks}
 
 A frame acts atomically: one that is dropped, for whatever reason, leaves every slot as it was.
 
@@ -117,8 +129,9 @@ no room for a 64-bit member bitmap next to the fields a self-contained contribut
 An element q at block exponent e stands for q * 2**e. All members of a clique use one exponent, chosen from
 a bound M on |x| they agree on: the smallest e with k * (floor(M / 2**e) + 1) <= 2**31 - 1, so a k-way sum
 cannot overflow whichever way each value was rounded. With round-to-nearest every element is off by at most
-2**(e-1), so the decoded average (sum * 2**e / k) is off by at most 2**(e-1) from the exact average; since the
-smallest e fails the condition at e - 1, 2**(e-1) < k * M / (2**31 - 1 - k), about k * M * 4.7e-10.
+2**(e-1), so the decoded average (sum * 2**e / k) is off by at most 2**(e-1) from the exact average. Where the
+smallest e fails the condition at e - 1, 2**(e-1) < k * M / (2**31 - 1 - k), about k * M * 4.7e-10; at the
+exponent's floor, e = -128 (M below about 2**-97 / k), there is no e - 1 to fail and the bound is 2**-129 itself.
 Stochastic rounding is unbiased and its error stays below 2**e. The float32 result adds its own rounding,
 half an ulp of the average.
 """

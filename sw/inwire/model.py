@@ -11,6 +11,7 @@ It is also the software aggregator (`inwire serve`). Every input frame gets exac
 A frame acts atomically: a frame dropped for any reason leaves every slot as it was.
 """
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,6 +86,62 @@ def round_is_newer(candidate, current):
     return 0 < ((candidate - current) & 0xFFFFFFFF) < 2**31
 
 
+def _lengths_disagree(frame, header):
+    expected = frame_bytes(int(header["count"]), int(header["opcode"]))
+    return (len(frame) != expected or header["ip_len"] != expected - ETHERNET_BYTES
+            or header["udp_len"] != expected - ETHERNET_BYTES - IPV4_BYTES)
+
+
+FRAME_CHECKS = (
+    (Disposition.DROP_RUNT, "it is shorter than 60 bytes",
+     lambda agg, frame, header: len(frame) < MIN_FRAME_BYTES),
+    (Disposition.FORWARDED, "it is not IPv4/UDP to the aggregator's address and port",
+     lambda agg, frame, header: not agg._addressed_to_me(frame)),
+    (Disposition.DROP_IP_HEADER, "its IPv4 version is not 4 or its header is not 5 words",
+     lambda agg, frame, header: frame_field(frame, "ip_ver_ihl") != IP_VER_IHL),
+    (Disposition.DROP_IP_FRAGMENT, "it is an IPv4 fragment",
+     lambda agg, frame, header: frame_field(frame, "ip_frag") & IP_FRAGMENT_MASK),
+    (Disposition.DROP_IP_CHECKSUM, "its IPv4 header checksum is wrong",
+     lambda agg, frame, header: not ipv4_header_valid(frame)),
+    (Disposition.DROP_LENGTH, f"it is shorter than the {FRAME_HEADER_BYTES}-byte header",
+     lambda agg, frame, header: len(frame) < FRAME_HEADER_BYTES),
+    (Disposition.DROP_VERSION, "its magic or version is unknown",
+     lambda agg, frame, header: header["magic"] != MAGIC or header["version"] != VERSION),
+    (Disposition.DROP_OPCODE, "its opcode is not contribution, result request or stats request",
+     lambda agg, frame, header: header["opcode"] not in ACCEPTED_OPCODES),
+    (Disposition.DROP_LENGTH, "frame length, IPv4 and UDP lengths and element count disagree",
+     lambda agg, frame, header: _lengths_disagree(frame, header)),
+    (Disposition.ANSWERED, "it is a stats request (whatever its other fields say)",
+     lambda agg, frame, header: header["opcode"] == Opcode.STATS_REQUEST),
+    (Disposition.DROP_FANIN, "its fan-in is 0 or above the aggregator's maximum",
+     lambda agg, frame, header: not 1 <= header["fanin"] <= agg.config.max_fanin),
+    (Disposition.DROP_SENDER, "its sender index is not below its fan-in",
+     lambda agg, frame, header: header["sender"] >= header["fanin"]),
+    (Disposition.DROP_COUNT, "its element count is 0 or above the aggregator's maximum",
+     lambda agg, frame, header: not 1 <= header["count"] <= agg.config.max_elements),
+    (Disposition.DROP_GROUP, "its group is not in 239.0.0.0/8",
+     lambda agg, frame, header: not is_multicast_group(header["group"])),
+    (Disposition.DROP_SLOT, "its slot is beyond the aggregator's slots",
+     lambda agg, frame, header: header["slot"] >= agg.config.slots),
+)
+"""The checks before any slot is looked at, in the order `Aggregator` applies them: (disposition, when,
+test). The first that applies decides; docs/protocol.md lists them from here."""
+
+SLOT_CHECKS = (
+    (Disposition.ANSWERED,
+     "it is a result request for the slot's completed result, same job, round, clique and chunk"),
+    (Disposition.DROP_NO_RESULT, "it is any other result request"),
+    (Disposition.DROP_MISMATCH,
+     "it is a contribution with the slot's owner but another fan-in, group, count or exponent"),
+    (Disposition.ANSWERED, "it is a contribution to its owner's completed slot: the stored result again"),
+    (Disposition.DROP_DUPLICATE, "it is a contribution from a member already summed"),
+    (Disposition.DROP_COLLISION, "it is a contribution with another owner while the slot is unfinished, "
+                                 "unless from the same job and a newer round (which reclaims the slot)"),
+    (Disposition.ACCUMULATED, "it is any other contribution: summed, and the result sent when the fan-in is reached"),
+)
+"""What happens next, by the slot the frame names, in the order `Aggregator` decides it."""
+
+
 class Aggregator:
     """The aggregator's state and behaviour; `process(frame)` returns the frames it sends."""
 
@@ -106,22 +163,47 @@ class Aggregator:
         """Counters as a dict, in COUNTERS order."""
         return dict(self.counters)
 
-    def _classify_and_act(self, frame):
-        if len(frame) < MIN_FRAME_BYTES:
-            return Disposition.DROP_RUNT, []
-        if not self._addressed_to_me(frame):
-            return Disposition.FORWARDED, [frame]
-        reason = self._malformed(frame)
-        if reason is not None:
-            return reason, []
+    def cut_through_abort(self, frame, data_width):
+        """The bytes of an answer that a cut-through aggregator sends whole before it aborts the answer
+        because `frame`'s length is wrong, or None when it starts no answer; call it before `process(frame)`.
+
+        The gateware decides at the end of the 128-byte header and answers while the frame still comes in.
+        A request's whole length is known there, but a contribution's is not: when a contribution that holds
+        the whole header would be answered (its IPv4 and UDP lengths agree with its count) and yet ends early
+        or runs past its expected end, the answer's beats go out up to the output beat that matches the input
+        beat where the length is found wrong, and that beat ends the frame with an abort (tuser, content not
+        defined). It is the frame's last beat when the frame is short, the one holding its expected last byte
+        when it is long. The frame itself is DROP_LENGTH and changes nothing, as `process` says.
+        """
+        frame = bytes(frame)
+        if len(frame) < FRAME_HEADER_BYTES or not self._addressed_to_me(frame):
+            return None
         header = parse_header(frame)
-        opcode = int(header["opcode"])
-        if opcode == Opcode.STATS_REQUEST:
-            return Disposition.ANSWERED, [self._stats_reply(header)]
-        reason = self._bad_fields(header)
-        if reason is not None:
-            return reason, []
-        if opcode == Opcode.RESULT_REQUEST:
+        if header["magic"] != MAGIC or header["version"] != VERSION or header["opcode"] != Opcode.CONTRIBUTION:
+            return None
+        expected = frame_bytes(int(header["count"]), Opcode.CONTRIBUTION)
+        if len(frame) == expected:
+            return None
+        as_announced = frame[:expected].ljust(expected, b"\0")
+        disposition, answers = copy.deepcopy(self)._classify_and_act(as_announced)
+        if disposition == Disposition.FORWARDED or not answers:
+            return None
+        wrong_beat = (min(len(frame), expected) - 1) // data_width
+        return answers[0][:wrong_beat * data_width]
+
+    def _classify_and_act(self, frame):
+        header = None
+        for disposition, _condition, applies in FRAME_CHECKS:
+            if disposition == Disposition.DROP_VERSION:
+                # Every check from here on reads the aggregation header, which the frame now holds whole.
+                header = parse_header(frame)
+            if applies(self, frame, header):
+                if disposition == Disposition.FORWARDED:
+                    return disposition, [frame]
+                if disposition == Disposition.ANSWERED:
+                    return disposition, [self._stats_reply(header)]
+                return disposition, []
+        if header["opcode"] == Opcode.RESULT_REQUEST:
             return self._result_request(header)
         elements = np.frombuffer(frame, dtype=ELEMENT_DTYPE, offset=FRAME_HEADER_BYTES)
         return self._contribution(header, elements)
@@ -130,42 +212,6 @@ class Aggregator:
         return (frame_field(frame, "eth_type") == ETHERTYPE_IPV4 and frame_field(frame, "ip_proto") == IP_PROTO_UDP
                 and frame_field(frame, "ip_dst") == self.config.ip
                 and frame_field(frame, "udp_dport") == self.config.port)
-
-    def _malformed(self, frame):
-        """Checks of the IPv4, UDP and aggregation headers and of the frame length, in order."""
-        if frame_field(frame, "ip_ver_ihl") != IP_VER_IHL:
-            return Disposition.DROP_IP_HEADER
-        if frame_field(frame, "ip_frag") & IP_FRAGMENT_MASK:
-            return Disposition.DROP_IP_FRAGMENT
-        if not ipv4_header_valid(frame):
-            return Disposition.DROP_IP_CHECKSUM
-        if len(frame) < FRAME_HEADER_BYTES:
-            return Disposition.DROP_LENGTH
-        header = parse_header(frame)
-        if header["magic"] != MAGIC or header["version"] != VERSION:
-            return Disposition.DROP_VERSION
-        if header["opcode"] not in ACCEPTED_OPCODES:
-            return Disposition.DROP_OPCODE
-        expected = frame_bytes(int(header["count"]), int(header["opcode"]))
-        if (len(frame) != expected or header["ip_len"] != expected - ETHERNET_BYTES
-                or header["udp_len"] != expected - ETHERNET_BYTES - IPV4_BYTES):
-            return Disposition.DROP_LENGTH
-        return None
-
-    def _bad_fields(self, header):
-        config = self.config
-        fanin = int(header["fanin"])
-        if not 1 <= fanin <= config.max_fanin:
-            return Disposition.DROP_FANIN
-        if header["sender"] >= fanin:
-            return Disposition.DROP_SENDER
-        if not 1 <= header["count"] <= config.max_elements:
-            return Disposition.DROP_COUNT
-        if not is_multicast_group(header["group"]):
-            return Disposition.DROP_GROUP
-        if header["slot"] >= config.slots:
-            return Disposition.DROP_SLOT
-        return None
 
     def _contribution(self, header, elements):
         slot = self.slots[int(header["slot"])]

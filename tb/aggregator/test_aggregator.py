@@ -157,13 +157,21 @@ async def slot_reuse_by_newer_round(dut):
 
 @cocotb.test()
 async def aborted_results_on_bad_length(dut):
-    """A completing contribution found too long or too short at tlast ends its result with tuser."""
-    tb, traffic = await start(dut, 10)
+    """A frame that would be answered but is found too long or too short ends its answer with tuser; the
+    scoreboard compares the bytes sent before the abort with the model's prediction."""
+    tb, traffic = await start(dut, 10, sink_pause=0.2)
     clique = traffic.clique(33, fanin=2, slot=6, job=3, round=3)
-    await tb.send([clique[0], clique[1] + bytes(8), clique[1][:-8], clique[1][:-64], clique[1], clique[0]])
+    completing = clique[1]
+    header_end = len(traffic.request())
+    frames = [clique[0], completing + bytes(8), completing[:-8], completing[:-64], completing + bytes(1),
+              completing[:header_end + 1], completing[:header_end], completing[:header_end - 1], completing[:-1]]
+    frames += [completing, clique[0] + bytes(3), clique[0][:-4]]
+    frames += [traffic.request(Opcode.STATS_REQUEST) + bytes(tb.width), traffic.request(slot=6, job=3, round=3,
+               fanin=2, count=33) + bytes(4)]
+    await tb.send(frames)
     await tb.check()
-    assert tb.aborted == 3
-    assert tb.model.stats()["drop_length"] == 3
+    assert tb.aborted == sum(aborted for aborted, _ in tb.expected) == 9
+    assert tb.model.stats()["drop_length"] == 12
 
 
 @cocotb.test()

@@ -1,7 +1,8 @@
 """The aggregator testbench: clock, reset, AXI-Stream source and sink, pauses, and a golden-model scoreboard.
 
-Every expected frame and counter comes from `inwire.model.Aggregator` fed with the same frames. Output
-frames whose last beat carries tuser (aborted cut-through results) are set aside: the model sent nothing.
+Every expected frame and counter comes from `inwire.model.Aggregator` fed with the same frames, aborted
+cut-through answers (tuser on the last beat) included: the model says which beats leave before the abort.
+Every output beat must carry a contiguous tkeep, full on every beat but the last.
 """
 
 import json
@@ -38,6 +39,20 @@ def is_aborted(frame):
     return bool(user[-1] if isinstance(user, list) else user)
 
 
+def contiguous_bytes(frame, width, index):
+    """The frame's bytes, after checking that each beat's tkeep is contiguous from lane 0 and that every
+    beat but the last is full (cocotbext-axi's own compaction would hide a hole)."""
+    keep = frame.tkeep
+    for start in range(0, len(keep), width):
+        beat = keep[start:start + width]
+        kept = sum(beat)
+        last = start + width >= len(keep)
+        assert kept and all(beat[:kept]) and (last or kept == width), (
+            f"frame {index}, beat {start // width}: tkeep {''.join(map(str, beat))} is not contiguous"
+            + ("" if last else " or not full before the last beat"))
+    return bytes(byte for byte, kept in zip(frame.tdata, keep, strict=True) if kept)
+
+
 class TB:
     def __init__(self, dut, seed=0):
         self.dut = dut
@@ -49,7 +64,11 @@ class TB:
         self.sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis"), dut.clk, dut.rst)
         self.model = Model(self.config)
         self.expected = []
+        """(aborted, bytes) per frame the model predicts, in order."""
+        self.outputs = []
+        """(aborted, bytes) per frame that left the gateware, in order."""
         self.received = []
+        """The frames that left whole, for the drivers that write them out."""
         self.aborted = 0
         self.cycles = 0
         cocotb.start_soon(self._count_cycles())
@@ -78,6 +97,7 @@ class TB:
         """After a reset the gateware is empty: so is the model, and nothing in flight is expected."""
         self.model = Model(self.config)
         self.expected.clear()
+        self.outputs.clear()
         self.received.clear()
         self.sink.clear()
 
@@ -93,16 +113,21 @@ class TB:
 
     async def send(self, frames):
         for frame in frames:
-            self.expected.extend(self.model.process(frame))
+            prefix = self.model.cut_through_abort(frame, self.width)
+            answers = self.model.process(frame)
+            self.expected.extend([(True, prefix)] if prefix is not None else [(False, out) for out in answers])
             await self.source.send(AxiStreamFrame(frame))
 
     def _collect(self):
         while not self.sink.empty():
-            frame = self.sink.recv_nowait()
-            if is_aborted(frame):
+            frame = self.sink.recv_nowait(compact=False)
+            data = contiguous_bytes(frame, self.width, len(self.outputs))
+            aborted = is_aborted(frame)
+            self.outputs.append((aborted, data))
+            if aborted:
                 self.aborted += 1
             else:
-                self.received.append(bytes(frame.tdata))
+                self.received.append(data)
 
     async def drain(self, quiet_cycles=200, limit_cycles=200_000):
         """Wait until the source is done and the output has been quiet for a while."""
@@ -122,9 +147,17 @@ class TB:
         """Compare everything that came out, in order, and all counters with the model."""
         await self.drain()
         expected = self.expected
-        assert len(self.received) == len(expected), (
-            f"{len(self.received)} frames out, model sent {len(expected)}")
-        for index, (got, want) in enumerate(zip(self.received, expected, strict=True)):
-            assert got == want, f"frame {index} differs: got {got.hex()} want {want.hex()}"
+        assert len(self.outputs) == len(expected), (
+            f"{len(self.outputs)} frames out ({self.aborted} aborted), model predicts {len(expected)} "
+            f"({sum(aborted for aborted, _ in expected)} aborted)")
+        for index, ((aborted, got), (want_aborted, want)) in enumerate(zip(self.outputs, expected, strict=True)):
+            kind = {True: "aborted", False: "whole"}
+            assert aborted == want_aborted, f"frame {index}: {kind[aborted]}, model predicts {kind[want_aborted]}"
+            if aborted:
+                # The aborting beat has no defined content: what went before it must be the model's.
+                assert got[:len(want)] == want and len(want) < len(got) <= len(want) + self.width, (
+                    f"aborted frame {index} differs: got {got.hex()} want {want.hex()} and one beat")
+            else:
+                assert got == want, f"frame {index} differs: got {got.hex()} want {want.hex()}"
         model_counters = {name: value & 0xFFFFFFFF for name, value in self.model.stats().items()}
         assert self.counters() == model_counters, (self.counters(), model_counters)
