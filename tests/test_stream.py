@@ -247,7 +247,10 @@ def test_a_full_window_from_every_island_is_not_dropped(service, tmp_path, islan
     path = write_schedule(tmp_path / "clique.json", rounds=[[{"members": cities, "aggregator": "AMS"}]],
                           islands=cities)
     running = service()
-    assert running.aggregator.receive_buffer >= islands * 32 * 2300
+    granted = running.aggregator.receive_buffer
+    assert granted >= islands * 32 * 2300, (
+        f"the kernel granted a {granted}-byte receive buffer, too small for {islands} x 32 datagrams of 1 KiB: "
+        f"raise net.core.rmem_max (sysctl -w net.core.rmem_max=4194304) or run the tests as root")
     plan = load_plan(path)
     config = StreamConfig(rounds=2, elements=256 * 96, chunk=256, window=32, timeout_ms=2000, job=22)
     report = run_stream(plan, config, UdpTransport({island: running.aggregator.address for island in plan.islands},

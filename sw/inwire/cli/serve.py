@@ -64,6 +64,11 @@ def run(args):
     server.log(f"inwire serve: listening on udp://{host}:{port}, {server.config.slots} slots of up to "
                f"{server.config.max_elements} elements, {engine}, results by {mode}, receive buffer "
                f"{server.receive_buffer} bytes")
+    if server.receive_buffer < args.receive_buffer:
+        # Linux grants up to twice net.core.rmem_max without privileges; islands x window must fit.
+        server.log(f"inwire serve: warning: receive buffer {server.receive_buffer} bytes, asked for "
+                   f"{args.receive_buffer}: raise net.core.rmem_max (sysctl -w net.core.rmem_max="
+                   f"{args.receive_buffer}) or run as root, or datagrams beyond it are dropped and retransmitted")
     try:
         server.serve(args.stats_interval)
     finally:
