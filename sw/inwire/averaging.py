@@ -25,7 +25,7 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from .codec import choose_exponent, dequantize, quantize
-from .datagram import parse_result, payload_of
+from .datagram import PAYLOAD_HEADER_BYTES, parse_result, payload_of, set_receive_buffer
 from .packets import build_frames
 from .protocol import INT32_MAX, MAX_FANIN
 
@@ -49,6 +49,9 @@ class UdpCliqueExchange:
         self.timeout_s, self.deadline_s = timeout_s, deadline_s
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.socket.bind(bind)
+        # Every chunk is sent at once, so up to slots / 2 results come back in a burst: room for all of them
+        # (about 1.3 KiB of kernel overhead each), or the ones beyond the default buffer wait for a resend.
+        set_receive_buffer(self.socket, max(1 << 18, (slots // 2) * (PAYLOAD_HEADER_BYTES + 4 * chunk + 4 + 1280)))
 
     def close(self):
         self.socket.close()
