@@ -48,10 +48,10 @@ from inwire.protocol import (
     multicast_mac,
 )
 
+from . import DATA_WIDTHS
 from .blocks import RegisteredFIFO, SaturatingAdder, fold16, ipv4_words, lane_bytes, popcount
 from .layout import FRAME_HEADER, field_bytes, field_shape, field_value
 
-DATA_WIDTHS = (8, 16, 32, 64)
 STATS_COUNT = len(COUNTERS)
 
 
