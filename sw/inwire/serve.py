@@ -13,6 +13,7 @@ member's contributions came from; a result answering a retransmission goes to th
 """
 
 import contextlib
+import operator
 import select
 import socket
 import struct
@@ -44,6 +45,7 @@ BATCH = 64
 """Datagrams read per recvmmsg (with the compiled kernel)."""
 _MEMBER = struct.Struct("!4xB3xI16xI")
 """sender, job and group of a payload: who a unicast result copy goes to."""
+_destination = operator.itemgetter(1)
 _RESULT = struct.Struct("!4xB3xI16xIQ")
 """sender, job, group and bitmap of a result payload."""
 
@@ -259,6 +261,10 @@ class SoftwareAggregator:
                     sends += answer
                 at += slot
             if sends:
+                if len(sends) > 1:
+                    # Grouped by destination (stable: each peer's order kept), so that a peer's results form
+                    # runs that leave as one GSO message.
+                    sends.sort(key=_destination)
                 self.send_batch(sends)
             self._log_due()
 
