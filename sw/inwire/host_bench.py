@@ -64,7 +64,8 @@ def _plan(islands):
 
 
 def variants():
-    """(name, `inwire serve` options, elements per island) of the aggregators measured."""
+    """(name, `inwire serve` options, elements per island) of the aggregators measured. The islands use the
+    compiled kernel's batched I/O with `fast_c` only: `fast_numpy` is the project without any C."""
     chosen = [("fast_c", ["--fastpath", "c"], ELEMENTS)] if fastpath.compiled is not None else []
     return chosen + [("fast_numpy", ["--fastpath", "numpy"], ELEMENTS), ("golden", ["--golden"], GOLDEN_ELEMENTS)]
 
@@ -83,8 +84,9 @@ def aggregator_goodput(islands=2, serve_options=(), elements=ELEMENTS, chunk=DEF
         plan = _plan(islands)
         config = StreamConfig(rounds=rounds, elements=elements, chunk=chunk, window=window, timeout_ms=500,
                               job=int.from_bytes(os.urandom(4), "big"))
+        batch_io = "--fastpath" in serve_options and serve_options[serve_options.index("--fastpath") + 1] == "c"
         report = run_stream(plan, config, UdpTransport({island: ("127.0.0.1", port) for island in plan.islands},
-                                                       window=window, chunk=chunk))
+                                                       window=window, chunk=chunk, batch_io=batch_io))
     finally:
         service.terminate()
         service.communicate(timeout=10)

@@ -59,11 +59,15 @@ class UdpTransport:
     SLOT = MAX_DATAGRAM + 1
 
     def __init__(self, targets, sockets=None, multicast_iface=None, multicast_port=INWIRE_PORT, window=32,
-                 chunk=256):
+                 chunk=256, batch_io=None):
         self.targets = dict(targets)
         self.sockets = dict(sockets or {})
         self.multicast_iface, self.multicast_port = multicast_iface, multicast_port
         self.receive_buffer = receive_buffer_bytes(window, PAYLOAD_HEADER_BYTES + 4 * chunk + 4)
+        if batch_io and compiled is None:
+            raise ValueError("batched I/O needs the compiled kernel inwire._fastpath (make setup builds it)")
+        self.batch_io = compiled is not None if batch_io is None else batch_io
+        """recvmmsg/sendmmsg through the compiled kernel (default: when it is built)."""
         self.readers, self.listeners = {}, {}
         self.send_errors = 0
 
@@ -74,7 +78,7 @@ class UdpTransport:
         self.view = memoryview(self.buffer)
         self.pending = None
         """island -> [(payload, target)] sent while a batch is being delivered; None outside a batch."""
-        if compiled is not None:
+        if self.batch_io:
             self.batch_buffer = bytearray(self.SLOT * BATCH)
             self.batch_view = memoryview(self.batch_buffer)
         for island in self.targets:
@@ -98,7 +102,7 @@ class UdpTransport:
         self.readers[sock.fileno()] = sock
 
     def _drain(self, island, sock):
-        if compiled is not None:
+        if self.batch_io:
             return self._drain_batched(island, sock)
         deliver, buffer, view = self.deliver, self.buffer, self.view
         for _ in range(DRAIN_BATCH):
