@@ -10,29 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inwire.plan.baselines import BASELINE_NAMES, lower_bound_ms
+from inwire.plan.cost import ALL_TO_ALL, RING, Clique, CostModel, Schedule, ScheduleError, wire_bytes
+from inwire.plan.mixing import mixing_product, mixing_rate, periods_to_epsilon, time_to_epsilon_ms
+from inwire.plan.schedule_file import load_schedule_file, schedule_document
+from inwire.plan.search import Evaluator, PlanResult, plan_schedule
+from inwire.plan.topology import generate_topology, load_topology, topology_from_dict
 from inwire.protocol import FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, WIRE_OVERHEAD_BYTES
-from inwire.schedule import (
-    ALL_TO_ALL,
-    BASELINE_NAMES,
-    RING,
-    Clique,
-    CostModel,
-    Evaluator,
-    Plan,
-    Schedule,
-    ScheduleError,
-    load_schedule,
-    lower_bound_ms,
-    mixing_product,
-    mixing_rate,
-    periods_to_epsilon,
-    plan_schedule,
-    schedule_document,
-    time_to_epsilon_ms,
-    wire_bytes,
-)
 from inwire.schedule_cli import add_schedule_parser, run_sweep
-from inwire.topology import generate_topology, load_topology, topology_from_dict
 
 # A model of exactly 1000 full frames, and the time one copy of it takes on a 1 Gb/s link
 # (16.6 ms at 482 elements per frame).
@@ -242,9 +227,9 @@ def test_generated_topology_plan_is_valid_and_seeded():
 
 
 def test_result_does_not_depend_on_hash_seeds():
-    script = ("from inwire.schedule import plan_schedule, schedule_document; from inwire.topology import "
-              "load_topology; import json; print(json.dumps(schedule_document(plan_schedule("
-              "load_topology('doublezero9'), model_bytes=10**9, seed=7, iterations=150))))")
+    script = ("from inwire.plan.search import plan_schedule; from inwire.plan.schedule_file import "
+              "schedule_document; from inwire.plan.topology import load_topology; import json; "
+              "print(json.dumps(schedule_document(plan_schedule(load_topology('doublezero9'), model_bytes=10**9, seed=7, iterations=150))))")
     outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     assert len(outputs) == 1
@@ -272,8 +257,10 @@ def test_cli_writes_a_schedule_the_host_can_load(tmp_path, capsys):
     for baseline in document["baselines"].values():
         assert {"period_ms", "rho", "time_to_epsilon_ms", "rounds"} <= set(baseline)
     assert document["time_to_epsilon_ms"] <= min(b["time_to_epsilon_ms"] for b in document["baselines"].values())
-    rounds = load_schedule(out)
-    assert rounds == [[(tuple(c["members"]), c["aggregator"]) for c in r["cliques"]] for r in document["rounds"]]
+    loaded = load_schedule_file(out)
+    assert loaded.document == document and loaded.islands == ("LON", "NYC", "FRA", "TYO")
+    assert loaded.period == tuple(tuple((tuple(c["members"]), c["aggregator"]) for c in r["cliques"])
+                                  for r in document["rounds"])
     assert (tmp_path / "map.png").stat().st_size > 0
 
 
@@ -320,17 +307,17 @@ def good_document():
 def test_load_schedule_rejects_bad_files(tmp_path, edit, message):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(good_document()))
-    assert load_schedule(path) == [[(("A", "B"), "A")], [(("B", "C"), None)]]
+    assert load_schedule_file(path).period == (((("A", "B"), "A"),), ((("B", "C"), None),))
     document = good_document()
     edit(document)
     path.write_text(json.dumps(document))
     with pytest.raises(ScheduleError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
-        load_schedule(path)
+        load_schedule_file(path)
 
 
 def test_infinite_times_are_written_as_null():
     never = Schedule(((Clique(("A", "B"), "A"),),), (5.0,), 1.0, math.inf, math.inf)
-    plan = Plan("hand", ("A", "B", "C"), 1000, 1e-3, True, True, 0, never, {"rows": never}, 10.0, "hand", 1)
+    plan = PlanResult("hand", ("A", "B", "C"), 1000, 1e-3, True, True, 0, never, {"rows": never}, 10.0, "hand", 1)
     document = json.loads(json.dumps(schedule_document(plan), allow_nan=False))
     assert document["time_to_epsilon_ms"] is None and document["periods"] is None
     assert document["baselines"]["rows"]["time_to_epsilon_ms"] is None

@@ -10,16 +10,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from inwire.schedule import (  # noqa: E402
-    AGGREGATE,
-    RING,
-    ScheduleError,
-    describe_round,
-    format_plan,
-    plan_schedule,
-    write_schedule,
-)
-from inwire.topology import TopologyError, load_topology  # noqa: E402
+from inwire.plan.cost import AGGREGATE, RING, ScheduleError  # noqa: E402
+from inwire.plan.schedule_file import describe_round, format_plan, write_schedule  # noqa: E402
+from inwire.plan.search import plan_schedule  # noqa: E402
+from inwire.plan.topology import TopologyError, load_topology  # noqa: E402
 
 DEFAULT_SWEEP_SIZES_MB = "1,10,100,1000,10000"
 SETTINGS = ((True, True), (False, True), (True, False), (False, False))

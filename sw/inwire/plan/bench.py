@@ -9,8 +9,8 @@ import math
 import platform
 import time
 
-from inwire.schedule import plan_schedule
-from inwire.topology import generate_topology, load_topology
+from inwire.plan.search import plan_schedule
+from inwire.plan.topology import generate_topology, load_topology
 
 SIZES = (9, 16, 32, 64)
 MODEL_BYTES = 100_000_000
