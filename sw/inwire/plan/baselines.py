@@ -6,7 +6,7 @@ import numpy as np
 
 from .cost import RING, Clique
 
-BASELINE_NAMES = ("global", "ring", "hierarchical", "random", "grid")
+BASELINE_NAMES = ("global", "ring", "hierarchical", "random", "grid", "grid2d", "exponential")
 
 
 def _medoid(model, members):
@@ -93,7 +93,21 @@ def baseline_rounds(model, seed=0):
         "hierarchical": [regions, [islands]],
         "random": random_rounds,
         "grid": [rows, columns] if side > 1 else [[islands]],
+        "grid2d": geographic_grid(model, (side, n // side)) if side > 1 else [[islands]],
+        "exponential": exponential_rounds(islands),
     }
+
+
+def exponential_rounds(islands):
+    """One-peer exponential graph as pairs: in round k island i averages with island i XOR 2^k (when
+    that index exists), for k up to log2 n. Exact after log2 n rounds when n is a power of two; gossip,
+    with some mixing left over, otherwise."""
+    n = len(islands)
+    rounds = []
+    for k in range(max(1, math.ceil(math.log2(n)))):
+        step = 1 << k
+        rounds.append([[islands[i], islands[i ^ step]] for i in range(n) if i < i ^ step < n])
+    return rounds
 
 
 def baselines(evaluator, seed=0):
@@ -105,7 +119,7 @@ def baselines(evaluator, seed=0):
             for name in BASELINE_NAMES}
 
 
-def lower_bound_ms(model, epsilon):
+def lower_bound_ms(model, epsilon, compute_ms_per_round=0.0):
     """No schedule in this model reaches epsilon-consensus sooner (derivation in docs/schedule.md).
 
     Any round with a clique of two or more puts a whole vector (or, for a ring, at least as many bytes)
@@ -113,11 +127,13 @@ def lower_bound_ms(model, epsilon):
     lasts at least the one-way latency between any two members of any clique. For epsilon < 1/n every
     island must hear from every other within the periods run, along a chain of rounds whose latencies
     add up to at least the shortest-path latency; otherwise some pair of islands need only be joined.
+    Aggregator limits only slow rounds down. With local steps every schedule runs at least one round,
+    so their compute adds once.
     """
     islands = model.islands
     serialization_ms = 1e3 * model.vector_bits / float(model.bandwidth_bps.max())
     pairs = [model.latency_ms(a, b) for a in islands for b in islands if a != b]
     reach_ms = max(pairs) if epsilon < 1 / len(islands) else min(pairs)
-    return reach_ms + serialization_ms
+    return reach_ms + serialization_ms + compute_ms_per_round
 
 

@@ -1,4 +1,10 @@
-"""Mixing: the averaging product of a period, its norm and how many periods reach epsilon."""
+"""Mixing: the averaging product of a period, its norm, its spectral radius and how many periods reach
+epsilon.
+
+Two measures of one period P (J = 11^T/n): the norm rho = ||P - J||_2 bounds every period,
+||P^m - J|| <= rho^m (a guarantee from the first period on); the spectral radius lambda of P - J is the
+asymptotic rate, ||P^m - J||^(1/m) -> lambda, and lambda <= rho (equal when P is symmetric).
+"""
 
 import math
 
@@ -42,3 +48,31 @@ def time_to_epsilon_ms(rho, period_ms, epsilon):
     return math.inf if math.isinf(periods) else periods * period_ms
 
 
+
+
+def spectral_radius(islands, rounds_of_groups):
+    """lambda = the largest |eigenvalue| of W_T ... W_1 - 11^T/n: the disagreement's decay per period in the
+    long run (equal to rho for a symmetric product, below it otherwise)."""
+    product = mixing_product(islands, rounds_of_groups)
+    return float(np.max(np.abs(np.linalg.eigvals(product - 1.0 / len(islands)))))
+
+
+def reach_periods(islands, rounds_of_groups):
+    """The fewest periods after which every island holds part of every other's value (inf if never)."""
+    product = mixing_product(islands, rounds_of_groups)
+    power = product.copy()
+    for periods in range(1, len(islands) + 1):
+        if np.all(power > 1e-12):
+            return periods
+        power = product @ power
+    return math.inf
+
+
+def progress_periods(spectral, epsilon, reach):
+    """Periods to epsilon at the asymptotic rate, fractional (training does not stop at a period's end):
+    log(epsilon) / log(lambda), one when lambda <= epsilon, and at least the periods every island needs to
+    hear from every other."""
+    if spectral >= RHO_ONE or math.isinf(reach):
+        return math.inf
+    per_period = -math.log(max(spectral, epsilon))
+    return max(math.log(1 / epsilon) / per_period, float(reach))

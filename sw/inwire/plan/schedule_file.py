@@ -4,6 +4,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 
+from .aggregator import PROFILES
 from .cost import AGGREGATE, EXCHANGES, ScheduleError, wire_bytes
 
 # ---------------------------------------------------------------------------------------------------
@@ -11,27 +12,47 @@ from .cost import AGGREGATE, EXCHANGES, ScheduleError, wire_bytes
 
 
 def _finite(value):
-    """JSON has no infinity: infinite times and periods are written as null."""
-    return None if value is None or math.isinf(value) else value
+    """JSON has no infinity or NaN: infinite times and periods (and figures not computed) are null."""
+    return None if value is None or not math.isfinite(value) else value
 
 
-def _rounds_json(schedule):
+def _rounds_json(schedule, model=None):
+    """Rounds with their times; with the cost model at hand, each clique's own time and reduction tree."""
     rounds = []
     for cliques, duration in zip(schedule.rounds, schedule.round_times_ms):
-        rounds.append({"cliques": [{"members": list(c.members), "aggregator": c.aggregator,
-                                    "exchange": c.exchange} for c in cliques],
-                       "time_ms": round(duration, 6)})
+        entries = [{"members": list(c.members), "aggregator": c.aggregator, "exchange": c.exchange} for c in cliques]
+        if model is not None:
+            for entry, clique, clique_ms in zip(entries, cliques, model.clique_times(cliques)):
+                entry["time_ms"] = round(clique_ms, 6)
+                tree = model.profile(clique).tree
+                if tree is not None:
+                    entry["tree"] = tree
+        rounds.append({"cliques": entries, "time_ms": round(duration, 6)})
     return rounds
 
 
 def _summary_json(schedule):
     return {"period_ms": round(schedule.period_ms, 6), "rho": schedule.rho,
+            "spectral_radius": _finite(schedule.spectral_radius),
             "periods": _finite(schedule.periods),
             "time_to_epsilon_ms": _finite(schedule.time_to_epsilon_ms)}
 
 
+def aggregator_json(plan):
+    """The default profile's name and figures, and any city's own profile from the topology."""
+    model = plan.cost_model
+    document = (plan.aggregator or PROFILES["ideal"]).to_json()
+    if model is not None:
+        own = {city: profile.to_json() for city, profile in model.aggregator_of.items()
+               if profile is not model.default_aggregator}
+        if own:
+            document["cities"] = own
+    return document
+
+
 def schedule_document(plan):
     """The schedule file's content (format in docs/schedule.md)."""
+    model = plan.cost_model
     document = {
         "topology": plan.topology,
         "islands": list(plan.islands),
@@ -40,9 +61,15 @@ def schedule_document(plan):
         "multicast": plan.multicast,
         "aggregation": plan.aggregation,
         "seed": plan.seed,
-        "rounds": _rounds_json(plan.best),
+        "aggregator": aggregator_json(plan),
+        "reduce_in_path": plan.reduce_in_path,
+        "routing": plan.routing,
+        "local_steps": plan.local_steps,
+        "step_ms": plan.step_ms,
+        "rounds": _rounds_json(plan.best, model),
         **_summary_json(plan.best),
-        "baselines": {name: {**_summary_json(s), "rounds": _rounds_json(s)} for name, s in plan.baselines.items()},
+        "baselines": {name: {**_summary_json(s), "rounds": _rounds_json(s, model)}
+                      for name, s in plan.baselines.items()},
         "lower_bound_ms": round(plan.lower_bound_ms, 6),
         "method": plan.method,
     }
@@ -53,6 +80,21 @@ def write_schedule(plan, path):
     with open(path, "w") as handle:
         json.dump(schedule_document(plan), handle, indent=1)
         handle.write("\n")
+
+
+def _check_tree(tree, root, exchange, at):
+    """A reduction tree maps each summing city to its parent; following parents must reach the root."""
+    if exchange != AGGREGATE:
+        raise ScheduleError(f"{at}: only an aggregating clique has a reduction tree")
+    if not isinstance(tree, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tree.items()):
+        raise ScheduleError(f"{at}: 'tree' must map city names to their parent city")
+    for city in tree:
+        seen = {city}
+        while city != root:
+            city = tree.get(city)
+            if city is None or city in seen:
+                raise ScheduleError(f"{at}: 'tree' does not lead every city to the aggregator {root!r}")
+            seen.add(city)
 
 
 def parse_schedule(document, source="schedule"):
@@ -94,6 +136,8 @@ def parse_schedule(document, source="schedule"):
                 raise ScheduleError(f"{at}: an aggregating clique needs an aggregator city")
             if exchange != AGGREGATE and aggregator is not None:
                 raise ScheduleError(f"{at}: a {exchange} clique has no aggregator")
+            if "tree" in clique:
+                _check_tree(clique["tree"], aggregator, exchange, at)
             round_cliques.append((tuple(members), aggregator))
         parsed.append(round_cliques)
     return parsed

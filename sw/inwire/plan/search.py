@@ -9,28 +9,58 @@ import numpy as np
 
 from .baselines import baselines, geographic_grid, lower_bound_ms
 from .cost import CostModel, Schedule, ScheduleError
-from .mixing import mixing_rate, periods_to_epsilon, time_to_epsilon_ms
+from .mixing import (
+    mixing_rate,
+    periods_to_epsilon,
+    progress_periods,
+    reach_periods,
+    spectral_radius,
+    time_to_epsilon_ms,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # Evaluation and the search space
 
 
 class Evaluator:
-    """Scores schedules given as rounds of member groups, caching mixing rates and round choices."""
+    """Scores schedules given as rounds of member groups, caching mixing rates and round choices.
 
-    def __init__(self, model, epsilon):
+    Without local steps a schedule's figure is its time to epsilon: whole periods by the norm rho (a
+    guarantee), times the period's communication. With `local_steps` H > 0 every round follows H local
+    steps of `step_ms`, and the figure is the time to epsilon at the asymptotic rate: fractional periods
+    by the spectral radius (at least the periods every island needs to hear from every other), times
+    the period with its compute. That is consensus progress per second, ln(1/epsilon) over that time.
+    """
+
+    def __init__(self, model, epsilon, local_steps=0, step_ms=0.0):
         if not 0 < epsilon < 1:
             raise ScheduleError(f"epsilon must be between 0 and 1, got {epsilon}")
+        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 0:
+            raise ScheduleError(f"local steps must be a whole number 0 or more, got {local_steps}")
+        if not (step_ms >= 0 and math.isfinite(step_ms)):
+            raise ScheduleError(f"step time must be 0 ms or more, got {step_ms}")
         self.model = model
         self.epsilon = epsilon
-        self._rho = {}
+        self.local_steps = local_steps
+        self.step_ms = float(step_ms)
+        self._mixing = {}
         self.evaluations = 0
 
-    def rho(self, rounds_of_groups):
+    @property
+    def compute_ms_per_round(self):
+        return self.local_steps * self.step_ms
+
+    def mixing(self, rounds_of_groups):
+        """(rho, spectral radius, reach periods) of a period."""
         key = tuple(frozenset(frozenset(g) for g in groups if len(g) > 1) for groups in rounds_of_groups)
-        if key not in self._rho:
-            self._rho[key] = mixing_rate(self.model.islands, rounds_of_groups)
-        return self._rho[key]
+        if key not in self._mixing:
+            islands = self.model.islands
+            self._mixing[key] = (mixing_rate(islands, rounds_of_groups), spectral_radius(islands, rounds_of_groups),
+                                 reach_periods(islands, rounds_of_groups) if self.local_steps else math.nan)
+        return self._mixing[key]
+
+    def rho(self, rounds_of_groups):
+        return self.mixing(rounds_of_groups)[0]
 
     def evaluate(self, rounds_of_groups):
         self.evaluations += 1
@@ -39,17 +69,24 @@ class Evaluator:
             cliques, duration, _ = self.model.best_round(groups)
             rounds.append(cliques)
             times.append(duration)
-        return self.schedule_of(rounds, times, self.rho(rounds_of_groups))
+        return self.schedule_of(rounds, times, self.mixing(rounds_of_groups))
 
     def evaluate_cliques(self, rounds):
         """Score rounds whose aggregators are already chosen."""
         times = [self.model.round_time(r) for r in rounds]
-        return self.schedule_of(rounds, times, self.rho([[c.members for c in r] for r in rounds]))
+        return self.schedule_of(rounds, times, self.mixing([[c.members for c in r] for r in rounds]))
 
-    def schedule_of(self, rounds, times, rho):
-        period = float(sum(times))
-        return Schedule(tuple(tuple(r) for r in rounds), tuple(times), rho,
-                        periods_to_epsilon(rho, self.epsilon), time_to_epsilon_ms(rho, period, self.epsilon))
+    def schedule_of(self, rounds, times, mixing):
+        rho, spectral, reach = mixing
+        rounds = tuple(tuple(r) for r in rounds)
+        if not self.local_steps:
+            period = float(sum(times))
+            return Schedule(rounds, tuple(times), rho, periods_to_epsilon(rho, self.epsilon),
+                            time_to_epsilon_ms(rho, period, self.epsilon), spectral)
+        period = float(sum(times)) + len(times) * self.compute_ms_per_round
+        periods = progress_periods(spectral, self.epsilon, reach)
+        return Schedule(rounds, tuple(times), rho, periods, math.inf if math.isinf(periods) else periods * period,
+                        spectral, self.compute_ms_per_round)
 
 
 def ordered_factorizations(n, smallest=2):
@@ -136,6 +173,14 @@ class PlanResult:
     method: str
     evaluations: int
     wall_s: float = 0.0
+    aggregator: object = None
+    """The default AggregatorProfile (None: ideal); cities of the topology may set their own."""
+    reduce_in_path: bool = False
+    routing: str = "latency"
+    local_steps: int = 0
+    step_ms: float = 0.0
+    cost_model: object = None
+    """The CostModel that scored the schedules (for per-clique times and reduction trees)."""
 
 
 def _groups_of(schedule, islands):
@@ -221,7 +266,8 @@ def _key(schedule):
 
 
 def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3, multicast=True,
-                  aggregation=True, seed=0, iterations=None):
+                  aggregation=True, seed=0, iterations=None, aggregator="ideal", reduce_in_path=False,
+                  routing="latency", local_steps=0, step_ms=0.0):
     """Find the periodic schedule with the least time to epsilon-consensus, beside the baselines.
 
     Candidates: every baseline; a geographic grid for every ordered factorization of n; for small n,
@@ -230,8 +276,8 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
     """
     started = time.perf_counter()
     islands = topology.resolve_islands(islands)
-    model = CostModel(topology, islands, model_bytes, multicast, aggregation)
-    evaluator = Evaluator(model, epsilon)
+    model = CostModel(topology, islands, model_bytes, multicast, aggregation, aggregator, reduce_in_path, routing)
+    evaluator = Evaluator(model, epsilon, local_steps, step_ms)
     rng = np.random.default_rng(seed)
     n = len(islands)
 
@@ -268,7 +314,8 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
         method = f"{len(factorizations)} geographic grids and {grids_tried} two-round grids"
     method += f"; simulated annealing, {iterations} steps from each of {len(starts)} starts"
     return PlanResult(topology.source, islands, model.model_bytes, epsilon, multicast, aggregation, seed, best,
-                reported, lower_bound_ms(model, epsilon), method, evaluator.evaluations,
-                time.perf_counter() - started)
+                      reported, lower_bound_ms(model, epsilon, evaluator.compute_ms_per_round), method,
+                      evaluator.evaluations, time.perf_counter() - started, model.default_aggregator,
+                      model.reduce_in_path, routing, local_steps, float(step_ms), model)
 
 
