@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inwire.plan.aggregator import load_aggregator
 from inwire.plan.baselines import BASELINE_NAMES, lower_bound_ms
 from inwire.plan.cost import ALL_TO_ALL, RING, Clique, CostModel, Schedule, ScheduleError, wire_bytes
 from inwire.plan.mixing import mixing_product, mixing_rate, periods_to_epsilon, time_to_epsilon_ms
@@ -229,7 +230,8 @@ def test_generated_topology_plan_is_valid_and_seeded():
 def test_result_does_not_depend_on_hash_seeds():
     script = ("from inwire.plan.search import plan_schedule; from inwire.plan.schedule_file import "
               "schedule_document; from inwire.plan.topology import load_topology; import json; "
-              "print(json.dumps(schedule_document(plan_schedule(load_topology('doublezero9'), model_bytes=10**9, seed=7, iterations=150))))")
+              "print(json.dumps(schedule_document(plan_schedule(load_topology('doublezero9'), model_bytes=10**9, "
+              "seed=7, iterations=150, reduce_in_path=True, routing='bandwidth'))))")
     outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     assert len(outputs) == 1
@@ -323,11 +325,16 @@ def test_infinite_times_are_written_as_null():
     assert document["baselines"]["rows"]["time_to_epsilon_ms"] is None
 
 
-def test_sweep_writes_table_plot_and_maps(tmp_path):
+def test_sweep_writes_table_phase_plots_and_maps(tmp_path):
     dz9 = load_topology("doublezero9")
-    rows, table = run_sweep(dz9, ("LON", "NYC", "FRA", "TYO"), [1, 1000], 1e-3, 0, tmp_path)
-    assert len(rows) == 8  # 2 x 2 capability settings x 2 sizes
-    assert table.count("\n") == 9
-    for name in ("sweep.md", "sweep.json", "sweep.png", "map_1MB.png", "map_1000MB.png"):
+    profiles = [load_aggregator("ideal"), load_aggregator("versa_ecp5")]
+    rows, table = run_sweep(dz9, ("LON", "NYC", "FRA", "TYO"), [1, 1000], 1e-3, 0, tmp_path, profiles=profiles,
+                            steps_ms=[0, 100], iterations=50)
+    assert len(rows) == 16  # 2 profiles x reduce off/on x 2 sizes x 2 step times
+    assert table.count("\n") == 17
+    for name in ("sweep.md", "sweep.json", "phase_global.png", "phase_grid2d.png", "phase_ring.png",
+                 "map_1MB.png", "map_1000MB.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert all(r["time_to_epsilon_ms"] <= r["best_baseline_ms"] for r in rows)
+    assert all(r["time_to_epsilon_ms"] <= min(r["best_baseline_ms"], r["global_ms"], r["grid2d_ms"], r["ring_ms"])
+               for r in rows)
+    assert {r["local_steps"] for r in rows if r["step_ms"] == 0} == {0}

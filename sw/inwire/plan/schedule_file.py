@@ -200,25 +200,42 @@ def describe_round(cliques):
 def format_plan(plan):
     """The human-readable table the CLI prints."""
     best = plan.best
+    aggregator = plan.aggregator or PROFILES["ideal"]
+    figures = aggregator.to_json()
+    limits = ("no limit" if aggregator.ideal else
+              f"ports {figures['ingress_gbps'] or 'unlimited'} Gb/s in and out, "
+              f"core {figures['core_gbps'] or 'unlimited'} Gb/s")
+    objective = ("time to epsilon by rho, whole periods" if not plan.local_steps else
+                 f"{plan.local_steps} local step(s) of {plan.step_ms:g} ms before every round; time to epsilon "
+                 f"at the spectral radius's rate")
     lines = [
         f"topology {plan.topology}: {len(plan.islands)} islands, model {plan.model_bytes / 1e6:,.0f} MB "
         f"({wire_bytes(plan.model_bytes) / 1e6:,.1f} MB on the wire), epsilon {plan.epsilon:g}, "
         f"multicast {'on' if plan.multicast else 'off'}, aggregation {'on' if plan.aggregation else 'off'}",
+        f"aggregator {aggregator.name} ({limits}), reduce in path {'on' if plan.reduce_in_path else 'off'}, "
+        f"routing {plan.routing}; objective: {objective}",
         "",
-        f"{'schedule':<14}{'rounds':>7}{'period ms':>12}{'rho':>10}{'periods':>9}{'time to eps ms':>16}"
-        f"{'x bound':>9}",
+        f"{'schedule':<14}{'rounds':>7}{'period ms':>12}{'rho':>10}{'lambda':>10}{'periods':>9}"
+        f"{'time to eps ms':>16}{'x bound':>9}",
     ]
     rows = [("optimized", best)] + list(plan.baselines.items())
     for name, s in rows:
-        periods = "-" if math.isinf(s.periods) else str(s.periods)
+        periods = ("-" if math.isinf(s.periods) else
+                   str(s.periods) if isinstance(s.periods, int) else f"{s.periods:.2f}")
         ratio = s.time_to_epsilon_ms / plan.lower_bound_ms
-        lines.append(f"{name:<14}{len(s.rounds):>7}{s.period_ms:>12,.1f}{s.rho:>10.4f}{periods:>9}"
-                     f"{_time(s.time_to_epsilon_ms):>16}{'-' if math.isinf(ratio) else f'{ratio:.2f}':>9}")
-    lines.append(f"{'lower bound':<14}{'':>7}{'':>12}{'':>10}{'':>9}{_time(plan.lower_bound_ms):>16}{1:>9.2f}")
+        lines.append(f"{name:<14}{len(s.rounds):>7}{s.period_ms:>12,.1f}{s.rho:>10.4f}{s.spectral_radius:>10.4f}"
+                     f"{periods:>9}{_time(s.time_to_epsilon_ms):>16}{'-' if math.isinf(ratio) else f'{ratio:.2f}':>9}")
+    lines.append(f"{'lower bound':<14}{'':>7}{'':>12}{'':>10}{'':>10}{'':>9}{_time(plan.lower_bound_ms):>16}{1:>9.2f}")
     lines.append("")
     lines.append("optimized schedule, one period:")
+    model = plan.cost_model
     for i, (cliques, duration) in enumerate(zip(best.rounds, best.round_times_ms), 1):
         lines.append(f"  round {i} ({duration:,.1f} ms): {describe_round(cliques)}")
+        if model is not None and plan.reduce_in_path:
+            for clique in cliques:
+                tree = model.profile(clique).tree
+                if tree:
+                    lines.append(f"    {clique.aggregator} sums from " +
+                                 ", ".join(f"{city}->{parent}" for city, parent in sorted(tree.items())))
     lines.append(f"search: {plan.method}; {plan.evaluations} schedules scored in {plan.wall_s:.1f} s")
     return "\n".join(lines)
-
