@@ -255,6 +255,9 @@ def test_cli_writes_a_schedule_the_host_can_load(tmp_path, capsys):
     document = json.loads(out.read_text())
     assert document["islands"] == ["LON", "NYC", "FRA", "TYO"]
     assert document["model_bytes"] == 10_000_000
+    # lambda is filled in for the schedules written even when only rho scored them.
+    assert all(0 <= entry["spectral_radius"] <= entry["rho"] + 1e-12
+               for entry in [document, *document["baselines"].values()])
     assert set(document["baselines"]) == set(BASELINE_NAMES)
     for baseline in document["baselines"].values():
         assert {"period_ms", "rho", "time_to_epsilon_ms", "rounds"} <= set(baseline)

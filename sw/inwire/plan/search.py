@@ -3,7 +3,7 @@
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -55,9 +55,17 @@ class Evaluator:
         key = tuple(frozenset(frozenset(g) for g in groups if len(g) > 1) for groups in rounds_of_groups)
         if key not in self._mixing:
             islands = self.model.islands
-            self._mixing[key] = (mixing_rate(islands, rounds_of_groups), spectral_radius(islands, rounds_of_groups),
-                                 reach_periods(islands, rounds_of_groups) if self.local_steps else math.nan)
+            # Without local steps only rho scores; lambda is filled in for the schedules reported.
+            self._mixing[key] = ((mixing_rate(islands, rounds_of_groups), spectral_radius(islands, rounds_of_groups),
+                                  reach_periods(islands, rounds_of_groups)) if self.local_steps else
+                                 (mixing_rate(islands, rounds_of_groups), math.nan, math.nan))
         return self._mixing[key]
+
+    def with_spectral_radius(self, schedule):
+        if not math.isnan(schedule.spectral_radius):
+            return schedule
+        groups = [[c.members for c in cliques] for cliques in schedule.rounds]
+        return replace(schedule, spectral_radius=spectral_radius(self.model.islands, groups))
 
     def rho(self, rounds_of_groups):
         return self.mixing(rounds_of_groups)[0]
@@ -304,7 +312,8 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
     for start in starts:
         candidates.append(_local_search(evaluator, start, rng, iterations, max_rounds))
 
-    best = min(candidates, key=_key)
+    best = evaluator.with_spectral_radius(min(candidates, key=_key))
+    reported = {name: evaluator.with_spectral_radius(s) for name, s in reported.items()}
     if grids_complete and grids_tried == 0:
         method = "exhaustive over every single-round schedule (no two-round grid fits this many islands)"
     elif grids_complete:
