@@ -235,7 +235,7 @@ def format_plan(plan):
             for clique in cliques:
                 tree = model.profile(clique).tree
                 if tree:
-                    lines.append(f"    {clique.aggregator} sums from " +
+                    lines.append(f"    summed on the way to {clique.aggregator}: " +
                                  ", ".join(f"{city}->{parent}" for city, parent in sorted(tree.items())))
     lines.append(f"search: {plan.method}; {plan.evaluations} schedules scored in {plan.wall_s:.1f} s")
     return "\n".join(lines)
