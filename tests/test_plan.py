@@ -1,7 +1,6 @@
 """The co-designed planner: aggregator limits, reduction trees, bandwidth-aware routing, the local-step
 objective, the new baselines and the schedule file's new keys, each against figures worked out by hand."""
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inwire.cli import main
 from inwire.plan.aggregator import PROFILES, AggregatorProfile, load_aggregator
 from inwire.plan.baselines import BASELINE_NAMES, exponential_rounds
 from inwire.plan.cost import AGGREGATE, Clique, CostModel, ScheduleError
@@ -17,7 +17,6 @@ from inwire.plan.schedule_file import load_schedule_file, schedule_document
 from inwire.plan.search import Evaluator, plan_schedule
 from inwire.plan.topology import TopologyError, load_topology, topology_from_dict
 from inwire.protocol import FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, WIRE_OVERHEAD_BYTES
-from inwire.schedule_cli import add_schedule_parser
 
 FULL_FRAMES_MODEL = 1000 * MAX_ELEMENTS_PER_FRAME * 4
 V_MS_AT_1G = 1000 * (FRAME_HEADER_BYTES + WIRE_OVERHEAD_BYTES + 4 * MAX_ELEMENTS_PER_FRAME) * 8 / 1e6
@@ -263,17 +262,14 @@ def test_a_capped_aggregator_flips_the_doublezero9_answer():
 
 # --- schedule file and CLI --------------------------------------------------------------------------
 
-def parse(*argv):
-    parser = argparse.ArgumentParser(prog="inwire")
-    add_schedule_parser(parser.add_subparsers())
-    return parser.parse_args(["schedule", *argv])
+def schedule_cli(*argv):
+    return main(["schedule", *argv])
 
 
 def test_schedule_file_states_the_hardware_and_objective(tmp_path, capsys):
     out = tmp_path / "s.json"
-    args = parse("--islands", "LON,NYC,FRA,TYO,SIN,LAX", "--model-mb", "100", "--aggregator", "port10g",
-                 "--reduce-in-path", "--local-steps", "2", "--step-ms", "10", "--out", str(out))
-    assert args.func(args) == 0
+    assert schedule_cli("--islands", "LON,NYC,FRA,TYO,SIN,LAX", "--model-mb", "100", "--aggregator", "port10g",
+                        "--reduce-in-path", "--local-steps", "2", "--step-ms", "10", "--out", str(out)) == 0
     document = json.loads(out.read_text())
     kept = {"topology", "islands", "model_bytes", "epsilon", "multicast", "aggregation", "seed", "rounds",
             "period_ms", "rho", "periods", "time_to_epsilon_ms", "baselines", "lower_bound_ms", "method"}
@@ -307,8 +303,7 @@ def test_a_tree_that_does_not_reach_the_root_is_rejected(tmp_path):
     (["--sweep", "--profiles", "ideal,nope"], "unknown aggregator profile 'nope'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
-    args = parse(*argv, "--out", str(tmp_path / "s.json"))
-    assert args.func(args) == 2
+    assert schedule_cli(*argv, "--out", str(tmp_path / "s.json")) == 2
     error = capsys.readouterr().err
     assert message in error and error.count("\n") == 1
 
@@ -316,7 +311,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
 def test_a_report_without_a_core_clock_is_one_line(tmp_path, capsys):
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"board": "versa_ecp5", "data_width": 8, "timing_met": True}))
-    args = parse("--aggregator", str(report), "--out", str(tmp_path / "s.json"))
-    assert args.func(args) == 2
+    assert schedule_cli("--aggregator", str(report), "--out", str(tmp_path / "s.json")) == 2
     error = capsys.readouterr().err
     assert "needs a positive 'core_clock_mhz'" in error and error.count("\n") == 1

@@ -1,9 +1,10 @@
-"""`inwire schedule`: optimize a rotating-clique schedule, or sweep it over aggregator profiles, in-path
-reduction, model sizes and step times (the phase diagram)."""
+"""Find the periodic sequence of cliques that reaches epsilon-consensus soonest on the aggregators it runs
+on (a named profile or an `inwire build` report), beside the baselines and a lower bound; or, with
+--sweep, optimize over aggregator profiles, in-path reduction, model sizes and step times and write a
+table and phase plots of where rotating cliques win."""
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -16,7 +17,7 @@ from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
 from inwire.plan.cost import AGGREGATE, RING, ROUTINGS, ScheduleError  # noqa: E402
 from inwire.plan.schedule_file import describe_round, format_plan, write_schedule  # noqa: E402
 from inwire.plan.search import plan_schedule  # noqa: E402
-from inwire.plan.topology import TopologyError, load_topology  # noqa: E402
+from inwire.plan.topology import load_topology  # noqa: E402
 
 DEFAULT_SWEEP_SIZES_MB = "10,100,1000"
 DEFAULT_SWEEP_STEPS_MS = "0,100,1000"
@@ -25,11 +26,7 @@ COMPARED = ("global", "grid2d", "ring")
 """Baselines the phase diagram sets the optimum against."""
 
 
-def add_schedule_parser(subparsers):
-    parser = subparsers.add_parser(
-        "schedule", help="optimize the rotating-clique schedule for a topology",
-        description="Find the periodic sequence of cliques (with an aggregation city each) that reaches "
-                    "epsilon-consensus soonest, beside the baselines and a lower bound.")
+def add_arguments(parser):
     parser.add_argument("--topology", default="doublezero9", help="doublezero9 or a JSON topology file")
     parser.add_argument("--islands", help="comma-separated island cities (default: every city)")
     parser.add_argument("--model-mb", type=float, default=100.0, help="model size in MB (10^6 bytes)")
@@ -57,8 +54,6 @@ def add_schedule_parser(subparsers):
     parser.add_argument("--steps-ms", default=DEFAULT_SWEEP_STEPS_MS,
                         help="step times for --sweep, ms (0: no local steps; otherwise --local-steps, at least 1)")
     parser.add_argument("--out-dir", default="sweep", help="folder for the --sweep table and plots")
-    parser.set_defaults(func=run_schedule)
-    return parser
 
 
 def _check_numbers(args):
@@ -72,43 +67,36 @@ def _check_numbers(args):
         raise ScheduleError(f"--step-ms must be 0 or more, got {args.step_ms}")
 
 
-def run_schedule(args):
-    try:
-        _check_numbers(args)
-        aggregator = load_aggregator(args.aggregator)
-        topology = load_topology(args.topology)
-        islands = None if not args.islands else [name.strip() for name in args.islands.split(",")]
-        islands = topology.resolve_islands(islands)
-        if args.sweep:
-            sizes = _parse_sizes(args.sizes_mb, "--sizes-mb")
-            steps = _parse_sizes(args.steps_ms, "--steps-ms", zero=True)
-            profiles = [load_aggregator(name.strip()) for name in args.profiles.split(",") if name.strip()]
-            if not profiles:
-                raise ScheduleError("--profiles must name at least one aggregator profile")
-            _, table = run_sweep(topology, islands, sizes, args.epsilon, args.seed, Path(args.out_dir),
-                                 profiles=profiles, steps_ms=steps, local_steps=max(1, args.local_steps),
-                                 multicast=not args.no_multicast, aggregation=not args.no_aggregation,
-                                 routing=args.routing)
-            print(table)
-            print(f"\nwrote {args.out_dir}/sweep.md, sweep.json, phase_*.png and the schedule maps")
-            return 0
-        if not args.out:
-            raise ScheduleError("--out FILE is required (where to write the schedule JSON)")
-        plan = plan_schedule(topology, islands, round(args.model_mb * 1e6), args.epsilon,
-                             not args.no_multicast, not args.no_aggregation, args.seed, aggregator=aggregator,
-                             reduce_in_path=args.reduce_in_path, routing=args.routing,
-                             local_steps=args.local_steps, step_ms=args.step_ms)
-        print(format_plan(plan))
-        write_schedule(plan, args.out)
-        if args.map:
-            draw_schedule_map(topology, plan.best, args.map, _setting_title(plan))
+def run(args):
+    _check_numbers(args)
+    aggregator = load_aggregator(args.aggregator)
+    topology = load_topology(args.topology)
+    islands = None if not args.islands else [name.strip() for name in args.islands.split(",")]
+    islands = topology.resolve_islands(islands)
+    if args.sweep:
+        sizes = _parse_sizes(args.sizes_mb, "--sizes-mb")
+        steps = _parse_sizes(args.steps_ms, "--steps-ms", zero=True)
+        profiles = [load_aggregator(name.strip()) for name in args.profiles.split(",") if name.strip()]
+        if not profiles:
+            raise ScheduleError("--profiles must name at least one aggregator profile")
+        _, table = run_sweep(topology, islands, sizes, args.epsilon, args.seed, Path(args.out_dir),
+                             profiles=profiles, steps_ms=steps, local_steps=max(1, args.local_steps),
+                             multicast=not args.no_multicast, aggregation=not args.no_aggregation,
+                             routing=args.routing)
+        print(table)
+        print(f"\nwrote {args.out_dir}/sweep.md, sweep.json, phase_*.png and the schedule maps")
         return 0
-    except (TopologyError, ScheduleError) as error:
-        print(f"inwire schedule: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(f"inwire schedule: cannot write {error.filename}: {error.strerror}", file=sys.stderr)
-        return 2
+    if not args.out:
+        raise ScheduleError("--out FILE is required (where to write the schedule JSON)")
+    plan = plan_schedule(topology, islands, round(args.model_mb * 1e6), args.epsilon,
+                         not args.no_multicast, not args.no_aggregation, args.seed, aggregator=aggregator,
+                         reduce_in_path=args.reduce_in_path, routing=args.routing,
+                         local_steps=args.local_steps, step_ms=args.step_ms)
+    print(format_plan(plan))
+    write_schedule(plan, args.out)
+    if args.map:
+        draw_schedule_map(topology, plan.best, args.map, _setting_title(plan))
+    return 0
 
 
 def _parse_sizes(text, option, zero=False):
