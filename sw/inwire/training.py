@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .model import Aggregator
-from .schedule import parse_schedule, plan_schedule, schedule_document
+from .plan.schedule_file import parse_schedule, schedule_document
+from .plan.search import plan_schedule
+from .plan.topology import load_topology
 from .serve import SoftwareAggregator
-from .topology import load_topology
 
 STRATEGIES = ("none", "global", "ring", "schedule")
 ISLAND_TIMEOUT_S = 600
