@@ -269,3 +269,49 @@ def test_a_missing_kernel_fails_under_ci(monkeypatch):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="not built"):
         backend_available("c")
+
+
+def test_batched_io_keeps_each_peer_s_datagrams_whole_and_in_order():
+    """send_batch groups runs of equal-sized datagrams to one peer into GSO messages; recv_batch reads them
+    back one by one: every receiver gets exactly its payloads, in order, with the sender's address."""
+    import socket
+
+    from inwire.datagram import set_receive_buffer
+
+    backend_available("c")
+    kernel = fastpath.compiled
+    receivers = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for sock in (*receivers, sender):
+            sock.bind(("127.0.0.1", 0))
+        for receiver in receivers:
+            # Room for every datagram sent: a loss here would be the buffer's, not the batching's.
+            set_receive_buffer(receiver, 4 << 20)
+        rnd = random.Random(5)
+        messages = []
+        for index in range(150):
+            # Mostly runs of one size to one peer (GSO), broken by other sizes and by the other peer.
+            peer = receivers[0] if index % 40 < 30 else receivers[1]
+            size = 1110 if index % 17 else rnd.randrange(1, 3000)
+            messages.append((index.to_bytes(2, "big") + bytes([index % 256]) * (size - 2), peer.getsockname()))
+        start = 0
+        while start < len(messages):
+            start, refused = kernel.send_batch(sender.fileno(), messages, start)
+            assert refused == 0
+        slot = 65536
+        buffer = bytearray(slot * 64)
+        for receiver in receivers:
+            want = [payload for payload, to in messages if to == receiver.getsockname()]
+            got = []
+            while len(got) < len(want):
+                batch = kernel.recv_batch(receiver.fileno(), buffer, slot, True)
+                assert batch, f"{len(got)} of {len(want)} datagrams arrived"
+                for position, (size, peer) in enumerate(batch):
+                    assert peer == sender.getsockname()
+                    got.append(bytes(buffer[position * slot:position * slot + size]))
+            assert got == want
+            assert kernel.recv_batch(receiver.fileno(), buffer, slot, False) == []
+    finally:
+        for sock in (*receivers, sender):
+            sock.close()
