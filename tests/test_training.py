@@ -8,7 +8,7 @@ pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 from inwire.cli import main  # noqa: E402
-from inwire.training import TrainConfig, run_training, split_data, time_to_accuracy_ms  # noqa: E402
+from inwire.train.training import TrainConfig, run_training, split_data, time_to_accuracy_ms  # noqa: E402
 
 ISLANDS = ("LON", "AMS", "FRA", "NYC")
 

@@ -76,7 +76,7 @@ def add_train_parser(commands):
 
 def run_train(args):
     try:
-        from . import training
+        from .train import training
     except ImportError as error:
         raise ValueError(f"needs the torch extra (pip install 'inwire[torch]'): {error}") from None
     config = training.TrainConfig(

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .model import Aggregator
-from .schedule import parse_schedule, plan_schedule, schedule_document
-from .serve import SoftwareAggregator
-from .topology import load_topology
+from ..model import Aggregator
+from ..schedule import parse_schedule, plan_schedule, schedule_document
+from ..serve import SoftwareAggregator
+from ..topology import load_topology
 
 STRATEGIES = ("none", "global", "ring", "schedule")
 ISLAND_TIMEOUT_S = 600
@@ -125,7 +125,7 @@ def _island(name, config, strategy, rounds, target, results):
     exchange = averager = None
     if strategy != "none":
         exchange = UdpCliqueExchange(target, job=1 + STRATEGIES.index(strategy))
-        averager = CliqueAverager(name, rounds, exchange, period=config.period)
+        averager = CliqueAverager(config.period, island=name, rounds=rounds, exchange=exchange)
     records, compute_s = [], 0.0
     try:
         for step in range(1, config.steps + 1):
