@@ -2,7 +2,6 @@
 
 import argparse
 import json
-import pathlib
 import sys
 
 from inwire_hdl.board_build import add_build_parser
@@ -14,7 +13,6 @@ from .docs import protocol_markdown
 from .host_cli import add_demo_parser, add_dissector_parser, add_serve_parser, add_stream_parser
 from .pcap import CaptureError, read_frames
 from .schedule_cli import add_schedule_parser
-from .stream import parse_simulator
 
 
 def main(argv=None):
@@ -55,38 +53,12 @@ def build_parser():
 
 
 def add_train_parser(commands):
-    train = commands.add_parser(
-        "train", help="train islands on digits, averaging through inwire under four strategies (needs torch)")
-    train.add_argument("--topology", default="doublezero9", help="doublezero9 or a topology file")
-    train.add_argument("--islands", default="", help="comma-separated cities (default: all)")
-    train.add_argument("--steps", type=int, default=300, help="local SGD steps per island")
-    train.add_argument("--period", type=int, default=10, help="local steps between averaging rounds")
-    train.add_argument("--strategies", default=",".join(("none", "global", "ring", "schedule")),
-                       help="comma-separated among none, global, ring, schedule")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--sim", default="", metavar="SIMULATOR[:WIDTH]",
-                       help="average through the gateware in co-simulation (icarus or verilator) "
-                            "instead of the golden model")
-    train.add_argument("--model-mb", type=float, default=0.0,
-                       help="plan and charge communication for a model of this size (default: the MLP's own)")
-    train.add_argument("--out-dir", default="train", help="where train.json and train.png go")
-    train.add_argument("--json", action="store_true", help="print the report as JSON")
-    train.set_defaults(func=run_train)
+    from .train import command
 
-
-def run_train(args):
-    try:
-        from .train import training
-    except ImportError as error:
-        raise ValueError(f"needs the torch extra (pip install 'inwire[torch]'): {error}") from None
-    config = training.TrainConfig(
-        topology=args.topology, islands=tuple(filter(None, args.islands.split(","))), steps=args.steps,
-        period=args.period, seed=args.seed, strategies=tuple(filter(None, args.strategies.split(","))),
-        model_bytes=round(args.model_mb * 1e6), sim=parse_simulator(args.sim) if args.sim else ())
-    report = training.run_training(config)
-    training.write_report(report, pathlib.Path(args.out_dir))
-    print(json.dumps(report) if args.json else training.format_report(report))
-    return 0
+    train = commands.add_parser("train", help="the training study: islands on digits, averaging strategies under "
+                                "one deterministic clock, over seeds (needs torch)", description=command.__doc__)
+    command.add_arguments(train)
+    train.set_defaults(func=command.run)
 
 
 def run_decode(args):

@@ -1,34 +1,49 @@
-"""An experiment a reader can rerun (`inwire train`): islands that really train, averaged through inwire.
+"""The study behind `inwire train`: islands learning digits, synchronized by strategies under one clock.
 
-Each island is a process with its own copy of a small MLP and its own, deliberately skewed share of
-scikit-learn's digits (a Dirichlet split over the classes: no download). Every `period` local SGD steps the
-islands average through a software aggregator over UDP, following one of four strategies:
+Islands are simulated in one process: each holds its own copy of a 64-h-10 MLP, trained by SGD on its own
+share of scikit-learn's digits (IID, or split over the classes by a Dirichlet draw), and the copies are
+stacked so one batched step trains them all. A sync averages each clique's parameters with
+`codec_average.clique_average`, which is bit for bit what the aggregator returns over UDP (tests compare
+the two), and optionally feeds the average to an outer optimizer (`outer.py`).
 
+Time is simulated and deterministic: every local step costs `step_ms` (a stated parameter, or derived from
+the charged model's FLOPs and a device rate), and each sync the time of its round in the planner's cost
+model for the charged model size. Wall clock is never read, so identical work costs identical time under
+every strategy.
+
+Strategies, all through the same simulator, same data, same initialization and batches per seed:
 - `none`: never synchronize;
-- `global`: one clique of every island, aggregated at the best city (the schedule's `global` baseline);
-- `ring`: a ring all-reduce gives the same global average, so it is computed the same way and charged
-  the ring's time from the topology model;
-- `schedule`: the optimized rotating cliques for this model size.
-
-Wall-clock time is simulated: the compute time each step really took (the slowest island, since rounds
-are in lock step) plus, per averaging round, the round time the topology model gives that strategy.
+- `global`: one clique of every island every H steps (the planner's `global` baseline);
+- `global-equal`: the global clique every H' steps, H' chosen so that its total communication time over
+  the run matches the schedule's (the equal-budget control);
+- `hierarchical`: the planner's two-level baseline (regions, then everyone);
+- `ring`: the global average, charged as a ring all-reduce;
+- `gossip`: one-peer exponential gossip: in round k each island pairs with the one 2^k positions away
+  (hypercube pairing on a rotating order, so that with n not a power of two everyone gets partners);
+- `random`: Moshpit-style random groups of about sqrt(n), a fresh partition every round;
+- `schedule`: the planner's optimized rotating cliques for the charged model size.
 """
 
+import functools
+import itertools
 import json
-import multiprocessing
-import threading
-import time
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..model import Aggregator
-from ..schedule import parse_schedule, plan_schedule, schedule_document
-from ..serve import SoftwareAggregator
+from ..schedule import CostModel, Evaluator, plan_schedule, schedule_document
 from ..topology import load_topology
+from .codec_average import clique_average
+from .outer import OuterOptimizer
 
-STRATEGIES = ("none", "global", "ring", "schedule")
-ISLAND_TIMEOUT_S = 600
+STRATEGIES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule")
+BASELINE_OF = {"global": "global", "hierarchical": "hierarchical", "ring": "ring"}
+TARGET_ACCURACY = 0.85
+EVALUATE_EVERY = 2
+"""Steps between test evaluations: time to target is resolved to this many steps under every strategy."""
+RANDOM_ROUNDS = 30
+"""Moshpit-style random partitions drawn per plan; they repeat after that many rounds."""
 
 
 @dataclass(frozen=True)
@@ -37,225 +52,538 @@ class TrainConfig:
     islands: tuple = ()
     """Cities that host an island; empty means every city of the topology."""
     steps: int = 300
-    period: int = 10
+    local_steps: int = 10
+    """H: local steps between syncs."""
     batch: int = 32
     learning_rate: float = 0.2
     hidden: int = 32
-    alpha: float = 0.3
-    """Dirichlet concentration of the class split: small means each island sees few classes."""
+    alpha: float | None = 0.3
+    """Dirichlet concentration of the class split (small: each island sees few classes); None: IID."""
     seed: int = 0
     epsilon: float = 1e-3
     strategies: tuple = STRATEGIES
-    sim: tuple = ()
-    """(simulator, data width) to average through the gateware in co-simulation instead of the golden model."""
     model_bytes: int = 0
-    """Size the communication is planned and charged for; 0 means the MLP's own size. A larger size asks
-    how the same training would fare if each averaging moved a model that large."""
+    """Size the communication is planned and charged for; 0 means the MLP's own size."""
+    step_ms: float = 100.0
+    """Compute time charged per local step."""
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    bound: float = 16.0
+    target: float = TARGET_ACCURACY
 
     def __post_init__(self):
-        for name in ("steps", "period", "batch", "hidden"):
+        for name in ("steps", "local_steps", "batch", "hidden"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.model_bytes < 0:
             raise ValueError(f"model_bytes must not be negative, got {self.model_bytes}")
-        if self.learning_rate <= 0 or self.alpha <= 0:
+        if self.learning_rate <= 0 or (self.alpha is not None and self.alpha <= 0):
             raise ValueError("learning_rate and alpha must be positive")
+        if not self.step_ms >= 0:
+            raise ValueError(f"step_ms must not be negative, got {self.step_ms}")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target accuracy must be in (0, 1], got {self.target}")
+        OuterOptimizer(self.outer_lr, self.outer_momentum)
         unknown = set(self.strategies) - set(STRATEGIES)
         if unknown or not self.strategies:
             raise ValueError(f"strategies must be among {', '.join(STRATEGIES)}, got {', '.join(self.strategies)}")
 
+    @property
+    def outer(self):
+        return OuterOptimizer(self.outer_lr, self.outer_momentum)
 
-def parameter_count(config):
-    return 64 * config.hidden + config.hidden + config.hidden * 10 + 10
+
+def parameter_count(hidden):
+    return 64 * hidden + hidden + hidden * 10 + 10
 
 
-def plan_strategies(config):
-    """Rounds (lists of (members, aggregator)) and round times (ms) of each strategy, and the schedule file."""
-    topology = load_topology(config.topology)
-    islands = list(config.islands) or list(topology.cities)
-    plan = plan_schedule(topology, islands, model_bytes=config.model_bytes or 4 * parameter_count(config),
-                         epsilon=config.epsilon, seed=config.seed)
+def step_ms_from_flops(model_bytes, samples, device_tflops):
+    """Compute time of one step of a dense model of `model_bytes` (fp32) on `samples` samples: forward and
+    backward take about 6 FLOPs per parameter and sample, at `device_tflops` sustained."""
+    if model_bytes <= 0 or samples < 1 or device_tflops <= 0:
+        raise ValueError("model size, samples and device rate must be positive")
+    return 1e3 * 6 * (model_bytes / 4) * samples / (device_tflops * 1e12)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Strategies: rounds of member groups and what each round costs
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    groups: tuple
+    """Rounds, each a tuple of member tuples (cliques of one are left out)."""
+    round_times_ms: tuple
+    period: int
+    """Local steps between syncs."""
+    rho: float = 0.0
+    detail: dict = field(default_factory=dict)
+
+    def communication_ms(self, syncs):
+        """Time of the first `syncs` rounds: whole periods of the schedule, then the rounds left."""
+        if not self.groups or not syncs:
+            return 0.0
+        whole, left = divmod(syncs, len(self.round_times_ms))
+        return whole * sum(self.round_times_ms) + sum(self.round_times_ms[:left])
+
+
+def gossip_rounds(islands):
+    """One-peer exponential pairing: round (s, k) pairs positions p and p XOR 2^k of the order rotated by s."""
+    n = len(islands)
+    levels = max(1, math.ceil(math.log2(n)))
+    rounds = []
+    for shift in range(n):
+        order = [islands[(p + shift) % n] for p in range(n)]
+        for level in range(levels):
+            pairs = [(order[p], order[p ^ (1 << level)]) for p in range(n) if p < p ^ (1 << level) < n]
+            rounds.append(pairs)
+    return rounds
+
+
+def random_rounds(islands, seed, count=RANDOM_ROUNDS):
+    """Moshpit-style: a fresh random partition into groups of about sqrt(n) every round."""
+    rng = np.random.default_rng(seed)
+    n, size = len(islands), math.ceil(math.sqrt(len(islands)))
+    rounds = []
+    for _ in range(count):
+        order = [islands[i] for i in rng.permutation(n)]
+        rounds.append([order[i:i + size] for i in range(0, n, size)])
+    return rounds
+
+
+@functools.lru_cache(maxsize=32)
+def plan_strategies(topology, islands, model_bytes, epsilon, steps, period, step_ms):
+    """Every strategy's rounds and round times in the planner's cost model, plus the plan's summary."""
+    topology_object = load_topology(topology)
+    islands = tuple(islands) or tuple(topology_object.cities)
+    plan = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=0)
     document = schedule_document(plan)
-    sources = {"schedule": document, "global": document["baselines"]["global"],
-               "ring": document["baselines"]["ring"]}
-    strategies = {"none": ([[]], [0.0])}
-    for name, source in sources.items():
-        rounds = parse_schedule({**document, "rounds": source["rounds"]}, f"{name} schedule")
-        strategies[name] = (rounds, [entry["time_ms"] for entry in source["rounds"]])
-    return islands, strategies, document
+    evaluator = Evaluator(CostModel(topology_object, islands, model_bytes), epsilon)
+
+    def of(name, schedule, every=period):
+        groups = tuple(tuple(tuple(c.members) for c in cliques if len(c.members) > 1) for cliques in schedule.rounds)
+        return Strategy(name, groups, tuple(schedule.round_times_ms), every, schedule.rho)
+
+    strategies = {"none": Strategy("none", (), (), period)}
+    for name, baseline in BASELINE_OF.items():
+        strategies[name] = of(name, plan.baselines[baseline])
+    strategies["schedule"] = of("schedule", plan.best)
+    strategies["gossip"] = of("gossip", evaluator.evaluate(gossip_rounds(list(islands))))
+    strategies["random"] = of("random", evaluator.evaluate(random_rounds(list(islands), seed=0)))
+    # The equal-budget control: the global clique, synced just often enough to spend the schedule's time.
+    schedule = strategies["schedule"]
+    budget = schedule.communication_ms(steps // period)
+    global_ms = strategies["global"].round_times_ms[0]
+    equal = min(range(1, steps + 1), key=lambda every: (abs((steps // every) * global_ms - budget), every))
+    strategies["global-equal"] = Strategy("global-equal", strategies["global"].groups, (global_ms,), equal, 0.0,
+                                          {"matches": "schedule", "budget_ms": budget,
+                                           "spent_ms": (steps // equal) * global_ms})
+    for strategy in strategies.values():
+        strategy.detail["local_step_objective_ms"] = local_step_objective_ms(strategy, step_ms, epsilon)
+    return islands, strategies, {key: document[key] for key in ("model_bytes", "period_ms", "rho",
+                                                                "time_to_epsilon_ms", "method")}
 
 
-def split_data(config, islands):
-    """Standardized digits: a shared test set and a skewed training share per island."""
+def local_step_objective_ms(strategy, step_ms, epsilon):
+    """Time to epsilon-consensus counting H local steps of compute before every round: the planner's
+    consensus measure (rho per period of the schedule) with compute charged as the study charges it."""
+    if not strategy.groups:
+        return None
+    rounds = len(strategy.round_times_ms)
+    period_ms = rounds * strategy.period * step_ms + sum(strategy.round_times_ms)
+    if strategy.rho <= 1e-9:
+        return period_ms
+    if strategy.rho >= 1 - 1e-12:
+        return None
+    return math.ceil(math.log(epsilon) / math.log(strategy.rho) - 1e-9) * period_ms
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data and the simulated islands
+
+@functools.lru_cache(maxsize=64)
+def split_data(alpha, seed, islands_count):
+    """Standardized digits: a shared test set, and a training share per island (IID when alpha is None)."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    rng = np.random.default_rng(config.seed)
+    rng = np.random.default_rng(seed)
     order = rng.permutation(len(digits.target))
     features = (digits.data[order] / 16.0).astype(np.float32)
     labels = digits.target[order].astype(np.int64)
     test = len(labels) // 5
-    test_set = (features[:test], labels[:test])
     train_x, train_y = features[test:], labels[test:]
-    shares = rng.dirichlet([config.alpha] * len(islands), size=10)
-    assignment = np.empty(len(train_y), dtype=np.int64)
-    for digit in range(10):
-        where = np.flatnonzero(train_y == digit)
-        assignment[where] = rng.choice(len(islands), size=len(where), p=shares[digit])
-    shards = {island: (train_x[assignment == i], train_y[assignment == i]) for i, island in enumerate(islands)}
-    return shards, test_set
+    if alpha is None:
+        assignment = rng.integers(islands_count, size=len(train_y))
+    else:
+        shares = rng.dirichlet([alpha] * islands_count, size=10)
+        assignment = np.empty(len(train_y), dtype=np.int64)
+        for digit in range(10):
+            where = np.flatnonzero(train_y == digit)
+            assignment[where] = rng.choice(islands_count, size=len(where), p=shares[digit])
+    shards = [(train_x[assignment == i], train_y[assignment == i]) for i in range(islands_count)]
+    return shards, (features[:test], labels[:test])
 
 
-def _island(name, config, strategy, rounds, target, results):
-    """One island's process: local SGD, averaging through the aggregator, test metrics at each sync."""
+class Islands:
+    """n copies of the MLP stacked on a leading axis; parameters laid out as nn.Sequential(Linear, ReLU,
+    Linear) flattens them, so one island's vector is what `CliqueAverager` would send."""
+
+    def __init__(self, n, hidden, seed):
+        import torch
+
+        torch.manual_seed(seed)
+        first, second = torch.nn.Linear(64, hidden), torch.nn.Linear(hidden, 10)
+        self.params = [p.detach().unsqueeze(0).repeat(n, *[1] * p.dim()).contiguous().requires_grad_()
+                       for p in (first.weight, first.bias, second.weight, second.bias)]
+        self.n = n
+
+    def logits(self, x):
+        import torch
+
+        w1, b1, w2, b2 = self.params
+        hidden = torch.relu(torch.baddbmm(b1.unsqueeze(1), x, w1.transpose(1, 2)))
+        return torch.baddbmm(b2.unsqueeze(1), hidden, w2.transpose(1, 2))
+
+    def vectors(self):
+        """(n, parameters) float32 array."""
+        return np.concatenate([p.detach().reshape(self.n, -1).numpy() for p in self.params], axis=1)
+
+    def load(self, index, vector):
+        import torch
+
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                size = p[index].numel()
+                p[index].copy_(torch.from_numpy(vector[offset:offset + size]).reshape(p[index].shape))
+                offset += size
+
+
+def _evaluate(islands, test_x, test_y):
+    """Mean island test loss and accuracy, and the accuracy of the islands' exact mean model."""
     import torch
 
-    from .averaging import CliqueAverager, UdpCliqueExchange
+    with torch.no_grad():
+        x = test_x.unsqueeze(0).expand(islands.n, -1, -1)
+        logits = islands.logits(x)
+        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), test_y.expand(islands.n, -1),
+                                                   reduction="none").mean(1)
+        accuracy = (logits.argmax(2) == test_y).float().mean(1)
+        mean_params = [p.mean(0, keepdim=True) for p in islands.params]
+        hidden = torch.relu(torch.baddbmm(mean_params[1].unsqueeze(1), test_x.unsqueeze(0),
+                                          mean_params[0].transpose(1, 2)))
+        averaged = torch.baddbmm(mean_params[3].unsqueeze(1), hidden, mean_params[2].transpose(1, 2))
+        averaged_accuracy = float((averaged[0].argmax(1) == test_y).float().mean())
+    return float(losses.mean()), float(accuracy.mean()), averaged_accuracy
+
+
+def simulate(config, strategy, islands_count):
+    """Train under one strategy; returns the points every EVALUATE_EVERY steps: step, syncs, loss, accuracies."""
+    import torch
 
     torch.set_num_threads(1)
-    islands = list(config.islands)
-    shards, (test_x, test_y) = split_data(config, islands)
-    train_x, train_y = (torch.from_numpy(array) for array in shards[name])
+    shards, (test_x, test_y) = split_data(config.alpha, config.seed, islands_count)
     test_x, test_y = torch.from_numpy(test_x), torch.from_numpy(test_y)
-    torch.manual_seed(config.seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, config.hidden), torch.nn.ReLU(), torch.nn.Linear(config.hidden, 10))
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate)
-    loss_function = torch.nn.CrossEntropyLoss()
-    generator = torch.Generator().manual_seed(config.seed + islands.index(name))
-    exchange = averager = None
-    if strategy != "none":
-        exchange = UdpCliqueExchange(target, job=1 + STRATEGIES.index(strategy))
-        averager = CliqueAverager(config.period, island=name, rounds=rounds, exchange=exchange)
-    records, compute_s = [], 0.0
-    try:
-        for step in range(1, config.steps + 1):
-            started = time.perf_counter()
-            if len(train_y):
-                batch = torch.randint(len(train_y), (config.batch,), generator=generator)
-                optimizer.zero_grad()
-                loss_function(model(train_x[batch]), train_y[batch]).backward()
-                optimizer.step()
-            compute_s += time.perf_counter() - started
-            if averager is not None:
-                averager.average_parameters(model.parameters())
-            if step % config.period == 0 or step == config.steps:
-                with torch.no_grad():
-                    logits = model(test_x)
-                    records.append({"step": step, "compute_s": compute_s,
-                                    "loss": float(loss_function(logits, test_y)),
-                                    "accuracy": float((logits.argmax(1) == test_y).float().mean())})
-        results.put((name, records, None))
-    except Exception as error:  # reported by the parent as this island's failure
-        results.put((name, records, f"{type(error).__name__}: {error}"))
-    finally:
-        if exchange is not None:
-            exchange.close()
-
-
-def run_strategy(config, strategy, rounds, round_times_ms):
-    """Train every island under one strategy; returns the curve of mean test metrics over simulated time."""
-    make_aggregator = Aggregator
-    if config.sim:
-        from inwire_hdl.cosim import CoSimulation
-
-        def make_aggregator(aggregator_config):
-            return CoSimulation(*config.sim, aggregator_config)
-    server = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None,
-                                make_aggregator=make_aggregator)
-    serving = threading.Thread(target=server.serve, daemon=True)
-    import torch  # noqa: F401  (imported once here, so that forked islands start at once)
-
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    processes = [context.Process(target=_island, args=(name, config, strategy, rounds, server.address, results))
-                 for name in config.islands]
-    try:
-        for process in processes:
-            process.start()
-        serving.start()
-        collected = {}
-        deadline = time.monotonic() + ISLAND_TIMEOUT_S
-        while len(collected) < len(processes):
-            name, records, error = results.get(timeout=max(1.0, deadline - time.monotonic()))
-            if error:
-                raise RuntimeError(f"island {name} failed under strategy {strategy}: {error}")
-            collected[name] = records
-    finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-        server.stop()
-        if serving.is_alive():
-            serving.join(timeout=5)
-        server.close()
-    return _curve(config, strategy, collected, round_times_ms)
-
-
-def _curve(config, strategy, collected, round_times_ms):
-    points = []
-    for index, step in enumerate(record["step"] for record in next(iter(collected.values()))):
-        at_step = [records[index] for records in collected.values()]
-        syncs = 0 if strategy == "none" else step // config.period
-        communication_ms = sum(round_times_ms[i % len(round_times_ms)] for i in range(syncs))
-        points.append({"step": step, "time_ms": 1000 * max(r["compute_s"] for r in at_step) + communication_ms,
-                       "loss": float(np.mean([r["loss"] for r in at_step])),
-                       "accuracy": float(np.mean([r["accuracy"] for r in at_step]))})
+    model = Islands(islands_count, config.hidden, config.seed)
+    optimizer = torch.optim.SGD(model.params, lr=config.learning_rate)
+    generators = [torch.Generator().manual_seed(config.seed * 1000 + i) for i in range(islands_count)]
+    shard_x = [torch.from_numpy(x) for x, _ in shards]
+    shard_y = [torch.from_numpy(y) for _, y in shards]
+    has_data = torch.tensor([len(y) > 0 for y in shard_y], dtype=torch.float32)
+    outer = config.outer
+    anchors = list(model.vectors())
+    buffers = [None] * islands_count
+    syncs, points = 0, []
+    for step in range(1, config.steps + 1):
+        picks = [torch.randint(max(1, len(y)), (config.batch,), generator=g) for y, g in zip(shard_y, generators)]
+        x = torch.stack([sx[p] if len(sx) else torch.zeros(config.batch, 64) for sx, p in zip(shard_x, picks)])
+        y = torch.stack([sy[p] if len(sy) else torch.zeros(config.batch, dtype=torch.int64)
+                         for sy, p in zip(shard_y, picks)])
+        losses = torch.nn.functional.cross_entropy(model.logits(x).transpose(1, 2), y, reduction="none").mean(1)
+        optimizer.zero_grad()
+        # Summing per-island mean losses gives each island exactly its own gradient; islands without data idle.
+        (losses * has_data).sum().backward()
+        optimizer.step()
+        if strategy.groups and step % strategy.period == 0:
+            vectors = model.vectors()
+            for members in strategy.groups[syncs % len(strategy.groups)]:
+                average = clique_average([vectors[i] for i in members], config.bound)
+                for i in members:
+                    updated, buffers[i] = outer.step(anchors[i], buffers[i], average)
+                    anchors[i] = updated
+                    model.load(i, updated)
+            syncs += 1
+        if step % EVALUATE_EVERY == 0 or step == config.steps:
+            loss, accuracy, averaged = _evaluate(model, test_x, test_y)
+            points.append({"step": step, "syncs": syncs, "loss": loss, "accuracy": accuracy,
+                           "averaged_accuracy": averaged})
     return points
 
 
+@functools.lru_cache(maxsize=4096)
+def _simulate_cached(config, groups_by_index, period):
+    """Training does not depend on what a round costs: strategies with the same rounds and period (global
+    and ring, or the same schedule charged for another model size) share one run."""
+    strategy = Strategy("cached", groups_by_index, (), period)
+    return simulate(config, strategy, config.islands_count)
+
+
+@dataclass(frozen=True)
+class _SimulationKey:
+    """What a training run depends on (hashable, so runs are cached across strategies and model sizes)."""
+    alpha: float | None
+    seed: int
+    steps: int
+    local_steps: int
+    batch: int
+    learning_rate: float
+    hidden: int
+    outer_lr: float
+    outer_momentum: float
+    bound: float
+    islands_count: int
+
+    @property
+    def outer(self):
+        return OuterOptimizer(self.outer_lr, self.outer_momentum)
+
+
+def run_strategy(config, islands, strategy):
+    """The curve of one strategy: training points with the time each is reached."""
+    index = {name: i for i, name in enumerate(islands)}
+    groups = tuple(tuple(tuple(index[m] for m in members) for members in round_) for round_ in strategy.groups)
+    key = _SimulationKey(config.alpha, config.seed, config.steps, config.local_steps, config.batch,
+                         config.learning_rate, config.hidden, config.outer_lr, config.outer_momentum, config.bound,
+                         len(islands))
+    points = _simulate_cached(key, groups, strategy.period)
+    return [{**point, "compute_ms": point["step"] * config.step_ms,
+             "communication_ms": strategy.communication_ms(point["syncs"]),
+             "time_ms": point["step"] * config.step_ms + strategy.communication_ms(point["syncs"])}
+            for point in points]
+
+
 def run_training(config):
-    islands, strategies, document = plan_strategies(config)
-    config = TrainConfig(**{**asdict(config), "islands": tuple(islands)})
-    curves = {name: run_strategy(config, name, *strategies[name]) for name in config.strategies}
-    return {"config": asdict(config), "parameters": parameter_count(config),
-            "schedule": {key: document[key] for key in ("model_bytes", "period_ms", "rho", "time_to_epsilon_ms")},
-            "schedule_rounds": document["rounds"],
-            "curves": curves}
+    """One seed, every strategy asked for: curves, plus what each strategy is and costs."""
+    islands, strategies, plan = plan_strategies(config.topology, tuple(config.islands), charged_bytes(config),
+                                                config.epsilon, config.steps, config.local_steps, config.step_ms)
+    curves = {name: run_strategy(config, islands, strategies[name]) for name in config.strategies}
+    described = {}
+    for name in config.strategies:
+        strategy = strategies[name]
+        described[name] = {"period": strategy.period, "rounds": [list(map(list, r)) for r in strategy.groups],
+                           "round_times_ms": list(strategy.round_times_ms), "rho": strategy.rho, **strategy.detail}
+    return {"config": {**asdict(config), "islands": list(islands)}, "parameters": parameter_count(config.hidden),
+            "charged_bytes": charged_bytes(config), "plan": plan, "strategies": described, "curves": curves}
 
 
-TARGET_ACCURACY = 0.85
+def charged_bytes(config):
+    return config.model_bytes or 4 * parameter_count(config.hidden)
 
 
-def time_to_accuracy_ms(curve, target=TARGET_ACCURACY):
-    """Simulated time at which the mean test accuracy first reaches `target`, or None if it never does."""
-    return next((point["time_ms"] for point in curve if point["accuracy"] >= target), None)
+def time_to_accuracy_ms(curve, target=TARGET_ACCURACY, key="accuracy"):
+    """Simulated time at which `key` first reaches `target`, or None if it never does."""
+    return next((point["time_ms"] for point in curve if point[key] >= target), None)
 
 
-def format_report(report):
-    lines = [f"{'strategy':<10} {'steps':>6} {'sim. time (s)':>14} {'test loss':>10} {'test accuracy':>14} "
-             f"{f'time to {TARGET_ACCURACY:.0%} (s)':>18}"]
-    for name, curve in report["curves"].items():
-        last = curve[-1]
-        reached = time_to_accuracy_ms(curve)
-        reached = "never" if reached is None else f"{reached / 1000:.2f}"
-        lines.append(f"{name:<10} {last['step']:>6} {last['time_ms'] / 1000:>14.2f} {last['loss']:>10.4f} "
-                     f"{100 * last['accuracy']:>13.1f}% {reached:>18}")
+# ---------------------------------------------------------------------------------------------------
+# The study: seeds, data splits, model sizes, outer optimizers
+
+def _stats(values):
+    """Mean, sample standard deviation and count of the values that are not None."""
+    finite = [v for v in values if v is not None]
+    if not finite:
+        return {"mean": None, "std": None, "n": 0, "of": len(values)}
+    return {"mean": float(np.mean(finite)), "std": float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0,
+            "n": len(finite), "of": len(values)}
+
+
+def summarize(runs, target):
+    """Per strategy: final accuracies, total and communication time, time to target, over the seeds."""
+    summary = {}
+    for name in runs[0]["curves"]:
+        curves = [run["curves"][name] for run in runs]
+        summary[name] = {
+            "accuracy": _stats([c[-1]["accuracy"] for c in curves]),
+            "averaged_accuracy": _stats([c[-1]["averaged_accuracy"] for c in curves]),
+            "loss": _stats([c[-1]["loss"] for c in curves]),
+            "time_ms": _stats([c[-1]["time_ms"] for c in curves]),
+            "communication_ms": _stats([c[-1]["communication_ms"] for c in curves]),
+            "time_to_target_ms": _stats([time_to_accuracy_ms(c, target) for c in curves]),
+            "averaged_time_to_target_ms": _stats([time_to_accuracy_ms(c, target, "averaged_accuracy")
+                                                  for c in curves]),
+            "period": runs[0]["strategies"][name]["period"],
+            "local_step_objective_ms": runs[0]["strategies"][name]["local_step_objective_ms"],
+        }
+    return summary
+
+
+def compare(runs, name, other, target):
+    """Paired over seeds: how often `name` reaches the target sooner than `other`, and the verdict.
+
+    A run that never reaches the target counts as slower than any that does. The verdict is `win` (or
+    `lose`) when `name` is sooner (later) on every seed, or on most seeds with a mean paired difference
+    beyond two standard errors; `tie` otherwise.
+    """
+    sooner = later = 0
+    differences = []
+    for run in runs:
+        a = time_to_accuracy_ms(run["curves"][name], target)
+        b = time_to_accuracy_ms(run["curves"][other], target)
+        a_key, b_key = (math.inf if a is None else a), (math.inf if b is None else b)
+        sooner += a_key < b_key
+        later += a_key > b_key
+        if a is not None and b is not None:
+            differences.append(a - b)
+    n = len(runs)
+    mean = float(np.mean(differences)) if differences else None
+    error = float(np.std(differences, ddof=1) / math.sqrt(len(differences))) if len(differences) > 1 else None
+    clear = mean is not None and error is not None and abs(mean) > 2 * error
+    if sooner == n or (sooner > n / 2 and clear and mean < 0):
+        verdict = "win"
+    elif later == n or (later > n / 2 and clear and mean > 0):
+        verdict = "lose"
+    else:
+        verdict = "tie"
+    return {"against": other, "sooner": sooner, "later": later, "seeds": n, "mean_difference_ms": mean,
+            "standard_error_ms": error, "verdict": verdict}
+
+
+def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms=None):
+    """Every (data split, model size, step time, outer optimizer) cell over `seeds`: summaries and verdicts.
+    Training runs are shared between cells that differ only in what time is charged."""
+    alphas = [config.alpha] if alphas is None else alphas
+    sizes = [config.model_bytes] if model_bytes is None else model_bytes
+    outers = [(config.outer_lr, config.outer_momentum)] if outers is None else outers
+    step_times = [config.step_ms] if step_ms is None else step_ms
+    cells = []
+    for alpha, size, step, (outer_lr, outer_momentum) in itertools.product(alphas, sizes, step_times, outers):
+                cell_config = TrainConfig(**{**asdict(config), "alpha": alpha, "model_bytes": size, "step_ms": step,
+                                             "outer_lr": outer_lr, "outer_momentum": outer_momentum})
+                runs = [run_training(TrainConfig(**{**asdict(cell_config), "seed": seed})) for seed in seeds]
+                cell = {"alpha": alpha, "model_bytes": charged_bytes(cell_config), "step_ms": step,
+                        "outer_lr": outer_lr, "outer_momentum": outer_momentum, "seeds": list(seeds),
+                        "strategies": runs[0]["strategies"], "plan": runs[0]["plan"],
+                        "summary": summarize(runs, config.target),
+                        "mean_curves": _mean_curves(runs)}
+                if "schedule" in config.strategies:
+                    cell["schedule_vs"] = {other: compare(runs, "schedule", other, config.target)
+                                           for other in config.strategies if other != "schedule"}
+                cells.append(cell)
+    return {"config": {**asdict(config), "islands": list(runs[0]["config"]["islands"])},
+            "seeds": list(seeds), "target": config.target, "cells": cells}
+
+
+def _mean_curves(runs):
+    """Per strategy: time and mean-island accuracy at each evaluation step, mean and std over seeds."""
+    curves = {}
+    for name in runs[0]["curves"]:
+        stacked = [run["curves"][name] for run in runs]
+        curves[name] = {
+            "time_ms": [p["time_ms"] for p in stacked[0]],
+            "accuracy_mean": np.mean([[p["accuracy"] for p in c] for c in stacked], axis=0).tolist(),
+            "accuracy_std": np.std([[p["accuracy"] for p in c] for c in stacked], axis=0, ddof=1).tolist()
+            if len(stacked) > 1 else [0.0] * len(stacked[0]),
+        }
+    return curves
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reports
+
+def alpha_name(alpha):
+    return "IID" if alpha is None else f"Dirichlet α={alpha:g}"
+
+
+def outer_name(cell):
+    if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0:
+        return "plain averaging"
+    return f"outer Nesterov lr {cell['outer_lr']:g}, momentum {cell['outer_momentum']:g}"
+
+
+def _pm(stats, scale=1.0, digits=2, percent=False):
+    if stats["mean"] is None:
+        return f"never (0/{stats['of']})"
+    unit = "%" if percent else ""
+    text = f"{stats['mean'] * scale:.{digits}f} ± {stats['std'] * scale:.{digits}f}{unit}"
+    return text + (f" ({stats['n']}/{stats['of']})" if stats["n"] < stats["of"] else "")
+
+
+def cell_title(cell):
+    return (f"{alpha_name(cell['alpha'])}, charged {cell['model_bytes'] / 1e6:g} MB, "
+            f"{cell['step_ms']:g} ms per step, {outer_name(cell)}, {len(cell['seeds'])} seeds")
+
+
+def format_cell(cell, target):
+    """A markdown table of one cell: a row per strategy, mean ± std over seeds."""
+    lines = [f"**{cell_title(cell)}**", "",
+             f"| strategy | H | comm. (s) | total (s) | time to {target:.0%} (s) | mean island acc. | "
+             f"averaged model acc. | objective (s) | schedule is |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, s in cell["summary"].items():
+        versus = cell.get("schedule_vs", {}).get(name)
+        verdict = "" if versus is None else (f"{versus['verdict']} ({versus['sooner']}↑ {versus['later']}↓ "
+                                             f"of {versus['seeds']})")
+        lines.append(f"| {name} | {s['period']} | {_pm(s['communication_ms'], 1e-3)} | {_pm(s['time_ms'], 1e-3)} | "
+                     f"{_pm(s['time_to_target_ms'], 1e-3)} | {_pm(s['accuracy'], 100, 1, True)} | "
+                     f"{_pm(s['averaged_accuracy'], 100, 1, True)} | {_seconds(s['local_step_objective_ms'])} | "
+                     f"{verdict} |")
     return "\n".join(lines)
 
 
-def plot_report(report, path):
+def _seconds(ms):
+    return "–" if ms is None else f"{ms / 1000:.2f}"
+
+
+def format_study(study):
+    parts = [f"Seeds {study['seeds'][0]}–{study['seeds'][-1]}; 'schedule is' compares time to "
+             f"{study['target']:.0%} with the row's strategy, paired over seeds (↑ sooner, ↓ later); "
+             "'objective' is the time to ε-consensus with H local steps per round (the local-step objective)."]
+    parts += [format_cell(cell, study["target"]) for cell in study["cells"]]
+    return "\n\n".join(parts) + "\n"
+
+
+def plot_cell(cell, target, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (accuracy_axis, loss_axis) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, curve in report["curves"].items():
-        times = [point["time_ms"] / 1000 for point in curve]
-        accuracy_axis.plot(times, [100 * point["accuracy"] for point in curve], label=name)
-        loss_axis.plot(times, [point["loss"] for point in curve], label=name)
-    accuracy_axis.set(xlabel="simulated wall-clock time (s)", ylabel="mean test accuracy (%)")
-    loss_axis.set(xlabel="simulated wall-clock time (s)", ylabel="mean test loss")
-    accuracy_axis.legend()
-    figure.suptitle(f"{len(report['config']['islands'])} islands, digits, averaging every "
-                    f"{report['config']['period']} steps")
+    figure, (curve_axis, bar_axis) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for name, curve in cell["mean_curves"].items():
+        times = np.array(curve["time_ms"]) / 1000
+        mean, std = 100 * np.array(curve["accuracy_mean"]), 100 * np.array(curve["accuracy_std"])
+        curve_axis.plot(times, mean, label=name)
+        curve_axis.fill_between(times, mean - std, mean + std, alpha=0.15)
+    curve_axis.axhline(100 * target, color="grey", linewidth=0.8, linestyle=":")
+    curve_axis.set(xlabel="simulated time (s)", ylabel="mean island test accuracy (%)")
+    curve_axis.legend(fontsize=8)
+    names = list(cell["summary"])
+    reached = [cell["summary"][n]["time_to_target_ms"] for n in names]
+    means = [0 if r["mean"] is None else r["mean"] / 1000 for r in reached]
+    errors = [0 if r["mean"] is None else r["std"] / 1000 for r in reached]
+    bar_axis.bar(names, means, yerr=errors, capsize=3, color=["lightgrey" if r["mean"] is None else "C0"
+                                                              for r in reached])
+    for i, r in enumerate(reached):
+        if r["n"] < r["of"]:
+            bar_axis.annotate(f"{r['n']}/{r['of']}", (i, means[i]), ha="center", va="bottom", fontsize=8)
+    bar_axis.set(ylabel=f"time to {target:.0%} (s), mean ± std")
+    bar_axis.tick_params(axis="x", rotation=35)
+    figure.suptitle(cell_title(cell))
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=100)
     plt.close(figure)
 
 
-def write_report(report, out_dir):
+def cell_file_name(cell):
+    alpha = "iid" if cell["alpha"] is None else f"alpha{cell['alpha']:g}"
+    outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "nesterov"
+    return f"{alpha}-{cell['model_bytes'] / 1e6:g}mb-{cell['step_ms']:g}ms-{outer}.png"
+
+
+def write_study(study, out_dir):
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "train.json").write_text(json.dumps(report, indent=1) + "\n")
-    plot_report(report, out_dir / "train.png")
+    (out_dir / "study.json").write_text(json.dumps(study, indent=1) + "\n")
+    (out_dir / "study.md").write_text(format_study(study))
+    for cell in study["cells"]:
+        plot_cell(cell, study["target"], out_dir / cell_file_name(cell))
