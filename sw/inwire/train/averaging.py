@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 import torch
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from ..packets import AGGREGATION_OFFSET, build_frames, parse_datagram_header
 from ..protocol import (
@@ -121,6 +121,14 @@ def _flat_parameters(params):
     return params
 
 
+def _load(params, vector):
+    """Copy a flat vector into the parameters in place, so optimizers and DDP keep their references."""
+    offset = 0
+    for p in params:
+        p.copy_(torch.from_numpy(vector[offset:offset + p.numel()]).view_as(p).to(p.dtype))
+        offset += p.numel()
+
+
 class CliqueAverager:
     """Every `period` steps after `warmup_steps`, average parameters with this island's current clique.
 
@@ -181,7 +189,7 @@ class CliqueAverager:
                     self.last = (round_index, members, flat, average)
                     updated, self.buffer = self.outer.step(self.anchor, self.buffer, average)
                     self.anchor = updated
-                    vector_to_parameters(torch.from_numpy(updated.copy()).to(params[0].dtype), params)
+                    _load(params, updated)
                 return members
         return None
 
