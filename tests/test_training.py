@@ -88,6 +88,11 @@ def test_verdicts_are_paired_over_seeds():
     assert compare([run(1, 2), run(1, 3), run(2, 3)], "schedule", "global", 0.85)["verdict"] == "win"
     assert compare([run(3, 2), run(4, 3), run(5, 3)], "schedule", "global", 0.85)["verdict"] == "lose"
     assert compare([run(1, 2), run(3, 2), run(2, 2)], "schedule", "global", 0.85)["verdict"] == "tie"
+    # A schedule that never reaches the target is the later one: 9 of 10 later is a loss by the sign test,
+    # 8 of 10 is not enough.
+    never = {"curves": {"schedule": [{"time_ms": 1, "accuracy": 0.5}], "global": [{"time_ms": 9, "accuracy": 0.9}]}}
+    assert compare([never] * 9 + [run(1, 2)], "schedule", "global", 0.85)["verdict"] == "lose"
+    assert compare([never] * 8 + [run(1, 2)] * 2, "schedule", "global", 0.85)["verdict"] == "tie"
 
 
 def test_train_seeds_prints_mean_and_std_per_strategy_with_the_control(tmp_path, capsys):

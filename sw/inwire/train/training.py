@@ -410,6 +410,7 @@ def summarize(runs, target):
             "time_ms": _stats([c[-1]["time_ms"] for c in curves]),
             "communication_ms": _stats([c[-1]["communication_ms"] for c in curves]),
             "time_to_target_ms": _stats([time_to_accuracy_ms(c, target) for c in curves]),
+            "time_to_target_ms_per_seed": [time_to_accuracy_ms(c, target) for c in curves],
             "averaged_time_to_target_ms": _stats([time_to_accuracy_ms(c, target, "averaged_accuracy")
                                                   for c in curves]),
             "period": runs[0]["strategies"][name]["period"],
@@ -418,12 +419,22 @@ def summarize(runs, target):
     return summary
 
 
+def sign_test_p(sooner, later):
+    """Two-sided exact sign test: the chance of a split at least this uneven if either were as likely."""
+    n = sooner + later
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(sooner, later) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
 def compare(runs, name, other, target):
     """Paired over seeds: how often `name` reaches the target sooner than `other`, and the verdict.
 
-    A run that never reaches the target counts as slower than any that does. The verdict is `win` (or
-    `lose`) when `name` is sooner (later) on every seed, or on most seeds with a mean paired difference
-    beyond two standard errors; `tie` otherwise.
+    A run that never reaches the target counts as slower than any that does; seeds where both are equal
+    (or neither reaches the target) are ties. The verdict is `win` (or `lose`) when `name` is sooner
+    (later) on every seed, or when a two-sided sign test over the seeds that differ gives p < 0.05;
+    `tie` otherwise. With 10 seeds that takes at least 9 of 10 one way.
     """
     sooner = later = 0
     differences = []
@@ -436,17 +447,16 @@ def compare(runs, name, other, target):
         if a is not None and b is not None:
             differences.append(a - b)
     n = len(runs)
-    mean = float(np.mean(differences)) if differences else None
-    error = float(np.std(differences, ddof=1) / math.sqrt(len(differences))) if len(differences) > 1 else None
-    clear = mean is not None and error is not None and abs(mean) > 2 * error
-    if sooner == n or (sooner > n / 2 and clear and mean < 0):
+    p = sign_test_p(sooner, later)
+    if sooner == n or (sooner > later and p < 0.05):
         verdict = "win"
-    elif later == n or (later > n / 2 and clear and mean > 0):
+    elif later == n or (later > sooner and p < 0.05):
         verdict = "lose"
     else:
         verdict = "tie"
-    return {"against": other, "sooner": sooner, "later": later, "seeds": n, "mean_difference_ms": mean,
-            "standard_error_ms": error, "verdict": verdict}
+    return {"against": other, "sooner": sooner, "later": later, "seeds": n, "sign_test_p": p,
+            "mean_difference_ms": float(np.mean(differences)) if differences else None,
+            "both_reached": len(differences), "verdict": verdict}
 
 
 def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms=None):
@@ -535,10 +545,36 @@ def _seconds(ms):
     return "–" if ms is None else f"{ms / 1000:.2f}"
 
 
+VERDICT_COLUMNS = ("global", "global-equal", "hierarchical", "ring", "gossip", "random")
+
+
+def format_verdicts(study):
+    """One line per cell: the schedule against each baseline, and whether the planner's schedule differs
+    from the global clique at all in that cell."""
+    columns = [c for c in VERDICT_COLUMNS if any(c in cell.get("schedule_vs", {}) for cell in study["cells"])]
+    lines = ["| data | MB | step (ms) | outer | schedule | " + " | ".join(columns) + " |",
+             "| --- | ---: | ---: | --- | --- | " + " | ".join("---" for _ in columns) + " |"]
+    for cell in study["cells"]:
+        versus = cell.get("schedule_vs", {})
+        rounds = cell["strategies"].get("schedule", {}).get("rounds", [])
+        kind = "global clique" if len(rounds) == 1 and len(rounds[0]) == 1 else f"{len(rounds)} rounds"
+        outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "Nesterov"
+        verdicts = [f"{versus[c]['verdict']} {versus[c]['sooner']}↑{versus[c]['later']}↓" if c in versus else ""
+                    for c in columns]
+        alpha = "IID" if cell["alpha"] is None else f"α={cell['alpha']:g}"
+        lines.append(f"| {alpha} | {cell['model_bytes'] / 1e6:g} | {cell['step_ms']:g} | {outer} | {kind} | "
+                     + " | ".join(verdicts) + " |")
+    return "\n".join(lines)
+
+
 def format_study(study):
     parts = [f"Seeds {study['seeds'][0]}–{study['seeds'][-1]}; 'schedule is' compares time to "
-             f"{study['target']:.0%} with the row's strategy, paired over seeds (↑ sooner, ↓ later); "
+             f"{study['target']:.0%} with the row's strategy, paired over seeds (↑ sooner, ↓ later; win or lose: every "
+             "seed, or a sign test at p < 0.05; a run that never reaches the target is the later one); "
              "'objective' is the time to ε-consensus with H local steps per round (the local-step objective)."]
+    if any("schedule_vs" in cell for cell in study["cells"]):
+        parts.append("Verdicts of the schedule against each baseline, time to target paired over seeds:\n\n"
+                     + format_verdicts(study))
     parts += [format_cell(cell, study["target"]) for cell in study["cells"]]
     return "\n\n".join(parts) + "\n"
 
