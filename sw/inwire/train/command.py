@@ -2,7 +2,6 @@
 data splits, charged model sizes and outer optimizers; writes study.json, study.md and a plot per table.
 Needs the torch extra. Islands as torchrun jobs through a real aggregator: `make train-dist`."""
 
-import json
 import pathlib
 
 STRATEGY_NAMES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule")
@@ -74,5 +73,5 @@ def run(args):
     study = training.run_study(config, range(args.seed, args.seed + args.seeds), alphas, sizes, outer_settings,
                                step_times)
     training.write_study(study, pathlib.Path(args.out_dir))
-    print(json.dumps(study) if args.json else training.format_study(study), end="" if not args.json else "\n")
+    print(training.study_json(study) if args.json else training.format_study(study), end="" if not args.json else "\n")
     return 0
