@@ -68,8 +68,8 @@ train-demo:
 	$(BIN)/inwire train --model-mb 100 --out-dir train/demo
 
 train-study:
-	$(BIN)/inwire train --seeds 10 --alpha iid,1,0.1 --model-mb 1,100,1000 --step-ms 10,100 --outer avg,nesterov \
-		--out-dir train/study
+	$(BIN)/inwire train --seeds 10 --alpha iid,1,0.3,0.1 --model-mb 1,100,1000 --step-ms 10,100 --outer avg,nesterov \
+		--out-dir docs/training
 
 # Three islands of two gloo ranks each (torchrun), averaging through a software aggregator on loopback.
 train-dist:
