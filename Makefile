@@ -39,23 +39,22 @@ sim:
 	$(BIN)/pytest -m sim
 
 formal:
-	$(BIN)/python -m inwire_hdl.formal
+	$(BIN)/inwire formal
 
 fuzz:
 	INWIRE_FUZZ_FRAMES=100000 $(BIN)/pytest -s tests/test_fuzz.py
 
 coverage:
-	$(BIN)/python tb/coverage/verilator_coverage.py
+	PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage $(BIN)/python tb/coverage/verilator_coverage.py
 
 verilog:
-	mkdir -p build
 	$(BIN)/inwire verilog -o build/inwire_aggregator.v
 
 bitstream:
 	$(BIN)/inwire build --board versa_ecp5 --out build/board
 
 alveo:
-	$(BIN)/python -m inwire_hdl.alveo --out build/alveo
+	$(BIN)/inwire alveo --out build/alveo
 
 docs:
 	$(BIN)/python -m inwire.docs
@@ -77,8 +76,7 @@ train-dist:
 		--out-dir train/dist
 
 bench:
-	mkdir -p bench
-	$(BIN)/python -m inwire.bench --out bench/results.json
+	$(BIN)/inwire bench --out bench/results.json
 
 clean:
 	rm -rf build sim_build .pytest_cache .hypothesis

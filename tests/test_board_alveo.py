@@ -4,7 +4,7 @@ U200 constraints name only ports and instances that the generated card top has."
 import re
 import shutil
 import subprocess
-from pathlib import Path
+from importlib import resources
 
 import pytest
 from amaranth.back import verilog
@@ -12,9 +12,9 @@ from amaranth.back import verilog
 from inwire_hdl.alveo import AlveoCore, AlveoU200Top
 from inwire_hdl.board import passthrough_factory
 
-ROOT = Path(__file__).resolve().parents[1]
-XDC = ROOT / "constraints" / "alveo_u200.xdc"
-TCL = ROOT / "constraints" / "alveo_u200_build.tcl"
+CONSTRAINTS = resources.files("inwire_hdl") / "constraints"
+XDC = CONSTRAINTS / "alveo_u200.xdc"
+TCL = CONSTRAINTS / "alveo_u200_build.tcl"
 
 # Yosys emits width-mismatched assignments and casez without default; neither is a design error.
 LINT_FLAGS = ["--lint-only", "-Wno-WIDTH", "-Wno-CASEINCOMPLETE"]

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inwire.codec import INT32_MAX, average_error_bound, choose_exponent, dequantize, quantize
+from inwire.codec import average_error_bound, choose_exponent, dequantize, quantize
+from inwire.protocol import INT32_MAX
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,20 +1,14 @@
 """Verilator line coverage of the aggregator over the cocotb suite and a fuzz run (`make coverage`)."""
 
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
-
-COVERAGE_DIR = Path(__file__).resolve().parents[1] / "tb" / "coverage"
 
 
 @pytest.mark.sim
 def test_suite_covers_the_core_lines():
     if shutil.which("verilator") is None:
         pytest.fail("verilator is not on PATH (run `make setup`)")
-    if str(COVERAGE_DIR) not in sys.path:
-        sys.path.insert(0, str(COVERAGE_DIR))
     import verilator_coverage
 
     report = verilator_coverage.measure(width=8, frames=1000)

@@ -1,6 +1,6 @@
 """Formal checks of the aggregator (SymbiYosys, Yices), and proof that the checks can fail.
 
-`make formal` runs `python -m inwire_hdl.formal` (the table); here the same checks run as pytest cases,
+`make formal` runs `inwire formal` (the table); here the same checks run as pytest cases,
 and two tampered aggregators must each be caught with a counterexample trace.
 """
 

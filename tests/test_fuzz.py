@@ -8,19 +8,17 @@ import json
 import os
 import shutil
 import socket
-import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from inwire.datagram import parse_payload_header, parse_result, parse_stats_reply, payload_of, stats_request
 from inwire.model import AggregatorConfig
-from inwire.packets import build_frames, parse_header
-from inwire.protocol import DROP_COUNTERS, Opcode
+from inwire.packets import build_frames
+from inwire.protocol import DROP_COUNTERS, INT32_MAX, INT32_MIN, Opcode
 
-REPO = Path(__file__).resolve().parents[1]
-FUZZ_DIR = REPO / "tb" / "fuzz"
 FUZZ_CONFIG = AggregatorConfig(slots=4, max_elements=32, max_fanin=8)
 """Few slots and a low fan-in limit: cliques collide, reclaim and hit the limits often."""
 CI_FRAMES = {8: 2000, 64: 1000}
@@ -37,13 +35,11 @@ def test_gateware_survives_fuzzing_then_aggregates(width, tmp_path):
         pytest.fail("verilator is not on PATH (run `make setup`)")
     from inwire_hdl import sim
 
-    if str(FUZZ_DIR) not in sys.path:
-        sys.path.insert(0, str(FUZZ_DIR))
-    runner, build_dir = sim.build("verilator", width, FUZZ_CONFIG, build_root=REPO / "build" / "fuzz")
+    runner, build_dir = sim.build("verilator", width, FUZZ_CONFIG, build_root=Path("build") / "fuzz")
     report = tmp_path / "report.json"
     frames = fuzz_frames(width)
     seed = int(os.environ.get("INWIRE_FUZZ_SEED", width))
-    outcome = sim.run(runner, build_dir, FUZZ_CONFIG, test_module="test_fuzz", results_name="fuzz.xml",
+    outcome = sim.run(runner, build_dir, FUZZ_CONFIG, test_module="fuzz_cocotb", results_name="fuzz.xml",
                       extra_env={"INWIRE_FUZZ_FRAMES": str(frames), "INWIRE_FUZZ_SEED": str(seed),
                                  "INWIRE_FUZZ_REPORT": str(report)})
     assert outcome == {"fuzz_then_clean_round": True}, f"fuzz failed at seed {seed}, see {build_dir}/fuzz.log"
@@ -81,10 +77,6 @@ def _socket():
 
 def test_software_aggregator_keeps_serving_mutated_datagrams(server):
     """The UDP payloads of the mutated frames, then a clique whose result must come back right."""
-    from inwire.serve import PAYLOAD_OFFSET, parse_stats_reply, stats_request
-
-    if str(FUZZ_DIR) not in sys.path:
-        sys.path.insert(0, str(FUZZ_DIR))
     from mutate import Mutator
 
     frames = fuzz_frames(8)
@@ -98,10 +90,10 @@ def test_software_aggregator_keeps_serving_mutated_datagrams(server):
         while True:
             payload = sender.recvfrom(65535)[0]
             reply = parse_stats_reply(payload)
-            if reply is not None and parse_header(bytes(PAYLOAD_OFFSET) + payload)["job"] == tag:
+            if reply is not None and parse_payload_header(payload)["job"] == tag:
                 return reply
 
-    payloads = [frame[PAYLOAD_OFFSET:] for _, frame in mutator.frames(frames)]
+    payloads = [payload_of(frame) for _, frame in mutator.frames(frames)]
     payloads += [b"", bytes(65507), bytes(range(256)) * 8]
     sent = 0
     for start in range(0, len(payloads), 32):
@@ -119,19 +111,18 @@ def test_software_aggregator_keeps_serving_mutated_datagrams(server):
     owner = server.model.slots[slot].key
     job, round_ = (owner[0], (owner[1] + 1) & 0xFFFFFFFF) if owner else (77, 1)
     members = [_socket() for _ in range(3)]
-    vectors = np.random.default_rng(9).integers(-2**31, 2**31 - 1, size=(3, 8))
+    vectors = np.random.default_rng(9).integers(INT32_MIN, INT32_MAX, size=(3, 8))
     for index, (member, vector) in enumerate(zip(members, vectors, strict=True)):
         frame = build_frames(vector, opcode=Opcode.CONTRIBUTION, sender=index, fanin=3, job=job, round=round_,
                              slot=slot, group=0xEF_01_01_01)
-        member.sendto(bytes(frame[0, PAYLOAD_OFFSET:]), server.address)
+        member.sendto(payload_of(frame[0]), server.address)
     want = vectors[0]
     for vector in vectors[1:]:
-        want = np.clip(want + vector, -2**31, 2**31 - 1)
+        want = np.clip(want + vector, INT32_MIN, INT32_MAX)
     for member in members:
         payload = member.recvfrom(65535)[0]
-        result = bytes(PAYLOAD_OFFSET) + payload
-        header = parse_header(result)
-        assert header["opcode"] == Opcode.RESULT and header["round"] == round_
-        assert list(np.frombuffer(result, dtype=">i4", offset=128, count=8)) == list(want)
+        result = parse_result(payload)
+        assert result is not None and result.header["round"] == round_
+        assert list(result.elements) == list(want)
         member.close()
     sender.close()

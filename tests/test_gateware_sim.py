@@ -72,10 +72,7 @@ def test_replay_command_round_trip(tmp_path):
         pytest.fail("iverilog is not on PATH (run `make setup`)")
     from inwire.model import Aggregator as Model
     from inwire.pcap import read_frames, write_frames
-    from inwire_hdl.sim import TB_DIR
-
-    sys.path.insert(0, str(TB_DIR))
-    from traffic import Traffic
+    from inwire_hdl.cocotb.traffic import Traffic
 
     traffic = Traffic(AggregatorConfig(), seed=21)
     frames = traffic.clique(10, fanin=2, slot=1) + traffic.foreign()[:3] + [bytes(40)]
@@ -96,4 +93,4 @@ def test_replay_rejects_unreadable_pcap(tmp_path):
     result = subprocess.run([sys.executable, "-m", "inwire.cli", "replay", str(bad),
                              str(tmp_path / "out.pcap")], capture_output=True, text=True, check=False)
     assert result.returncode == 2
-    assert "error" in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.startswith("inwire replay: ") and "Traceback" not in result.stderr

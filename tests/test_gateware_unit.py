@@ -1,7 +1,6 @@
 """Fast amaranth.sim tests of the gateware's blocks and of the whole aggregator against the golden model."""
 
 import random
-import sys
 
 import numpy as np
 import pytest
@@ -209,10 +208,7 @@ def test_elaborates_at_every_width(width):
 @pytest.mark.parametrize("width", [16, 32])
 def test_every_drop_reason_and_foreign_frame(width):
     """The malformed and foreign frames of the cocotb suite, at the widths the cocotb runs leave out."""
-    from inwire_hdl.sim import TB_DIR
-
-    sys.path.insert(0, str(TB_DIR))
-    from traffic import Traffic, malformed
+    from inwire_hdl.cocotb.traffic import Traffic, malformed
 
     traffic = Traffic(CONFIG, seed=width)
     frames = [frame for frame, _ in malformed(traffic)] + traffic.foreign()

@@ -1,17 +1,17 @@
 """`iface:` target: islands as raw-frame hosts on a veth, an aggregator behind it in a namespace."""
 
-import argparse
 import json
 import os
 import subprocess
 
 import pytest
 
-from inwire.host_cli import add_stream_parser
+from inwire.cli import main
+from inwire.datagram import ip_str
 from inwire.model import AggregatorConfig
 from inwire.netns import inside, unavailable_reason
 from inwire.packets import mac_bytes
-from inwire.serve import SoftwareAggregator, ip_str, serving_in_thread
+from inwire.serve import SoftwareAggregator, serving_in_thread
 from schedules import write_schedule
 
 REASON = unavailable_reason()
@@ -50,11 +50,8 @@ def wire(tmp_path):
 def test_islands_on_raw_frames_get_bit_exact_results(wire, tmp_path, capsys):
     interface, server = wire
     schedule = write_schedule(tmp_path / "schedule.json")
-    parser = argparse.ArgumentParser()
-    add_stream_parser(parser.add_subparsers())
-    args = parser.parse_args(["stream", "--target", f"iface:{interface}", "--schedule", str(schedule),
-                              "--rounds", "3", "--elements", "600", "--json"])
-    assert args.func(args) == 0
+    assert main(["stream", "--target", f"iface:{interface}", "--schedule", str(schedule),
+                 "--rounds", "3", "--elements", "600", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["bit_exact"] and report["finished"]
     assert server.counters()["accumulated"] == 3 * 5 * -(-600 // 256)
@@ -62,10 +59,7 @@ def test_islands_on_raw_frames_get_bit_exact_results(wire, tmp_path, capsys):
 
 
 def test_unknown_interface_is_one_line_and_exit_2(tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    add_stream_parser(parser.add_subparsers())
-    args = parser.parse_args(["stream", "--target", "iface:no-such-nic0", "--schedule",
-                              str(write_schedule(tmp_path / "schedule.json"))])
-    assert args.func(args) == 2
+    assert main(["stream", "--target", "iface:no-such-nic0", "--schedule",
+                 str(write_schedule(tmp_path / "schedule.json"))]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "no-such-nic0" in error

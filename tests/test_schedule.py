@@ -1,4 +1,3 @@
-import argparse
 import json
 import math
 import os
@@ -10,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inwire.cli import main
+from inwire.cli.schedule import run_sweep
 from inwire.protocol import FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, WIRE_OVERHEAD_BYTES
 from inwire.schedule import (
     ALL_TO_ALL,
@@ -31,7 +32,6 @@ from inwire.schedule import (
     time_to_epsilon_ms,
     wire_bytes,
 )
-from inwire.schedule_cli import add_schedule_parser, run_sweep
 from inwire.topology import generate_topology, load_topology, topology_from_dict
 
 # A model of exactly 1000 full frames, and the time one copy of it takes on a 1 Gb/s link
@@ -252,17 +252,14 @@ def test_result_does_not_depend_on_hash_seeds():
 
 # --- schedule file and CLI --------------------------------------------------------------------------
 
-def parse(*argv):
-    parser = argparse.ArgumentParser(prog="inwire")
-    add_schedule_parser(parser.add_subparsers())
-    return parser.parse_args(["schedule", *argv])
+def schedule_cli(*argv):
+    return main(["schedule", *argv])
 
 
 def test_cli_writes_a_schedule_the_host_can_load(tmp_path, capsys):
     out = tmp_path / "schedule.json"
-    args = parse("--islands", "LON,NYC,FRA,TYO", "--model-mb", "10", "--out", str(out), "--map",
-                 str(tmp_path / "map.png"))
-    assert args.func(args) == 0
+    assert schedule_cli("--islands", "LON,NYC,FRA,TYO", "--model-mb", "10", "--out", str(out), "--map",
+                 str(tmp_path / "map.png")) == 0
     table = capsys.readouterr().out
     assert "optimized" in table and "lower bound" in table
     document = json.loads(out.read_text())
@@ -287,8 +284,7 @@ def test_cli_writes_a_schedule_the_host_can_load(tmp_path, capsys):
     (["--sweep", "--sizes-mb", "1,x"], "--sizes-mb"),
 ])
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
-    args = parse(*argv, "--out", str(tmp_path / "s.json"))
-    assert args.func(args) == 2
+    assert schedule_cli(*argv, "--out", str(tmp_path / "s.json")) == 2
     error = capsys.readouterr().err
     assert message in error and error.count("\n") == 1
 
@@ -297,8 +293,7 @@ def test_cli_rejects_a_bad_topology_file(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"cities": [{"name": "A", "lat": 0, "lon": 0}, {"name": "B", "lat": 0, "lon": 1}],
                                "links": [{"a": "A", "b": "C", "latency_ms": 1, "bandwidth_gbps": 1}]}))
-    args = parse("--topology", str(bad), "--out", str(tmp_path / "s.json"))
-    assert args.func(args) == 2
+    assert schedule_cli("--topology", str(bad), "--out", str(tmp_path / "s.json")) == 2
     assert "links[0] (A-C): unknown city 'C'" in capsys.readouterr().err
 
 

@@ -6,30 +6,28 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from inwire.host_cli import run_command
+from inwire.cli import main
+from inwire.datagram import parse_result, parse_stats_reply, payload_of, stats_request, wrap
 from inwire.packets import build_frames, parse_header
-from inwire.protocol import ELEMENT_DTYPE, FRAME_HEADER_BYTES, Opcode
-from inwire.serve import PAYLOAD_OFFSET, SoftwareAggregator, parse_stats_reply, stats_request, wrap_datagram
+from inwire.protocol import FRAME_HEADER_BYTES, Opcode
+from inwire.serve import SoftwareAggregator
 
 GROUP = 0xEF490001
-SW = str(Path(__file__).resolve().parents[1] / "sw")
 
 
 def contribution(sender, values, fanin=2, slot=0, job=7):
     frame = build_frames(np.asarray(values, dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=sender, fanin=fanin,
                          job=job, round=1, clique=0, slot=slot, chunk=0, group=GROUP)
-    return bytes(frame[0, PAYLOAD_OFFSET:])
+    return payload_of(frame[0])
 
 
 def result_elements(payload):
-    header = parse_header(bytes(PAYLOAD_OFFSET) + payload)
-    count = int(header["count"])
-    return header, np.frombuffer(payload, ELEMENT_DTYPE, count, FRAME_HEADER_BYTES - PAYLOAD_OFFSET).tolist()
+    result = parse_result(payload)
+    return result.header, result.elements.tolist()
 
 
 @pytest.fixture
@@ -46,7 +44,7 @@ def server():
 
 
 def test_wrapped_datagram_has_a_valid_ipv4_header():
-    frame = wrap_datagram(b"x" * 100, ("10.0.0.2", 1234), ("10.0.0.1", 18775), bytes(6))
+    frame = wrap(b"x" * 100, ("10.0.0.2", 1234), ("10.0.0.1", 18775), bytes(6))
     header = parse_header(frame + bytes(FRAME_HEADER_BYTES))
     assert header["ip_len"] == 128 and header["udp_len"] == 108 and header["udp_sport"] == 1234
     from inwire.packets import ipv4_header_valid
@@ -105,9 +103,8 @@ def test_stats_request_over_the_socket(server):
 
 
 def _start_service(*extra):
-    environment = {**os.environ, "PYTHONPATH": SW + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    process = subprocess.Popen([sys.executable, "-m", "inwire.serve", "--listen", "127.0.0.1:0", *extra],
-                               stderr=subprocess.PIPE, text=True, env=environment)
+    process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", "127.0.0.1:0", *extra],
+                               stderr=subprocess.PIPE, text=True)
     line = process.stderr.readline()
     assert "listening on udp://127.0.0.1:" in line, line
     port = int(line.split("udp://127.0.0.1:")[1].split(",")[0])
@@ -139,12 +136,12 @@ def test_port_in_use_is_one_line_and_exit_2(capsys):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
-        assert run_command("serve", ["--listen", f"127.0.0.1:{port}"]) == 2
+        assert main(["serve", "--listen", f"127.0.0.1:{port}"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "Address already in use" in error
 
 
 @pytest.mark.parametrize("listen", ["nonsense", "127.0.0.1:99999", "no.such.host.invalid:5"])
 def test_bad_listen_address_is_one_line_and_exit_2(capsys, listen):
-    assert run_command("serve", ["--listen", listen]) == 2
+    assert main(["serve", "--listen", listen]) == 2
     assert capsys.readouterr().err.startswith("inwire serve: --listen")

@@ -1,6 +1,5 @@
 """Islands against the software aggregator and into a capture: bit-exact checks, loss recovery, bad input."""
 
-import argparse
 import json
 import socket
 import threading
@@ -8,13 +7,14 @@ import threading
 import numpy as np
 import pytest
 
-from inwire.host_cli import add_stream_parser
+from inwire.cli import main
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.packets import frame_field
 from inwire.pcap import read_frames
 from inwire.protocol import FRAME_HEADER_BYTES, Opcode
 from inwire.serve import SoftwareAggregator
-from inwire.stream import StreamConfig, UdpTransport, Workload, load_plan, run_stream
+from inwire.stream import StreamConfig, Workload, load_plan, run_stream
+from inwire.transport import UdpTransport
 from schedules import ISLANDS, PERIOD, write_schedule
 
 
@@ -54,10 +54,7 @@ def schedule(tmp_path):
 
 
 def stream_cli(*argv):
-    parser = argparse.ArgumentParser()
-    add_stream_parser(parser.add_subparsers())
-    args = parser.parse_args(["stream", *argv])
-    return args.func(args)
+    return main(["stream", *argv])
 
 
 def test_islands_get_bit_exact_results(service, schedule):

@@ -1,17 +1,16 @@
 """The Lua dissector: generated from the protocol table, and decoding real captures in tshark."""
 
-import argparse
 import shutil
 import subprocess
 
 import pytest
 
+from inwire.cli import main
+from inwire.datagram import opcode_of, payload_of, stats_request, wrap
 from inwire.decode import describe_frame
-from inwire.host_cli import add_dissector_parser, add_stream_parser
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.pcap import read_frames, write_frames
 from inwire.protocol import AGGREGATION_FIELDS, INWIRE_PORT, Opcode
-from inwire.serve import PAYLOAD_OFFSET, stats_request, wrap_datagram
 from inwire.wireshark import committed_dissector, lua_dissector
 from schedules import PERIOD, write_schedule
 
@@ -20,12 +19,7 @@ FIELDS = ("opcode", "job", "round", "clique", "slot", "chunk", "sender", "fanin"
 
 
 def cli(*argv):
-    parser = argparse.ArgumentParser()
-    subparsers = parser.add_subparsers()
-    add_stream_parser(subparsers)
-    add_dissector_parser(subparsers)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return main(argv)
 
 
 def test_committed_dissector_is_the_generated_one():
@@ -65,8 +59,8 @@ def test_tshark_decodes_a_stream_capture(tmp_path, capsys):
     frames = read_frames(capture)
     model = Aggregator(AggregatorConfig(slots=64))
     answers = [out for frame in frames for out in model.process(frame)]
-    request = wrap_datagram(stats_request(job=9), ("10.73.1.1", INWIRE_PORT), ("10.73.87.1", INWIRE_PORT),
-                            AggregatorConfig().mac.to_bytes(6, "big"))
+    request = wrap(stats_request(job=9), ("10.73.1.1", INWIRE_PORT), ("10.73.87.1", INWIRE_PORT),
+                   AggregatorConfig().mac.to_bytes(6, "big"))
     answers += model.process(request)
     everything = frames + answers
     write_frames(capture, everything)
@@ -88,4 +82,4 @@ def test_tshark_decodes_a_stream_capture(tmp_path, capsys):
             assert int(decoded["bitmap"], 16) == expected["bitmap"]
             assert int(decoded["contributors"]) == expected["contributors"]
             assert int(decoded["status"], 16) == int(expected["overflow"])
-    assert sum(frame[PAYLOAD_OFFSET + 3] == Opcode.RESULT for frame in everything) == len(answers) - 1
+    assert sum(opcode_of(payload_of(frame)) == Opcode.RESULT for frame in everything) == len(answers) - 1

@@ -8,13 +8,13 @@ beat FIFO tagged with `first` and `bad` (the frame length is found wrong on this
 good tlast a contribution commits its slot entry (bitmap, completion, which sum bank is current).
 
 Output side: pops beats in order; a frame starts only when its context is there, which is what makes the
-beat FIFO the header delay line. Stage A reads the slot's sum memory (one word per beat), adds with
-saturation, writes the sum to the slot's other bank, and builds the output beat (forwarded bytes, the
-rewritten header, sums, stored sums or counters, the status trailer); stage B is the output register.
-Frames that need more output beats than input beats (trailer beat, answers to 128-byte requests) insert
-beats at stage A while the input keeps filling the beat FIFO. Counters and the per-slot overflow flags
-are updated as each frame's last beat leaves stage A, so a stats reply reads exactly the frames before
-its request.
+beat FIFO the header delay line. Stage R loads a beat and reads the slot's sum memory (one word per beat);
+stage A adds with saturation and prepares the beat's other sources (forwarded bytes, the rewritten header,
+stored sums or counters); stage S picks per lane, adds the status trailer and writes the sums to the slot's
+other bank; stage B is the output register. Frames that need more output beats than input beats (trailer
+beat, answers to 128-byte requests) insert beats at stage R while the input keeps filling the beat FIFO.
+Counters and the per-slot overflow flags are updated as each frame's last beat leaves stage S, so a stats
+reply reads exactly the frames before its request.
 """
 
 import enum
@@ -48,10 +48,10 @@ from inwire.protocol import (
     multicast_mac,
 )
 
+from . import DATA_WIDTHS
 from .blocks import RegisteredFIFO, SaturatingAdder, fold16, ipv4_words, lane_bytes, popcount
 from .layout import FRAME_HEADER, field_bytes, field_shape, field_value
 
-DATA_WIDTHS = (8, 16, 32, 64)
 STATS_COUNT = len(COUNTERS)
 
 

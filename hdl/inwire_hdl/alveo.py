@@ -13,8 +13,6 @@ been through Vivado here; `AlveoCore` and the core pass Verilator --lint-only (t
     python -m inwire_hdl.alveo --out build/alveo
 """
 
-import argparse
-import sys
 from pathlib import Path
 
 from amaranth.back import verilog
@@ -249,17 +247,3 @@ def write_sources(out_dir, core_factory=None):
     top_path = out_dir / "inwire_alveo_u200.v"
     top_path.write_text(verilog.convert(top, ports=top.ports(), name="inwire_alveo_u200", emit_src=False))
     return core_path, top_path
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m inwire_hdl.alveo",
-                                     description="Verilog for the Alveo U200 100 GbE build")
-    parser.add_argument("--out", type=Path, default=Path("build/alveo"))
-    args = parser.parse_args(argv)
-    for path in write_sources(args.out):
-        print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

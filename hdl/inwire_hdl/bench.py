@@ -17,7 +17,7 @@ def measure(simulator, data_width, config=None):
     runner, build_dir = build(simulator, data_width, config)
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "bench.json"
-        outcome = run_tests(runner, build_dir, config, testcase="bench", test_module="test_bench",
+        outcome = run_tests(runner, build_dir, config, testcase="bench", test_module="inwire_hdl.cocotb.bench",
                             extra_env={"INWIRE_BENCH_OUT": str(out)}, results_name="bench.xml")
         if not outcome or not all(outcome.values()) or not out.exists():
             raise SimulationError(f"benchmark simulation failed, see {build_dir / 'bench.log'}")

@@ -4,20 +4,21 @@
 
 Runs Yosys, nextpnr-ecp5 and ecppack (YoWASP unless YOSYS/NEXTPNR_ECP5/ECPPACK are set), writes
 `<out>/inwire_board.bit` and `<out>/report.json`, prints the report and exits with status 1 when a clock
-misses its constraint. Board-specific constraints beyond amaranth-boards come from constraints/<board>.lpf.
+misses its constraint. Board-specific constraints beyond amaranth-boards come from inwire_hdl/constraints/<board>.lpf.
 """
 
 import json
 import os
-import sys
 import time
+from importlib import resources
 from pathlib import Path
 from unittest import mock
 
 from .board import PLL_VCO_HZ, InwireBoard, aggregator_factory, passthrough_factory
 from .timing import summarize, tool_environment
 
-CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints"
+CONSTRAINTS = resources.files(__package__) / "constraints"
+"""Board constraint files, shipped inside the package."""
 NAME = "inwire_board"
 
 
@@ -60,35 +61,3 @@ def build(board="versa_ecp5", core="aggregator", *, data_width=8, core_div=16, o
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def add_build_parser(subparsers):
-    """`inwire build`: the board's bitstream and its timing and utilization report."""
-    parser = subparsers.add_parser("build", help="build a board bitstream with the open flow (YoWASP)",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("--board", choices=sorted(BOARDS), default="versa_ecp5")
-    parser.add_argument("--core", choices=sorted(CORES), default="aggregator")
-    parser.add_argument("--width", type=int, default=8, help="core data width in bytes")
-    # 31.25 MHz x 8 bytes = 2 Gb/s covers one 1 GbE port with room for result multicasts, and lies
-    # within what the aggregator reaches on the ECP5-45 (see docs/board.md).
-    parser.add_argument("--core-mhz", type=float, default=31.25,
-                        help=f"core clock, {PLL_VCO_HZ / 1e6:g} MHz divided by an integer from 4 to 128")
-    parser.add_argument("--out", type=Path, default=Path("build/board"))
-    parser.add_argument("--seed", type=int, default=1)
-    parser.set_defaults(func=run_build)
-    return parser
-
-
-def run_build(args):
-    core_div = round(PLL_VCO_HZ / (args.core_mhz * 1e6))
-    if not 4 <= core_div <= 128 or abs(PLL_VCO_HZ / core_div - args.core_mhz * 1e6) > 1:
-        print(f"inwire build: --core-mhz must be {PLL_VCO_HZ / 1e6:g} MHz divided by an integer from 4 to 128",
-              file=sys.stderr)
-        return 2
-    report = build(args.board, args.core, data_width=args.width, core_div=core_div, out=args.out, seed=args.seed)
-    print(json.dumps(report, indent=2))
-    if not report["timing_met"]:
-        failed = [name for name, clock in report["clocks"].items() if not clock["met"]]
-        print(f"inwire build: timing not met for {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0

@@ -1,6 +1,6 @@
 """The simulated gateware as an aggregator object: `process(frame)` and `stats()`, like the golden model.
 
-A cocotb test (tb/aggregator/test_cosim.py) runs in the simulator and serves frames over a Unix socket,
+A cocotb test (`inwire_hdl.cocotb.cosim`) runs in the simulator and serves frames over a Unix socket,
 one at a time: each frame is driven in, the output is collected until it has been quiet, and the frames
 out and the counters come back. Host tools that talk to `inwire.model.Aggregator` can talk to the
 gateware the same way.
@@ -59,7 +59,7 @@ class CoSimulation:
 
     def _simulate(self, runner, build_dir, path):
         try:
-            self.outcome = run(runner, build_dir, self.config, testcase="cosim", test_module="test_cosim",
+            self.outcome = run(runner, build_dir, self.config, testcase="cosim", test_module="inwire_hdl.cocotb.cosim",
                                extra_env={"INWIRE_COSIM_SOCKET": path}, results_name="cosim.xml")
         except SimulationError as error:
             self.outcome = {"error": str(error)}

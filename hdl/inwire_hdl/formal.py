@@ -6,12 +6,11 @@ Each check wraps the gateware in a harness that drives its inputs with free symb
 the inside changes. The expected values come from the protocol tables and the golden model's rules,
 restated over symbolic frames.
 
-`python -m inwire_hdl.formal` runs every check (two at a time) and prints a table: property, data width,
+`inwire formal` runs every check (two at a time) and prints a table: property, data width,
 method (`prove`: k-induction; `bmc`: bounded model check to the stated depth; `cover`: the trace that
 shows the property is not vacuous), engine, depth, result, time and, for a failure, the counterexample VCD.
 """
 
-import argparse
 import os
 import re
 import shutil
@@ -48,8 +47,7 @@ from inwire.protocol import (
 
 from .aggregator import Aggregator
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD_ROOT = REPO / "build" / "formal"
+BUILD_ROOT = Path("build") / "formal"
 ABC = "berkeley-abc"
 """ABC as Debian packages it: YoWASP's Yosys carries ABC inside but no standalone binary for sby's abc engines."""
 SMALL = AggregatorConfig(slots=2, max_elements=2, max_fanin=3)
@@ -646,21 +644,3 @@ def summary(outcomes):
             where = outcome.trace or outcome.log
             lines.append(f"\n{outcome.check.job}: {outcome.status}; counterexample trace: {where}")
     return "\n".join(lines)
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m inwire_hdl.formal", description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=2, help="checks run at the same time")
-    parser.add_argument("--only", nargs="*", help="run only the checks with these names")
-    parser.add_argument("--width", type=int, choices=(8, 64), help="run only this data width")
-    parser.add_argument("--deep", action="store_true", help="also the checks too deep for CI")
-    args = parser.parse_args(argv)
-    checks = [c for c in CHECKS + (DEEP_CHECKS if args.deep else [])
-              if (not args.only or c.name in args.only) and args.width in (None, c.width)]
-    outcomes = run_all(checks, jobs=args.jobs)
-    print(summary(outcomes))
-    return 0 if all(outcome.status == "PASS" for outcome in outcomes) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,6 +3,9 @@
 The cocotb Python runner (`cocotb_tools.runner`) is used, not cocotb's Makefiles. Icarus gets `-g2005`
 (Yosys' `always @*` outputs stay X at time 0 under cocotb's default -g2012); Verilator gets `-Wno-fatal`
 (Yosys output carries width warnings). `WAVES=1` in the environment records waveforms in the build dir.
+
+The runner hands this process's `sys.path` to the simulator's Python as PYTHONPATH: the drivers the
+commands use are found as `inwire_hdl.cocotb.*`, the testbenches in tb/ through pytest's `pythonpath`.
 """
 
 import contextlib
@@ -17,14 +20,14 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from unittest import mock
 
+from inwire.errors import InwireError
 from inwire.model import AggregatorConfig
 
+from . import SIMULATORS
 from .verilog import TOP, generate_verilog
 
-REPO = Path(__file__).resolve().parents[2]
-TB_DIR = REPO / "tb" / "aggregator"
-BUILD_ROOT = REPO / "build" / "sim"
-SIMULATORS = ("icarus", "verilator")
+BUILD_ROOT = Path("build") / "sim"
+"""Simulation builds go under the working directory, one folder per (simulator, width, configuration)."""
 BUILD_ARGS = {"icarus": ["-g2005"], "verilator": ["-Wno-fatal", "-Wno-WIDTH"]}
 
 
@@ -37,7 +40,7 @@ endmodule
 """
 
 
-class SimulationError(Exception):
+class SimulationError(InwireError):
     """A simulator is missing, a build failed, or a simulation ended without results."""
 
 
@@ -102,7 +105,7 @@ def build(simulator, data_width, config=None, build_root=BUILD_ROOT):
         raise SimulationError(problem)
     tag = hashlib.sha1(_config_json(config).encode()).hexdigest()[:8]
     waves = _waves()
-    build_dir = Path(build_root) / f"{simulator}_w{data_width}_{tag}{'_waves' if waves else ''}"
+    build_dir = Path(build_root).resolve() / f"{simulator}_w{data_width}_{tag}{'_waves' if waves else ''}"
     build_dir.mkdir(parents=True, exist_ok=True)
     sources = [_write_if_changed(build_dir / f"{TOP}.v", generate_verilog(config, data_width))]
     build_args = list(BUILD_ARGS[simulator])
@@ -111,8 +114,6 @@ def build(simulator, data_width, config=None, build_root=BUILD_ROOT):
         sources.append(_write_if_changed(build_dir / "inwire_waves.v", ICARUS_WAVES.format(
             path=build_dir / f"{TOP}.fst", top=TOP)))
         build_args += ["-s", "inwire_waves"]
-    if str(TB_DIR) not in sys.path:
-        sys.path.insert(0, str(TB_DIR))
     runner = get_runner(simulator)
     try:
         with _environment(simulator):
@@ -158,7 +159,7 @@ def replay(frames, simulator="icarus", data_width=8, config=None):
     with tempfile.TemporaryDirectory() as scratch:
         inputs, outputs = Path(scratch) / "in.json", Path(scratch) / "out.json"
         inputs.write_text(json.dumps([bytes(frame).hex() for frame in frames]))
-        outcome = run(runner, build_dir, config, testcase="replay", test_module="test_replay",
+        outcome = run(runner, build_dir, config, testcase="replay", test_module="inwire_hdl.cocotb.replay",
                       extra_env={"INWIRE_REPLAY_IN": str(inputs), "INWIRE_REPLAY_OUT": str(outputs)},
                       results_name="replay.xml")
         if not outcome or not all(outcome.values()) or not outputs.exists():

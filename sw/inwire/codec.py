@@ -14,7 +14,8 @@ import math
 
 import numpy as np
 
-INT32_MAX = 2**31 - 1
+from .protocol import INT32_MAX
+
 EXPONENT_MIN, EXPONENT_MAX = -128, 127
 ROUNDINGS = ("nearest", "stochastic")
 

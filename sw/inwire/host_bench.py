@@ -18,9 +18,10 @@ import time
 
 import numpy as np
 
-from .protocol import FRAME_HEADER_BYTES, INWIRE_PORT, Opcode
-from .serve import PAYLOAD_OFFSET
-from .stream import DEFAULT_CHUNK, StreamConfig, UdpTransport, load_plan, run_stream
+from .datagram import PAYLOAD_HEADER_BYTES
+from .protocol import INWIRE_PORT, Opcode
+from .stream import DEFAULT_CHUNK, StreamConfig, load_plan, run_stream
+from .transport import UdpTransport
 
 ELEMENTS = 256 * 2048
 WINDOW = 32
@@ -38,7 +39,7 @@ def _free_port():
 def aggregator_goodput(elements=ELEMENTS, chunk=DEFAULT_CHUNK, window=WINDOW):
     port = _free_port()
     environment = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    service = subprocess.Popen([sys.executable, "-m", "inwire.serve", "--listen", f"127.0.0.1:{port}", "--unicast",
+    service = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", f"127.0.0.1:{port}", "--unicast",
                                 "--max-elements", str(chunk)], stderr=subprocess.PIPE, text=True, env=environment)
     try:
         if "listening on" not in service.stderr.readline():
@@ -58,7 +59,7 @@ def aggregator_goodput(elements=ELEMENTS, chunk=DEFAULT_CHUNK, window=WINDOW):
         raise RuntimeError("benchmark run was not bit-exact")
     return {"goodput_bytes_per_s": report["goodput_bytes_per_s"], "elements": elements, "chunk": chunk,
             "window": window, "islands": 2, "rounds": 2, "retransmits": report["retransmits"],
-            "datagram_bytes": FRAME_HEADER_BYTES - PAYLOAD_OFFSET + 4 * chunk}
+            "datagram_bytes": PAYLOAD_HEADER_BYTES + 4 * chunk}
 
 
 def udp_ceiling(datagram_bytes, seconds=IPERF_SECONDS):

@@ -17,19 +17,18 @@ from scapy.error import Scapy_Exception
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
+from .datagram import PAYLOAD_OFFSET, ip_str, island_address, payload_of, wrap
+from .errors import InwireError
 from .model import AggregatorConfig
 from .packets import frame_field
 from .protocol import ETHERTYPE_IPV4, INWIRE_PORT, IP_PROTO_UDP
-from .serve import PAYLOAD_OFFSET, ip_int, ip_str, wrap_datagram
-from .stream import probe_stats
+from .transport import probe_stats
 
 ETHERTYPE_ARP = 0x0806
-ISLAND_NETWORK = ip_int("10.73.1.0")
-ISLAND_MAC_BASE = 0x02_49_57_01_00_00
 POLL_S = 0.1
 
 
-class IfaceError(Exception):
+class IfaceError(InwireError):
     """The interface cannot be opened; the message is one line for the user."""
 
 
@@ -37,8 +36,7 @@ class IfaceTransport:
     def __init__(self, iface, islands, aggregator=None):
         self.iface = iface
         self.aggregator = aggregator or AggregatorConfig()
-        self.hosts = {island: (ip_str(ISLAND_NETWORK + index + 1), ISLAND_MAC_BASE + index)
-                      for index, island in enumerate(islands)}
+        self.hosts = {island: island_address(index) for index, island in enumerate(islands)}
         self.by_ip = {ip: (island, mac) for island, (ip, mac) in self.hosts.items()}
         try:
             self.socket = conf.L2socket(iface=iface)
@@ -69,7 +67,7 @@ class IfaceTransport:
                   and frame_field(frame, "udp_dport") == INWIRE_PORT
                   and frame_field(frame, "ip_src") == self.aggregator.ip):
                 for island in self.hosts:
-                    loop.call_soon_threadsafe(deliver, island, bytes(frame[PAYLOAD_OFFSET:]))
+                    loop.call_soon_threadsafe(deliver, island, payload_of(frame))
 
     def _answer_arp(self, frame):
         request = Ether(frame)[ARP]
@@ -83,8 +81,8 @@ class IfaceTransport:
 
     def send(self, island, payload):
         address, mac = self.hosts[island]
-        self._send(wrap_datagram(payload, (address, INWIRE_PORT), (ip_str(self.aggregator.ip), self.aggregator.port),
-                                 self.aggregator.mac.to_bytes(6, "big"), mac.to_bytes(6, "big")))
+        self._send(wrap(payload, (address, INWIRE_PORT), (ip_str(self.aggregator.ip), self.aggregator.port),
+                        self.aggregator.mac.to_bytes(6, "big"), mac.to_bytes(6, "big")))
 
     def _send(self, frame):
         try:

@@ -23,6 +23,8 @@ from .protocol import (
     ETHERNET_BYTES,
     ETHERTYPE_IPV4,
     FRAME_HEADER_BYTES,
+    INT32_MAX,
+    INT32_MIN,
     INWIRE_PORT,
     IP_FRAGMENT_MASK,
     IP_PROTO_UDP,
@@ -40,7 +42,6 @@ from .protocol import (
     multicast_mac,
 )
 
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 ACCEPTED_OPCODES = (Opcode.CONTRIBUTION, Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST)
 
 

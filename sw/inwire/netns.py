@@ -17,19 +17,19 @@ their traffic crosses the veths and the bridge like traffic between hosts.
 import asyncio
 import contextlib
 import ctypes
-import json
 import os
 import select
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from collections import OrderedDict
 
+from .datagram import PAYLOAD_OFFSET, ip_str
+from .errors import InwireError
 from .protocol import FRAME_OFFSETS, INWIRE_PORT, Opcode
-from .serve import PAYLOAD_OFFSET, ip_str
-from .stream import StreamConfig, UdpTransport, Workload, clique_group, format_report, load_plan, stream_async
+from .stream import Workload, clique_group, stream_async
+from .transport import UdpTransport
 
 CLONE_NEWNET = 0x40000000
 SUBNET = "10.77.0"
@@ -40,7 +40,7 @@ MAX_GROUPS_JOINED = 16
 STARTUP_TIMEOUT_S = 15
 
 
-class LabError(Exception):
+class LabError(InwireError):
     """The lab cannot be set up; the message is one line for the user."""
 
 
@@ -138,7 +138,7 @@ class Lab:
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         environment["PYTHONPATH"] = package_root + os.pathsep + environment.get("PYTHONPATH", "")
         self.service = subprocess.Popen(
-            ["ip", "netns", "exec", self.aggregator, sys.executable, "-m", "inwire.serve",
+            ["ip", "netns", "exec", self.aggregator, sys.executable, "-m", "inwire", "serve",
              "--listen", f"{AGGREGATOR_IP}:{INWIRE_PORT}", "--multicast-iface", AGGREGATOR_IP, "--slots", str(slots)],
             stderr=subprocess.PIPE, text=True, env=environment)
         ready, _, _ = select.select([self.service.stderr], [], [], STARTUP_TIMEOUT_S)
@@ -284,29 +284,3 @@ def demo_schedule(path):
     from .schedule import plan_schedule, write_schedule
     from .topology import load_topology
     write_schedule(plan_schedule(load_topology("doublezero9"), iterations=300), path)
-
-
-def run(args):
-    """`inwire demo`."""
-    reason = unavailable_reason()
-    if reason:
-        raise LabError(f"network namespaces unavailable: {reason}")
-    with tempfile.TemporaryDirectory() as scratch:
-        schedule = args.schedule
-        if schedule is None:
-            schedule = os.path.join(scratch, "schedule.json")
-            demo_schedule(schedule)
-        plan = load_plan(schedule)
-    worst_ms = max(plan.topology.latency_ms(a, b) for a in plan.islands for b in plan.topology.cities)
-    config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
-                          timeout_ms=max(200.0, 4 * worst_ms * args.scale),
-                          job=int.from_bytes(os.urandom(4), "big"))
-    report, final = run_lab(plan, config, args.scale)
-    report["target"] = f"netns lab, latencies x{args.scale:g}"
-    report["aggregator_final"] = final
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        print(format_report(report, report["target"]))
-        print(final)
-    return 0 if report["bit_exact"] else 1

@@ -14,6 +14,8 @@ from .protocol import (
     FRAME_HEADER_BYTES,
     FRAME_HEADER_DTYPE,
     FRAME_OFFSETS,
+    INT32_MAX,
+    INT32_MIN,
     INWIRE_PORT,
     IP_FLAG_DF,
     IP_PROTO_UDP,
@@ -29,7 +31,6 @@ from .protocol import (
 
 IP_OFFSET = FRAME_OFFSETS["ip_ver_ihl"]
 UDP_OFFSET = FRAME_OFFSETS["udp_sport"]
-AGGREGATION_OFFSET = FRAME_OFFSETS["magic"]
 
 HEADER_DEFAULTS = {
     "eth_type": ETHERTYPE_IPV4,
@@ -112,7 +113,7 @@ def build_frames(elements, status=None, **fields):
         raise ValueError(f"elements must be a (packets, count) array, got shape {elements.shape}")
     if elements.dtype.kind not in "iu":
         raise TypeError(f"elements must be integers, got {elements.dtype}")
-    if elements.size and (elements.min() < -2**31 or elements.max() >= 2**31):
+    if elements.size and (elements.min() < INT32_MIN or elements.max() > INT32_MAX):
         raise ValueError("elements must fit in int32")
     packets, count = elements.shape
     if count >= 1 << 16:
@@ -216,18 +217,6 @@ def frame_field(frame, name):
 def parse_header(frame):
     """The 128-byte header of one frame as a FRAME_HEADER_DTYPE record (frame must be long enough)."""
     return np.frombuffer(bytes(frame[:FRAME_HEADER_BYTES]), dtype=FRAME_HEADER_DTYPE)[0]
-
-
-def parse_datagram_header(payload):
-    """The aggregation header of a UDP payload as a FRAME_HEADER_DTYPE record (lower layers zero), or None
-    when the payload is too short or lacks the inwire magic and version."""
-    if len(payload) < FRAME_HEADER_BYTES - AGGREGATION_OFFSET:
-        return None
-    header = np.frombuffer(bytes(AGGREGATION_OFFSET) + bytes(payload[:FRAME_HEADER_BYTES - AGGREGATION_OFFSET]),
-                           dtype=FRAME_HEADER_DTYPE)[0]
-    if header["magic"] != MAGIC or header["version"] != VERSION:
-        return None
-    return header
 
 
 def group_macs(groups):

@@ -3,10 +3,12 @@
 from scapy.error import Scapy_Exception
 from scapy.utils import RawPcapReader, RawPcapWriter
 
+from .errors import InwireError
+
 LINKTYPE_ETHERNET = 1
 
 
-class CaptureError(Exception):
+class CaptureError(InwireError):
     """A capture that cannot be read; the message names the file and the reason."""
 
 

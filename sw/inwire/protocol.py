@@ -102,8 +102,8 @@ INWIRE_PORT = 0x4957
 MAGIC = 0x4957
 VERSION = 1
 ELEMENT_BYTES = 4
-INT32_MIN = -2**31
-INT32_MAX = 2**31 - 1
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+"""Limits of an element; sums saturate at them."""
 ETHERTYPE_IPV4 = 0x0800
 IP_PROTO_UDP = 17
 IP_VER_IHL = 0x45

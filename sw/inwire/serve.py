@@ -11,37 +11,17 @@ member's contributions came from; a result answering a retransmission goes to th
 """
 
 import contextlib
-import ipaddress
 import socket
-import struct
 import sys
 import threading
 import time
 
-import numpy as np
-
+from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, wrap
+from .errors import InwireError
 from .model import Aggregator, AggregatorConfig
-from .packets import build_frames, frame_field, parse_header
-from .protocol import (
-    COUNTERS,
-    DROP_COUNTERS,
-    ETHERNET_BYTES,
-    ETHERTYPE_IPV4,
-    FRAME_HEADER_BYTES,
-    INWIRE_PORT,
-    IP_FLAG_DF,
-    IP_PROTO_UDP,
-    IP_VER_IHL,
-    IPV4_BYTES,
-    RESULT_TTL,
-    UDP_BYTES,
-    Opcode,
-)
+from .packets import frame_field, parse_header
+from .protocol import DROP_COUNTERS, INWIRE_PORT, Opcode
 
-PAYLOAD_OFFSET = ETHERNET_BYTES + IPV4_BYTES + UDP_BYTES
-PEER_MAC = bytes.fromhex("020000000000")
-"""Source MAC of wrapped datagrams: the kernel hides the real one and the model does not read it."""
-MAX_DATAGRAM = 65535
 POLL_S = 0.1
 """Longest a receive blocks, so that a stop request is seen promptly."""
 DEFAULT_SLOTS = 256
@@ -51,52 +31,8 @@ SERVE_COUNTERS = ("send_errors", "unicast_copies")
 """Counters of the service itself, beside the model's: sends the kernel refused, unicast result copies."""
 
 
-class ServeError(Exception):
+class ServeError(InwireError):
     """The service cannot start; the message is one line for the user."""
-
-
-def parse_endpoint(text, what="address"):
-    """'HOST:PORT' as (dotted IPv4 address, port); the host may be a name that resolves to IPv4."""
-    host, sep, port = str(text).rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{what} {text!r} is not HOST:PORT")
-    try:
-        port = int(port)
-    except ValueError:
-        raise ValueError(f"{what} {text!r}: port {port!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"{what} {text!r}: port {port} is outside 0-65535")
-    try:
-        address = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
-    except (socket.gaierror, UnicodeError) as error:
-        raise ValueError(f"{what} {text!r}: cannot resolve {host!r} ({error})") from None
-    return address, port
-
-
-def ip_int(address):
-    return int(ipaddress.IPv4Address(address))
-
-
-def ip_str(value):
-    return str(ipaddress.IPv4Address(int(value)))
-
-
-_HEADER = struct.Struct("!6s6sHBBHHHBBH4s4sHHHH")
-
-
-def wrap_datagram(payload, source, destination, dst_mac, src_mac=PEER_MAC):
-    """The Ethernet frame that carries `payload` from `source` to `destination` ((ip, port) pairs)."""
-    ip_len = IPV4_BYTES + UDP_BYTES + len(payload)
-    src_ip = socket.inet_aton(source[0])
-    dst_ip = socket.inet_aton(destination[0])
-    header = bytearray(_HEADER.pack(dst_mac, src_mac, ETHERTYPE_IPV4, IP_VER_IHL, 0, ip_len & 0xFFFF, 0,
-                                    IP_FLAG_DF, RESULT_TTL, IP_PROTO_UDP, 0, src_ip, dst_ip, source[1],
-                                    destination[1], (UDP_BYTES + len(payload)) & 0xFFFF, 0))
-    total = sum(struct.unpack_from("!10H", header, ETHERNET_BYTES))
-    total = (total & 0xFFFF) + (total >> 16)
-    total = (total & 0xFFFF) + (total >> 16)
-    struct.pack_into("!H", header, ETHERNET_BYTES + 10, ~total & 0xFFFF)
-    return bytes(header) + bytes(payload)
 
 
 class SoftwareAggregator:
@@ -133,7 +69,7 @@ class SoftwareAggregator:
 
     def handle(self, payload, peer):
         """Datagrams to send, as (payload, (ip, port)), in answer to one datagram from `peer`."""
-        frame = wrap_datagram(payload, peer, self.address, self.dst_mac)
+        frame = wrap(payload, peer, self.address, self.dst_mac)
         before = self.model.stats()
         outputs = self.model.process(frame)
         after = self.model.stats()
@@ -142,7 +78,7 @@ class SoftwareAggregator:
             self._learn(frame, peer)
         sends = []
         for output in outputs:
-            body = output[PAYLOAD_OFFSET:]
+            body = payload_of(output)
             if self.unicast and frame_field(output, "opcode") == Opcode.RESULT:
                 sends.extend(self._unicast_copies(output, body, peer, answered))
             else:
@@ -223,61 +159,3 @@ def serving_in_thread(server):
         server.stop()
         thread.join(timeout=5)
         server.close()
-
-
-def stats_request(job=0, sender=0):
-    """The UDP payload of a stats request."""
-    frame = build_frames(np.zeros((1, 0), dtype=np.int32), opcode=Opcode.STATS_REQUEST, job=job, sender=sender)
-    return bytes(frame[0, PAYLOAD_OFFSET:])
-
-
-def parse_stats_reply(payload):
-    """Counters of a stats reply payload as a dict, or None when it is not one."""
-    frame = bytes(PAYLOAD_OFFSET) + bytes(payload)
-    if (len(frame) < FRAME_HEADER_BYTES or (len(frame) - FRAME_HEADER_BYTES) % 4
-            or frame_field(frame, "opcode") != Opcode.STATS_REPLY):
-        return None
-    values = np.frombuffer(frame, dtype=">u4", offset=FRAME_HEADER_BYTES)
-    if len(values) != len(COUNTERS):
-        return None
-    return dict(zip(COUNTERS, (int(v) for v in values), strict=True))
-
-
-def run(args):
-    """`inwire serve`: until SIGINT or SIGTERM."""
-    import signal
-
-    listen = parse_endpoint(args.listen, "--listen")
-    if args.stats_interval is not None and args.stats_interval <= 0:
-        raise ValueError(f"--stats-interval must be positive, got {args.stats_interval}")
-    make_aggregator = Aggregator
-    if args.sim:
-        from inwire_hdl.cosim import CoSimulation
-
-        simulator, width = args.sim
-
-        def make_aggregator(config):
-            return CoSimulation(simulator, width, config)
-    server = SoftwareAggregator(listen, unicast=args.unicast, slots=args.slots, max_elements=args.max_elements,
-                                multicast_iface=args.multicast_iface, make_aggregator=make_aggregator)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: server.stop())
-    host, port = server.address
-    mode = "unicast to each member" if args.unicast else "multicast to the clique's group"
-    engine = f"the gateware in {args.sim[0]} at width {args.sim[1]}" if args.sim else "the golden model"
-    server.log(f"inwire serve: listening on udp://{host}:{port}, {server.config.slots} slots of up to "
-               f"{server.config.max_elements} elements, {engine}, results by {mode}")
-    try:
-        server.serve(args.stats_interval)
-    finally:
-        server.close()
-    return 0
-
-
-def main(argv=None):
-    from .host_cli import run_command
-    return run_command("serve", argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,30 +16,19 @@ the two round pools keep the last round's results for late retransmissions (Swit
 
 import asyncio
 import json
-import os
-import socket
-import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from inwire_hdl import parse_simulator
+
 from .codec import choose_exponent, dequantize, quantize
-from .model import Aggregator, AggregatorConfig
-from .packets import build_frames, parse_header
-from .pcap import write_frames
-from .protocol import (
-    ELEMENT_BYTES,
-    ELEMENT_DTYPE,
-    FRAME_HEADER_BYTES,
-    INWIRE_PORT,
-    MAX_FANIN,
-    RESULT_TRAILER_BYTES,
-    STATUS_OVERFLOW,
-    Opcode,
-)
+from .datagram import ip_int, opcode_of, parse_endpoint, parse_result, parse_stats_reply, payloads_of
+from .errors import InwireError
+from .packets import build_frames
+from .protocol import ELEMENT_BYTES, MAX_ELEMENTS_PER_FRAME, MAX_FANIN, MTU_BYTES, Opcode
 from .schedule import ScheduleError, load_schedule
-from .serve import PAYLOAD_OFFSET, ip_int, ip_str, parse_endpoint, parse_stats_reply, stats_request, wrap_datagram
 from .topology import TopologyError, load_topology
 
 GRADIENT_BOUND = 1.0
@@ -51,18 +40,9 @@ DEFAULT_CHUNK = 256
 DEFAULT_WINDOW = 4
 DEFAULT_TIMEOUT_MS = 200
 DEFAULT_RETRIES = 25
-PROBE_TRIES = 3
-PCAP_AGGREGATOR = AggregatorConfig()
-"""A pcap capture is addressed to an aggregator with the gateware's default addresses."""
 
 
-SIMULATORS = ("icarus", "verilator")
-SIM_WIDTHS = ("8", "16", "32", "64")
-SIM_DEFAULT_WIDTH = 64
-"""The widest beat takes the fewest simulated cycles per frame."""
-
-
-class StreamError(Exception):
+class StreamError(InwireError):
     """The run cannot start; the message is one line for the user."""
 
 
@@ -72,15 +52,6 @@ class Target:
     """'udp', 'pcap', 'sim' or 'iface'."""
     value: object
     text: str
-
-
-def parse_simulator(text):
-    """'SIMULATOR[:WIDTH]' as (simulator, data width in bytes)."""
-    simulator, _, width = text.partition(":")
-    if simulator not in SIMULATORS or (width and width not in SIM_WIDTHS):
-        raise ValueError(f"sim:SIMULATOR[:WIDTH] takes a simulator among {', '.join(SIMULATORS)} and a width "
-                         f"among {', '.join(SIM_WIDTHS)}")
-    return simulator, int(width or SIM_DEFAULT_WIDTH)
 
 
 def parse_target(text):
@@ -166,8 +137,9 @@ class StreamConfig:
             raise StreamError(f"--window must be positive, got {self.window}")
         if not self.timeout_ms > 0:
             raise StreamError(f"--timeout-ms must be positive, got {self.timeout_ms}")
-        if not 1 <= self.chunk <= 482:
-            raise StreamError(f"--chunk must lie in [1, 482] elements (a 2048-byte MTU), got {self.chunk}")
+        if not 1 <= self.chunk <= MAX_ELEMENTS_PER_FRAME:
+            raise StreamError(f"--chunk must lie in [1, {MAX_ELEMENTS_PER_FRAME}] elements (a {MTU_BYTES}-byte "
+                              f"MTU), got {self.chunk}")
         if self.retries <= 0:
             raise StreamError(f"--retries must be positive, got {self.retries}")
         if not 0 <= self.job < 2**32:
@@ -245,7 +217,7 @@ class Workload:
             frames = build_frames(q[first * config.chunk:(first + rows) * config.chunk].reshape(rows, count),
                                   chunk=chunks * config.chunk,
                                   slot=[self.slot(clique.round, clique.clique, int(j)) for j in chunks], **common)
-            payloads.extend(bytes(row) for row in frames[:, PAYLOAD_OFFSET:])
+            payloads.extend(payloads_of(frames))
         return payloads
 
 
@@ -324,26 +296,22 @@ class Island:
 
     def on_result(self, payload):
         clique, config = self.clique, self.workload.config
-        if clique is None or len(payload) < FRAME_HEADER_BYTES - PAYLOAD_OFFSET:
+        result = parse_result(payload) if clique is not None else None
+        if result is None:
             return
-        header = parse_header(bytes(PAYLOAD_OFFSET) + payload[:FRAME_HEADER_BYTES - PAYLOAD_OFFSET])
+        header, elements = result.header, result.elements
         if (int(header["job"]), int(header["round"]), int(header["clique"])) != (config.job, clique.round,
                                                                                   clique.clique):
             return
-        offset, count = int(header["chunk"]), int(header["count"])
+        offset = int(header["chunk"])
         chunk = offset // config.chunk
         if offset % config.chunk or chunk not in self.deadline:
             return
-        body = FRAME_HEADER_BYTES - PAYLOAD_OFFSET
-        if len(payload) != body + ELEMENT_BYTES * count + RESULT_TRAILER_BYTES:
-            return
-        elements = np.frombuffer(payload, dtype=ELEMENT_DTYPE, count=count, offset=body).astype(np.int64)
-        status = int.from_bytes(payload[-RESULT_TRAILER_BYTES:], "big")
         fanin = len(clique.members)
         expected = self.expected[offset:offset + config.chunk]
-        right = (count == len(expected) and int(header["exponent"]) == clique.exponent
+        right = (len(elements) == len(expected) and int(header["exponent"]) == clique.exponent
                  and int(header["fanin"]) == fanin and int(header["bitmap"]) == (1 << fanin) - 1
-                 and int(header["contributors"]) == fanin and not status & STATUS_OVERFLOW
+                 and int(header["contributors"]) == fanin and not result.overflow
                  and np.array_equal(elements, expected))
         self.tally.checked += 1
         if not right:
@@ -356,130 +324,6 @@ class Island:
             self.finished.set()
 
 
-class UdpTransport:
-    """One UDP socket per island, each talking to its target address (a software aggregator, a board or
-    a relay). With `multicast_iface`, each island also receives its clique's group on that interface."""
-
-    def __init__(self, targets, sockets=None, multicast_iface=None, multicast_port=INWIRE_PORT):
-        self.targets = dict(targets)
-        self.sockets = dict(sockets or {})
-        self.multicast_iface, self.multicast_port = multicast_iface, multicast_port
-        self.endpoints, self.listeners = {}, {}
-        self.send_errors = 0
-
-    async def start(self, deliver):
-        loop = asyncio.get_running_loop()
-        for island in self.targets:
-            sock = self.sockets.get(island)
-            if sock is None:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                sock.bind(("0.0.0.0", 0))
-            sock.setblocking(False)
-            self.endpoints[island], _ = await loop.create_datagram_endpoint(
-                lambda island=island: _Receiver(island, deliver), sock=sock)
-            if self.multicast_iface:
-                listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                listener.bind(("0.0.0.0", self.multicast_port))
-                listener.setblocking(False)
-                self.listeners[island], _ = await loop.create_datagram_endpoint(
-                    lambda island=island: _Receiver(island, deliver), sock=listener)
-
-    def send(self, island, payload):
-        try:
-            self.endpoints[island].sendto(payload, self.targets[island])
-        except OSError:
-            self.send_errors += 1
-
-    def _membership(self, island, group, option):
-        listener = self.listeners.get(island)
-        if listener is not None:
-            request = socket.inet_aton(ip_str(group)) + socket.inet_aton(self.multicast_iface)
-            listener.get_extra_info("socket").setsockopt(socket.IPPROTO_IP, option, request)
-
-    def subscribe(self, island, group):
-        self._membership(island, group, socket.IP_ADD_MEMBERSHIP)
-
-    def unsubscribe(self, island, group):
-        self._membership(island, group, socket.IP_DROP_MEMBERSHIP)
-
-    async def stats(self, island, stats_future, timeout):
-        return await probe_stats(self, island, stats_future, timeout)
-
-    def close(self):
-        for endpoint in (*self.endpoints.values(), *self.listeners.values()):
-            endpoint.close()
-
-
-async def probe_stats(transport, island, stats_future, timeout):
-    """Counters of the target, asked from `island`; None when it never answers."""
-    for _ in range(PROBE_TRIES):
-        transport.send(island, stats_request())
-        try:
-            return await asyncio.wait_for(asyncio.shield(stats_future), timeout)
-        except TimeoutError:
-            continue
-    return None
-
-
-class _Receiver(asyncio.DatagramProtocol):
-    def __init__(self, island, deliver):
-        self.island, self.deliver = island, deliver
-
-    def datagram_received(self, data, addr):
-        self.deliver(self.island, data)
-
-    def error_received(self, exc):
-        """ICMP errors (port unreachable) on a UDP socket: the timeouts deal with the silence."""
-
-
-class CaptureTransport:
-    """`pcap:FILE` and `sim:SIMULATOR`: the frames the islands send, with the gateware's default addresses,
-    go to an in-process aggregator whose results come back to the islands, so the run makes the same checks.
-
-    For `pcap:` the aggregator is the golden model and the frames are also written to a capture, which
-    replays on any aggregator with those addresses and enough slots. For `sim:` it is the gateware itself,
-    in co-simulation (`inwire_hdl.cosim`), built with the slots the run needs."""
-
-    def __init__(self, path, islands, slots, max_elements, make_aggregator=Aggregator):
-        self.path = path
-        self.addresses = {island: (ip_str(ip_int("10.73.1.0") + i + 1), INWIRE_PORT)
-                          for i, island in enumerate(islands)}
-        self.config = AggregatorConfig(mac=PCAP_AGGREGATOR.mac, ip=PCAP_AGGREGATOR.ip,
-                                       slots=max(PCAP_AGGREGATOR.slots, slots),
-                                       max_elements=max(PCAP_AGGREGATOR.max_elements, max_elements))
-        self.model = make_aggregator(self.config)
-        self.frames = []
-        self.send_errors = 0
-
-    async def start(self, deliver):
-        self.deliver, self.loop = deliver, asyncio.get_running_loop()
-
-    def send(self, island, payload):
-        index = list(self.addresses).index(island)
-        frame = wrap_datagram(payload, self.addresses[island], (ip_str(self.config.ip), self.config.port),
-                              self.config.mac.to_bytes(6, "big"), (0x02_49_57_01_00_00 + index).to_bytes(6, "big"))
-        self.frames.append(frame)
-        for output in self.model.process(frame):
-            # The result is multicast: every island sees it and keeps what belongs to its clique.
-            for receiver in self.addresses:
-                self.loop.call_soon(self.deliver, receiver, output[PAYLOAD_OFFSET:])
-
-    def subscribe(self, island, group):
-        """Delivery reaches every island already."""
-
-    unsubscribe = subscribe
-
-    async def stats(self, island, stats_future, timeout):
-        return self.model.stats()
-
-    def close(self):
-        if hasattr(self.model, "close"):
-            self.model.close()
-        if self.path is not None:
-            write_frames(self.path, self.frames)
-
-
 async def stream_async(plan, config, transport, progress=lambda _round: None):
     """`run_stream` inside a running event loop."""
     workload = Workload(plan, config)
@@ -489,9 +333,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None):
 
     def deliver(island, payload):
         nonlocal stats_future
-        if len(payload) < 4:
-            return
-        opcode = payload[3]
+        opcode = opcode_of(payload)
         if opcode == Opcode.RESULT:
             islands[island].on_result(payload)
         elif opcode == Opcode.STATS_REPLY and stats_future is not None and not stats_future.done():
@@ -554,22 +396,6 @@ def run_stream(plan, config, transport, progress=None):
     return asyncio.run(stream_async(plan, config, transport, progress or (lambda _round: None)))
 
 
-def make_transport(target, plan, workload_slots, config):
-    if target.kind == "udp":
-        return UdpTransport({island: target.value for island in plan.islands})
-    if target.kind == "iface":
-        from .iface import IfaceTransport
-
-        return IfaceTransport(target.value, plan.islands)
-    if target.kind == "sim":
-        from inwire_hdl.cosim import CoSimulation
-
-        simulator, width = target.value
-        return CaptureTransport(None, plan.islands, workload_slots, config.chunk,
-                                make_aggregator=lambda aggregator: CoSimulation(simulator, width, aggregator))
-    return CaptureTransport(target.value, plan.islands, workload_slots, config.chunk)
-
-
 def format_report(report, target_text):
     lines = [f"{'round':>5} {'cliques':>7} {'time ms':>9} {'goodput MB/s':>13} {'retransmits':>11} "
              f"{'dropped':>7} {'checked':>7} {'wrong':>5}"]
@@ -586,40 +412,3 @@ def format_report(report, target_text):
     lines.append(f"bit_exact: {'true' if report['bit_exact'] else 'false'} ({report['results_checked']} results "
                  f"checked, {report['wrong_results']} wrong)")
     return "\n".join(lines)
-
-
-def _progress_bar(total):
-    """A progress bar on a terminal; nothing otherwise."""
-    if not sys.stderr.isatty():
-        return (lambda _round: None), (lambda: None)
-    from tqdm import tqdm
-    bar = tqdm(total=total, unit="round", file=sys.stderr, leave=False)
-    return (lambda _round: bar.update(1)), bar.close
-
-
-def run(args):
-    """`inwire stream`: exit 0 when every round finished bit-exact, 1 otherwise."""
-    target = parse_target(args.target)
-    plan = load_plan(args.schedule)
-    reproducible = target.kind in ("pcap", "sim")
-    job = args.job if args.job is not None else (1 if reproducible else int.from_bytes(os.urandom(4), "big"))
-    config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
-                          window=args.window, timeout_ms=args.timeout_ms, chunk=args.chunk, retries=args.retries,
-                          job=job)
-    workload = Workload(plan, config)
-    transport = make_transport(target, plan, workload.slots_needed, config)
-    update, close = _progress_bar(config.rounds)
-    try:
-        report = run_stream(plan, config, transport, update)
-    finally:
-        close()
-    report["target"] = target.text
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        print(format_report(report, target.text))
-    if not report["finished"]:
-        failure = next(r["failure"] for r in report["rounds"] if not r["finished"]) if any(
-            not r["finished"] for r in report["rounds"]) else "not every round ran"
-        print(f"inwire stream: {failure}", file=sys.stderr)
-    return 0 if report["bit_exact"] else 1

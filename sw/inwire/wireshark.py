@@ -5,7 +5,6 @@ sw/inwire/data/inwire.lua is this module's output, committed; a test keeps the t
 personal Lua plugins folder.
 """
 
-import sys
 from importlib import resources
 
 from .protocol import AGGREGATION_FIELDS, INWIRE_PORT, MAGIC, RESULT_TRAILER_FIELDS, Opcode
@@ -108,14 +107,3 @@ def lua_dissector():
 def committed_dissector():
     """The committed sw/inwire/data/inwire.lua."""
     return resources.files("inwire").joinpath(*LUA_PATH).read_text()
-
-
-def run(args):
-    """`inwire dissector [-o FILE]`."""
-    source = lua_dissector()
-    if args.output:
-        with open(args.output, "w") as handle:
-            handle.write(source)
-    else:
-        sys.stdout.write(source)
-    return 0

@@ -6,13 +6,12 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles, RisingEdge
 from scapy.layers.l2 import Ether
-from testbench import TB
-from traffic import Traffic, malformed, patch
 
-from inwire.protocol import INWIRE_PORT, Opcode
+from inwire.protocol import INT32_MAX, INT32_MIN, INWIRE_PORT, Opcode
 from inwire_hdl.aggregator import Aggregator
+from inwire_hdl.cocotb.testbench import TB
+from inwire_hdl.cocotb.traffic import Traffic, malformed, patch
 
-INT32_MAX, INT32_MIN = 2**31 - 1, -2**31
 LOCAL_EXPERIMENTAL_ETHERTYPE = 0x88B5
 
 

@@ -1,9 +1,10 @@
 """Verilator line and toggle coverage of the aggregator over the cocotb suite and a fuzz run.
 
-`python tb/coverage/verilator_coverage.py [--width 8] [--frames 2000]` builds the aggregator with
-`--coverage-line --coverage-toggle`, runs tb/aggregator/test_aggregator.py and tb/fuzz/test_fuzz.py
-against it (default configuration), merges the coverage.dat files and prints the uncovered lines and
-toggles, then line and toggle coverage of the generated (System)Verilog; exits 1 below the line goal.
+`make coverage` (`PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage python tb/coverage/verilator_coverage.py
+[--width 8] [--frames 2000]`) builds the aggregator with `--coverage-line --coverage-toggle`, runs
+tb/aggregator/test_aggregator.py and tb/fuzz/fuzz_cocotb.py against it (default configuration), merges the
+coverage.dat files and prints the uncovered lines and toggles, then line and toggle coverage of the
+generated (System)Verilog; exits 1 below the line goal.
 The report is also written to build/coverage/report_w<width>.json.
 """
 
@@ -13,14 +14,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "tb" / "fuzz"), str(REPO / "tb" / "aggregator")]
+from inwire.model import AggregatorConfig
+from inwire_hdl import sim
+from inwire_hdl.verilog import TOP, generate_verilog
 
-from inwire.model import AggregatorConfig  # noqa: E402
-from inwire_hdl import sim  # noqa: E402
-from inwire_hdl.verilog import TOP, generate_verilog  # noqa: E402
-
-BUILD_ROOT = REPO / "build" / "coverage"
+BUILD_ROOT = Path("build") / "coverage"
 COVERAGE_ARGS = ["--coverage-line", "--coverage-toggle"]
 LINE_GOAL = 95.0
 """Percent of the core's Verilog lines that the suite must execute; `make coverage` fails below it."""
@@ -29,7 +27,7 @@ LINE_GOAL = 95.0
 def build(width, config):
     from cocotb_tools.runner import get_runner
 
-    build_dir = BUILD_ROOT / f"verilator_w{width}"
+    build_dir = BUILD_ROOT.resolve() / f"verilator_w{width}"
     build_dir.mkdir(parents=True, exist_ok=True)
     source = build_dir / f"{TOP}.sv"
     source.write_text(generate_verilog(config, width, systemverilog=True))
@@ -73,7 +71,7 @@ def measure(width=8, frames=2000, config=None):
     config = config or AggregatorConfig()
     merged = defaultdict(int)
     runner, build_dir = build(width, config)
-    for module, env in (("test_aggregator", {}), ("test_fuzz", {"INWIRE_FUZZ_FRAMES": str(frames)})):
+    for module, env in (("test_aggregator", {}), ("fuzz_cocotb", {"INWIRE_FUZZ_FRAMES": str(frames)})):
         (build_dir / "coverage.dat").unlink(missing_ok=True)
         outcome = sim.run(runner, build_dir, config, test_module=module, extra_env=env,
                           results_name=f"{module}.xml")

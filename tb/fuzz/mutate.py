@@ -8,23 +8,20 @@ Frames are between 1 and MAX_FRAME bytes (an AXI4-Stream frame has at least one 
 """
 
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aggregator"))
-
-from traffic import Traffic, patch  # noqa: E402
-
-from inwire.protocol import (  # noqa: E402
+from inwire.protocol import (
     AGGREGATION_FIELDS,
     ETHERNET_BYTES,
     FIELDS_BY_NAME,
     FRAME_HEADER_BYTES,
+    INT32_MAX,
+    INT32_MIN,
     IPV4_BYTES,
     Opcode,
 )
+from inwire_hdl.cocotb.traffic import Traffic, patch
 
 MAX_FRAME = 1600
 KINDS = ("good", "foreign", "request", "stats", "bit_flip", "truncate", "extend", "field_limit",
@@ -73,7 +70,7 @@ class Mutator:
             # One clique in ten near the int32 limits, so that sums saturate and results carry the flag.
             vectors = None
             if rnd.random() < 0.1:
-                vectors = [self.traffic.elements(count, 2**30, 2**31 - 1) * rnd.choice((1, -1)) for _ in range(fanin)]
+                vectors = [self.traffic.elements(count, 2**30, INT32_MAX) * rnd.choice((1, -1)) for _ in range(fanin)]
             self.pending = self.traffic.clique(count, fanin, vectors, **fields)
             # Some members retransmit, some requests ask for the result.
             extra = [rnd.choice(self.pending) for _ in range(rnd.randrange(2))]
@@ -169,7 +166,7 @@ class Mutator:
 
     def _element_limit(self):
         rnd = self.random
-        pick = (2**31 - 1, -2**31, 2**30, -2**30, 1, -1, 0)
+        pick = (INT32_MAX, INT32_MIN, 2**30, -2**30, 1, -1, 0)
         elements = np.array([rnd.choice(pick) for _ in range(rnd.randint(1, min(8, self.config.max_elements)))])
         fanin = rnd.randint(1, min(3, self.config.max_fanin))
         return self.traffic.contribution(elements, fanin=fanin, sender=rnd.randrange(fanin),

@@ -4,7 +4,9 @@
   outer step, and `UdpCliqueExchange`, which carries one averaging to an aggregator over UDP;
 - `codec_average`: the arithmetic of one clique averaging, member side and aggregator side (numpy only);
 - `training`: the study behind `inwire train`, islands simulated in one process with deterministic time;
-- `dist`: islands as torchrun jobs (gloo or NCCL inside, inwire between), `make train-dist`.
+- `island`, `dist`: islands as torchrun jobs (gloo or NCCL inside, inwire between), `make train-dist`.
+
+The `inwire train` command is `inwire.cli.train`.
 
 Importing this package does not import torch; its modules that need it do.
 """

@@ -26,15 +26,9 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from ..packets import AGGREGATION_OFFSET, build_frames, parse_datagram_header
-from ..protocol import (
-    ELEMENT_DTYPE,
-    FRAME_HEADER_BYTES,
-    MAX_FANIN,
-    RESULT_TRAILER_BYTES,
-    STATUS_OVERFLOW,
-    Opcode,
-)
+from ..datagram import parse_result, payload_of
+from ..packets import build_frames
+from ..protocol import MAX_FANIN
 from .codec_average import ATTEMPTS, AveragingError, decode, encode
 from .outer import OuterOptimizer
 
@@ -85,7 +79,7 @@ class UdpCliqueExchange:
             piece = elements[index * self.chunk:(index + 1) * self.chunk]
             frame = build_frames(piece, job=self.job, round=protocol_round, clique=clique_index, slot=base + index,
                                  chunk=index * self.chunk, sender=me, fanin=fanin, exponent=exponent, group=group)
-            payloads[index * self.chunk] = bytes(frame[0, AGGREGATION_OFFSET:])
+            payloads[index * self.chunk] = payload_of(frame[0])
         sums = np.zeros(len(elements), dtype=np.int64)
         overflow = False
         deadline = time.monotonic() + self.deadline_s
@@ -99,16 +93,16 @@ class UdpCliqueExchange:
             while payloads and (wait := resend_at - time.monotonic()) > 0:
                 if not select.select([self.socket], [], [], wait)[0]:
                     break
-                answer = self.socket.recv(65535)
-                header = parse_datagram_header(answer)
-                if (header is None or header["opcode"] != Opcode.RESULT or header["job"] != self.job
-                        or header["round"] != protocol_round or header["clique"] != clique_index
-                        or int(header["chunk"]) not in payloads):
+                result = parse_result(self.socket.recv(65535))
+                if result is None:
                     continue
-                offset, count = int(header["chunk"]), int(header["count"])
-                body = answer[FRAME_HEADER_BYTES - AGGREGATION_OFFSET:]
-                sums[offset:offset + count] = np.frombuffer(body, dtype=ELEMENT_DTYPE, count=count)
-                overflow |= bool(int.from_bytes(body[-RESULT_TRAILER_BYTES:], "big") & STATUS_OVERFLOW)
+                header = result.header
+                if (header["job"] != self.job or header["round"] != protocol_round
+                        or header["clique"] != clique_index or int(header["chunk"]) not in payloads):
+                    continue
+                offset = int(header["chunk"])
+                sums[offset:offset + len(result.elements)] = result.elements
+                overflow |= result.overflow
                 del payloads[offset]
         return sums, overflow
 

@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 
-from ..codec import INT32_MAX, choose_exponent, dequantize, quantize
+from ..codec import choose_exponent, dequantize, quantize
+from ..protocol import INT32_MAX, INT32_MIN
 
 ATTEMPTS = 8
 """Re-sends at a raised bound before giving up; also the stride of protocol round numbers per round."""
-INT32_MIN = -INT32_MAX - 1
 
 
 class AveragingError(RuntimeError):

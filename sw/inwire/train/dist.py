@@ -211,7 +211,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sim = ()
     if args.sim:
-        from ..stream import parse_simulator
+        from inwire_hdl import parse_simulator
 
         sim = parse_simulator(args.sim)
     try:

@@ -1,11 +1,10 @@
-"""`make bench`: every benchmark of the project into one JSON file, one key per part.
+"""Run every benchmark of the project (or those given with --only) and write them into one JSON file, one
+key per part, merged with the keys the file already has. Benchmarks report figures; they assert nothing.
+Each section records the wall time it took to measure."""
 
-Benchmarks report figures; they assert nothing. Each section records the wall time it took to measure.
-"""
-
-import argparse
 import importlib
 import json
+import os
 import pathlib
 import platform
 import sys
@@ -17,21 +16,23 @@ SECTIONS = {
     "gateware": "inwire_hdl.bench",
     "board": "inwire_hdl.timing",
 }
+"""Section name -> module whose `run()` measures it; imported only when the section runs."""
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m inwire.bench", description=__doc__.splitlines()[0])
+def add_arguments(parser):
     parser.add_argument("--out", default="bench/results.json", help="JSON file to write (merged with its keys)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated among {', '.join(SECTIONS)}")
-    args = parser.parse_args(argv)
+
+
+def run(args):
     chosen = [name for name in args.only.split(",") if name]
     unknown = set(chosen) - set(SECTIONS)
     if unknown:
-        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+        raise ValueError(f"unknown sections: {', '.join(sorted(unknown))}")
     out = pathlib.Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else {}
     results["machine"] = {"python": platform.python_version(), "processor": platform.machine(),
-                          "cores": _cores()}
+                          "cores": len(os.sched_getaffinity(0))}
     for name in chosen:
         started = time.perf_counter()
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
@@ -42,13 +43,3 @@ def main(argv=None):
         out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps({name: results[name] for name in chosen}, indent=1))
     return 0
-
-
-def _cores():
-    import os
-
-    return len(os.sched_getaffinity(0))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -49,7 +49,7 @@ def _list(text, parse, name):
 
 def run(args):
     try:
-        from . import training
+        from ..train import training
     except ImportError as error:
         raise ValueError(f"needs the torch extra (pip install 'inwire[torch]'): {error}") from None
     if args.seeds < 1:

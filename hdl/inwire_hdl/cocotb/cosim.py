@@ -8,9 +8,10 @@ import struct
 
 import cocotb
 from cocotbext.axi import AxiStreamFrame
-from testbench import TB
 
 from inwire_hdl.cosim import QUIT, receive_exactly
+
+from .testbench import TB
 
 QUIET_CYCLES = 64
 """Idle output cycles after which a frame's answer is complete: the pipeline's latency is far shorter."""

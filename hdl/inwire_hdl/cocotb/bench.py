@@ -10,10 +10,11 @@ import time
 
 import cocotb
 from cocotb.triggers import RisingEdge
-from testbench import TB
-from traffic import Traffic
 
 from inwire.protocol import FRAME_HEADER_BYTES, Opcode
+
+from .testbench import TB
+from .traffic import Traffic
 
 
 class BeatMonitor:

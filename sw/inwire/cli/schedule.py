@@ -1,8 +1,9 @@
-"""`inwire schedule`: optimize a rotating-clique schedule, or sweep it over capabilities and model sizes."""
+"""Find the periodic sequence of cliques (with an aggregation city each) that reaches epsilon-consensus
+soonest, beside the baselines and a lower bound; or, with --sweep, optimize over multicast on/off,
+aggregation on/off and model sizes and write a table and plots."""
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -19,18 +20,14 @@ from inwire.schedule import (  # noqa: E402
     plan_schedule,
     write_schedule,
 )
-from inwire.topology import TopologyError, load_topology  # noqa: E402
+from inwire.topology import load_topology  # noqa: E402
 
 DEFAULT_SWEEP_SIZES_MB = "1,10,100,1000,10000"
 SETTINGS = ((True, True), (False, True), (True, False), (False, False))
 """(multicast, aggregation) pairs the sweep compares."""
 
 
-def add_schedule_parser(subparsers):
-    parser = subparsers.add_parser(
-        "schedule", help="optimize the rotating-clique schedule for a topology",
-        description="Find the periodic sequence of cliques (with an aggregation city each) that reaches "
-                    "epsilon-consensus soonest, beside the baselines and a lower bound.")
+def add_arguments(parser):
     parser.add_argument("--topology", default="doublezero9", help="doublezero9 or a JSON topology file")
     parser.add_argument("--islands", help="comma-separated island cities (default: every city)")
     parser.add_argument("--model-mb", type=float, default=100.0, help="model size in MB (10^6 bytes)")
@@ -44,40 +41,31 @@ def add_schedule_parser(subparsers):
                         help="multicast on/off x aggregation on/off x model sizes: table and plots")
     parser.add_argument("--sizes-mb", default=DEFAULT_SWEEP_SIZES_MB, help="model sizes for --sweep, MB")
     parser.add_argument("--out-dir", default="sweep", help="folder for the --sweep table and plots")
-    parser.set_defaults(func=run_schedule)
-    return parser
 
 
-def run_schedule(args):
-    try:
-        topology = load_topology(args.topology)
-        islands = None if not args.islands else [name.strip() for name in args.islands.split(",")]
-        islands = topology.resolve_islands(islands)
-        if args.sweep:
-            sizes = _parse_sizes(args.sizes_mb)
-            _, table = run_sweep(topology, islands, sizes, args.epsilon, args.seed, Path(args.out_dir))
-            print(table)
-            print(f"\nwrote {args.out_dir}/sweep.md, sweep.json, sweep.png and the schedule maps")
-            return 0
-        if not args.out:
-            raise ScheduleError("--out FILE is required (where to write the schedule JSON)")
-        if not (args.model_mb > 0 and math.isfinite(args.model_mb)):
-            raise ScheduleError(f"--model-mb must be a positive number, got {args.model_mb}")
-        if args.seed < 0:
-            raise ScheduleError(f"--seed must be 0 or more, got {args.seed}")
-        plan = plan_schedule(topology, islands, round(args.model_mb * 1e6), args.epsilon,
-                             not args.no_multicast, not args.no_aggregation, args.seed)
-        print(format_plan(plan))
-        write_schedule(plan, args.out)
-        if args.map:
-            draw_schedule_map(topology, plan.best, args.map, _setting_title(plan))
+def run(args):
+    topology = load_topology(args.topology)
+    islands = None if not args.islands else [name.strip() for name in args.islands.split(",")]
+    islands = topology.resolve_islands(islands)
+    if args.sweep:
+        sizes = _parse_sizes(args.sizes_mb)
+        _, table = run_sweep(topology, islands, sizes, args.epsilon, args.seed, Path(args.out_dir))
+        print(table)
+        print(f"\nwrote {args.out_dir}/sweep.md, sweep.json, sweep.png and the schedule maps")
         return 0
-    except (TopologyError, ScheduleError) as error:
-        print(f"inwire schedule: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(f"inwire schedule: cannot write {error.filename}: {error.strerror}", file=sys.stderr)
-        return 2
+    if not args.out:
+        raise ScheduleError("--out FILE is required (where to write the schedule JSON)")
+    if not (args.model_mb > 0 and math.isfinite(args.model_mb)):
+        raise ScheduleError(f"--model-mb must be a positive number, got {args.model_mb}")
+    if args.seed < 0:
+        raise ScheduleError(f"--seed must be 0 or more, got {args.seed}")
+    plan = plan_schedule(topology, islands, round(args.model_mb * 1e6), args.epsilon,
+                         not args.no_multicast, not args.no_aggregation, args.seed)
+    print(format_plan(plan))
+    write_schedule(plan, args.out)
+    if args.map:
+        draw_schedule_map(topology, plan.best, args.map, _setting_title(plan))
+    return 0
 
 
 def _parse_sizes(text):

@@ -8,20 +8,15 @@ frames per kind, counters, results of the clean round).
 import collections
 import json
 import os
-import sys
 from pathlib import Path
 
 import cocotb
+from functional import Coverage
+from mutate import Mutator, clean_round
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "coverage"))
-
-from functional import Coverage  # noqa: E402
-from mutate import Mutator, clean_round  # noqa: E402
-from testbench import TB  # noqa: E402
-from traffic import Traffic  # noqa: E402
-
-from inwire.protocol import COUNTERS, Disposition  # noqa: E402
+from inwire.protocol import COUNTERS, Disposition
+from inwire_hdl.cocotb.testbench import TB
+from inwire_hdl.cocotb.traffic import Traffic
 
 DISPOSITIONS = tuple(d.name.lower() for d in Disposition)
 

@@ -7,7 +7,8 @@ import os
 
 import cocotb
 from cocotbext.axi import AxiStreamFrame
-from testbench import TB
+
+from .testbench import TB
 
 
 @cocotb.test()

@@ -1,0 +1,97 @@
+"""The `inwire` command: a table of subcommands, each in its own module, imported only when chosen.
+
+Every command module has `add_arguments(parser)` and `run(args)`, which returns the exit status; its
+docstring is the command's description. `main` builds the parser with every command's one-line summary
+from `COMMANDS` but imports and asks for the arguments of the chosen command alone, so that `inwire decode`
+does not load the gateware, the planner or torch. Errors a user can cause (`InwireError`, `OSError`,
+`ValueError`, `RuntimeError`) end as one line on stderr, `inwire <command>: <message>`, and exit status 2;
+an interrupt exits with 130.
+"""
+
+import argparse
+import importlib
+import sys
+
+from .. import __version__
+from ..errors import InwireError
+
+COMMANDS = {
+    "schedule": ("inwire.cli.schedule", "optimize the rotating-clique schedule for a topology"),
+    "serve": ("inwire.cli.serve", "run the software aggregator (the golden model) as a UDP service"),
+    "stream": ("inwire.cli.stream", "run one island per city of a schedule against an aggregator"),
+    "decode": ("inwire.cli.decode", "print each frame of a capture as a JSON line"),
+    "replay": ("inwire.cli.replay", "run a capture through the simulated gateware"),
+    "verilog": ("inwire.cli.verilog", "write the aggregator gateware as Verilog"),
+    "build": ("inwire.cli.build", "build a board bitstream with the open flow (YoWASP)"),
+    "alveo": ("inwire.cli.alveo", "write the Verilog of the Alveo U200 100 GbE build"),
+    "formal": ("inwire.cli.formal", "run the formal checks of the aggregator (SymbiYosys) and print the table"),
+    "demo": ("inwire.cli.demo",
+             "aggregator and islands in network namespaces, links delayed as in the topology (root)"),
+    "train": ("inwire.cli.train",
+              "the training study: islands on digits, sync strategies under one deterministic clock, over seeds "
+              "(needs torch)"),
+    "bench": ("inwire.cli.bench", "run the benchmarks and write them to one JSON file"),
+    "dissector": ("inwire.cli.dissector", "print the Wireshark Lua dissector for the inwire header"),
+    "docs": ("inwire.cli.docs", "print the protocol reference (docs/protocol.md)"),
+}
+"""Command name -> (module, one-line summary). The module is imported only when its command runs."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the description's lines; shows an option's default in its help unless the help names it already
+    or there is none to show."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        shown = action.default is not None and action.default is not False and action.default != argparse.SUPPRESS
+        if "default" in text or not shown:
+            return text
+        return super()._get_help_string(action)
+
+
+def chosen_command(argv):
+    """The command named in `argv` (the first word that is not an option), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def load(name):
+    """The module of command `name`."""
+    return importlib.import_module(COMMANDS[name][0])
+
+
+def build_parser(argv=()):
+    """The parser; only the command chosen in `argv` (if any) gets its arguments, and is imported."""
+    parser = argparse.ArgumentParser(
+        prog="inwire", description="In-network gradient aggregation: gateware, verification and host tools.")
+    parser.add_argument("--version", action="version", version=f"inwire {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = chosen_command(argv)
+    for name, (_module, summary) in COMMANDS.items():
+        if name != chosen:
+            commands.add_parser(name, help=summary, description=summary)
+            continue
+        module = load(name)
+        sub = commands.add_parser(name, help=summary, description=(module.__doc__ or summary).strip(),
+                                  formatter_class=HelpFormatter)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
+    try:
+        return args.run(args)
+    except (InwireError, OSError, ValueError, RuntimeError) as error:
+        print(f"inwire {args.command}: {describe(error)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def describe(error):
+    """One line for the user: an OSError names its file, other errors carry their own message."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -1,0 +1,48 @@
+"""A lab on one machine (root): the aggregator and every island in network namespaces joined by a bridge,
+each island's link delayed by the topology's latency to its clique's aggregation city times --scale."""
+
+import json
+import os
+import tempfile
+
+from ..netns import LabError, demo_schedule, run_lab, unavailable_reason
+from ..stream import StreamConfig, format_report, load_plan
+from .options import positive_float
+
+
+def add_arguments(parser):
+    parser.add_argument("--schedule", default=None, metavar="FILE",
+                        help="schedule JSON (default: optimize one for doublezero9)")
+    parser.add_argument("--rounds", type=int, default=4, metavar="N")
+    parser.add_argument("--elements", type=int, default=2048, metavar="N")
+    parser.add_argument("--scale", type=positive_float, default=0.1,
+                        help="multiply the topology's latencies by this")
+    parser.add_argument("--loss", type=float, default=0.0, metavar="P")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args):
+    """`inwire demo`."""
+    reason = unavailable_reason()
+    if reason:
+        raise LabError(f"network namespaces unavailable: {reason}")
+    with tempfile.TemporaryDirectory() as scratch:
+        schedule = args.schedule
+        if schedule is None:
+            schedule = os.path.join(scratch, "schedule.json")
+            demo_schedule(schedule)
+        plan = load_plan(schedule)
+    worst_ms = max(plan.topology.latency_ms(a, b) for a in plan.islands for b in plan.topology.cities)
+    config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
+                          timeout_ms=max(200.0, 4 * worst_ms * args.scale),
+                          job=int.from_bytes(os.urandom(4), "big"))
+    report, final = run_lab(plan, config, args.scale)
+    report["target"] = f"netns lab, latencies x{args.scale:g}"
+    report["aggregator_final"] = final
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(format_report(report, report["target"]))
+        print(final)
+    return 0 if report["bit_exact"] else 1

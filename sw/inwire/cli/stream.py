@@ -1,0 +1,101 @@
+"""Run one island per city of a schedule against an aggregator, round by round, and check every result
+bit for bit against the sum the islands compute themselves (exit status 1 unless all are bit-exact).
+
+Targets: udp://HOST:PORT (a software aggregator, a board or a relay), pcap:FILE (the golden model, frames
+written to a capture), sim:icarus|verilator[:WIDTH] (the gateware in co-simulation) and iface:NAME (raw
+frames through a NIC, root).
+"""
+
+import json
+import os
+import sys
+
+from ..stream import (
+    DEFAULT_CHUNK,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT_MS,
+    DEFAULT_WINDOW,
+    StreamConfig,
+    Workload,
+    format_report,
+    load_plan,
+    parse_target,
+    run_stream,
+)
+
+
+def add_arguments(parser):
+    parser.add_argument("--target", required=True, metavar="TARGET",
+                        help="udp://HOST:PORT, pcap:FILE, sim:icarus|verilator[:WIDTH] or iface:NAME")
+    parser.add_argument("--schedule", required=True, metavar="FILE", help="schedule JSON (inwire schedule)")
+    parser.add_argument("--rounds", type=int, default=4, metavar="N", help="rounds to run")
+    parser.add_argument("--elements", type=int, default=1024, metavar="N", help="gradient elements per island")
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the test gradients and of --loss")
+    parser.add_argument("--loss", type=float, default=0.0, metavar="P",
+                        help="drop this fraction of outgoing datagrams on purpose")
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="W", help="chunks in flight per island")
+    parser.add_argument("--timeout-ms", type=float, default=DEFAULT_TIMEOUT_MS, metavar="T",
+                        help="retransmit a chunk after T ms without its result")
+    parser.add_argument("--retries", type=int, default=DEFAULT_RETRIES, metavar="N",
+                        help="retransmissions of one chunk before the round is given up")
+    parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, metavar="N",
+                        help="elements per frame (at most the aggregator's maximum)")
+    parser.add_argument("--job", type=int, default=None, metavar="ID",
+                        help="job identifier (default: random, or 1 for pcap: and sim:)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def make_transport(target, plan, workload_slots, config):
+    """The transport a parsed --target names."""
+    from ..transport import CaptureTransport, UdpTransport
+
+    if target.kind == "udp":
+        return UdpTransport({island: target.value for island in plan.islands})
+    if target.kind == "iface":
+        from ..iface import IfaceTransport
+
+        return IfaceTransport(target.value, plan.islands)
+    if target.kind == "sim":
+        from inwire_hdl.cosim import CoSimulation
+
+        simulator, width = target.value
+        return CaptureTransport(None, plan.islands, workload_slots, config.chunk,
+                                make_aggregator=lambda aggregator: CoSimulation(simulator, width, aggregator))
+    return CaptureTransport(target.value, plan.islands, workload_slots, config.chunk)
+
+
+def _progress_bar(total):
+    """A progress bar on a terminal; nothing otherwise."""
+    if not sys.stderr.isatty():
+        return (lambda _round: None), (lambda: None)
+    from tqdm import tqdm
+    bar = tqdm(total=total, unit="round", file=sys.stderr, leave=False)
+    return (lambda _round: bar.update(1)), bar.close
+
+
+def run(args):
+    """`inwire stream`: exit 0 when every round finished bit-exact, 1 otherwise."""
+    target = parse_target(args.target)
+    plan = load_plan(args.schedule)
+    reproducible = target.kind in ("pcap", "sim")
+    job = args.job if args.job is not None else (1 if reproducible else int.from_bytes(os.urandom(4), "big"))
+    config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
+                          window=args.window, timeout_ms=args.timeout_ms, chunk=args.chunk, retries=args.retries,
+                          job=job)
+    workload = Workload(plan, config)
+    transport = make_transport(target, plan, workload.slots_needed, config)
+    update, close = _progress_bar(config.rounds)
+    try:
+        report = run_stream(plan, config, transport, update)
+    finally:
+        close()
+    report["target"] = target.text
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(format_report(report, target.text))
+    if not report["finished"]:
+        failure = next(r["failure"] for r in report["rounds"] if not r["finished"]) if any(
+            not r["finished"] for r in report["rounds"]) else "not every round ran"
+        print(f"inwire stream: {failure}", file=sys.stderr)
+    return 0 if report["bit_exact"] else 1

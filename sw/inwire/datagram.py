@@ -1,0 +1,169 @@
+"""The datagram layer: an aggregation header and its elements as the UDP payload a host sends and receives.
+
+On the wire the payload starts at PAYLOAD_OFFSET (42: Ethernet + IPv4 + UDP), where the frame's `magic`
+field is. Hosts with a kernel UDP stack see only the payload; the golden model and the gateware see whole
+frames. `wrap` makes the frame that carries a payload; `parse_result`, `parse_stats_reply` and
+`parse_payload_header` read payloads without padding them back into frames.
+"""
+
+import ipaddress
+import socket
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .packets import HEADER_DEFAULTS, build_frames
+from .protocol import (
+    COUNTERS,
+    ELEMENT_BYTES,
+    ELEMENT_DTYPE,
+    ETHERNET_BYTES,
+    FRAME_HEADER_BYTES,
+    FRAME_HEADER_DTYPE,
+    FRAME_OFFSETS,
+    IPV4_BYTES,
+    MAGIC,
+    RESULT_TRAILER_BYTES,
+    STATUS_OVERFLOW,
+    UDP_BYTES,
+    VERSION,
+    Opcode,
+)
+
+PAYLOAD_OFFSET = FRAME_OFFSETS["magic"]
+"""Where the UDP payload (the aggregation header) starts in a frame: Ethernet + IPv4 + UDP, 42 bytes."""
+assert PAYLOAD_OFFSET == ETHERNET_BYTES + IPV4_BYTES + UDP_BYTES
+PAYLOAD_HEADER_BYTES = FRAME_HEADER_BYTES - PAYLOAD_OFFSET
+"""The aggregation header's length, where a payload's elements start."""
+_PAYLOAD_FIELDS = [name for name in FRAME_HEADER_DTYPE.names if FRAME_HEADER_DTYPE.fields[name][1] >= PAYLOAD_OFFSET]
+PAYLOAD_HEADER_DTYPE = np.dtype({
+    "names": _PAYLOAD_FIELDS,
+    "formats": [FRAME_HEADER_DTYPE.fields[name][0] for name in _PAYLOAD_FIELDS],
+    "offsets": [FRAME_HEADER_DTYPE.fields[name][1] - PAYLOAD_OFFSET for name in _PAYLOAD_FIELDS],
+    "itemsize": PAYLOAD_HEADER_BYTES,
+})
+"""The aggregation header's fields, `magic` to `reserved`, at their offsets within a payload."""
+MAX_DATAGRAM = 65535
+PEER_MAC = bytes.fromhex("020000000000")
+"""Source MAC of wrapped datagrams whose sender's MAC is unknown (the kernel hides it; the model ignores it)."""
+
+ISLAND_NETWORK = int(ipaddress.IPv4Address("10.73.1.0"))
+"""Island i of a capture or of a segment (`pcap:`, `sim:`, `iface:`) has address 10.73.1.(i+1) ..."""
+ISLAND_MAC_BASE = 0x02_49_57_01_00_00
+"""... and MAC 02:49:57:01:00:i."""
+
+
+def island_address(index):
+    """(dotted IPv4 address, MAC as an int) of island `index` on a capture or an Ethernet segment."""
+    return ip_str(ISLAND_NETWORK + index + 1), ISLAND_MAC_BASE + index
+
+
+def ip_int(address):
+    return int(ipaddress.IPv4Address(address))
+
+
+def ip_str(value):
+    return str(ipaddress.IPv4Address(int(value)))
+
+
+def parse_endpoint(text, what="address"):
+    """'HOST:PORT' as (dotted IPv4 address, port); the host may be a name that resolves to IPv4."""
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{what} {text!r} is not HOST:PORT")
+    try:
+        port = int(port)
+    except ValueError:
+        raise ValueError(f"{what} {text!r}: port {port!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{what} {text!r}: port {port} is outside 0-65535")
+    try:
+        address = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
+    except (socket.gaierror, UnicodeError) as error:
+        raise ValueError(f"{what} {text!r}: cannot resolve {host!r} ({error})") from None
+    return address, port
+
+
+_HEADER = struct.Struct("!6s6sHBBHHHBBH4s4sHHHH")
+
+
+def wrap(payload, source, destination, dst_mac, src_mac=PEER_MAC):
+    """The Ethernet frame that carries `payload` from `source` to `destination` ((ip, port) pairs), with the
+    header values `packets.build_frames` uses too (IPv4 without options, don't-fragment, TTL 64)."""
+    ip_len = IPV4_BYTES + UDP_BYTES + len(payload)
+    src_ip = socket.inet_aton(source[0])
+    dst_ip = socket.inet_aton(destination[0])
+    fixed = HEADER_DEFAULTS
+    header = bytearray(_HEADER.pack(dst_mac, src_mac, fixed["eth_type"], fixed["ip_ver_ihl"], 0, ip_len & 0xFFFF, 0,
+                                    fixed["ip_frag"], fixed["ip_ttl"], fixed["ip_proto"], 0, src_ip, dst_ip,
+                                    source[1], destination[1], (UDP_BYTES + len(payload)) & 0xFFFF, 0))
+    total = sum(struct.unpack_from("!10H", header, ETHERNET_BYTES))
+    total = (total & 0xFFFF) + (total >> 16)
+    total = (total & 0xFFFF) + (total >> 16)
+    struct.pack_into("!H", header, ETHERNET_BYTES + 10, ~total & 0xFFFF)
+    return bytes(header) + bytes(payload)
+
+
+def payload_of(frame):
+    """The UDP payload of a frame (from the aggregation header on)."""
+    return bytes(frame[PAYLOAD_OFFSET:])
+
+
+def payloads_of(frames):
+    """UDP payloads of the rows of a frame matrix (`packets.build_frames`), as bytes."""
+    return [bytes(row) for row in np.asarray(frames)[:, PAYLOAD_OFFSET:]]
+
+
+def opcode_of(payload):
+    """The opcode byte of a payload, or None when it is too short to have one."""
+    at = FRAME_OFFSETS["opcode"] - PAYLOAD_OFFSET
+    return payload[at] if len(payload) > at else None
+
+
+def parse_payload_header(payload):
+    """The aggregation header of a payload as a record of PAYLOAD_HEADER_DTYPE (the frame header's fields
+    from `magic` on), or None when the payload is too short or lacks the inwire magic and version."""
+    if len(payload) < PAYLOAD_HEADER_BYTES:
+        return None
+    header = np.frombuffer(bytes(payload[:PAYLOAD_HEADER_BYTES]), dtype=PAYLOAD_HEADER_DTYPE)[0]
+    if header["magic"] != MAGIC or header["version"] != VERSION:
+        return None
+    return header
+
+
+@dataclass(frozen=True)
+class Result:
+    """A result payload read: its header record, the sums (int64) and the overflow flag of its status."""
+    header: np.void
+    elements: np.ndarray
+    overflow: bool
+
+
+def parse_result(payload):
+    """A result payload as a `Result`, or None when it is not a whole, well-formed result."""
+    header = parse_payload_header(payload)
+    if header is None or header["opcode"] != Opcode.RESULT:
+        return None
+    count = int(header["count"])
+    if len(payload) != PAYLOAD_HEADER_BYTES + ELEMENT_BYTES * count + RESULT_TRAILER_BYTES:
+        return None
+    elements = np.frombuffer(payload, dtype=ELEMENT_DTYPE, count=count, offset=PAYLOAD_HEADER_BYTES)
+    status = int.from_bytes(payload[-RESULT_TRAILER_BYTES:], "big")
+    return Result(header, elements.astype(np.int64), bool(status & STATUS_OVERFLOW))
+
+
+def stats_request(job=0, sender=0):
+    """The UDP payload of a stats request."""
+    return payload_of(build_frames(np.zeros((1, 0), dtype=np.int32), opcode=Opcode.STATS_REQUEST, job=job,
+                                   sender=sender)[0])
+
+
+def parse_stats_reply(payload):
+    """Counters of a stats reply payload as a dict, or None when it is not one."""
+    header = parse_payload_header(payload)
+    if (header is None or header["opcode"] != Opcode.STATS_REPLY
+            or len(payload) != PAYLOAD_HEADER_BYTES + ELEMENT_BYTES * len(COUNTERS)):
+        return None
+    values = np.frombuffer(payload, dtype=">u4", offset=PAYLOAD_HEADER_BYTES)
+    return dict(zip(COUNTERS, (int(v) for v in values), strict=True))
