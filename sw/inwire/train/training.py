@@ -468,18 +468,18 @@ def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms
     step_times = [config.step_ms] if step_ms is None else step_ms
     cells = []
     for alpha, size, step, (outer_lr, outer_momentum) in itertools.product(alphas, sizes, step_times, outers):
-                cell_config = TrainConfig(**{**asdict(config), "alpha": alpha, "model_bytes": size, "step_ms": step,
-                                             "outer_lr": outer_lr, "outer_momentum": outer_momentum})
-                runs = [run_training(TrainConfig(**{**asdict(cell_config), "seed": seed})) for seed in seeds]
-                cell = {"alpha": alpha, "model_bytes": charged_bytes(cell_config), "step_ms": step,
-                        "outer_lr": outer_lr, "outer_momentum": outer_momentum, "seeds": list(seeds),
-                        "strategies": runs[0]["strategies"], "plan": runs[0]["plan"],
-                        "summary": summarize(runs, config.target),
-                        "mean_curves": _mean_curves(runs)}
-                if "schedule" in config.strategies:
-                    cell["schedule_vs"] = {other: compare(runs, "schedule", other, config.target)
-                                           for other in config.strategies if other != "schedule"}
-                cells.append(cell)
+        cell_config = TrainConfig(**{**asdict(config), "alpha": alpha, "model_bytes": size, "step_ms": step,
+                                     "outer_lr": outer_lr, "outer_momentum": outer_momentum})
+        runs = [run_training(TrainConfig(**{**asdict(cell_config), "seed": seed})) for seed in seeds]
+        cell = {"alpha": alpha, "model_bytes": charged_bytes(cell_config), "step_ms": step,
+                "outer_lr": outer_lr, "outer_momentum": outer_momentum, "seeds": list(seeds),
+                "strategies": runs[0]["strategies"], "plan": runs[0]["plan"],
+                "summary": summarize(runs, config.target),
+                "mean_curves": _mean_curves(runs)}
+        if "schedule" in config.strategies:
+            cell["schedule_vs"] = {other: compare(runs, "schedule", other, config.target)
+                                   for other in config.strategies if other != "schedule"}
+        cells.append(cell)
     return {"config": {**asdict(config), "islands": list(runs[0]["config"]["islands"])},
             "seeds": list(seeds), "target": config.target, "cells": cells}
 
