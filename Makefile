@@ -66,9 +66,12 @@ demo:
 train-demo:
 	$(BIN)/inwire train --model-mb 100 --out-dir train/demo
 
+# The study docs/training.md quotes: every cell with an ideal aggregator, then 100 MB with 10 Gb/s aggregator ports.
 train-study:
 	$(BIN)/inwire train --seeds 10 --alpha iid,1,0.3,0.1 --model-mb 1,100,1000 --step-ms 10,100 --outer avg,nesterov \
-		--out-dir docs/training
+		--aggregator ideal --out-dir docs/training
+	$(BIN)/inwire train --seeds 10 --alpha iid,1,0.3,0.1 --model-mb 100 --step-ms 10,100 --outer avg,nesterov \
+		--aggregator port10g --out-dir docs/training/port10g
 
 # Three islands of two gloo ranks each (torchrun), averaging through a software aggregator on loopback.
 train-dist:

@@ -11,28 +11,14 @@ from hypothesis import strategies as st
 
 from inwire.cli import main
 from inwire.cli.schedule import run_sweep
+from inwire.plan.aggregator import load_aggregator
+from inwire.plan.baselines import BASELINE_NAMES, lower_bound_ms
+from inwire.plan.cost import ALL_TO_ALL, RING, Clique, CostModel, Schedule, ScheduleError, wire_bytes
+from inwire.plan.mixing import mixing_product, mixing_rate, periods_to_epsilon, time_to_epsilon_ms
+from inwire.plan.schedule_file import load_schedule_file, schedule_document
+from inwire.plan.search import Evaluator, PlanResult, plan_schedule
+from inwire.plan.topology import generate_topology, load_topology, topology_from_dict
 from inwire.protocol import FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, WIRE_OVERHEAD_BYTES
-from inwire.schedule import (
-    ALL_TO_ALL,
-    BASELINE_NAMES,
-    RING,
-    Clique,
-    CostModel,
-    Evaluator,
-    Plan,
-    Schedule,
-    ScheduleError,
-    load_schedule,
-    lower_bound_ms,
-    mixing_product,
-    mixing_rate,
-    periods_to_epsilon,
-    plan_schedule,
-    schedule_document,
-    time_to_epsilon_ms,
-    wire_bytes,
-)
-from inwire.topology import generate_topology, load_topology, topology_from_dict
 
 # A model of exactly 1000 full frames, and the time one copy of it takes on a 1 Gb/s link
 # (16.6 ms at 482 elements per frame).
@@ -242,9 +228,10 @@ def test_generated_topology_plan_is_valid_and_seeded():
 
 
 def test_result_does_not_depend_on_hash_seeds():
-    script = ("from inwire.schedule import plan_schedule, schedule_document; from inwire.topology import "
-              "load_topology; import json; print(json.dumps(schedule_document(plan_schedule("
-              "load_topology('doublezero9'), model_bytes=10**9, seed=7, iterations=150))))")
+    script = ("from inwire.plan.search import plan_schedule; from inwire.plan.schedule_file import "
+              "schedule_document; from inwire.plan.topology import load_topology; import json; "
+              "print(json.dumps(schedule_document(plan_schedule(load_topology('doublezero9'), model_bytes=10**9, "
+              "seed=7, iterations=150, reduce_in_path=True, routing='bandwidth'))))")
     outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     assert len(outputs) == 1
@@ -265,12 +252,17 @@ def test_cli_writes_a_schedule_the_host_can_load(tmp_path, capsys):
     document = json.loads(out.read_text())
     assert document["islands"] == ["LON", "NYC", "FRA", "TYO"]
     assert document["model_bytes"] == 10_000_000
+    # lambda is filled in for the schedules written even when only rho scored them.
+    assert all(0 <= entry["spectral_radius"] <= entry["rho"] + 1e-12
+               for entry in [document, *document["baselines"].values()])
     assert set(document["baselines"]) == set(BASELINE_NAMES)
     for baseline in document["baselines"].values():
         assert {"period_ms", "rho", "time_to_epsilon_ms", "rounds"} <= set(baseline)
     assert document["time_to_epsilon_ms"] <= min(b["time_to_epsilon_ms"] for b in document["baselines"].values())
-    rounds = load_schedule(out)
-    assert rounds == [[(tuple(c["members"]), c["aggregator"]) for c in r["cliques"]] for r in document["rounds"]]
+    loaded = load_schedule_file(out)
+    assert loaded.document == document and loaded.islands == ("LON", "NYC", "FRA", "TYO")
+    assert loaded.period == tuple(tuple((tuple(c["members"]), c["aggregator"]) for c in r["cliques"])
+                                  for r in document["rounds"])
     assert (tmp_path / "map.png").stat().st_size > 0
 
 
@@ -315,27 +307,32 @@ def good_document():
 def test_load_schedule_rejects_bad_files(tmp_path, edit, message):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(good_document()))
-    assert load_schedule(path) == [[(("A", "B"), "A")], [(("B", "C"), None)]]
+    assert load_schedule_file(path).period == (((("A", "B"), "A"),), ((("B", "C"), None),))
     document = good_document()
     edit(document)
     path.write_text(json.dumps(document))
     with pytest.raises(ScheduleError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
-        load_schedule(path)
+        load_schedule_file(path)
 
 
 def test_infinite_times_are_written_as_null():
     never = Schedule(((Clique(("A", "B"), "A"),),), (5.0,), 1.0, math.inf, math.inf)
-    plan = Plan("hand", ("A", "B", "C"), 1000, 1e-3, True, True, 0, never, {"rows": never}, 10.0, "hand", 1)
+    plan = PlanResult("hand", ("A", "B", "C"), 1000, 1e-3, True, True, 0, never, {"rows": never}, 10.0, "hand", 1)
     document = json.loads(json.dumps(schedule_document(plan), allow_nan=False))
     assert document["time_to_epsilon_ms"] is None and document["periods"] is None
     assert document["baselines"]["rows"]["time_to_epsilon_ms"] is None
 
 
-def test_sweep_writes_table_plot_and_maps(tmp_path):
+def test_sweep_writes_table_phase_plots_and_maps(tmp_path):
     dz9 = load_topology("doublezero9")
-    rows, table = run_sweep(dz9, ("LON", "NYC", "FRA", "TYO"), [1, 1000], 1e-3, 0, tmp_path)
-    assert len(rows) == 8  # 2 x 2 capability settings x 2 sizes
-    assert table.count("\n") == 9
-    for name in ("sweep.md", "sweep.json", "sweep.png", "map_1MB.png", "map_1000MB.png"):
+    profiles = [load_aggregator("ideal"), load_aggregator("versa_ecp5")]
+    rows, table = run_sweep(dz9, ("LON", "NYC", "FRA", "TYO"), [1, 1000], 1e-3, 0, tmp_path, profiles=profiles,
+                            steps_ms=[0, 100], iterations=50)
+    assert len(rows) == 16  # 2 profiles x reduce off/on x 2 sizes x 2 step times
+    assert table.count("\n") == 17
+    for name in ("sweep.md", "sweep.json", "phase_global.png", "phase_grid2d.png", "phase_ring.png",
+                 "map_1MB.png", "map_1000MB.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert all(r["time_to_epsilon_ms"] <= r["best_baseline_ms"] for r in rows)
+    assert all(r["time_to_epsilon_ms"] <= min(r["best_baseline_ms"], r["global_ms"], r["grid2d_ms"], r["ring_ms"])
+               for r in rows)
+    assert {r["local_steps"] for r in rows if r["step_ms"] == 0} == {0}

@@ -4,7 +4,7 @@ import json
 import networkx as nx
 import pytest
 
-from inwire.topology import (
+from inwire.plan.topology import (
     FIBER_MS_PER_KM,
     TopologyError,
     generate_topology,

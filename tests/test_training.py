@@ -108,7 +108,7 @@ def test_train_seeds_prints_mean_and_std_per_strategy_with_the_control(tmp_path,
         assert accuracy["n"] == 3 and 0 < accuracy["mean"] <= 1 and accuracy["std"] > 0, name
     assert cell["strategies"]["global-equal"]["matches"] == "schedule"
     assert set(cell["schedule_vs"]) == {"global", "global-equal"}
-    assert (tmp_path / "alpha0.3-100mb-100ms-avg.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "ideal-alpha0.3-100mb-100ms-avg.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| schedule |" in (tmp_path / "study.md").read_text()
 
 

@@ -30,6 +30,8 @@ def _versa_ecp5():
 
 BOARDS = {"versa_ecp5": _versa_ecp5}
 """Boards with two RGMII ports, so that the design is a true bump in the wire."""
+PORTS = {"versa_ecp5": (1, 1.0)}
+"""Port pairs (in one port, out the other) and their speed in Gb/s: what the planner charges an aggregator."""
 
 CORES = {"aggregator": aggregator_factory, "passthrough": passthrough_factory}
 
@@ -55,6 +57,8 @@ def build(board="versa_ecp5", core="aggregator", *, data_width=8, core_div=16, o
         "core": core,
         "data_width": data_width,
         "core_clock_mhz": PLL_VCO_HZ / core_div / 1e6,
+        "ports": PORTS[board][0],
+        "port_gbps": PORTS[board][1],
         "bitstream": str(out / f"{NAME}.bit"),
         "build_s": round(elapsed, 1),
         **summary,

@@ -281,6 +281,7 @@ def run_lab(plan, config, scale):
 
 def demo_schedule(path):
     """The optimized schedule for doublezero9 (a 100 MB model), written to `path`."""
-    from .schedule import plan_schedule, write_schedule
-    from .topology import load_topology
+    from .plan.schedule_file import write_schedule
+    from .plan.search import plan_schedule
+    from .plan.topology import load_topology
     write_schedule(plan_schedule(load_topology("doublezero9"), iterations=300), path)

@@ -15,7 +15,6 @@ the two round pools keep the last round's results for late retransmissions (Swit
 """
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 
@@ -27,9 +26,10 @@ from .codec import choose_exponent, dequantize, quantize
 from .datagram import ip_int, opcode_of, parse_endpoint, parse_result, parse_stats_reply, payloads_of
 from .errors import InwireError
 from .packets import build_frames
+from .plan.cost import ScheduleError
+from .plan.schedule_file import load_schedule_file
+from .plan.topology import TopologyError, load_topology
 from .protocol import ELEMENT_BYTES, MAX_ELEMENTS_PER_FRAME, MAX_FANIN, MTU_BYTES, Opcode
-from .schedule import ScheduleError, load_schedule
-from .topology import TopologyError, load_topology
 
 GRADIENT_BOUND = 1.0
 """Seeded gradients lie in [-1, 1): every member knows this bound, so all pick the same exponent."""
@@ -71,43 +71,29 @@ def parse_target(text):
                       f"iface:NAME")
 
 
-@dataclass(frozen=True)
-class Plan:
-    """The schedule as the islands use it: island names and one period of rounds of (members, aggregator)."""
-    islands: tuple
-    period: tuple
-    topology: object
-
-    def cliques(self, round_):
-        return self.period[round_ % len(self.period)]
-
-
 def load_plan(path):
-    """Read a schedule file and check its islands and aggregators against its topology."""
+    """The schedule file with its topology resolved, checked against what the stream can carry."""
     try:
-        period = load_schedule(path)
-        with open(path) as handle:
-            document = json.load(handle)
-    except (ScheduleError, OSError, ValueError) as error:
+        plan = load_schedule_file(path)
+    except ScheduleError as error:
         raise StreamError(str(error)) from None
-    name = document.get("topology")
+    name = plan.topology
     if not isinstance(name, str):
         raise StreamError(f"{path}: 'topology' must name the topology the schedule was made for")
     try:
         topology = load_topology(name)
     except (TopologyError, OSError, ValueError) as error:
         raise StreamError(f"{path}: {error}") from None
-    islands = tuple(document["islands"])
-    for city in islands + tuple(agg for cliques in period for _, agg in cliques if agg is not None):
+    for city in plan.islands + tuple(agg for cliques in plan.period for _, agg in cliques if agg is not None):
         if city not in topology.cities:
             raise StreamError(f"{path}: {city!r} is not a city of topology {topology.name!r}")
-    if len(period) > 256 or max(len(cliques) for cliques in period) > 256:
+    if len(plan.period) > 256 or max(len(cliques) for cliques in plan.period) > 256:
         raise StreamError(f"{path}: more than 256 rounds in a period or cliques in a round")
-    for cliques in period:
+    for cliques in plan.period:
         for members, _ in cliques:
             if len(members) > MAX_FANIN:
                 raise StreamError(f"{path}: a clique of {len(members)} islands exceeds fan-in {MAX_FANIN}")
-    return Plan(islands, tuple(tuple(cliques) for cliques in period), topology)
+    return plan.with_topology(topology)
 
 
 def clique_group(period_round, clique):

@@ -11,7 +11,7 @@ import sys
 import time
 
 SECTIONS = {
-    "schedule": "inwire.schedule_bench",
+    "schedule": "inwire.plan.bench",
     "host": "inwire.host_bench",
     "gateware": "inwire_hdl.bench",
     "board": "inwire_hdl.timing",

@@ -1,30 +1,29 @@
-"""Find the periodic sequence of cliques (with an aggregation city each) that reaches epsilon-consensus
-soonest, beside the baselines and a lower bound; or, with --sweep, optimize over multicast on/off,
-aggregation on/off and model sizes and write a table and plots."""
+"""Find the periodic sequence of cliques that reaches epsilon-consensus soonest on the aggregators it runs
+on (a named profile or an `inwire build` report), beside the baselines and a lower bound; or, with
+--sweep, optimize over aggregator profiles, in-path reduction, model sizes and step times and write a
+table and phase plots of where rotating cliques win."""
 
 import json
 import math
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from inwire.schedule import (  # noqa: E402
-    AGGREGATE,
-    RING,
-    ScheduleError,
-    describe_round,
-    format_plan,
-    plan_schedule,
-    write_schedule,
-)
-from inwire.topology import load_topology  # noqa: E402
+from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
+from inwire.plan.cost import AGGREGATE, RING, ROUTINGS, ScheduleError  # noqa: E402
+from inwire.plan.schedule_file import describe_round, format_plan, write_schedule  # noqa: E402
+from inwire.plan.search import plan_schedule  # noqa: E402
+from inwire.plan.topology import load_topology  # noqa: E402
 
-DEFAULT_SWEEP_SIZES_MB = "1,10,100,1000,10000"
-SETTINGS = ((True, True), (False, True), (True, False), (False, False))
-"""(multicast, aggregation) pairs the sweep compares."""
+DEFAULT_SWEEP_SIZES_MB = "10,100,1000"
+DEFAULT_SWEEP_STEPS_MS = "0,100,1000"
+DEFAULT_SWEEP_PROFILES = ",".join(PROFILES)
+COMPARED = ("global", "grid2d", "ring")
+"""Baselines the phase diagram sets the optimum against."""
 
 
 def add_arguments(parser):
@@ -34,33 +33,65 @@ def add_arguments(parser):
     parser.add_argument("--epsilon", type=float, default=1e-3, help="consensus target, 0 < epsilon < 1")
     parser.add_argument("--no-multicast", action="store_true", help="no city replicates results")
     parser.add_argument("--no-aggregation", action="store_true", help="no city aggregates in line")
+    parser.add_argument("--aggregator", default="ideal", metavar="PROFILE|REPORT.json",
+                        help=f"default in-line aggregator: {', '.join(PROFILES)}, or an `inwire build` report.json "
+                             f"(a topology city may set its own)")
+    parser.add_argument("--reduce-in-path", action="store_true",
+                        help="every aggregating city on the way to a clique's root sums what it forwards")
+    parser.add_argument("--routing", choices=ROUTINGS, default="latency",
+                        help="latency: fixed latency-shortest paths (DoubleZero routes so); bandwidth: each "
+                             "transfer takes the candidate path that completes soonest")
+    parser.add_argument("--local-steps", type=int, default=0,
+                        help="H local steps before every round; > 0 switches to the local-step objective")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="T, the time of one local step in ms")
     parser.add_argument("--seed", type=int, default=0, help="seed of the randomized search and baselines")
     parser.add_argument("--out", help="schedule JSON to write (required unless --sweep)")
     parser.add_argument("--map", help="also draw the schedule's cliques on a map (PNG)")
     parser.add_argument("--sweep", action="store_true",
-                        help="multicast on/off x aggregation on/off x model sizes: table and plots")
+                        help="aggregator profile x reduce-in-path x model size x step time: table and phase plots")
     parser.add_argument("--sizes-mb", default=DEFAULT_SWEEP_SIZES_MB, help="model sizes for --sweep, MB")
+    parser.add_argument("--profiles", default=DEFAULT_SWEEP_PROFILES, help="aggregator profiles for --sweep")
+    parser.add_argument("--steps-ms", default=DEFAULT_SWEEP_STEPS_MS,
+                        help="step times for --sweep, ms (0: no local steps; otherwise --local-steps, at least 1)")
     parser.add_argument("--out-dir", default="sweep", help="folder for the --sweep table and plots")
 
 
-def run(args):
-    topology = load_topology(args.topology)
-    islands = None if not args.islands else [name.strip() for name in args.islands.split(",")]
-    islands = topology.resolve_islands(islands)
-    if args.sweep:
-        sizes = _parse_sizes(args.sizes_mb)
-        _, table = run_sweep(topology, islands, sizes, args.epsilon, args.seed, Path(args.out_dir))
-        print(table)
-        print(f"\nwrote {args.out_dir}/sweep.md, sweep.json, sweep.png and the schedule maps")
-        return 0
-    if not args.out:
-        raise ScheduleError("--out FILE is required (where to write the schedule JSON)")
+def _check_numbers(args):
     if not (args.model_mb > 0 and math.isfinite(args.model_mb)):
         raise ScheduleError(f"--model-mb must be a positive number, got {args.model_mb}")
     if args.seed < 0:
         raise ScheduleError(f"--seed must be 0 or more, got {args.seed}")
+    if args.local_steps < 0:
+        raise ScheduleError(f"--local-steps must be 0 or more, got {args.local_steps}")
+    if not (args.step_ms >= 0 and math.isfinite(args.step_ms)):
+        raise ScheduleError(f"--step-ms must be 0 or more, got {args.step_ms}")
+
+
+def run(args):
+    _check_numbers(args)
+    aggregator = load_aggregator(args.aggregator)
+    topology = load_topology(args.topology)
+    islands = None if not args.islands else [name.strip() for name in args.islands.split(",")]
+    islands = topology.resolve_islands(islands)
+    if args.sweep:
+        sizes = _parse_sizes(args.sizes_mb, "--sizes-mb")
+        steps = _parse_sizes(args.steps_ms, "--steps-ms", zero=True)
+        profiles = [load_aggregator(name.strip()) for name in args.profiles.split(",") if name.strip()]
+        if not profiles:
+            raise ScheduleError("--profiles must name at least one aggregator profile")
+        _, table = run_sweep(topology, islands, sizes, args.epsilon, args.seed, Path(args.out_dir),
+                             profiles=profiles, steps_ms=steps, local_steps=max(1, args.local_steps),
+                             multicast=not args.no_multicast, aggregation=not args.no_aggregation,
+                             routing=args.routing)
+        print(table)
+        print(f"\nwrote {args.out_dir}/sweep.md, sweep.json, phase_*.png and the schedule maps")
+        return 0
+    if not args.out:
+        raise ScheduleError("--out FILE is required (where to write the schedule JSON)")
     plan = plan_schedule(topology, islands, round(args.model_mb * 1e6), args.epsilon,
-                         not args.no_multicast, not args.no_aggregation, args.seed)
+                         not args.no_multicast, not args.no_aggregation, args.seed, aggregator=aggregator,
+                         reduce_in_path=args.reduce_in_path, routing=args.routing,
+                         local_steps=args.local_steps, step_ms=args.step_ms)
     print(format_plan(plan))
     write_schedule(plan, args.out)
     if args.map:
@@ -68,18 +99,19 @@ def run(args):
     return 0
 
 
-def _parse_sizes(text):
+def _parse_sizes(text, option, zero=False):
     try:
         sizes = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ScheduleError(f"--sizes-mb must be comma-separated numbers, got {text!r}") from None
-    if not sizes or any(not (size > 0 and math.isfinite(size)) for size in sizes):
-        raise ScheduleError(f"--sizes-mb must list positive sizes, got {text!r}")
+        raise ScheduleError(f"{option} must be comma-separated numbers, got {text!r}") from None
+    if not sizes or any(not ((size >= 0 if zero else size > 0) and math.isfinite(size)) for size in sizes):
+        raise ScheduleError(f"{option} must list {'non-negative' if zero else 'positive'} numbers, got {text!r}")
     return sizes
 
 
 def _setting_title(plan):
-    return (f"{plan.topology}, {plan.model_bytes / 1e6:g} MB, multicast {'on' if plan.multicast else 'off'}, "
+    return (f"{plan.topology}, {plan.model_bytes / 1e6:g} MB, aggregator {plan.aggregator.name}"
+            f"{', reduce in path' if plan.reduce_in_path else ''}, multicast {'on' if plan.multicast else 'off'}, "
             f"aggregation {'on' if plan.aggregation else 'off'}")
 
 
@@ -97,70 +129,103 @@ def _ms(value):
     return "never" if math.isinf(value) else f"{value:,.0f}"
 
 
-def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir):
-    """Optimize every (multicast, aggregation, model size); write the table, the plot and two maps."""
+def _rotating(schedule):
+    """Whether a schedule is something other than one clique of every island in one round."""
+    return not (len(schedule.rounds) == 1 and len(schedule.rounds[0]) == 1)
+
+
+def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None, reduce=(False, True),
+              steps_ms=(0.0,), local_steps=1, multicast=True, aggregation=True, routing="latency", iterations=None):
+    """Optimize every (aggregator profile, reduce-in-path, model size, step time); write the table, the
+    phase diagrams (one PNG per baseline compared) and maps of the optimum at the smallest and largest size.
+
+    A step time of 0 means no local steps (time to epsilon by rho); otherwise `local_steps` steps of that
+    time precede every round and the local-step objective applies.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
+    profiles = profiles or [load_aggregator(name) for name in PROFILES]
     rows, plans = [], {}
-    for multicast, aggregation in SETTINGS:
-        for size_mb in sizes_mb:
-            plan = plan_schedule(topology, islands, round(size_mb * 1e6), epsilon, multicast, aggregation, seed)
-            plans[(multicast, aggregation, size_mb)] = plan
-            best_name, best_baseline = min(plan.baselines.items(), key=lambda item: item[1].time_to_epsilon_ms)
-            rows.append({
-                "multicast": multicast, "aggregation": aggregation, "model_mb": size_mb,
-                "shape": _shape(plan.best), "exchange": _exchanges(plan.best),
-                "period_ms": plan.best.period_ms, "rho": plan.best.rho,
-                "time_to_epsilon_ms": plan.best.time_to_epsilon_ms,
-                "best_baseline": best_name, "best_baseline_ms": best_baseline.time_to_epsilon_ms,
-                "lower_bound_ms": plan.lower_bound_ms,
-            })
-    header = ("| multicast | aggregation | model MB | optimized cliques per round | exchange | period ms | rho "
-              "| time to eps ms | best baseline | baseline ms | x bound |")
+    for profile in profiles:
+        for reduced in reduce:
+            for size_mb in sizes_mb:
+                for step_ms in steps_ms:
+                    steps = local_steps if step_ms > 0 else 0
+                    plan = plan_schedule(topology, islands, round(size_mb * 1e6), epsilon, multicast, aggregation,
+                                         seed, iterations, profile, reduced, routing, steps, step_ms)
+                    plans[(profile.name, reduced, size_mb, step_ms)] = plan
+                    best_name, best_baseline = min(plan.baselines.items(),
+                                                   key=lambda item: item[1].time_to_epsilon_ms)
+                    row = {
+                        "aggregator": profile.name, "reduce_in_path": reduced, "model_mb": size_mb,
+                        "step_ms": step_ms, "local_steps": steps,
+                        "shape": _shape(plan.best), "exchange": _exchanges(plan.best),
+                        "rotating": _rotating(plan.best),
+                        "period_ms": plan.best.period_ms, "rho": plan.best.rho,
+                        "spectral_radius": plan.best.spectral_radius,
+                        "time_to_epsilon_ms": plan.best.time_to_epsilon_ms,
+                        "best_baseline": best_name, "best_baseline_ms": best_baseline.time_to_epsilon_ms,
+                        "lower_bound_ms": plan.lower_bound_ms,
+                    }
+                    for name in COMPARED:
+                        row[f"{name}_ms"] = plan.baselines[name].time_to_epsilon_ms
+                    rows.append(row)
+    header = ("| aggregator | reduce | model MB | step ms | optimized cliques per round | exchange | rho | lambda "
+              "| time to eps ms | global ms | grid2d ms | ring ms | gain over global | x bound |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for row in rows:
         ratio = row["time_to_epsilon_ms"] / row["lower_bound_ms"]
+        gain = row["global_ms"] / row["time_to_epsilon_ms"]
         lines.append(
-            f"| {'on' if row['multicast'] else 'off'} | {'on' if row['aggregation'] else 'off'} "
-            f"| {row['model_mb']:g} | {row['shape']} | {row['exchange']} | {row['period_ms']:,.0f} "
-            f"| {row['rho']:.3f} | {_ms(row['time_to_epsilon_ms'])} | {row['best_baseline']} "
-            f"| {_ms(row['best_baseline_ms'])} | {ratio:.2f} |")
+            f"| {row['aggregator']} | {'on' if row['reduce_in_path'] else 'off'} | {row['model_mb']:g} "
+            f"| {row['step_ms']:g} | {row['shape']} | {row['exchange']} | {row['rho']:.3f} "
+            f"| {row['spectral_radius']:.3f} | {_ms(row['time_to_epsilon_ms'])} | {_ms(row['global_ms'])} "
+            f"| {_ms(row['grid2d_ms'])} | {_ms(row['ring_ms'])} | {gain:.2f} | {ratio:.2f} |")
     table = "\n".join(lines)
     (out_dir / "sweep.md").write_text(
-        f"Optimized schedules on {topology.name}, {len(islands)} islands, epsilon {epsilon:g}, seed {seed}\n\n"
+        f"Optimized schedules on {topology.name}, {len(islands)} islands, epsilon {epsilon:g}, seed {seed}, "
+        f"routing {routing}, {local_steps} local step(s) per round where the step time is above 0\n\n"
         + table + "\n")
     with open(out_dir / "sweep.json", "w") as handle:
-        json.dump([{k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in row.items()}
+        json.dump([{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
                    for row in rows], handle, indent=1)
-    _plot_sweep(rows, sizes_mb, out_dir / "sweep.png", topology.name)
-    for size_mb in (min(sizes_mb), max(sizes_mb)):
-        plan = plans[(True, True, size_mb)]
+    for name in COMPARED:
+        _plot_phase(rows, name, out_dir / f"phase_{name}.png", topology.name)
+    first = profiles[0].name
+    for size_mb in sorted({min(sizes_mb), max(sizes_mb)}):
+        plan = plans[(first, reduce[0], size_mb, steps_ms[0])]
         draw_schedule_map(topology, plan.best, out_dir / f"map_{size_mb:g}MB.png", _setting_title(plan))
     return rows, table
 
 
-def _plot_sweep(rows, sizes_mb, path, topology_name):
-    figure, (time_axis, shape_axis) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for multicast, aggregation in SETTINGS:
-        mine = [r for r in rows if r["multicast"] == multicast and r["aggregation"] == aggregation]
-        label = f"multicast {'on' if multicast else 'off'}, aggregation {'on' if aggregation else 'off'}"
-        times = [r["time_to_epsilon_ms"] / 1e3 for r in mine]
-        time_axis.plot([r["model_mb"] for r in mine], times, marker="o", label=label)
-        rounds = [len(r["shape"].split(" / ")) for r in mine]
-        largest = [max(int(s) for part in r["shape"].split(" / ") for s in part.split("+") if s != "-")
-                   for r in mine]
-        shape_axis.plot([r["model_mb"] for r in mine], largest, marker="o", label=label)
-        for x, y, count in zip([r["model_mb"] for r in mine], largest, rounds):
-            shape_axis.annotate(f"{count}r", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    bounds = sorted({(r["model_mb"], r["lower_bound_ms"] / 1e3) for r in rows})
-    time_axis.plot([b[0] for b in bounds], [b[1] for b in bounds], "k--", label="lower bound")
-    time_axis.set(xscale="log", yscale="log", xlabel="model size (MB)", ylabel="time to epsilon (s)",
-                  title=f"Optimized schedule on {topology_name}")
-    shape_axis.set(xscale="log", xlabel="model size (MB)", ylabel="largest clique (islands)",
-                   title="Shape of the optimum (label: rounds per period)")
-    time_axis.legend(fontsize=8)
-    shape_axis.legend(fontsize=8)
+def _plot_phase(rows, baseline, path, topology_name):
+    """One heat map per (profile, reduce): model size across, step time down, colour the baseline's time
+    over the optimum's (above 1: the optimum wins by that factor); R marks a rotating optimum."""
+    profiles = list(dict.fromkeys(r["aggregator"] for r in rows))
+    reduces = list(dict.fromkeys(r["reduce_in_path"] for r in rows))
+    sizes = sorted({r["model_mb"] for r in rows})
+    steps = sorted({r["step_ms"] for r in rows})
+    figure, axes = plt.subplots(len(profiles), len(reduces), figsize=(4.2 * len(reduces), 2.6 * len(profiles)),
+                                squeeze=False)
+    for i, profile in enumerate(profiles):
+        for j, reduced in enumerate(reduces):
+            axis = axes[i][j]
+            grid = np.full((len(steps), len(sizes)), np.nan)
+            for r in rows:
+                if r["aggregator"] == profile and r["reduce_in_path"] == reduced:
+                    gain = r[f"{baseline}_ms"] / r["time_to_epsilon_ms"]
+                    y, x = steps.index(r["step_ms"]), sizes.index(r["model_mb"])
+                    grid[y, x] = gain
+                    axis.text(x, y, f"{gain:.2f}{' R' if r['rotating'] else ''}", ha="center", va="center",
+                              fontsize=7)
+            axis.imshow(np.log2(np.clip(grid, 1e-3, None)), cmap="RdYlGn", vmin=-1, vmax=1, aspect="auto")
+            axis.set_xticks(range(len(sizes)), [f"{s:g}" for s in sizes], fontsize=7)
+            axis.set_yticks(range(len(steps)), [f"{s:g}" for s in steps], fontsize=7)
+            axis.set_title(f"{profile}, reduce {'on' if reduced else 'off'}", fontsize=8)
+            axis.set_xlabel("model MB", fontsize=7)
+            axis.set_ylabel("step ms", fontsize=7)
+    figure.suptitle(f"{topology_name}: {baseline} time / optimized time (R: rotating optimum)", fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=110)
     plt.close(figure)
 
 

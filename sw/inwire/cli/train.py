@@ -4,7 +4,8 @@ Needs the torch extra. Islands as torchrun jobs through a real aggregator: `make
 
 import pathlib
 
-STRATEGY_NAMES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule")
+STRATEGY_NAMES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule",
+                  "schedule-h")
 OUTERS = ("avg", "nesterov")
 
 
@@ -23,6 +24,9 @@ def add_arguments(parser):
     parser.add_argument("--model-mb", default="0",
                         help="comma-separated model sizes (MB) communication is planned and charged for; "
                              "0 is the MLP's own size")
+    parser.add_argument("--aggregator", default="ideal",
+                        help="comma-separated aggregator profiles the planner charges rounds with (ideal, port10g, "
+                             "versa_ecp5, alveo_u200)")
     parser.add_argument("--step-ms", default="100", help="comma-separated compute times (ms) charged per local step")
     parser.add_argument("--device-tflops", type=float, default=0.0,
                         help="instead of --step-ms: charge 6 FLOPs per parameter of the charged model and sample "
@@ -61,6 +65,11 @@ def run(args):
         raise ValueError(f"--outer must be among {', '.join(OUTERS)}, got {args.outer}")
     outer_settings = [(1.0, 0.0) if o == "avg" else (args.outer_lr, args.outer_momentum) for o in outers]
     step_times = _list(args.step_ms, float, "step-ms")
+    aggregators = _list(args.aggregator, str.strip, "aggregator")
+    from ..plan.aggregator import PROFILES
+
+    if set(aggregators) - set(PROFILES):
+        raise ValueError(f"--aggregator must be among {', '.join(PROFILES)}, got {args.aggregator}")
     if args.device_tflops:
         if len(sizes) != 1 or not sizes[0]:
             raise ValueError("--device-tflops derives the step time from one charged --model-mb")
@@ -69,9 +78,10 @@ def run(args):
         topology=args.topology, islands=tuple(filter(None, args.islands.split(","))), steps=args.steps,
         local_steps=args.local_steps, seed=args.seed, strategies=tuple(_list(args.strategies, str.strip, "strategies")),
         step_ms=step_times[0], learning_rate=args.learning_rate, target=args.target, alpha=alphas[0],
-        model_bytes=sizes[0], outer_lr=outer_settings[0][0], outer_momentum=outer_settings[0][1])
+        model_bytes=sizes[0], outer_lr=outer_settings[0][0], outer_momentum=outer_settings[0][1],
+        aggregator=aggregators[0])
     study = training.run_study(config, range(args.seed, args.seed + args.seeds), alphas, sizes, outer_settings,
-                               step_times)
+                               step_times, aggregators)
     training.write_study(study, pathlib.Path(args.out_dir))
     print(training.study_json(study) if args.json else training.format_study(study), end="" if not args.json else "\n")
     return 0

@@ -25,8 +25,10 @@ import time
 
 import numpy as np
 
-from ..schedule import CostModel, Evaluator, plan_schedule, schedule_document
-from ..topology import load_topology
+from ..plan.cost import CostModel
+from ..plan.schedule_file import schedule_document
+from ..plan.search import Evaluator, plan_schedule
+from ..plan.topology import load_topology
 from .codec_average import clique_average
 
 

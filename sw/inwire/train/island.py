@@ -46,7 +46,7 @@ def main(argv=None):
     import torch
     import torch.distributed as dist
 
-    from ..schedule import load_schedule
+    from ..plan.schedule_file import load_schedule_file
     from .averaging import CliqueAverager, OuterOptimizer, UdpCliqueExchange
     from .training import split_data
 
@@ -57,8 +57,8 @@ def main(argv=None):
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if backend == "nccl" else "cpu")
     exchange = None
     try:
-        rounds = load_schedule(args.schedule)
-        islands = json.loads(pathlib.Path(args.schedule).read_text())["islands"]
+        schedule = load_schedule_file(args.schedule)
+        rounds, islands = schedule.period, list(schedule.islands)
         alpha = None if args.alpha == "iid" else float(args.alpha)
         shards, (test_x, test_y) = split_data(alpha, args.seed, len(islands))
         train_x, train_y = shards[islands.index(args.island)]

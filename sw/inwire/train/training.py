@@ -21,7 +21,14 @@ Strategies, all through the same simulator, same data, same initialization and b
 - `gossip`: one-peer exponential gossip: in round k each island pairs with the one 2^k positions away
   (hypercube pairing on a rotating order, so that with n not a power of two everyone gets partners);
 - `random`: Moshpit-style random groups of about sqrt(n), a fresh partition every round;
-- `schedule`: the planner's optimized rotating cliques for the charged model size.
+- `schedule`: the planner's optimized rotating cliques for the charged model size (least time to
+  epsilon-consensus counting communication only);
+- `schedule-h`: the planner's pick under its local-step objective, with the study's H and step time:
+  consensus progress per second of compute and communication.
+
+Communication comes from the planner's cost model for the topology, the aggregator profile (`ideal`, or a
+board's ports and core: `inwire.plan.aggregator.PROFILES`) and the charged size; the `objective` each
+strategy is reported with is the planner's local-step objective for its own H and the study's step time.
 """
 
 import functools
@@ -32,12 +39,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..schedule import CostModel, Evaluator, plan_schedule, schedule_document
-from ..topology import load_topology
+from ..plan.cost import CostModel
+from ..plan.schedule_file import schedule_document
+from ..plan.search import Evaluator, plan_schedule
+from ..plan.topology import load_topology
 from .codec_average import clique_average
 from .outer import OuterOptimizer
 
-STRATEGIES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule")
+STRATEGIES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule", "schedule-h")
 BASELINE_OF = {"global": "global", "hierarchical": "hierarchical", "ring": "ring"}
 TARGET_ACCURACY = 0.85
 EVALUATE_EVERY = 2
@@ -66,6 +75,8 @@ class TrainConfig:
     """Size the communication is planned and charged for; 0 means the MLP's own size."""
     step_ms: float = 100.0
     """Compute time charged per local step."""
+    aggregator: str = "ideal"
+    """Aggregator profile the planner charges rounds with (a name of inwire.plan.aggregator.PROFILES)."""
     outer_lr: float = 1.0
     outer_momentum: float = 0.0
     bound: float = 16.0
@@ -152,50 +163,50 @@ def random_rounds(islands, seed, count=RANDOM_ROUNDS):
 
 
 @functools.lru_cache(maxsize=32)
-def plan_strategies(topology, islands, model_bytes, epsilon, steps, period, step_ms):
-    """Every strategy's rounds and round times in the planner's cost model, plus the plan's summary."""
+def plan_strategies(topology, islands, model_bytes, epsilon, steps, period, step_ms, aggregator="ideal"):
+    """Every strategy's rounds and round times in the planner's cost model, plus the plans' summaries."""
     topology_object = load_topology(topology)
     islands = tuple(islands) or tuple(topology_object.cities)
-    plan = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=0)
-    document = schedule_document(plan)
-    evaluator = Evaluator(CostModel(topology_object, islands, model_bytes), epsilon)
+    plan = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=0,
+                         aggregator=aggregator)
+    local = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=0,
+                          aggregator=aggregator, local_steps=period, step_ms=step_ms)
+    model = CostModel(topology_object, islands, model_bytes, aggregator=aggregator)
+    evaluator = Evaluator(model, epsilon)
+    schedules = {name: plan.baselines[baseline] for name, baseline in BASELINE_OF.items()}
+    schedules["schedule"] = plan.best
+    schedules["schedule-h"] = local.best
+    schedules["gossip"] = evaluator.evaluate(gossip_rounds(list(islands)))
+    schedules["random"] = evaluator.evaluate(random_rounds(list(islands), seed=0))
 
     def of(name, schedule, every=period):
         groups = tuple(tuple(tuple(c.members) for c in cliques if len(c.members) > 1) for cliques in schedule.rounds)
         return Strategy(name, groups, tuple(schedule.round_times_ms), every, schedule.rho)
 
     strategies = {"none": Strategy("none", (), (), period)}
-    for name, baseline in BASELINE_OF.items():
-        strategies[name] = of(name, plan.baselines[baseline])
-    strategies["schedule"] = of("schedule", plan.best)
-    strategies["gossip"] = of("gossip", evaluator.evaluate(gossip_rounds(list(islands))))
-    strategies["random"] = of("random", evaluator.evaluate(random_rounds(list(islands), seed=0)))
+    strategies.update({name: of(name, schedule) for name, schedule in schedules.items()})
     # The equal-budget control: the global clique, synced just often enough to spend the schedule's time.
-    schedule = strategies["schedule"]
-    budget = schedule.communication_ms(steps // period)
+    budget = strategies["schedule"].communication_ms(steps // period)
     global_ms = strategies["global"].round_times_ms[0]
     equal = min(range(1, steps + 1), key=lambda every: (abs((steps // every) * global_ms - budget), every))
     strategies["global-equal"] = Strategy("global-equal", strategies["global"].groups, (global_ms,), equal, 0.0,
                                           {"matches": "schedule", "budget_ms": budget,
                                            "spent_ms": (steps // equal) * global_ms})
-    for strategy in strategies.values():
-        strategy.detail["local_step_objective_ms"] = local_step_objective_ms(strategy, step_ms, epsilon)
-    return islands, strategies, {key: document[key] for key in ("model_bytes", "period_ms", "rho",
-                                                                "time_to_epsilon_ms", "method")}
+    schedules["global-equal"] = schedules["global"]
+    for name, strategy in strategies.items():
+        strategy.detail["local_step_objective_ms"] = (
+            None if name == "none" else
+            _finite(Evaluator(model, epsilon, strategy.period, step_ms).evaluate_cliques(
+                schedules[name].rounds).time_to_epsilon_ms))
+    summary = {key: schedule_document(plan)[key] for key in ("model_bytes", "period_ms", "rho",
+                                                              "time_to_epsilon_ms", "method", "aggregator")}
+    summary["local_step_objective"] = {key: schedule_document(local)[key]
+                                       for key in ("local_steps", "step_ms", "period_ms", "time_to_epsilon_ms")}
+    return islands, strategies, summary
 
 
-def local_step_objective_ms(strategy, step_ms, epsilon):
-    """Time to epsilon-consensus counting H local steps of compute before every round: the planner's
-    consensus measure (rho per period of the schedule) with compute charged as the study charges it."""
-    if not strategy.groups:
-        return None
-    rounds = len(strategy.round_times_ms)
-    period_ms = rounds * strategy.period * step_ms + sum(strategy.round_times_ms)
-    if strategy.rho <= 1e-9:
-        return period_ms
-    if strategy.rho >= 1 - 1e-12:
-        return None
-    return math.ceil(math.log(epsilon) / math.log(strategy.rho) - 1e-9) * period_ms
+def _finite(value):
+    return None if value is None or math.isinf(value) else value
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -366,7 +377,8 @@ def run_strategy(config, islands, strategy):
 def run_training(config):
     """One seed, every strategy asked for: curves, plus what each strategy is and costs."""
     islands, strategies, plan = plan_strategies(config.topology, tuple(config.islands), charged_bytes(config),
-                                                config.epsilon, config.steps, config.local_steps, config.step_ms)
+                                                config.epsilon, config.steps, config.local_steps, config.step_ms,
+                                                config.aggregator)
     curves = {name: run_strategy(config, islands, strategies[name]) for name in config.strategies}
     described = {}
     for name in config.strategies:
@@ -459,19 +471,23 @@ def compare(runs, name, other, target):
             "both_reached": len(differences), "verdict": verdict}
 
 
-def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms=None):
-    """Every (data split, model size, step time, outer optimizer) cell over `seeds`: summaries and verdicts.
+def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms=None, aggregators=None):
+    """Every (aggregator, data split, model size, step time, outer optimizer) cell over `seeds`: summaries
+    and verdicts.
     Training runs are shared between cells that differ only in what time is charged."""
     alphas = [config.alpha] if alphas is None else alphas
     sizes = [config.model_bytes] if model_bytes is None else model_bytes
     outers = [(config.outer_lr, config.outer_momentum)] if outers is None else outers
     step_times = [config.step_ms] if step_ms is None else step_ms
+    aggregators = [config.aggregator] if aggregators is None else aggregators
     cells = []
-    for alpha, size, step, (outer_lr, outer_momentum) in itertools.product(alphas, sizes, step_times, outers):
+    for aggregator, alpha, size, step, (outer_lr, outer_momentum) in itertools.product(
+            aggregators, alphas, sizes, step_times, outers):
         cell_config = TrainConfig(**{**asdict(config), "alpha": alpha, "model_bytes": size, "step_ms": step,
-                                     "outer_lr": outer_lr, "outer_momentum": outer_momentum})
+                                     "outer_lr": outer_lr, "outer_momentum": outer_momentum,
+                                     "aggregator": aggregator})
         runs = [run_training(TrainConfig(**{**asdict(cell_config), "seed": seed})) for seed in seeds]
-        cell = {"alpha": alpha, "model_bytes": charged_bytes(cell_config), "step_ms": step,
+        cell = {"aggregator": aggregator, "alpha": alpha, "model_bytes": charged_bytes(cell_config), "step_ms": step,
                 "outer_lr": outer_lr, "outer_momentum": outer_momentum, "seeds": list(seeds),
                 "strategies": runs[0]["strategies"], "plan": runs[0]["plan"],
                 "summary": summarize(runs, config.target),
@@ -520,7 +536,7 @@ def _pm(stats, scale=1.0, digits=2, percent=False):
 
 
 def cell_title(cell):
-    return (f"{alpha_name(cell['alpha'])}, charged {cell['model_bytes'] / 1e6:g} MB, "
+    return (f"{alpha_name(cell['alpha'])}, charged {cell['model_bytes'] / 1e6:g} MB, {cell['aggregator']} aggregator, "
             f"{cell['step_ms']:g} ms per step, {outer_name(cell)}, {len(cell['seeds'])} seeds")
 
 
@@ -546,26 +562,34 @@ def _seconds(ms):
     return "–" if ms is None else f"{ms / 1000:.2f}"
 
 
-VERDICT_COLUMNS = ("global", "global-equal", "hierarchical", "ring", "gossip", "random")
+VERDICT_COLUMNS = ("global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule-h")
 
 
 def format_verdicts(study):
     """One line per cell: the schedule against each baseline, and whether the planner's schedule differs
     from the global clique at all in that cell."""
     columns = [c for c in VERDICT_COLUMNS if any(c in cell.get("schedule_vs", {}) for cell in study["cells"])]
-    lines = ["| data | MB | step (ms) | outer | schedule | " + " | ".join(columns) + " |",
-             "| --- | ---: | ---: | --- | --- | " + " | ".join("---" for _ in columns) + " |"]
+    lines = ["| aggregator | data | MB | step (ms) | outer | schedule | schedule-h | " + " | ".join(columns) + " |",
+             "| --- | --- | ---: | ---: | --- | --- | --- | " + " | ".join("---" for _ in columns) + " |"]
     for cell in study["cells"]:
         versus = cell.get("schedule_vs", {})
-        rounds = cell["strategies"].get("schedule", {}).get("rounds", [])
-        kind = "global clique" if len(rounds) == 1 and len(rounds[0]) == 1 else f"{len(rounds)} rounds"
+        kinds = [_kind(cell["strategies"].get(name, {}).get("rounds")) for name in ("schedule", "schedule-h")]
         outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "Nesterov"
         verdicts = [f"{versus[c]['verdict']} {versus[c]['sooner']}↑{versus[c]['later']}↓" if c in versus else ""
                     for c in columns]
         alpha = "IID" if cell["alpha"] is None else f"α={cell['alpha']:g}"
-        lines.append(f"| {alpha} | {cell['model_bytes'] / 1e6:g} | {cell['step_ms']:g} | {outer} | {kind} | "
+        lines.append(f"| {cell['aggregator']} | {alpha} | {cell['model_bytes'] / 1e6:g} | {cell['step_ms']:g} | "
+                     f"{outer} | {kinds[0]} | {kinds[1]} | "
                      + " | ".join(verdicts) + " |")
     return "\n".join(lines)
+
+
+def _kind(rounds):
+    if rounds is None:
+        return "–"
+    if len(rounds) == 1 and len(rounds[0]) == 1 and len(rounds[0][0]) > 2:
+        return "global clique"
+    return f"{len(rounds)} round{'s' if len(rounds) > 1 else ''} of {'+'.join(str(len(c)) for c in rounds[0])}"
 
 
 def format_study(study):
@@ -618,7 +642,7 @@ def plot_cell(cell, target, path):
 def cell_file_name(cell):
     alpha = "iid" if cell["alpha"] is None else f"alpha{cell['alpha']:g}"
     outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "nesterov"
-    return f"{alpha}-{cell['model_bytes'] / 1e6:g}mb-{cell['step_ms']:g}ms-{outer}.png"
+    return f"{cell['aggregator']}-{alpha}-{cell['model_bytes'] / 1e6:g}mb-{cell['step_ms']:g}ms-{outer}.png"
 
 
 def study_json(study):

@@ -14,13 +14,16 @@ from importlib import resources
 import networkx as nx
 import numpy as np
 
+from .aggregator import profile_from_entry
+from .cost import ScheduleError
+
 LINK_KINDS = ("dedicated", "public")
 FIBER_MS_PER_KM = 4.9e-3
 """Light in fiber: about 4.9 microseconds per kilometre."""
 EARTH_RADIUS_KM = 6371.0
 BUILTIN_TOPOLOGIES = ("doublezero9",)
 
-_CITY_KEYS = {"name", "lat", "lon", "aggregation", "multicast"}
+_CITY_KEYS = {"name", "lat", "lon", "aggregation", "multicast", "aggregator"}
 _LINK_KEYS = {"a", "b", "latency_ms", "bandwidth_gbps", "kind"}
 _TOP_KEYS = {"name", "description", "cities", "links"}
 
@@ -36,6 +39,8 @@ class City:
     lon: float
     aggregation: bool = True
     multicast: bool = True
+    aggregator: object = None
+    """The city's AggregatorProfile, or None for the planner's default (`--aggregator`)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,9 @@ class Topology:
             "name": self.name,
             "description": self.description,
             "cities": [{"name": c.name, "lat": c.lat, "lon": c.lon, "aggregation": c.aggregation,
-                        "multicast": c.multicast} for c in self.cities.values()],
+                        "multicast": c.multicast,
+                        **({} if c.aggregator is None else {"aggregator": c.aggregator.to_json()})}
+                       for c in self.cities.values()],
             "links": [{"a": link.a, "b": link.b, "latency_ms": link.latency_ms, "bandwidth_gbps": link.bandwidth_gbps,
                        "kind": link.kind} for link in self.links],
         }
@@ -171,10 +178,16 @@ def topology_from_dict(document, source=None):
         if city_name in seen:
             raise TopologyError(f"{where}: duplicate city name {city_name!r}, first at cities[{seen[city_name]}]")
         seen[city_name] = i
+        aggregator = None
+        if "aggregator" in entry:
+            try:
+                aggregator = profile_from_entry(entry["aggregator"], where)
+            except ScheduleError as error:
+                raise TopologyError(str(error)) from None
         cities.append(City(city_name,
                            _number(entry.get("lat"), where, "lat", -90, 90),
                            _number(entry.get("lon"), where, "lon", -180, 180),
-                           _flag(entry, "aggregation", where), _flag(entry, "multicast", where)))
+                           _flag(entry, "aggregation", where), _flag(entry, "multicast", where), aggregator))
 
     links, seen_links = [], {}
     for i, entry in enumerate(links_in):

@@ -1,4 +1,5 @@
-"""Benchmark of the schedule optimizer: wall time and quality for 9, 16, 32 and 64 islands.
+"""Benchmark of the schedule optimizer: wall time and quality for 9, 16, 32 and 64 islands, for every
+aggregator profile.
 
 Nine islands are the doublezero9 cities; larger cases are generated topologies (seed 0). Quality is the
 optimizer's time to epsilon over the best baseline's (below 1 is better) and over the lower bound.
@@ -9,8 +10,9 @@ import math
 import platform
 import time
 
-from inwire.schedule import plan_schedule
-from inwire.topology import generate_topology, load_topology
+from inwire.plan.aggregator import PROFILES
+from inwire.plan.search import plan_schedule
+from inwire.plan.topology import generate_topology, load_topology
 
 SIZES = (9, 16, 32, 64)
 MODEL_BYTES = 100_000_000
@@ -18,14 +20,15 @@ EPSILON = 1e-3
 SEED = 0
 
 
-def _case(topology):
+def _case(topology, profile):
     started = time.perf_counter()
-    plan = plan_schedule(topology, None, MODEL_BYTES, EPSILON, seed=SEED)
+    plan = plan_schedule(topology, None, MODEL_BYTES, EPSILON, seed=SEED, aggregator=profile)
     wall_s = time.perf_counter() - started
     best_name, best_baseline = min(plan.baselines.items(), key=lambda item: item[1].time_to_epsilon_ms)
     mine = plan.best.time_to_epsilon_ms
     return {
         "topology": topology.name,
+        "shape": " / ".join("+".join(str(len(c.members)) for c in cliques) for cliques in plan.best.rounds),
         "wall_s": round(wall_s, 3),
         "rounds": len(plan.best.rounds),
         "time_to_epsilon_ms": round(mine, 3),
@@ -39,12 +42,13 @@ def _case(topology):
 
 
 def run():
-    """The `schedule` entry of bench/results.json."""
-    cases = {}
-    for n in SIZES:
-        topology = load_topology("doublezero9") if n == 9 else generate_topology(n, SEED)
-        cases[str(n)] = _case(topology)
-    return {"model_bytes": MODEL_BYTES, "epsilon": EPSILON, "seed": SEED, "islands": cases,
+    """The `schedule` entry of bench/results.json: per profile, per island count."""
+    topologies = {n: load_topology("doublezero9") if n == 9 else generate_topology(n, SEED) for n in SIZES}
+    profiles = {}
+    for name in PROFILES:
+        profiles[name] = {str(n): _case(topology, name) for n, topology in topologies.items()}
+    return {"model_bytes": MODEL_BYTES, "epsilon": EPSILON, "seed": SEED, "profiles": profiles,
+            "max_wall_s_at_64": max(cases["64"]["wall_s"] for cases in profiles.values()),
             "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}"}
 
 

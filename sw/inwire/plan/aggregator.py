@@ -1,0 +1,128 @@
+"""What an in-line aggregator can carry: its ports and its core's rate.
+
+An aggregator sits in a city's switch path. Contributions enter through its ingress ports, its core sums
+them at data width x clock bytes per second, and results (or partial sums) leave through its egress
+ports. Profiles name the boards this project builds; a build report (`inwire build`'s report.json) gives
+the figures of the bitstream actually built.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+
+from .cost import ScheduleError
+
+
+@dataclass(frozen=True)
+class AggregatorProfile:
+    """Port pairs of `port_gbps` each (every pair carries that much in and out) and a core of
+    `data_width` bytes per clock at `core_mhz`; None for a figure means it never limits."""
+    name: str
+    ports: int | None = None
+    port_gbps: float | None = None
+    data_width: int | None = None
+    core_mhz: float | None = None
+    source: str = ""
+
+    @property
+    def ingress_bps(self):
+        return math.inf if self.port_gbps is None else self.ports * self.port_gbps * 1e9
+
+    @property
+    def egress_bps(self):
+        return self.ingress_bps
+
+    @property
+    def core_bps(self):
+        return math.inf if self.core_mhz is None else 8 * self.data_width * self.core_mhz * 1e6
+
+    @property
+    def ideal(self):
+        return math.isinf(self.ingress_bps) and math.isinf(self.core_bps)
+
+    def to_json(self):
+        def gbps(bps):
+            return None if math.isinf(bps) else round(bps / 1e9, 6)
+        return {"profile": self.name, "ports": self.ports, "port_gbps": self.port_gbps,
+                "data_width": self.data_width, "core_mhz": self.core_mhz,
+                "ingress_gbps": gbps(self.ingress_bps), "egress_gbps": gbps(self.egress_bps),
+                "core_gbps": gbps(self.core_bps), "source": self.source}
+
+
+# The board figures are those of hdl/inwire_hdl (board.py, board_build.py, alveo.py; docs/board.md);
+# tests/test_schedule.py checks that they still agree.
+PROFILES = {
+    "ideal": AggregatorProfile("ideal", source="no limit: every aggregator takes in all its contributions at once"),
+    "versa_ecp5": AggregatorProfile("versa_ecp5", 1, 1.0, 8, 31.25,
+                                    "Lattice ECP5 Versa: one RGMII 1 GbE port pair, core 8 bytes at 31.25 MHz"),
+    "alveo_u200": AggregatorProfile("alveo_u200", 1, 100.0, 64, 250.0,
+                                    "AMD Alveo U200: one QSFP28 100 GbE port pair, core 64 bytes at 250 MHz"),
+    "port10g": AggregatorProfile("port10g", 1, 10.0, source="one 10 Gb/s port pair, core not limiting"),
+}
+
+BOARD_PORTS = {"versa_ecp5": (1, 1.0), "alveo_u200": (1, 100.0)}
+"""Port pairs and speed of each board `inwire build` knows, for reports written before they carried them."""
+
+
+def _positive(report, key, where):
+    value = report.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+        raise ScheduleError(f"{where}: needs a positive '{key}', got {value!r}")
+    return value
+
+
+def profile_from_report(report, where):
+    """A profile from a build report (a dict): its core clock and width, and its ports."""
+    if not isinstance(report, dict):
+        raise ScheduleError(f"{where}: a build report must be a JSON object")
+    if report.get("timing_met") is False:
+        raise ScheduleError(f"{where}: the build missed timing, so its core clock cannot be relied on")
+    core_mhz = _positive(report, "core_clock_mhz", where)
+    data_width = int(_positive(report, "data_width", where))
+    board = report.get("board")
+    if "port_gbps" in report or "ports" in report:
+        ports, port_gbps = int(_positive(report, "ports", where)), _positive(report, "port_gbps", where)
+    elif board in BOARD_PORTS:
+        ports, port_gbps = BOARD_PORTS[board]
+    else:
+        raise ScheduleError(f"{where}: no 'ports' and 'port_gbps', and board {board!r} is not one whose ports "
+                            f"are known ({', '.join(BOARD_PORTS)})")
+    return AggregatorProfile(f"{board or 'board'} build", ports, port_gbps, data_width, core_mhz,
+                             f"build report {where}")
+
+
+def load_aggregator(spec):
+    """A named profile, or the build report (report.json) at path `spec`."""
+    if isinstance(spec, AggregatorProfile):
+        return spec
+    if spec in PROFILES:
+        return PROFILES[spec]
+    if not str(spec).endswith(".json"):
+        raise ScheduleError(f"unknown aggregator profile {spec!r} (profiles: {', '.join(PROFILES)}; "
+                            f"or a build report.json)")
+    try:
+        with open(spec) as handle:
+            report = json.load(handle)
+    except OSError as error:
+        raise ScheduleError(f"cannot read build report {spec!r}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise ScheduleError(f"{spec}: not valid JSON (line {error.lineno}: {error.msg})") from None
+    return profile_from_report(report, str(spec))
+
+
+def profile_from_entry(entry, where):
+    """A topology file's per-city `aggregator`: a profile name or an object of figures."""
+    if isinstance(entry, str):
+        if entry not in PROFILES:
+            raise ScheduleError(f"{where}: unknown aggregator profile {entry!r} (profiles: {', '.join(PROFILES)})")
+        return PROFILES[entry]
+    if isinstance(entry, dict):
+        unknown = sorted(set(entry) - {"name", "ports", "port_gbps", "data_width", "core_mhz"})
+        if unknown:
+            raise ScheduleError(f"{where}: unknown aggregator field {unknown[0]!r}")
+        ports = int(_positive(entry, "ports", where)) if "ports" in entry or "port_gbps" in entry else None
+        port_gbps = _positive(entry, "port_gbps", where) if ports is not None else None
+        width = int(_positive(entry, "data_width", where)) if "data_width" in entry or "core_mhz" in entry else None
+        core_mhz = _positive(entry, "core_mhz", where) if width is not None else None
+        return AggregatorProfile(str(entry.get("name", "custom")), ports, port_gbps, width, core_mhz, where)
+    raise ScheduleError(f"{where}: aggregator must be a profile name or an object, got {entry!r}")

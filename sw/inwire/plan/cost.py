@@ -1,0 +1,505 @@
+"""Round times of cliques over a topology: links and aggregators as resources with rates.
+
+A schedule is a periodic sequence of rounds; each round partitions the islands into cliques (islands
+left out of every clique of a round sit it out), and every clique either sums at an aggregation city
+and multicasts the sum back, or exchanges directly (all-to-all or ring). docs/schedule.md derives the
+cost model.
+"""
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from inwire.protocol import ELEMENT_BYTES, FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, WIRE_OVERHEAD_BYTES
+
+AGGREGATE, ALL_TO_ALL, RING = "aggregate", "all-to-all", "ring"
+EXCHANGES = (AGGREGATE, ALL_TO_ALL, RING)
+ROUTINGS = ("latency", "bandwidth")
+CANDIDATE_PATHS = 4
+"""Bandwidth-aware routing chooses among this many latency-shortest simple paths per transfer."""
+EXHAUSTIVE_AGGREGATOR_LIMIT = 2048
+"""Aggregator assignments of a round tried exhaustively up to this many combinations."""
+SHORTLIST = 6
+"""Beyond that, each clique's cities are first cut to this many by latency, then to 4 by time alone."""
+class ScheduleError(ValueError):
+    """A schedule file or request that cannot be used; the message names the offending entry."""
+
+
+def wire_bytes(model_bytes):
+    """Bytes on the wire to send a model of `model_bytes` bytes once, as int32 elements in full frames.
+
+    Each frame carries up to MAX_ELEMENTS_PER_FRAME elements behind the 128-byte header and costs the
+    24 bytes of preamble, FCS and inter-frame gap on top.
+    """
+    if model_bytes <= 0:
+        raise ScheduleError(f"model size must be positive, got {model_bytes} bytes")
+    elements = -(-int(model_bytes) // ELEMENT_BYTES)
+    frames = -(-elements // MAX_ELEMENTS_PER_FRAME)
+    return frames * (FRAME_HEADER_BYTES + WIRE_OVERHEAD_BYTES) + elements * ELEMENT_BYTES
+
+
+@dataclass(frozen=True)
+class Clique:
+    """Members (in ring order for a ring exchange) and where their sum is formed."""
+    members: tuple
+    aggregator: str | None = None
+    exchange: str = AGGREGATE
+
+
+@dataclass(frozen=True)
+class _Profile:
+    latency_ms: float
+    loads_bits: np.ndarray
+    used: np.ndarray
+    tree: dict | None = None
+    """With in-path reduction: every city that sums, to the next city that sums toward the root."""
+
+
+@dataclass
+class Schedule:
+    """An evaluated periodic schedule: rounds of cliques with their times, rho and time to epsilon."""
+    rounds: tuple
+    round_times_ms: tuple
+    rho: float
+    periods: float
+    time_to_epsilon_ms: float
+    spectral_radius: float = math.nan
+    compute_ms_per_round: float = 0.0
+    """H local steps x T ms before every round (the local-step objective); 0 for pure communication."""
+
+    @property
+    def period_ms(self):
+        return float(sum(self.round_times_ms)) + len(self.round_times_ms) * self.compute_ms_per_round
+
+
+
+
+class CostModel:
+    """Round times of cliques over a topology for one model size and capability setting.
+
+    Every directed link is a resource, and so are each aggregator's ingress ports, core and egress ports
+    (when its profile limits them): a round puts on each the bits of every clique that uses it, and a
+    clique's time is its propagation term plus the time its busiest resource needs for all of that
+    traffic. A round lasts as long as its slowest clique.
+
+    `aggregator` is the default profile (a name, a build report path or an AggregatorProfile); a city of
+    the topology may set its own. `reduce_in_path` lets every aggregating city on the way to a clique's
+    root sum what it forwards. `routing` is "latency" (fixed latency-shortest paths, as DoubleZero's
+    controller routes) or "bandwidth" (each transfer takes the candidate path that completes soonest).
+    """
+
+    def __init__(self, topology, islands, model_bytes, multicast=True, aggregation=True, aggregator="ideal",
+                 reduce_in_path=False, routing="latency"):
+        from .aggregator import load_aggregator  # the profiles module builds on this one's error type
+
+        if routing not in ROUTINGS:
+            raise ScheduleError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        self.topology = topology
+        self.islands = tuple(islands)
+        self.model_bytes = int(model_bytes)
+        self.multicast = multicast
+        self.aggregation = aggregation
+        self.reduce_in_path = bool(reduce_in_path)
+        self.routing = routing
+        self.default_aggregator = load_aggregator(aggregator)
+        self.vector_bits = 8 * wire_bytes(self.model_bytes)
+        directed = sorted(edge for u, v in topology.graph.edges for edge in ((u, v), (v, u)))
+        self.edge_index = {edge: i for i, edge in enumerate(directed)}
+        self.bandwidth_bps = np.array([topology.link_between(u, v).bandwidth_gbps * 1e9 for u, v in directed])
+        cities = topology.cities
+        self.aggregation_cities = tuple(name for name in cities if aggregation and cities[name].aggregation)
+        # Aggregators that limit anything get three resources after the links: ingress, core, egress.
+        # Unlimited ones get none, so the ideal profile leaves every figure exactly as before.
+        self.aggregator_of = {name: cities[name].aggregator or self.default_aggregator
+                              for name in self.aggregation_cities}
+        capacities, self._aggregator_index = list(self.bandwidth_bps), {}
+        for name in self.aggregation_cities:
+            profile = self.aggregator_of[name]
+            if not profile.ideal:
+                self._aggregator_index[name] = len(capacities)
+                capacities += [profile.ingress_bps, profile.core_bps, profile.egress_bps]
+        self.capacity_bps = np.array(capacities, dtype=float)
+        self._candidates = {}
+        self._replicates = {name: multicast and cities[name].multicast for name in cities}
+        self._position = {name: i for i, name in enumerate(self.islands)}
+        self._profiles = {}
+        self._path_edges = {}
+        self._trees = {}
+        self._ring_orders = {}
+        self._best_rounds = {}
+
+    def latency_ms(self, a, b):
+        return self.topology.latency_ms(a, b)
+
+    def canonical(self, members):
+        return tuple(sorted(members, key=self._position.__getitem__))
+
+    # -- one clique ------------------------------------------------------------------------------
+    def _add_path(self, loads, a, b, bits):
+        edges = self._path_edges.get((a, b))
+        if edges is None:
+            path = self.topology.path(a, b)
+            edges = np.array([self.edge_index[hop] for hop in zip(path, path[1:])], dtype=int)
+            self._path_edges[(a, b)] = edges
+        loads[edges] += bits
+
+    def _tree(self, source):
+        """Predecessor and hop depth of every city on the shortest-path tree rooted at `source`."""
+        tree = self._trees.get(source)
+        if tree is None:
+            paths = {city: self.topology.path(source, city) for city in self.topology.cities}
+            tree = ({city: path[-2] for city, path in paths.items() if len(path) > 1},
+                    {city: len(path) - 1 for city, path in paths.items()})
+            self._trees[source] = tree
+        return tree
+
+    def _add_distribution(self, loads, source, destinations, bits):
+        """Send one vector from `source` to `destinations` along the shortest-path tree.
+
+        A city that multicasts needs one copy and replicates it; one that cannot needs a copy for
+        every destination at or below it.
+        """
+        parent, depth = self._tree(source)
+        self._add_down_tree(loads, parent, depth, source, destinations, bits)
+
+    def _add_down_tree(self, loads, parent, depth, source, destinations, bits):
+        """Distribution along a tree given as each city's parent toward `source`."""
+        wanted = set(destinations)
+        reached = set()
+        for destination in destinations:
+            city = destination
+            while city != source and city not in reached:
+                reached.add(city)
+                city = parent[city]
+        below = {}
+        for city in sorted(reached, key=depth.__getitem__, reverse=True):
+            copies = 1 if self._replicates[city] else below.get(city, 0) + (city in wanted)
+            loads[self.edge_index[(parent[city], city)]] += copies * bits
+            below[parent[city]] = below.get(parent[city], 0) + copies
+
+    def _charge_aggregator(self, loads, city, streams_in, copies_out):
+        """The aggregator at `city` takes in `streams_in` vectors, sums them in its core and sends out
+        `copies_out` (its partial sum, or the result: one copy where the city multicasts)."""
+        first = self._aggregator_index.get(city)
+        if first is not None:
+            loads[first] += streams_in * self.vector_bits
+            loads[first + 1] += streams_in * self.vector_bits
+            loads[first + 2] += copies_out * self.vector_bits
+
+    def _route_latency_ms(self, parent, city, root):
+        total = 0.0
+        while city != root:
+            total += self.topology.graph.edges[city, parent[city]]["latency_ms"]
+            city = parent[city]
+        return total
+
+    def candidate_paths(self, a, b):
+        """The CANDIDATE_PATHS latency-shortest simple paths from a to b (networkx)."""
+        key = (a, b)
+        if key not in self._candidates:
+            paths = nx.shortest_simple_paths(self.topology.graph, a, b, weight="latency_ms")
+            self._candidates[key] = list(itertools.islice(paths, CANDIDATE_PATHS))
+        return self._candidates[key]
+
+    def _completion_ms(self, estimate, up, down, bits, latency_ms):
+        """Latency plus the serialization of `bits` behind what `estimate` already puts on the path."""
+        worst = 0.0
+        for edges in (up, down):
+            if edges:
+                worst = max(worst, float(np.max((estimate[edges] + bits) / self.capacity_bps[edges])))
+        return latency_ms + 1e3 * worst
+
+    def _bandwidth_tree(self, hub, members):
+        """Each member's route to `hub`, chosen greedily (farthest member first) among its candidate
+        paths by completion time given the clique's transfers routed so far. A route that meets a city
+        already routed follows it from there, so the routes form a tree (each city's parent)."""
+        parent, estimate = {}, np.zeros(len(self.capacity_bps))
+        bits = self.vector_bits
+        for member in sorted(members, key=lambda m: (-self.latency_ms(m, hub), self._position.get(m, 0))):
+            if member == hub or member in parent:
+                continue
+            best = None
+            for path in self.candidate_paths(member, hub):
+                route = []
+                for city in path:
+                    route.append(city)
+                    if city == hub or city in parent:
+                        break
+                full = list(route)
+                while full[-1] != hub:
+                    full.append(parent[full[-1]])
+                if len(set(full)) < len(full):
+                    continue
+                up = [self.edge_index[hop] for hop in zip(full, full[1:])]
+                down = [self.edge_index[(b, a)] for a, b in zip(full, full[1:])]
+                latency = 2 * sum(self.topology.graph.edges[a, b]["latency_ms"] for a, b in zip(full, full[1:]))
+                cost = self._completion_ms(estimate, up, down, bits, latency)
+                if best is None or cost < best[0] - 1e-9:
+                    best = (cost, route, up, down, len(route) - 1)
+            _, route, up, down, fresh = best
+            for a, b in zip(route, route[1:]):
+                parent[a] = b
+            # Fresh hops carry this vector; with in-path reduction the shared remainder carries no more.
+            carried = fresh if self.reduce_in_path else len(up)
+            estimate[up[:carried]] += bits
+            estimate[down[:carried]] += bits
+        return parent
+
+    def _aggregate_on_tree(self, loads, clique, parent):
+        """Loads of an aggregating clique whose members reach the root along `parent` pointers.
+
+        Without in-path reduction every member's vector travels the whole way. With it, a city that
+        aggregates and receives two or more streams (its own island counts) sums them and forwards one.
+        Returns the summing cities, each to the next summing city toward the root.
+        """
+        hub, members = clique.aggregator, clique.members
+        depth = {hub: 0}
+
+        def depth_of(city):
+            if city not in depth:
+                depth[city] = depth_of(parent[city]) + 1
+            return depth[city]
+
+        streams = {}
+        for member in members:
+            streams[member] = streams.get(member, 0) + 1
+            city = member
+            while city != hub:
+                depth_of(city)
+                city = parent[city]
+                streams.setdefault(city, 0)
+        summing = set()
+        aggregates = set(self.aggregation_cities)
+        for city in sorted((c for c in streams if c != hub), key=lambda c: (-depth[c], c)):
+            sums = self.reduce_in_path and city in aggregates and streams[city] >= 2
+            sent = 1 if sums else streams[city]
+            if sums:
+                summing.add(city)
+                self._charge_aggregator(loads, city, streams[city], 1)
+            loads[self.edge_index[(city, parent[city])]] += sent * self.vector_bits
+            streams[parent[city]] += sent
+        self._charge_aggregator(loads, hub, streams[hub], 1 if self._replicates[hub] else len(members))
+        self._add_down_tree(loads, parent, depth, hub, members, self.vector_bits)
+        if not self.reduce_in_path:
+            return None
+        tree = {}
+        for city in sorted(summing):
+            up = parent[city]
+            while up != hub and up not in summing:
+                up = parent[up]
+            tree[city] = up
+        return tree
+
+    def profile(self, clique):
+        cached = self._profiles.get(clique)
+        if cached is not None:
+            return cached
+        members, k = clique.members, len(clique.members)
+        loads = np.zeros(len(self.capacity_bps))
+        tree = None
+        if clique.exchange == AGGREGATE:
+            hub = clique.aggregator
+            if self.routing == "latency":
+                latency = max(self.latency_ms(m, hub) + self.latency_ms(hub, m) for m in members)
+            if self.routing == "latency" and not self.reduce_in_path:
+                for member in members:
+                    if member != hub:
+                        self._add_path(loads, member, hub, self.vector_bits)
+                self._add_distribution(loads, hub, members, self.vector_bits)
+                self._charge_aggregator(loads, hub, k, 1 if self._replicates[hub] else k)
+            else:
+                parent = self._tree(hub)[0] if self.routing == "latency" else self._bandwidth_tree(hub, members)
+                tree = self._aggregate_on_tree(loads, clique, parent)
+                if self.routing == "bandwidth":
+                    latency = max(2 * self._route_latency_ms(parent, m, hub) for m in members)
+        elif clique.exchange == ALL_TO_ALL:
+            latency = max(self.latency_ms(a, b) for a in members for b in members if a != b)
+            for sender in members:
+                self._add_distribution(loads, sender, [m for m in members if m != sender], self.vector_bits)
+        elif clique.exchange == RING:
+            # Reduce-scatter then all-gather: 2(k-1) steps, each moving a 1/k chunk to the next member.
+            steps = 2 * (k - 1)
+            chunk_bits = 8 * wire_bytes(-(-self.model_bytes // k))
+            hops = list(zip(members, members[1:] + members[:1]))
+            if self.routing == "latency":
+                latency = steps * max(self.latency_ms(a, b) for a, b in hops)
+                for a, b in hops:
+                    self._add_path(loads, a, b, steps * chunk_bits)
+            else:
+                longest = 0.0
+                for a, b in hops:
+                    best = None
+                    for path in self.candidate_paths(a, b):
+                        edges = [self.edge_index[hop] for hop in zip(path, path[1:])]
+                        hop_ms = sum(self.topology.graph.edges[u, v]["latency_ms"] for u, v in zip(path, path[1:]))
+                        cost = self._completion_ms(loads, edges, [], steps * chunk_bits, steps * hop_ms)
+                        if best is None or cost < best[0] - 1e-9:
+                            best = (cost, edges, hop_ms)
+                    loads[best[1]] += steps * chunk_bits
+                    longest = max(longest, best[2])
+                latency = steps * longest
+        else:
+            raise ScheduleError(f"unknown exchange {clique.exchange!r}")
+        result = _Profile(latency, loads, np.flatnonzero(loads), tree)
+        self._profiles[clique] = result
+        return result
+
+    def ring_order(self, members):
+        """A ring order with short hops; the longest sets the ring's latency (2(k-1) times it).
+
+        Up to 9 members: the order with the shortest longest hop (ties: shortest total), by trying all.
+        Beyond: nearest neighbour and 2-opt on the total, then 2-opt moves that shorten the longest hop.
+        """
+        key = frozenset(members)
+        if key in self._ring_orders:
+            return self._ring_orders[key]
+        members = self.canonical(members)
+        k = len(members)
+        d = np.array([[self.latency_ms(a, b) for b in members] for a in members])
+
+        def hops(orders):
+            return d[orders, np.roll(orders, -1, axis=-1)]
+
+        if k <= 9:
+            orders = np.array([(0,) + p for p in itertools.permutations(range(1, k))])
+            lengths = hops(orders)
+            best = list(orders[np.lexsort((lengths.sum(axis=1), lengths.max(axis=1)))[0]])
+        else:
+            best, left = [0], list(range(1, k))
+            while left:
+                nearest = min(left, key=lambda j: d[best[-1], j])
+                best.append(nearest)
+                left.remove(nearest)
+            improved = True
+            while improved:
+                improved = False
+                for i in range(1, k - 1):
+                    for j in range(i + 1, k):
+                        a, b, c, e = best[i - 1], best[i], best[j], best[(j + 1) % k]
+                        if d[a, c] + d[b, e] < d[a, b] + d[c, e] - 1e-9:
+                            best[i:j + 1] = best[i:j + 1][::-1]
+                            improved = True
+            improved = True
+            while improved:
+                improved = False
+                lengths = hops(np.array(best))
+                worst = int(np.argmax(lengths))
+                best = best[worst + 1:] + best[:worst + 1]  # the longest hop now closes the ring
+                current = (lengths.max(), lengths.sum())
+                for j in range(1, k - 1):
+                    trial = best[:j][::-1] + best[j:]
+                    trial_lengths = hops(np.array(trial))
+                    if (trial_lengths.max(), trial_lengths.sum()) < current:
+                        best, improved = trial, True
+                        break
+        order = tuple(members[int(i)] for i in best)
+        self._ring_orders[key] = order
+        return order
+
+    def options(self, members, shortlist=None):
+        """Ways a clique of these members can combine its vectors: in line at any city that aggregates,
+        or directly (all-to-all, ring), which needs no aggregation and can win on latency.
+
+        With a shortlist, only the members' own cities and the `shortlist` cities with the least
+        round-trip latency to the farthest member are offered for aggregation.
+        """
+        members = self.canonical(members)
+        direct = [Clique(members, None, ALL_TO_ALL), Clique(self.ring_order(members), None, RING)]
+        cities = self.aggregation_cities
+        if shortlist is not None and len(cities) > shortlist:
+            lat = self.latency_ms
+            reach = sorted(cities, key=lambda g: max(lat(m, g) + lat(g, m) for m in members))[:shortlist]
+            cities = [g for g in cities if g in reach or g in members]
+        return [Clique(members, city, AGGREGATE) for city in cities] + direct
+
+    def clique_time_alone(self, clique):
+        p = self.profile(clique)
+        return p.latency_ms + (1e3 * float(np.max(p.loads_bits[p.used] / self.capacity_bps[p.used]))
+                               if p.used.size else 0.0)
+
+    # -- one round -------------------------------------------------------------------------------
+    def clique_times(self, cliques):
+        """Each clique's time in a round where all of them run at once and share links and aggregators."""
+        if not cliques:
+            return []
+        profiles = [self.profile(c) for c in cliques]
+        seconds = sum(p.loads_bits for p in profiles) / self.capacity_bps
+        return [p.latency_ms + (1e3 * float(seconds[p.used].max()) if p.used.size else 0.0) for p in profiles]
+
+    def round_time(self, cliques):
+        """Time of a round whose cliques run at once and share links: its slowest clique's."""
+        return max(self.clique_times(cliques), default=0.0)
+
+    def best_round(self, groups):
+        """Cliques for these member groups with the combination of options that finishes soonest.
+
+        Exhaustive over every option of every clique (each aggregation city, all-to-all, ring) when the
+        combinations number at most EXHAUSTIVE_AGGREGATOR_LIMIT; otherwise each clique keeps its 4 best
+        shortlisted options when alone and the assignment is improved one clique at a time.
+        Returns (cliques, time_ms, exhaustive).
+        """
+        groups = [self.canonical(g) for g in groups if len(g) > 1]
+        key = frozenset(frozenset(g) for g in groups)
+        if key in self._best_rounds:
+            return self._best_rounds[key]
+        groups.sort(key=lambda g: self._position[g[0]])
+        if not groups:
+            result = ((), 0.0, True)
+        else:
+            exhaustive = (len(self.aggregation_cities) + 2) ** len(groups) <= EXHAUSTIVE_AGGREGATOR_LIMIT
+            if exhaustive:
+                option_lists = [self.options(g) for g in groups]
+            else:
+                option_lists = [sorted(self.options(g, SHORTLIST), key=self.clique_time_alone)[:4]
+                                for g in groups]
+            if math.prod(len(o) for o in option_lists) <= EXHAUSTIVE_AGGREGATOR_LIMIT:
+                cliques, duration = self._assign_exhaustively(option_lists)
+            else:
+                cliques, duration = self._assign_by_descent(option_lists)
+            result = (cliques, duration, exhaustive)
+        self._best_rounds[key] = result
+        return result
+
+    def _assign_exhaustively(self, option_lists):
+        count = len(option_lists)
+        edges = len(self.capacity_bps)
+        shape = tuple(len(o) for o in option_lists)
+        total = np.zeros(shape + (edges,))
+        per_clique = []
+        for c, options in enumerate(option_lists):
+            axes = [1] * count
+            axes[c] = len(options)
+            profiles = [self.profile(o) for o in options]
+            loads = np.stack([p.loads_bits for p in profiles]).reshape(axes + [edges])
+            latency = np.array([p.latency_ms for p in profiles]).reshape(axes)
+            used = np.stack([p.loads_bits > 0 for p in profiles]).reshape(axes + [edges])
+            total = total + loads
+            per_clique.append((latency, used))
+        seconds = total / self.capacity_bps
+        duration = np.zeros(shape)
+        for latency, used in per_clique:
+            duration = np.maximum(duration, latency + 1e3 * np.where(used, seconds, 0.0).max(axis=-1))
+        best = np.unravel_index(int(np.argmin(duration)), shape)
+        return tuple(options[i] for options, i in zip(option_lists, best)), float(duration[best])
+
+    def _assign_by_descent(self, option_lists):
+        chosen = [min(options, key=self.clique_time_alone) for options in option_lists]
+        duration = self.round_time(chosen)
+        for _ in range(3):
+            improved = False
+            for c, options in enumerate(option_lists):
+                for option in options:
+                    if option == chosen[c]:
+                        continue
+                    trial = chosen[:c] + [option] + chosen[c + 1:]
+                    trial_time = self.round_time(trial)
+                    if trial_time < duration - 1e-9:
+                        chosen, duration, improved = trial, trial_time, True
+            if not improved:
+                break
+        return tuple(chosen), duration
+
+

@@ -1,0 +1,241 @@
+"""The schedule file: writing it, reading it back as one object, and the readable table."""
+
+import json
+import math
+from dataclasses import dataclass, replace
+
+from .aggregator import PROFILES
+from .cost import AGGREGATE, EXCHANGES, ScheduleError, wire_bytes
+
+# ---------------------------------------------------------------------------------------------------
+# The schedule file
+
+
+def _finite(value):
+    """JSON has no infinity or NaN: infinite times and periods (and figures not computed) are null."""
+    return None if value is None or not math.isfinite(value) else value
+
+
+def _rounds_json(schedule, model=None):
+    """Rounds with their times; with the cost model at hand, each clique's own time and reduction tree."""
+    rounds = []
+    for cliques, duration in zip(schedule.rounds, schedule.round_times_ms):
+        entries = [{"members": list(c.members), "aggregator": c.aggregator, "exchange": c.exchange} for c in cliques]
+        if model is not None:
+            for entry, clique, clique_ms in zip(entries, cliques, model.clique_times(cliques)):
+                entry["time_ms"] = round(clique_ms, 6)
+                tree = model.profile(clique).tree
+                if tree is not None:
+                    entry["tree"] = tree
+        rounds.append({"cliques": entries, "time_ms": round(duration, 6)})
+    return rounds
+
+
+def _summary_json(schedule):
+    return {"period_ms": round(schedule.period_ms, 6), "rho": schedule.rho,
+            "spectral_radius": _finite(schedule.spectral_radius),
+            "periods": _finite(schedule.periods),
+            "time_to_epsilon_ms": _finite(schedule.time_to_epsilon_ms)}
+
+
+def aggregator_json(plan):
+    """The default profile's name and figures, and any city's own profile from the topology."""
+    model = plan.cost_model
+    document = (plan.aggregator or PROFILES["ideal"]).to_json()
+    if model is not None:
+        own = {city: profile.to_json() for city, profile in model.aggregator_of.items()
+               if profile is not model.default_aggregator}
+        if own:
+            document["cities"] = own
+    return document
+
+
+def schedule_document(plan):
+    """The schedule file's content (format in docs/schedule.md)."""
+    model = plan.cost_model
+    document = {
+        "topology": plan.topology,
+        "islands": list(plan.islands),
+        "model_bytes": plan.model_bytes,
+        "epsilon": plan.epsilon,
+        "multicast": plan.multicast,
+        "aggregation": plan.aggregation,
+        "seed": plan.seed,
+        "aggregator": aggregator_json(plan),
+        "reduce_in_path": plan.reduce_in_path,
+        "routing": plan.routing,
+        "local_steps": plan.local_steps,
+        "step_ms": plan.step_ms,
+        "rounds": _rounds_json(plan.best, model),
+        **_summary_json(plan.best),
+        "baselines": {name: {**_summary_json(s), "rounds": _rounds_json(s, model)}
+                      for name, s in plan.baselines.items()},
+        "lower_bound_ms": round(plan.lower_bound_ms, 6),
+        "method": plan.method,
+    }
+    return document
+
+
+def write_schedule(plan, path):
+    with open(path, "w") as handle:
+        json.dump(schedule_document(plan), handle, indent=1)
+        handle.write("\n")
+
+
+def _check_tree(tree, root, exchange, at):
+    """A reduction tree maps each summing city to its parent; following parents must reach the root."""
+    if exchange != AGGREGATE:
+        raise ScheduleError(f"{at}: only an aggregating clique has a reduction tree")
+    if not isinstance(tree, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tree.items()):
+        raise ScheduleError(f"{at}: 'tree' must map city names to their parent city")
+    for city in tree:
+        seen = {city}
+        while city != root:
+            city = tree.get(city)
+            if city is None or city in seen:
+                raise ScheduleError(f"{at}: 'tree' does not lead every city to the aggregator {root!r}")
+            seen.add(city)
+
+
+def parse_schedule(document, source="schedule"):
+    """Validate a schedule document; returns its rounds as lists of (members, aggregator)."""
+    if not isinstance(document, dict):
+        raise ScheduleError(f"{source}: the top level must be a JSON object")
+    islands = document.get("islands")
+    if not isinstance(islands, list) or not all(isinstance(i, str) for i in islands) or len(islands) < 2:
+        raise ScheduleError(f"{source}: 'islands' must list at least two island names")
+    if len(set(islands)) != len(islands):
+        raise ScheduleError(f"{source}: 'islands' names an island twice")
+    rounds = document.get("rounds")
+    if not isinstance(rounds, list) or not rounds:
+        raise ScheduleError(f"{source}: 'rounds' must be a non-empty list")
+    known = set(islands)
+    parsed = []
+    for r, entry in enumerate(rounds):
+        where = f"{source}: rounds[{r}]"
+        cliques = entry.get("cliques") if isinstance(entry, dict) else None
+        if not isinstance(cliques, list):
+            raise ScheduleError(f"{where}: missing 'cliques' list")
+        placed, round_cliques = set(), []
+        for c, clique in enumerate(cliques):
+            at = f"{where}.cliques[{c}]"
+            members = clique.get("members") if isinstance(clique, dict) else None
+            if not isinstance(members, list) or len(members) < 2:
+                raise ScheduleError(f"{at}: 'members' must list at least two islands")
+            for member in members:
+                if member not in known:
+                    raise ScheduleError(f"{at}: {member!r} is not one of the islands")
+                if member in placed:
+                    raise ScheduleError(f"{at}: island {member!r} is in two cliques of the round")
+                placed.add(member)
+            aggregator = clique.get("aggregator")
+            exchange = clique.get("exchange", AGGREGATE)
+            if exchange not in EXCHANGES:
+                raise ScheduleError(f"{at}: exchange must be one of {', '.join(EXCHANGES)}, got {exchange!r}")
+            if exchange == AGGREGATE and not isinstance(aggregator, str):
+                raise ScheduleError(f"{at}: an aggregating clique needs an aggregator city")
+            if exchange != AGGREGATE and aggregator is not None:
+                raise ScheduleError(f"{at}: a {exchange} clique has no aggregator")
+            if "tree" in clique:
+                _check_tree(clique["tree"], aggregator, exchange, at)
+            round_cliques.append((tuple(members), aggregator))
+        parsed.append(round_cliques)
+    return parsed
+
+
+@dataclass(frozen=True)
+class ScheduleFile:
+    """A validated schedule file as the islands use it: island names, one period of rounds of
+    (members, aggregator), the topology it was made for and the whole document for everything else.
+
+    `topology` is the topology's name (or file) as written, until a user that needs the cities (the
+    stream) resolves it with `with_topology`.
+    """
+    islands: tuple
+    period: tuple
+    topology: object
+    document: dict
+
+    def cliques(self, round_):
+        return self.period[round_ % len(self.period)]
+
+    def with_topology(self, topology):
+        return replace(self, topology=topology)
+
+
+def load_schedule_file(path):
+    """Read and validate a schedule file (the one loader the CLI, the stream and the tests use).
+
+    The aggregator is a city name, or None for a clique that exchanges directly (its "exchange" field
+    in the file says all-to-all or ring). Islands absent from a round sit that round out.
+    """
+    try:
+        with open(path) as handle:
+            document = json.load(handle)
+    except OSError as error:
+        raise ScheduleError(f"cannot read schedule {path!r}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise ScheduleError(f"{path}: not valid JSON (line {error.lineno}: {error.msg})") from None
+    period = parse_schedule(document, str(path))
+    return ScheduleFile(tuple(document["islands"]), tuple(tuple(cliques) for cliques in period),
+                        document.get("topology"), document)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Readable output
+
+
+def _time(ms):
+    return "never" if math.isinf(ms) else f"{ms:,.1f}"
+
+
+def describe_round(cliques):
+    parts = []
+    for c in cliques:
+        where = c.aggregator if c.exchange == AGGREGATE else c.exchange
+        parts.append("{" + ",".join(c.members) + "}@" + where)
+    return "  ".join(parts) if parts else "(idle)"
+
+
+def format_plan(plan):
+    """The human-readable table the CLI prints."""
+    best = plan.best
+    aggregator = plan.aggregator or PROFILES["ideal"]
+    figures = aggregator.to_json()
+    limits = ("no limit" if aggregator.ideal else
+              f"ports {figures['ingress_gbps'] or 'unlimited'} Gb/s in and out, "
+              f"core {figures['core_gbps'] or 'unlimited'} Gb/s")
+    objective = ("time to epsilon by rho, whole periods" if not plan.local_steps else
+                 f"{plan.local_steps} local step(s) of {plan.step_ms:g} ms before every round; time to epsilon "
+                 f"at the spectral radius's rate")
+    lines = [
+        f"topology {plan.topology}: {len(plan.islands)} islands, model {plan.model_bytes / 1e6:,.0f} MB "
+        f"({wire_bytes(plan.model_bytes) / 1e6:,.1f} MB on the wire), epsilon {plan.epsilon:g}, "
+        f"multicast {'on' if plan.multicast else 'off'}, aggregation {'on' if plan.aggregation else 'off'}",
+        f"aggregator {aggregator.name} ({limits}), reduce in path {'on' if plan.reduce_in_path else 'off'}, "
+        f"routing {plan.routing}; objective: {objective}",
+        "",
+        f"{'schedule':<14}{'rounds':>7}{'period ms':>12}{'rho':>10}{'lambda':>10}{'periods':>9}"
+        f"{'time to eps ms':>16}{'x bound':>9}",
+    ]
+    rows = [("optimized", best)] + list(plan.baselines.items())
+    for name, s in rows:
+        periods = ("-" if math.isinf(s.periods) else
+                   str(s.periods) if isinstance(s.periods, int) else f"{s.periods:.2f}")
+        ratio = s.time_to_epsilon_ms / plan.lower_bound_ms
+        lines.append(f"{name:<14}{len(s.rounds):>7}{s.period_ms:>12,.1f}{s.rho:>10.4f}{s.spectral_radius:>10.4f}"
+                     f"{periods:>9}{_time(s.time_to_epsilon_ms):>16}{'-' if math.isinf(ratio) else f'{ratio:.2f}':>9}")
+    lines.append(f"{'lower bound':<14}{'':>7}{'':>12}{'':>10}{'':>10}{'':>9}{_time(plan.lower_bound_ms):>16}{1:>9.2f}")
+    lines.append("")
+    lines.append("optimized schedule, one period:")
+    model = plan.cost_model
+    for i, (cliques, duration) in enumerate(zip(best.rounds, best.round_times_ms), 1):
+        lines.append(f"  round {i} ({duration:,.1f} ms): {describe_round(cliques)}")
+        if model is not None and plan.reduce_in_path:
+            for clique in cliques:
+                tree = model.profile(clique).tree
+                if tree:
+                    lines.append(f"    summed on the way to {clique.aggregator}: " +
+                                 ", ".join(f"{city}->{parent}" for city, parent in sorted(tree.items())))
+    lines.append(f"search: {plan.method}; {plan.evaluations} schedules scored in {plan.wall_s:.1f} s")
+    return "\n".join(lines)

@@ -1,0 +1,330 @@
+"""Scoring schedules and searching for the one that reaches epsilon-consensus soonest."""
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .baselines import baselines, geographic_grid, lower_bound_ms
+from .cost import CostModel, Schedule, ScheduleError
+from .mixing import (
+    mixing_rate,
+    periods_to_epsilon,
+    progress_periods,
+    reach_periods,
+    spectral_radius,
+    time_to_epsilon_ms,
+)
+
+# ---------------------------------------------------------------------------------------------------
+# Evaluation and the search space
+
+
+class Evaluator:
+    """Scores schedules given as rounds of member groups, caching mixing rates and round choices.
+
+    Without local steps a schedule's figure is its time to epsilon: whole periods by the norm rho (a
+    guarantee), times the period's communication. With `local_steps` H > 0 every round follows H local
+    steps of `step_ms`, and the figure is the time to epsilon at the asymptotic rate: fractional periods
+    by the spectral radius (at least the periods every island needs to hear from every other), times
+    the period with its compute. That is consensus progress per second, ln(1/epsilon) over that time.
+    """
+
+    def __init__(self, model, epsilon, local_steps=0, step_ms=0.0):
+        if not 0 < epsilon < 1:
+            raise ScheduleError(f"epsilon must be between 0 and 1, got {epsilon}")
+        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 0:
+            raise ScheduleError(f"local steps must be a whole number 0 or more, got {local_steps}")
+        if not (step_ms >= 0 and math.isfinite(step_ms)):
+            raise ScheduleError(f"step time must be 0 ms or more, got {step_ms}")
+        self.model = model
+        self.epsilon = epsilon
+        self.local_steps = local_steps
+        self.step_ms = float(step_ms)
+        self._mixing = {}
+        self.evaluations = 0
+
+    @property
+    def compute_ms_per_round(self):
+        return self.local_steps * self.step_ms
+
+    def mixing(self, rounds_of_groups):
+        """(rho, spectral radius, reach periods) of a period."""
+        key = tuple(frozenset(frozenset(g) for g in groups if len(g) > 1) for groups in rounds_of_groups)
+        if key not in self._mixing:
+            islands = self.model.islands
+            # Without local steps only rho scores; lambda is filled in for the schedules reported.
+            self._mixing[key] = ((mixing_rate(islands, rounds_of_groups), spectral_radius(islands, rounds_of_groups),
+                                  reach_periods(islands, rounds_of_groups)) if self.local_steps else
+                                 (mixing_rate(islands, rounds_of_groups), math.nan, math.nan))
+        return self._mixing[key]
+
+    def with_spectral_radius(self, schedule):
+        if not math.isnan(schedule.spectral_radius):
+            return schedule
+        groups = [[c.members for c in cliques] for cliques in schedule.rounds]
+        return replace(schedule, spectral_radius=spectral_radius(self.model.islands, groups))
+
+    def rho(self, rounds_of_groups):
+        return self.mixing(rounds_of_groups)[0]
+
+    def evaluate(self, rounds_of_groups):
+        self.evaluations += 1
+        rounds, times = [], []
+        for groups in rounds_of_groups:
+            cliques, duration, _ = self.model.best_round(groups)
+            rounds.append(cliques)
+            times.append(duration)
+        return self.schedule_of(rounds, times, self.mixing(rounds_of_groups))
+
+    def evaluate_cliques(self, rounds):
+        """Score rounds whose aggregators are already chosen."""
+        times = [self.model.round_time(r) for r in rounds]
+        return self.schedule_of(rounds, times, self.mixing([[c.members for c in r] for r in rounds]))
+
+    def schedule_of(self, rounds, times, mixing):
+        rho, spectral, reach = mixing
+        rounds = tuple(tuple(r) for r in rounds)
+        if not self.local_steps:
+            period = float(sum(times))
+            return Schedule(rounds, tuple(times), rho, periods_to_epsilon(rho, self.epsilon),
+                            time_to_epsilon_ms(rho, period, self.epsilon), spectral)
+        period = float(sum(times)) + len(times) * self.compute_ms_per_round
+        periods = progress_periods(spectral, self.epsilon, reach)
+        return Schedule(rounds, tuple(times), rho, periods, math.inf if math.isinf(periods) else periods * period,
+                        spectral, self.compute_ms_per_round)
+
+
+def ordered_factorizations(n, smallest=2):
+    """Every ordered way to write n as a product of factors >= smallest (n itself included)."""
+    if n == 1:
+        return [()]
+    result = []
+    for factor in range(smallest, n + 1):
+        if n % factor == 0:
+            result.extend((factor,) + rest for rest in ordered_factorizations(n // factor, smallest))
+    return result
+
+
+def equal_partitions(items, size):
+    """Every partition of items into blocks of `size` (items in a fixed order, blocks in canonical order)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for companions in itertools.combinations(rest, size - 1):
+        remaining = [x for x in rest if x not in companions]
+        for tail in equal_partitions(remaining, size):
+            yield [(first,) + companions] + tail
+
+
+def grid_transversals(rows):
+    """Every partition into columns that take exactly one member of each row."""
+    first, others = rows[0], rows[1:]
+    for perms in itertools.product(*(itertools.permutations(row) for row in others)):
+        yield [tuple([anchor] + [perm[i] for perm in perms]) for i, anchor in enumerate(first)]
+
+
+def search_two_round_grids(model, evaluator, limit=50_000):
+    """Exhaustive search over every two-round a x b grid schedule (rows, then columns).
+
+    A grid ends its period in the exact average, so only the period matters. Factorizations whose
+    schedules number more than `limit` are skipped. Returns (best schedule or None, schedules tried,
+    whether every factorization was enumerated with exhaustive aggregator choice).
+    """
+    n = len(model.islands)
+    best_rounds, best_period, tried, complete = None, math.inf, 0, True
+    for a in range(2, n // 2 + 1):
+        if n % a:
+            continue
+        b = n // a
+        count = math.factorial(n) // (math.factorial(a) ** b * math.factorial(b))
+        if count * math.factorial(a) ** (b - 1) > limit:
+            complete = False
+            continue
+        for rows in equal_partitions(list(model.islands), a):
+            row_cliques, row_time, exhaustive = model.best_round(rows)
+            complete &= exhaustive
+            for columns in grid_transversals(rows):
+                tried += 1
+                if row_time >= best_period:
+                    continue
+                column_cliques, column_time, exhaustive = model.best_round(columns)
+                complete &= exhaustive
+                if row_time + column_time < best_period:
+                    best_period = row_time + column_time
+                    best_rounds = (row_cliques, column_cliques)
+    best = None if best_rounds is None else evaluator.evaluate_cliques(list(best_rounds))
+    return best, tried, complete
+
+
+
+# ---------------------------------------------------------------------------------------------------
+# Optimizer
+
+
+@dataclass
+class PlanResult:
+    """The optimized schedule for one setting, with the baselines and the lower bound beside it."""
+    topology: str
+    islands: tuple
+    model_bytes: int
+    epsilon: float
+    multicast: bool
+    aggregation: bool
+    seed: int
+    best: Schedule
+    baselines: dict
+    lower_bound_ms: float
+    method: str
+    evaluations: int
+    wall_s: float = 0.0
+    aggregator: object = None
+    """The default AggregatorProfile (None: ideal); cities of the topology may set their own."""
+    reduce_in_path: bool = False
+    routing: str = "latency"
+    local_steps: int = 0
+    step_ms: float = 0.0
+    cost_model: object = None
+    """The CostModel that scored the schedules (for per-clique times and reduction trees)."""
+
+
+def _groups_of(schedule, islands):
+    """Rounds as full partitions (singletons included) for the local search to edit."""
+    rounds = []
+    for cliques in schedule.rounds:
+        seen = {m for c in cliques for m in c.members}
+        rounds.append([list(c.members) for c in cliques] + [[m] for m in islands if m not in seen])
+    return rounds
+
+
+def _mutate(rounds, rng, max_rounds):
+    """A neighbouring schedule: a round added or dropped, cliques merged or split, two islands exchanged
+    in every round, or one island swapped or moved within a round."""
+    rounds = [[list(g) for g in groups] for groups in rounds]
+    move = rng.random()
+    r = int(rng.integers(len(rounds)))
+    groups = rounds[r]
+    if move < 0.06 and len(rounds) > 1:
+        del rounds[r]
+    elif move < 0.12 and len(rounds) < max_rounds:
+        copy = [list(g) for g in groups]
+        flat = [m for g in copy for m in g]
+        for _ in range(max(1, len(flat) // 4)):
+            i, j = rng.choice(len(flat), 2, replace=False)
+            flat[i], flat[j] = flat[j], flat[i]
+        sizes, k = [len(g) for g in copy], 0
+        shuffled = []
+        for s in sizes:
+            shuffled.append(flat[k:k + s])
+            k += s
+        rounds.insert(int(rng.integers(len(rounds) + 1)), shuffled)
+    elif move < 0.2 and len(groups) > 1:
+        i, j = sorted(rng.choice(len(groups), 2, replace=False))
+        groups[i].extend(groups.pop(j))
+    elif move < 0.28 and any(len(g) > 2 for g in groups):
+        big = [i for i, g in enumerate(groups) if len(g) > 2]
+        g = groups[big[int(rng.integers(len(big)))]]
+        cut = int(rng.integers(1, len(g)))
+        members = [g[i] for i in rng.permutation(len(g))]
+        g[:] = members[:cut]
+        groups.append(members[cut:])
+    elif move < 0.6:
+        # Exchange two islands in every round: the mixing structure (and rho) stays, the geography changes.
+        flat = [m for g in groups for m in g]
+        i, j = rng.choice(len(flat), 2, replace=False)
+        x, y = flat[i], flat[j]
+        for round_groups in rounds:
+            for g in round_groups:
+                g[:] = [y if m == x else x if m == y else m for m in g]
+    elif move < 0.8 and len(groups) > 1:
+        i, j = rng.choice(len(groups), 2, replace=False)
+        a, b = int(rng.integers(len(groups[i]))), int(rng.integers(len(groups[j])))
+        groups[i][a], groups[j][b] = groups[j][b], groups[i][a]
+    elif len(groups) > 1:
+        i, j = rng.choice(len(groups), 2, replace=False)
+        if len(groups[i]) > 1:
+            groups[j].append(groups[i].pop(int(rng.integers(len(groups[i])))))
+    return [[g for g in groups if g] for groups in rounds]
+
+
+def _local_search(evaluator, start, rng, iterations, max_rounds):
+    """Simulated annealing on log(time to epsilon) over rounds of member groups."""
+    islands = evaluator.model.islands
+    current_groups = _groups_of(start, islands)
+    current = best = start
+    for step in range(iterations):
+        temperature = 0.05 * (1 - step / iterations) + 1e-3
+        candidate_groups = _mutate(current_groups, rng, max_rounds)
+        candidate = evaluator.evaluate(candidate_groups)
+        if math.isinf(candidate.time_to_epsilon_ms):
+            continue
+        delta = math.log(candidate.time_to_epsilon_ms) - math.log(current.time_to_epsilon_ms)
+        if delta <= 0 or rng.random() < math.exp(-delta / temperature):
+            current, current_groups = candidate, candidate_groups
+            if current.time_to_epsilon_ms < best.time_to_epsilon_ms:
+                best = current
+    return best
+
+
+def _key(schedule):
+    return (schedule.time_to_epsilon_ms, len(schedule.rounds), schedule.period_ms)
+
+
+def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3, multicast=True,
+                  aggregation=True, seed=0, iterations=None, aggregator="ideal", reduce_in_path=False,
+                  routing="latency", local_steps=0, step_ms=0.0):
+    """Find the periodic schedule with the least time to epsilon-consensus, beside the baselines.
+
+    Candidates: every baseline; a geographic grid for every ordered factorization of n; for small n,
+    every two-round grid exhaustively. The best few are refined by seeded simulated annealing, which
+    may change rounds, cliques and their count. The result is never worse than any candidate.
+    """
+    started = time.perf_counter()
+    islands = topology.resolve_islands(islands)
+    model = CostModel(topology, islands, model_bytes, multicast, aggregation, aggregator, reduce_in_path, routing)
+    evaluator = Evaluator(model, epsilon, local_steps, step_ms)
+    rng = np.random.default_rng(seed)
+    n = len(islands)
+
+    reported = baselines(evaluator, seed)
+    candidates = list(reported.values())
+    factorizations = ordered_factorizations(n)
+    if len(factorizations) > 40:
+        factorizations = sorted(factorizations, key=lambda d: (len(d), d))[:40]
+    candidates += [evaluator.evaluate(geographic_grid(model, dims)) for dims in factorizations]
+    grids, grids_tried, grids_complete = search_two_round_grids(model, evaluator)
+    if grids is not None:
+        candidates.append(grids)
+
+    finite = sorted((c for c in candidates if not math.isinf(c.time_to_epsilon_ms)), key=_key)
+    starts = []
+    for c in finite:
+        if all(c.rounds != s.rounds for s in starts):
+            starts.append(c)
+        if len(starts) == 3:
+            break
+    if iterations is None:
+        iterations = 1200 if n <= 16 else max(400, 32000 // n)
+    max_rounds = max(4, 2 * math.ceil(math.log2(n)))
+    for start in starts:
+        candidates.append(_local_search(evaluator, start, rng, iterations, max_rounds))
+
+    best = evaluator.with_spectral_radius(min(candidates, key=_key))
+    reported = {name: evaluator.with_spectral_radius(s) for name, s in reported.items()}
+    if grids_complete and grids_tried == 0:
+        method = "exhaustive over every single-round schedule (no two-round grid fits this many islands)"
+    elif grids_complete:
+        method = (f"exhaustive over every single-round schedule and all {grids_tried} two-round grid "
+                  f"schedules, every combination of aggregation city or direct exchange per clique tried")
+    else:
+        method = f"{len(factorizations)} geographic grids and {grids_tried} two-round grids"
+    method += f"; simulated annealing, {iterations} steps from each of {len(starts)} starts"
+    return PlanResult(topology.source, islands, model.model_bytes, epsilon, multicast, aggregation, seed, best,
+                      reported, lower_bound_ms(model, epsilon, evaluator.compute_ms_per_round), method,
+                      evaluator.evaluations, time.perf_counter() - started, model.default_aggregator,
+                      model.reduce_in_path, routing, local_steps, float(step_ms), model)
+
+

@@ -1,0 +1,316 @@
+"""The co-designed planner: aggregator limits, reduction trees, bandwidth-aware routing, the local-step
+objective, the new baselines and the schedule file's new keys, each against figures worked out by hand."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inwire.cli import main
+from inwire.plan.aggregator import PROFILES, AggregatorProfile, load_aggregator
+from inwire.plan.baselines import BASELINE_NAMES, exponential_rounds
+from inwire.plan.cost import AGGREGATE, Clique, CostModel, ScheduleError
+from inwire.plan.mixing import mixing_product, mixing_rate, progress_periods, reach_periods, spectral_radius
+from inwire.plan.schedule_file import load_schedule_file, schedule_document
+from inwire.plan.search import Evaluator, plan_schedule
+from inwire.plan.topology import TopologyError, load_topology, topology_from_dict
+from inwire.protocol import FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, WIRE_OVERHEAD_BYTES
+
+FULL_FRAMES_MODEL = 1000 * MAX_ELEMENTS_PER_FRAME * 4
+V_MS_AT_1G = 1000 * (FRAME_HEADER_BYTES + WIRE_OVERHEAD_BYTES + 4 * MAX_ELEMENTS_PER_FRAME) * 8 / 1e6
+"""One vector of FULL_FRAMES_MODEL on a 1 Gb/s resource: 16.6 ms."""
+REFERENCE = Path(__file__).parent / "data" / "dz9_before.json"
+
+
+def hand(cities, links, aggregators=None):
+    """Links as (a, b, latency ms, Gb/s); aggregators: city -> topology-file aggregator entry."""
+    aggregators = aggregators or {}
+    return topology_from_dict({
+        "name": "hand",
+        "cities": [{"name": c, "lat": 0, "lon": i, **({"aggregator": aggregators[c]} if c in aggregators else {})}
+                   for i, c in enumerate(cities)],
+        "links": [{"a": a, "b": b, "latency_ms": ms, "bandwidth_gbps": gbps} for a, b, ms, gbps in links]})
+
+
+# --- aggregator limits ----------------------------------------------------------------------------
+
+def test_a_capped_aggregator_bounds_the_round_like_a_link():
+    two = hand(["A", "B"], [("A", "B", 10, 1)])
+    ideal = CostModel(two, ["A", "B"], FULL_FRAMES_MODEL)
+    # B's vector up and the sum back, 20 ms round trip; each link direction carries one vector.
+    assert ideal.round_time([Clique(("A", "B"), "A")]) == pytest.approx(20 + V_MS_AT_1G)
+    # Half a gigabit of ports: both contributions (A's own island too) enter the aggregator at A.
+    ports = AggregatorProfile("half", ports=1, port_gbps=0.5)
+    capped = CostModel(two, ["A", "B"], FULL_FRAMES_MODEL, aggregator=ports)
+    assert capped.round_time([Clique(("A", "B"), "A")]) == pytest.approx(20 + 2 * V_MS_AT_1G / 0.5)
+    # A core of 8 bytes at 6.25 MHz moves 0.4 Gb/s and is now the bottleneck.
+    core = AggregatorProfile("slow core", 1, 10.0, 8, 6.25)
+    slow = CostModel(two, ["A", "B"], FULL_FRAMES_MODEL, aggregator=core)
+    assert slow.round_time([Clique(("A", "B"), "A")]) == pytest.approx(20 + 2 * V_MS_AT_1G / 0.4)
+    # Direct exchange bypasses the aggregator.
+    assert slow.round_time([Clique(("A", "B"), None, "all-to-all")]) == pytest.approx(10 + V_MS_AT_1G)
+
+
+def test_cliques_sharing_an_aggregator_share_its_ports():
+    star = hand(["H", "A", "B", "C", "D"], [("H", x, 1, 10) for x in "ABCD"])
+    model = CostModel(star, ["A", "B", "C", "D"], FULL_FRAMES_MODEL, aggregator=AggregatorProfile("1g", 1, 1.0))
+    left, right = Clique(("A", "B"), "H"), Clique(("C", "D"), "H")
+    assert model.round_time([left]) == pytest.approx(2 + 2 * V_MS_AT_1G)
+    assert model.round_time([left, right]) == pytest.approx(2 + 4 * V_MS_AT_1G)
+    assert model.clique_times([left, right]) == pytest.approx([2 + 4 * V_MS_AT_1G] * 2)
+
+
+def test_a_city_of_the_topology_overrides_the_default_profile():
+    two = hand(["A", "B"], [("A", "B", 10, 1)], {"A": {"ports": 1, "port_gbps": 0.5}})
+    model = CostModel(two, ["A", "B"], FULL_FRAMES_MODEL, aggregator="alveo_u200")
+    assert model.aggregator_of["B"] is PROFILES["alveo_u200"]
+    assert model.round_time([Clique(("A", "B"), "A")]) == pytest.approx(20 + 2 * V_MS_AT_1G / 0.5)
+    with pytest.raises(TopologyError, match="unknown aggregator profile 'fpga9'"):
+        hand(["A", "B"], [("A", "B", 10, 1)], {"A": "fpga9"})
+
+
+def test_board_profiles_match_the_gateware():
+    from inwire_hdl import alveo, board, board_build
+
+    versa, u200 = PROFILES["versa_ecp5"], PROFILES["alveo_u200"]
+    assert versa.core_mhz == board.PLL_VCO_HZ / 16 / 1e6 and versa.data_width == 8  # build's defaults
+    assert (versa.ports, versa.port_gbps) == board_build.PORTS["versa_ecp5"]
+    assert u200.core_mhz == alveo.CORE_CLOCK_MHZ and u200.data_width == alveo.CMAC_BYTES
+    assert versa.core_bps == 2e9 and u200.core_bps == 128e9
+
+
+def test_a_build_report_gives_the_profile(tmp_path):
+    report = {"board": "versa_ecp5", "data_width": 8, "core_clock_mhz": 62.5, "ports": 1, "port_gbps": 1.0,
+              "timing_met": True}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    profile = load_aggregator(str(path))
+    assert profile.core_bps == 4e9 and profile.ingress_bps == 1e9
+    # A report from before the ports were written: the board's ports are known.
+    path.write_text(json.dumps({k: v for k, v in report.items() if k not in ("ports", "port_gbps")}))
+    assert load_aggregator(str(path)).ingress_bps == 1e9
+    path.write_text(json.dumps({**report, "timing_met": False}))
+    with pytest.raises(ScheduleError, match="missed timing"):
+        load_aggregator(str(path))
+
+
+# --- reduction trees --------------------------------------------------------------------------------
+
+def fork():
+    """A, B -- X ==== R: A and B 1 ms from X, X 10 ms from R; every link 1 Gb/s."""
+    return hand(["A", "B", "X", "R"], [("A", "X", 1, 1), ("B", "X", 1, 1), ("X", "R", 10, 1)])
+
+
+def loads_by_edge(model, clique):
+    profile = model.profile(clique)
+    return {edge: profile.loads_bits[i] / model.vector_bits for edge, i in model.edge_index.items()
+            if profile.loads_bits[i]}
+
+
+def test_reduction_tree_loads_by_hand():
+    clique = Clique(("A", "B", "R"), "R")
+    plain = CostModel(fork(), ["A", "B", "R"], FULL_FRAMES_MODEL)
+    reduced = CostModel(fork(), ["A", "B", "R"], FULL_FRAMES_MODEL, reduce_in_path=True)
+    # Without reduction both contributions cross X->R; with it X sums them and sends one partial.
+    up = {("A", "X"): 1, ("B", "X"): 1}
+    down = {("R", "X"): 1, ("X", "A"): 1, ("X", "B"): 1}  # the result, multicast at X
+    assert loads_by_edge(plain, clique) == {**up, **down, ("X", "R"): 2}
+    assert loads_by_edge(reduced, clique) == {**up, **down, ("X", "R"): 1}
+    assert reduced.profile(clique).tree == {"X": "R"}
+    assert plain.round_time([clique]) == pytest.approx(22 + 2 * V_MS_AT_1G)
+    assert reduced.round_time([clique]) == pytest.approx(22 + V_MS_AT_1G)
+    # A city that cannot aggregate forwards both contributions, and sums nothing.
+    no_x = topology_from_dict({**fork().to_dict(), "cities": [
+        {**c, "aggregation": c["name"] != "X"} for c in fork().to_dict()["cities"]]})
+    forwarding = CostModel(no_x, ["A", "B", "R"], FULL_FRAMES_MODEL, reduce_in_path=True)
+    assert loads_by_edge(forwarding, clique)[("X", "R")] == 2 and forwarding.profile(clique).tree == {}
+
+
+def test_a_summing_city_is_capped_like_the_root():
+    half = AggregatorProfile("half", 1, 0.5)
+    reduced = CostModel(fork(), ["A", "B", "R"], FULL_FRAMES_MODEL, aggregator=half, reduce_in_path=True)
+    # X takes in two vectors at 0.5 Gb/s (4 V at 1G); R takes in X's partial and its own island's (4 V too).
+    assert reduced.round_time([Clique(("A", "B", "R"), "R")]) == pytest.approx(22 + 4 * V_MS_AT_1G)
+
+
+def test_doublezero9_global_clique_with_reduction():
+    dz9 = load_topology("doublezero9")
+    islands = dz9.resolve_islands()
+    plain = CostModel(dz9, islands, 100_000_000)
+    reduced = CostModel(dz9, islands, 100_000_000, reduce_in_path=True)
+    at_nyc = Clique(islands, "NYC")
+    assert reduced.round_time([at_nyc]) < 0.6 * plain.round_time([at_nyc])
+    tree = reduced.profile(at_nyc).tree
+    for city in tree:  # every summing city leads to NYC
+        seen = 0
+        while city != "NYC":
+            city, seen = tree[city], seen + 1
+            assert seen < 9
+    # Each link carries at most one vector per direction toward NYC.
+    assert max(reduced.profile(at_nyc).loads_bits) == reduced.vector_bits
+
+
+# --- routing --------------------------------------------------------------------------------------
+
+def detour():
+    """A -- B direct, 1 ms at 1 Gb/s; or A -- C -- B, 2 + 2 ms at 10 Gb/s."""
+    return hand(["A", "B", "C"], [("A", "B", 1, 1), ("A", "C", 2, 10), ("C", "B", 2, 10)])
+
+
+def test_bandwidth_routing_takes_the_wider_path_when_the_short_one_saturates():
+    clique = Clique(("A", "B"), "B")
+    by_latency = CostModel(detour(), ["A", "B"], FULL_FRAMES_MODEL)
+    by_bandwidth = CostModel(detour(), ["A", "B"], FULL_FRAMES_MODEL, routing="bandwidth")
+    assert by_latency.round_time([clique]) == pytest.approx(2 + V_MS_AT_1G)
+    assert by_bandwidth.round_time([clique]) == pytest.approx(8 + V_MS_AT_1G / 10)
+    assert loads_by_edge(by_bandwidth, clique) == {("A", "C"): 1, ("C", "B"): 1, ("B", "C"): 1, ("C", "A"): 1}
+    # A small model is done sooner on the short path, and stays there.
+    small = CostModel(detour(), ["A", "B"], 4000, routing="bandwidth")
+    assert set(loads_by_edge(small, clique)) == {("A", "B"), ("B", "A")}
+
+
+def test_bandwidth_routing_spreads_a_ring_over_both_paths():
+    by_bandwidth = CostModel(detour(), ["A", "B"], FULL_FRAMES_MODEL, routing="bandwidth")
+    ring = by_bandwidth.profile(Clique(("A", "B"), None, "ring"))
+    assert ring.latency_ms == pytest.approx(2 * 4)  # both hops on the 4 ms detour
+    with pytest.raises(ScheduleError, match="routing must be one of"):
+        CostModel(detour(), ["A", "B"], FULL_FRAMES_MODEL, routing="shortest")
+
+
+# --- mixing and the local-step objective ------------------------------------------------------------
+
+def test_spectral_radius_and_reach_of_a_chain_by_hand():
+    islands, rounds = ["a", "b", "c"], [[["a", "b"]], [["b", "c"]]]
+    # W2 W1 = [[1/2,1/2,0],[1/4,1/4,1/2],[1/4,1/4,1/2]]: eigenvalues 1, 0 and 1/4 (the trace less the 1).
+    assert spectral_radius(islands, rounds) == pytest.approx(0.25)
+    assert mixing_rate(islands, rounds) > 0.25  # the norm bounds every period, so it is no smaller
+    # a never hears from c within one period (entry (a, c) is 0); after two periods everyone has everyone.
+    assert mixing_product(islands, rounds)[0, 2] == 0 and reach_periods(islands, rounds) == 2
+    assert progress_periods(0.25, 1e-3, 2) == pytest.approx(math.log(1e3) / math.log(4))
+    assert progress_periods(0.0, 1e-3, 1) == 1 and progress_periods(0.5, 0.4, 3) == 3
+    assert math.isinf(progress_periods(1.0, 1e-3, 1))
+
+
+def test_local_step_objective_charges_compute_per_round():
+    dz9 = load_topology("doublezero9")
+    model = CostModel(dz9, dz9.resolve_islands(), 100_000_000)
+    plain, local = Evaluator(model, 1e-3), Evaluator(model, 1e-3, local_steps=4, step_ms=25.0)
+    rounds = exponential_rounds(list(model.islands))
+    a, b = plain.evaluate(rounds), local.evaluate(rounds)
+    assert b.round_times_ms == a.round_times_ms and b.period_ms == pytest.approx(a.period_ms + 4 * 100.0)
+    expected = max(math.log(1e3) / -math.log(b.spectral_radius), reach_periods(model.islands, rounds))
+    assert b.periods == pytest.approx(expected)
+    assert b.time_to_epsilon_ms == pytest.approx(expected * b.period_ms)
+    assert b.spectral_radius < b.rho  # the one-peer rounds do not commute: rate below the guarantee
+    with pytest.raises(ScheduleError, match="step time"):
+        Evaluator(model, 1e-3, local_steps=1, step_ms=-1.0)
+
+
+def test_exponential_baseline_pairs_islands_one_peer_per_round():
+    rounds = exponential_rounds(list(range(8)))
+    assert len(rounds) == 3 and all(len(groups) == 4 for groups in rounds)
+    assert np.allclose(mixing_product(list(range(8)), rounds), 1 / 8)  # a hypercube: exact for 2^k islands
+    nine = exponential_rounds(list(range(9)))
+    assert nine[-1] == [[0, 8]] and mixing_rate(list(range(9)), nine) > 0
+
+
+# --- the optimizer ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", json.loads(REFERENCE.read_text())["cases"],
+                         ids=lambda c: f"{c['model_mb']}MB-{'agg' if c['aggregation'] else 'noagg'}")
+def test_ideal_profile_reproduces_the_recorded_doublezero9_schedules(case):
+    plan = plan_schedule(load_topology("doublezero9"), model_bytes=round(case["model_mb"] * 1e6),
+                         aggregation=case["aggregation"], aggregator="ideal")
+    document = schedule_document(plan)
+
+    def shape(rounds):
+        return [{"cliques": [{k: c[k] for k in ("members", "aggregator", "exchange")} for c in r["cliques"]],
+                 "time_ms": r["time_ms"]} for r in rounds]
+
+    assert document["time_to_epsilon_ms"] == case["time_to_epsilon_ms"]
+    assert shape(document["rounds"]) == case["rounds"]
+    assert document["lower_bound_ms"] == case["lower_bound_ms"]
+    for name, recorded in case["baselines"].items():
+        assert document["baselines"][name]["time_to_epsilon_ms"] == recorded["time_to_epsilon_ms"], name
+        assert shape(document["baselines"][name]["rounds"]) == recorded["rounds"], name
+
+
+@pytest.mark.parametrize("options", [dict(aggregator="port10g"), dict(aggregator="versa_ecp5", reduce_in_path=True),
+                                     dict(aggregator="alveo_u200", routing="bandwidth"),
+                                     dict(local_steps=2, step_ms=50.0)])
+def test_optimizer_is_never_worse_than_a_baseline_it_reports(options):
+    plan = plan_schedule(load_topology("doublezero9"), model_bytes=100_000_000, seed=1, iterations=150, **options)
+    assert set(plan.baselines) == set(BASELINE_NAMES)
+    for name, baseline in plan.baselines.items():
+        assert plan.best.time_to_epsilon_ms <= baseline.time_to_epsilon_ms, name
+    assert plan.best.time_to_epsilon_ms >= plan.lower_bound_ms
+
+
+def test_a_capped_aggregator_flips_the_doublezero9_answer():
+    dz9 = load_topology("doublezero9")
+    ideal = plan_schedule(dz9, model_bytes=100_000_000, iterations=100)
+    capped = plan_schedule(dz9, model_bytes=100_000_000, iterations=100, aggregator="port10g")
+    # Ideal: the global clique aggregates at NYC. Capped at one 10 Gb/s port, it falls back to all-to-all.
+    assert ideal.baselines["global"].rounds[0][0].aggregator == "NYC"
+    assert capped.baselines["global"].rounds[0][0].exchange == "all-to-all"
+    assert capped.baselines["global"].time_to_epsilon_ms > 1.5 * ideal.baselines["global"].time_to_epsilon_ms
+    assert capped.best.time_to_epsilon_ms < 0.8 * capped.baselines["global"].time_to_epsilon_ms
+    assert len(capped.best.rounds) > 1
+
+
+# --- schedule file and CLI --------------------------------------------------------------------------
+
+def schedule_cli(*argv):
+    return main(["schedule", *argv])
+
+
+def test_schedule_file_states_the_hardware_and_objective(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert schedule_cli("--islands", "LON,NYC,FRA,TYO,SIN,LAX", "--model-mb", "100", "--aggregator", "port10g",
+                        "--reduce-in-path", "--local-steps", "2", "--step-ms", "10", "--out", str(out)) == 0
+    document = json.loads(out.read_text())
+    kept = {"topology", "islands", "model_bytes", "epsilon", "multicast", "aggregation", "seed", "rounds",
+            "period_ms", "rho", "periods", "time_to_epsilon_ms", "baselines", "lower_bound_ms", "method"}
+    assert kept <= set(document)
+    assert document["aggregator"]["profile"] == "port10g" and document["aggregator"]["ingress_gbps"] == 10
+    assert document["reduce_in_path"] is True and document["local_steps"] == 2 and document["step_ms"] == 10
+    assert 0 <= document["spectral_radius"] <= document["rho"] + 1e-12
+    for entry in document["rounds"]:
+        assert max(c["time_ms"] for c in entry["cliques"]) == pytest.approx(entry["time_ms"])
+        for clique in entry["cliques"]:
+            assert ("tree" in clique) == (clique["exchange"] == AGGREGATE)
+    assert load_schedule_file(out).document == document
+    assert "reduce in path on" in capsys.readouterr().out
+
+
+def test_a_tree_that_does_not_reach_the_root_is_rejected(tmp_path):
+    document = {"islands": ["A", "B"], "rounds": [{"cliques": [
+        {"members": ["A", "B"], "aggregator": "B", "exchange": "aggregate", "tree": {"X": "Y", "Y": "X"}}]}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ScheduleError, match="does not lead every city to the aggregator 'B'"):
+        load_schedule_file(path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--aggregator", "fpga9"], "unknown aggregator profile 'fpga9'"),
+    (["--aggregator", "/no/such/report.json"], "cannot read build report"),
+    (["--step-ms", "-5"], "--step-ms must be 0 or more"),
+    (["--local-steps", "-1"], "--local-steps must be 0 or more"),
+    (["--sweep", "--steps-ms", "10,-1"], "--steps-ms"),
+    (["--sweep", "--profiles", "ideal,nope"], "unknown aggregator profile 'nope'"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    assert schedule_cli(*argv, "--out", str(tmp_path / "s.json")) == 2
+    error = capsys.readouterr().err
+    assert message in error and error.count("\n") == 1
+
+
+def test_a_report_without_a_core_clock_is_one_line(tmp_path, capsys):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"board": "versa_ecp5", "data_width": 8, "timing_met": True}))
+    assert schedule_cli("--aggregator", str(report), "--out", str(tmp_path / "s.json")) == 2
+    error = capsys.readouterr().err
+    assert "needs a positive 'core_clock_mhz'" in error and error.count("\n") == 1
