@@ -569,7 +569,8 @@ def format_verdicts(study):
     """One line per cell: the schedule against each baseline, and whether the planner's schedule differs
     from the global clique at all in that cell."""
     columns = [c for c in VERDICT_COLUMNS if any(c in cell.get("schedule_vs", {}) for cell in study["cells"])]
-    lines = ["| aggregator | data | MB | step (ms) | outer | schedule | schedule-h | " + " | ".join(columns) + " |",
+    lines = ["| aggregator | data | MB | step (ms) | outer | schedule's rounds | schedule-h's rounds | "
+             + " | ".join(columns) + " |",
              "| --- | --- | ---: | ---: | --- | --- | --- | " + " | ".join("---" for _ in columns) + " |"]
     for cell in study["cells"]:
         versus = cell.get("schedule_vs", {})
@@ -596,7 +597,8 @@ def format_study(study):
     parts = [f"Seeds {study['seeds'][0]}–{study['seeds'][-1]}; 'schedule is' compares time to "
              f"{study['target']:.0%} with the row's strategy, paired over seeds (↑ sooner, ↓ later; win or lose: every "
              "seed, or a sign test at p < 0.05; a run that never reaches the target is the later one); "
-             "'objective' is the time to ε-consensus with H local steps per round (the local-step objective)."]
+             "'objective' is the planner's local-step objective for the row's strategy: time to ε-consensus "
+             "with H local steps before every round."]
     if any("schedule_vs" in cell for cell in study["cells"]):
         parts.append("Verdicts of the schedule against each baseline, time to target paired over seeds:\n\n"
                      + format_verdicts(study))
