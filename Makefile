@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup system-tools test sim formal fuzz coverage verilog bitstream alveo docs bench demo train-demo clean
+.PHONY: setup system-tools test sim formal fuzz coverage verilog bitstream alveo docs bench demo train-demo train-study train-dist clean
 
 # Debian packages the tests use, as command:package.
 SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2 berkeley-abc:berkeley-abc
@@ -66,9 +66,21 @@ docs:
 demo:
 	$(BIN)/inwire demo
 
+# One seed of every strategy at 100 MB, and the study every number in docs/training.md comes from.
 train-demo:
-	$(BIN)/inwire train --out-dir train/real-size
-	$(BIN)/inwire train --model-mb 100 --out-dir train/100mb
+	$(BIN)/inwire train --model-mb 100 --out-dir train/demo
+
+# The study docs/training.md quotes: every cell with an ideal aggregator, then 100 MB with 10 Gb/s aggregator ports.
+train-study:
+	$(BIN)/inwire train --seeds 10 --alpha iid,1,0.3,0.1 --model-mb 1,100,1000 --step-ms 10,100 --outer avg,nesterov \
+		--aggregator ideal --out-dir docs/training
+	$(BIN)/inwire train --seeds 10 --alpha iid,1,0.3,0.1 --model-mb 100 --step-ms 10,100 --outer avg,nesterov \
+		--aggregator port10g --out-dir docs/training/port10g
+
+# Three islands of two gloo ranks each (torchrun), averaging through a software aggregator on loopback.
+train-dist:
+	$(BIN)/python -m inwire.train.dist --islands LON,NYC,SIN --nproc-per-node 2 --steps 100 --period 10 \
+		--out-dir train/dist
 
 bench:
 	$(BIN)/inwire bench --out bench/results.json

@@ -8,9 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from inwire.averaging import AveragingError, CliqueAverager, UdpCliqueExchange  # noqa: E402
 from inwire.codec import choose_exponent, dequantize, quantize  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
+from inwire.train.averaging import AveragingError, CliqueAverager, OuterOptimizer, UdpCliqueExchange  # noqa: E402
+from inwire.train.codec_average import clique_average  # noqa: E402
 
 ROUNDS = [[(("A", "B", "C"), "LON"), (("D",), None)], [(("A", "D"), "FRA"), (("B", "C"), "AMS")]]
 
@@ -22,13 +23,13 @@ def aggregator():
         yield server
 
 
-def run_islands(aggregator, models, steps, period=1, bound=16.0, chunk=64):
+def run_islands(aggregator, models, steps, period=1, bound=16.0, chunk=64, outer=None):
     """Each island in its own thread: `steps` optimizer-free steps, averaging every `period`."""
     errors = []
 
     def island(name, model):
         exchange = UdpCliqueExchange(aggregator.address, bound=bound, chunk=chunk, slots=64, deadline_s=10)
-        averager = CliqueAverager(name, ROUNDS, exchange, period=period)
+        averager = CliqueAverager(period, island=name, rounds=ROUNDS, exchange=exchange, outer=outer)
         try:
             for _ in range(steps):
                 averager.average_parameters(model.parameters())
@@ -75,6 +76,7 @@ def test_clique_reaches_the_exact_quantized_average(aggregator):
     for name in "ABC":
         assert np.array_equal(flat(models[name]), clique), name
     assert np.array_equal(flat(models["D"]), before["D"]), "a singleton keeps its parameters"
+    assert np.array_equal(clique_average([before[name] for name in "ABC"]), clique), "the study's arithmetic"
 
 
 def test_two_rounds_follow_the_rotation(aggregator):
@@ -121,11 +123,52 @@ def test_values_beyond_int32_raise_the_bound_for_everyone(aggregator):
     doublings = math.ceil(math.log2(1000.0 / limit))
     _, average = resent_average(values, 4.0 * 2**doublings)
     assert np.array_equal(flat(models["C"]), average)
+    assert np.array_equal(clique_average(values, 4.0), average)
+
+
+def test_in_process_average_is_bit_exact_with_the_aggregator_after_a_resend(aggregator):
+    """The study's clique_average and the UDP path agree bit for bit, also when the sum saturates."""
+    models = models_for("ABCD", seed=5)
+    with torch.no_grad():
+        for name in "ABC":
+            models[name].weight[0, 7] = 10.0
+    before = {name: flat(model) for name, model in models.items()}
+    run_islands(aggregator, models, steps=1, bound=4.0)
+    assert np.array_equal(clique_average([before[name] for name in "ABC"], 4.0), flat(models["B"]))
+    broken = clique_average([before[name] for name in "ABC"], 16.0)
+    assert not np.array_equal(broken, flat(models["B"])), "a coarser bound is another quantization: the check can fail"
+
+
+def test_outer_step_moves_from_the_anchor_along_the_averaged_delta(aggregator):
+    """Outer Nesterov: the anchor is the parameters at the first call; parameters end at its outer step."""
+    outer = OuterOptimizer(lr=0.7, momentum=0.9)
+    models = models_for("ABCD", seed=9)
+    before = {name: flat(model) for name, model in models.items()}
+    run_islands(aggregator, models, steps=1, outer=outer)
+    average = clique_average([before[name] for name in "ABC"])
+    for name in "ABC":
+        gradient = before[name] - average
+        expected = before[name] - np.float32(0.7) * (gradient + np.float32(0.9) * gradient)
+        np.testing.assert_allclose(flat(models[name]), expected, rtol=0, atol=1e-6)
+        assert not np.array_equal(flat(models[name]), average)
+
+
+def test_parameter_groups_are_accepted_like_torch_averagers():
+    model = torch.nn.Linear(3, 1)
+
+    class Echo:
+        def average(self, round_index, clique_index, members, me, vector):
+            return np.full_like(vector, 2.0)
+
+    averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert averager.average_parameters(optimizer.param_groups) == ["A", "B", "C"]
+    assert torch.equal(model.weight, torch.full((1, 3), 2.0))
 
 
 def test_averager_refuses_a_schedule_without_its_island():
     with pytest.raises(ValueError, match="does not name island 'Z'"):
-        CliqueAverager("Z", ROUNDS, exchange=None, period=1)
+        CliqueAverager(1, island="Z", rounds=ROUNDS)
 
 
 def test_unanswered_round_fails_with_a_clear_error():

@@ -1,53 +1,124 @@
-"""A tiny training run through the software aggregator: islands learn, and the report holds together."""
+"""The training study: deterministic time, the equal-budget control, statistics over seeds, the command."""
 
 import json
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 from inwire.cli import main  # noqa: E402
-from inwire.training import TrainConfig, run_training, split_data, time_to_accuracy_ms  # noqa: E402
+from inwire.train.training import (  # noqa: E402
+    Strategy,
+    TrainConfig,
+    compare,
+    gossip_rounds,
+    plan_strategies,
+    run_training,
+    split_data,
+    time_to_accuracy_ms,
+)
 
 ISLANDS = ("LON", "AMS", "FRA", "NYC")
+SMALL = dict(islands=ISLANDS, steps=40, local_steps=10, model_bytes=100_000_000, step_ms=50.0)
 
 
-def test_tiny_run_lowers_the_loss_and_reports_every_strategy():
-    config = TrainConfig(islands=ISLANDS, steps=60, period=10, strategies=("none", "schedule"))
-    report = run_training(config)
-    assert set(report["curves"]) == {"none", "schedule"}
-    for name, curve in report["curves"].items():
-        assert [point["step"] for point in curve] == list(range(10, 61, 10)), name
-        assert curve[-1]["loss"] < curve[0]["loss"], name
-        times = [point["time_ms"] for point in curve]
-        assert times == sorted(times) and times[0] > 0
+def test_identical_work_is_charged_identical_compute_time():
+    report = run_training(TrainConfig(**SMALL))
+    curves = report["curves"]
+    steps = [point["step"] for point in curves["none"]]
+    for name, curve in curves.items():
+        assert [point["step"] for point in curve] == steps, name
+        assert [point["compute_ms"] for point in curve] == [50.0 * step for step in steps], name
+        for point in curve:
+            assert point["time_ms"] == point["compute_ms"] + point["communication_ms"], name
+    assert all(point["communication_ms"] == 0 for point in curves["none"])
+    # global and ring do the same training (the same exact average) and differ only in what a sync costs.
+    assert [p["accuracy"] for p in curves["global"]] == [p["accuracy"] for p in curves["ring"]]
+    assert curves["ring"][-1]["communication_ms"] > curves["global"][-1]["communication_ms"]
 
 
-def test_islands_get_disjoint_skewed_shares():
-    config = TrainConfig(islands=ISLANDS)
-    shards, (test_x, test_y) = split_data(config, list(ISLANDS))
-    sizes = [len(labels) for _, labels in shards.values()]
-    assert sum(sizes) + len(test_y) == 1797
-    class_counts = [len(set(labels.tolist())) for _, labels in shards.values()]
-    assert min(class_counts) < 10, "a small Dirichlet alpha leaves some island without some classes"
+def test_time_is_reproducible_run_to_run():
+    first = run_training(TrainConfig(**SMALL, strategies=("schedule",)))["curves"]["schedule"]
+    plan_strategies.cache_clear()
+    second = run_training(TrainConfig(**SMALL, strategies=("schedule",)))["curves"]["schedule"]
+    assert first == second
 
 
-@pytest.mark.parametrize("argv", [["train", "--steps", "0"], ["train", "--strategies", "gossip"],
-                                  ["train", "--islands", "LON,XYZ", "--steps", "5"]])
+def test_equal_budget_control_spends_what_the_schedule_spends():
+    islands, strategies, _ = plan_strategies("doublezero9", (), 100_000_000, 1e-3, 300, 10, 100.0)
+    schedule, equal, plain = strategies["schedule"], strategies["global-equal"], strategies["global"]
+    budget = schedule.communication_ms(300 // 10)
+    spent = equal.communication_ms(300 // equal.period)
+    assert equal.groups == plain.groups and equal.period > plain.period
+    assert abs(spent - budget) <= plain.round_times_ms[0] / 2, "within half a global round of the budget"
+    assert equal.detail["budget_ms"] == budget
+
+
+def test_communication_follows_the_rounds_in_order():
+    strategy = Strategy("x", (((0, 1),), ((1, 2),), ((0, 2),)), (1.0, 10.0, 100.0), 5)
+    assert [strategy.communication_ms(k) for k in range(5)] == [0.0, 1.0, 11.0, 111.0, 112.0]
+
+
+def test_gossip_pairs_everyone_across_rotations():
+    islands = list("ABCDEFGHI")
+    rounds = gossip_rounds(islands)
+    partners = {island: set() for island in islands}
+    for pairs in rounds:
+        assert len({m for pair in pairs for m in pair}) == 2 * len(pairs), "a partition into pairs"
+        for a, b in pairs:
+            partners[a].add(b)
+            partners[b].add(a)
+    assert all(partners.values()), "no island is left without partners over a period"
+
+
+def test_islands_get_disjoint_skewed_or_iid_shares():
+    shards, (test_x, test_y) = split_data(0.3, 0, 4)
+    assert sum(len(y) for _, y in shards) + len(test_y) == 1797
+    assert min(len(set(y.tolist())) for _, y in shards) < 10, "a small alpha leaves some island without a class"
+    iid, _ = split_data(None, 0, 4)
+    assert min(len(set(y.tolist())) for _, y in iid) == 10
+
+
+def test_verdicts_are_paired_over_seeds():
+    def run(a, b):
+        return {"curves": {"schedule": [{"time_ms": a, "accuracy": 0.9}], "global": [{"time_ms": b, "accuracy": 0.9}]}}
+
+    assert compare([run(1, 2), run(1, 3), run(2, 3)], "schedule", "global", 0.85)["verdict"] == "win"
+    assert compare([run(3, 2), run(4, 3), run(5, 3)], "schedule", "global", 0.85)["verdict"] == "lose"
+    assert compare([run(1, 2), run(3, 2), run(2, 2)], "schedule", "global", 0.85)["verdict"] == "tie"
+    # A schedule that never reaches the target is the later one: 9 of 10 later is a loss by the sign test,
+    # 8 of 10 is not enough.
+    never = {"curves": {"schedule": [{"time_ms": 1, "accuracy": 0.5}], "global": [{"time_ms": 9, "accuracy": 0.9}]}}
+    assert compare([never] * 9 + [run(1, 2)], "schedule", "global", 0.85)["verdict"] == "lose"
+    assert compare([never] * 8 + [run(1, 2)] * 2, "schedule", "global", 0.85)["verdict"] == "tie"
+
+
+def test_train_seeds_prints_mean_and_std_per_strategy_with_the_control(tmp_path, capsys):
+    argv = ["train", "--islands", ",".join(ISLANDS), "--steps", "40", "--seeds", "3", "--model-mb", "100",
+            "--strategies", "global,global-equal,schedule", "--out-dir", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    study = json.loads(capsys.readouterr().out)
+    assert study == json.loads((tmp_path / "study.json").read_text())
+    (cell,) = study["cells"]
+    assert cell["seeds"] == [0, 1, 2]
+    for name in ("global", "global-equal", "schedule"):
+        accuracy = cell["summary"][name]["accuracy"]
+        assert accuracy["n"] == 3 and 0 < accuracy["mean"] <= 1 and accuracy["std"] > 0, name
+    assert cell["strategies"]["global-equal"]["matches"] == "schedule"
+    assert set(cell["schedule_vs"]) == {"global", "global-equal"}
+    assert (tmp_path / "ideal-alpha0.3-100mb-100ms-avg.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| schedule |" in (tmp_path / "study.md").read_text()
+
+
+@pytest.mark.parametrize("argv", [["train", "--steps", "0"], ["train", "--strategies", "gossiping"],
+                                  ["train", "--islands", "LON,XYZ", "--steps", "5"], ["train", "--seeds", "0"],
+                                  ["train", "--outer", "adam"], ["train", "--alpha", "x"]])
 def test_train_rejects_bad_settings_in_one_line(argv, capsys, tmp_path):
     assert main(argv + ["--out-dir", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert error.startswith("inwire train: ") and error.count("\n") == 1
-
-
-def test_train_command_writes_json_and_plot(tmp_path, capsys):
-    argv = ["train", "--islands", "LON,AMS,FRA", "--steps", "20", "--period", "10", "--strategies", "global",
-            "--out-dir", str(tmp_path), "--json"]
-    assert main(argv) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed == json.loads((tmp_path / "train.json").read_text())
-    assert (tmp_path / "train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_time_to_accuracy_is_the_first_point_at_the_target():
@@ -55,3 +126,29 @@ def test_time_to_accuracy_is_the_first_point_at_the_target():
              {"time_ms": 30.0, "accuracy": 0.8}, {"time_ms": 40.0, "accuracy": 0.95}]
     assert time_to_accuracy_ms(curve, 0.85) == 20.0
     assert time_to_accuracy_ms(curve, 0.99) is None
+
+
+def test_train_help_does_not_import_torch():
+    """The command's module is loaded for its options; torch, sklearn and the study wait for a run."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom inwire.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n"
+            "    pass\nprint(sorted({'torch', 'sklearn', 'inwire.train.training'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stderr
+
+
+def test_simulated_average_is_the_codec_average():
+    """The study averages with clique_average: members of a clique end equal, the others keep theirs."""
+    from inwire.train.codec_average import clique_average
+    from inwire.train.training import Islands
+
+    islands = Islands(3, 8, seed=0)
+    vectors = islands.vectors() + np.random.default_rng(0).normal(size=islands.vectors().shape).astype(np.float32)
+    for i in range(3):
+        islands.load(i, vectors[i])
+    assert np.array_equal(islands.vectors(), vectors)
+    average = clique_average([vectors[0], vectors[2]])
+    assert not np.array_equal(average, (vectors[0] + vectors[2]) / 2), "quantized, not the float average"
+    assert np.abs(average - (vectors[0] + vectors[2]) / 2).max() < 1e-6

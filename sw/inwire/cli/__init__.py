@@ -28,7 +28,8 @@ COMMANDS = {
     "demo": ("inwire.cli.demo",
              "aggregator and islands in network namespaces, links delayed as in the topology (root)"),
     "train": ("inwire.cli.train",
-              "train islands on digits, averaging through inwire under four strategies (needs torch)"),
+              "the training study: islands on digits, sync strategies under one deterministic clock, over seeds "
+              "(needs torch)"),
     "bench": ("inwire.cli.bench", "run the benchmarks and write them to one JSON file"),
     "dissector": ("inwire.cli.dissector", "print the Wireshark Lua dissector for the inwire header"),
     "docs": ("inwire.cli.docs", "print the protocol reference (docs/protocol.md)"),

@@ -1,42 +1,87 @@
-"""Train islands on digits with local SGD, averaging their models through inwire under the strategies
-given (no averaging, one global clique, ring, the optimized schedule); writes train.json and train.png.
-Needs the torch extra."""
+"""`inwire train`: the training study (islands simulated in one process, deterministic time), over seeds,
+data splits, charged model sizes and outer optimizers; writes study.json, study.md and a plot per table.
+Needs the torch extra. Islands as torchrun jobs through a real aggregator: `make train-dist`."""
 
-import json
 import pathlib
 
-from .options import parse_simulator
-
-STRATEGIES = ("none", "global", "ring", "schedule")
+STRATEGY_NAMES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule",
+                  "schedule-h")
+OUTERS = ("avg", "nesterov")
 
 
 def add_arguments(parser):
     parser.add_argument("--topology", default="doublezero9", help="doublezero9 or a topology file")
     parser.add_argument("--islands", default="", help="comma-separated cities (default: all)")
     parser.add_argument("--steps", type=int, default=300, help="local SGD steps per island")
-    parser.add_argument("--period", type=int, default=10, help="local steps between averaging rounds")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES),
-                        help=f"comma-separated among {', '.join(STRATEGIES)}")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sim", default="", metavar="SIMULATOR[:WIDTH]",
-                        help="average through the gateware in co-simulation (icarus or verilator) "
-                             "instead of the golden model")
-    parser.add_argument("--model-mb", type=float, default=0.0,
-                        help="plan and charge communication for a model of this size (default: the MLP's own)")
-    parser.add_argument("--out-dir", default="train", help="where train.json and train.png go")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--local-steps", "--period", dest="local_steps", type=int, default=10, metavar="H",
+                        help="local steps between syncs")
+    parser.add_argument("--strategies", default=",".join(STRATEGY_NAMES),
+                        help=f"comma-separated among {', '.join(STRATEGY_NAMES)}")
+    parser.add_argument("--seeds", type=int, default=1, help="number of seeds, from --seed on")
+    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument("--alpha", default="0.3",
+                        help="comma-separated Dirichlet concentrations of the class split; 'iid' for an IID split")
+    parser.add_argument("--model-mb", default="0",
+                        help="comma-separated model sizes (MB) communication is planned and charged for; "
+                             "0 is the MLP's own size")
+    parser.add_argument("--aggregator", default="ideal",
+                        help="comma-separated aggregator profiles the planner charges rounds with (ideal, port10g, "
+                             "versa_ecp5, alveo_u200)")
+    parser.add_argument("--step-ms", default="100", help="comma-separated compute times (ms) charged per local step")
+    parser.add_argument("--device-tflops", type=float, default=0.0,
+                        help="instead of --step-ms: charge 6 FLOPs per parameter of the charged model and sample "
+                             "at this sustained rate (needs one --model-mb)")
+    parser.add_argument("--outer", default="avg",
+                        help="comma-separated among avg (plain model averaging) and nesterov (DiLoCo outer step)")
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="outer learning rate of nesterov")
+    parser.add_argument("--outer-momentum", type=float, default=0.9, help="outer momentum of nesterov")
+    parser.add_argument("--learning-rate", type=float, default=0.2, help="inner SGD learning rate")
+    parser.add_argument("--target", type=float, default=0.85, help="accuracy for time-to-target")
+    parser.add_argument("--out-dir", default="train", help="where study.json, study.md and the plots go")
+    parser.add_argument("--json", action="store_true", help="print the study as JSON")
+
+
+def _list(text, parse, name):
+    try:
+        values = [parse(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise ValueError(f"--{name}: cannot read {text!r}") from None
+    if not values:
+        raise ValueError(f"--{name} needs at least one value")
+    return values
 
 
 def run(args):
     try:
-        from .. import training
+        from ..train import training
     except ImportError as error:
         raise ValueError(f"needs the torch extra (pip install 'inwire[torch]'): {error}") from None
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    alphas = _list(args.alpha, lambda a: None if a.strip().lower() == "iid" else float(a), "alpha")
+    sizes = _list(args.model_mb, lambda m: round(float(m) * 1e6), "model-mb")
+    outers = _list(args.outer, str.strip, "outer")
+    if set(outers) - set(OUTERS):
+        raise ValueError(f"--outer must be among {', '.join(OUTERS)}, got {args.outer}")
+    outer_settings = [(1.0, 0.0) if o == "avg" else (args.outer_lr, args.outer_momentum) for o in outers]
+    step_times = _list(args.step_ms, float, "step-ms")
+    aggregators = _list(args.aggregator, str.strip, "aggregator")
+    from ..plan.aggregator import PROFILES
+
+    if set(aggregators) - set(PROFILES):
+        raise ValueError(f"--aggregator must be among {', '.join(PROFILES)}, got {args.aggregator}")
+    if args.device_tflops:
+        if len(sizes) != 1 or not sizes[0]:
+            raise ValueError("--device-tflops derives the step time from one charged --model-mb")
+        step_times = [training.step_ms_from_flops(sizes[0], 32, args.device_tflops)]
     config = training.TrainConfig(
         topology=args.topology, islands=tuple(filter(None, args.islands.split(","))), steps=args.steps,
-        period=args.period, seed=args.seed, strategies=tuple(filter(None, args.strategies.split(","))),
-        model_bytes=round(args.model_mb * 1e6), sim=parse_simulator(args.sim) if args.sim else ())
-    report = training.run_training(config)
-    training.write_report(report, pathlib.Path(args.out_dir))
-    print(json.dumps(report) if args.json else training.format_report(report))
+        local_steps=args.local_steps, seed=args.seed, strategies=tuple(_list(args.strategies, str.strip, "strategies")),
+        step_ms=step_times[0], learning_rate=args.learning_rate, target=args.target, alpha=alphas[0],
+        model_bytes=sizes[0], outer_lr=outer_settings[0][0], outer_momentum=outer_settings[0][1],
+        aggregator=aggregators[0])
+    study = training.run_study(config, range(args.seed, args.seed + args.seeds), alphas, sizes, outer_settings,
+                               step_times, aggregators)
+    training.write_study(study, pathlib.Path(args.out_dir))
+    print(training.study_json(study) if args.json else training.format_study(study), end="" if not args.json else "\n")
     return 0

@@ -1,0 +1,65 @@
+"""One clique averaging as inwire computes it: members quantize at a shared exponent, the aggregator sums.
+
+The member side (`encode`, `decode`) is what `UdpCliqueExchange` sends and reads; `clique_average` puts the
+aggregator's sum (int32, saturating at every contribution as the golden model and the gateware do) between
+them, so a study that simulates islands in one process gets bit for bit the average the aggregator gives.
+Numpy only: no torch.
+"""
+
+import math
+
+import numpy as np
+
+from ..codec import choose_exponent, dequantize, quantize
+from ..protocol import INT32_MAX, INT32_MIN
+
+ATTEMPTS = 8
+"""Re-sends at a raised bound before giving up; also the stride of protocol round numbers per round."""
+
+
+class AveragingError(RuntimeError):
+    """An averaging round could not finish; the message says which and why."""
+
+
+def encode(values, bound, fanin):
+    """(exponent, int32 elements) a member sends: its values at the exponent every member derives from
+    `bound`, clipped to int32, and one extra element, the bound doublings it would need to fit unclipped."""
+    values = np.asarray(values, dtype=np.float32)
+    peak = float(np.abs(values).max(initial=0.0))
+    exponent = choose_exponent(bound, fanin)
+    limit = math.ldexp(INT32_MAX, exponent)
+    need = 0 if peak <= limit else math.ceil(math.log2(peak / limit))
+    clipped = np.clip(values.astype(np.float64), -limit, limit)
+    return exponent, np.append(quantize(clipped, exponent), np.int32(need))
+
+
+def decode(sums, overflow, exponent, fanin, bound):
+    """(average or None, next bound): the average if the sum is usable, else the bound to try next."""
+    doublings = int(sums[-1])
+    if not doublings and not overflow:
+        return dequantize(np.asarray(sums[:-1]), exponent, fanin), bound
+    return None, bound * 2 ** max(1, doublings)
+
+
+def aggregate(contributions):
+    """The aggregator's sum of int32 contributions in arrival order, saturating at each, and its overflow flag."""
+    sums = np.zeros(len(contributions[0]), dtype=np.int64)
+    overflow = False
+    for elements in contributions:
+        total = sums + elements
+        overflow |= bool(((total > INT32_MAX) | (total < INT32_MIN)).any())
+        sums = np.clip(total, INT32_MIN, INT32_MAX)
+    return sums, overflow
+
+
+def clique_average(vectors, bound=16.0):
+    """The average every member of a clique ends with, given each member's float32 vector (in member order)."""
+    fanin = len(vectors)
+    for _ in range(ATTEMPTS):
+        encoded = [encode(vector, bound, fanin) for vector in vectors]
+        exponent = encoded[0][0]
+        sums, overflow = aggregate([elements for _, elements in encoded])
+        average, bound = decode(sums, overflow, exponent, fanin, bound)
+        if average is not None:
+            return average
+    raise AveragingError(f"sums still overflow at a bound of {bound}")

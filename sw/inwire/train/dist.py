@@ -1,0 +1,232 @@
+"""Islands as torchrun jobs averaging through an inwire aggregator on this machine (`make train-dist`).
+
+Starts the software aggregator (the golden model, or the co-simulated gateware with `--sim`) unless
+`--server` names one already up, writes the schedule, launches one `torchrun --standalone --nproc-per-node N`
+per island (each its own rendezvous on a free port; gloo inside), waits with a deadline, and checks the
+outcome: at every averaging, every rank of every member holds exactly the codec's quantized average of what
+the members sent, which `codec_average.clique_average` computes independently of the aggregator. Prints
+JSON with `bit_exact` and each island's accuracy. On any failure or timeout the islands' process groups
+are killed and the error names the island and the tail of its log.
+
+On several machines: inside an island, launch torchrun as usual (`--nnodes`, `--rdzv-endpoint` of the
+island's own head node); between islands only inwire addresses are shared: every island's rank 0 gets the
+aggregator's HOST:PORT (`--server`) and the same schedule file.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ..plan.cost import CostModel
+from ..plan.schedule_file import schedule_document
+from ..plan.search import Evaluator, plan_schedule
+from ..plan.topology import load_topology
+from .codec_average import clique_average
+
+
+class DistributedRunError(RuntimeError):
+    """The distributed run failed or did not finish in time; the message says which island and why."""
+
+
+def schedule_for(topology_name, islands, strategy, model_bytes):
+    """A schedule document for the islands: the planner's choice, or rotating pairs (`gossip`)."""
+    from .training import gossip_rounds
+
+    topology = load_topology(topology_name)
+    if strategy == "schedule":
+        return schedule_document(plan_schedule(topology, list(islands), model_bytes=model_bytes))
+    if strategy != "gossip":
+        raise ValueError(f"strategy must be schedule or gossip, got {strategy!r}")
+    schedule = Evaluator(CostModel(topology, islands, model_bytes), 1e-3).evaluate(gossip_rounds(list(islands)))
+    rounds = [{"cliques": [{"members": list(c.members), "aggregator": c.aggregator, "exchange": c.exchange}
+                           for c in cliques if len(c.members) > 1], "time_ms": duration}
+              for cliques, duration in zip(schedule.rounds, schedule.round_times_ms)]
+    return {"islands": list(islands), "rounds": rounds}
+
+
+def check_bit_exact(out_dir, islands, bound=16.0, plain=True):
+    """Compare every rank's logged averages with clique_average of the members' sent vectors.
+
+    Returns (bit_exact, averagings checked, list of mismatches)."""
+    logs = {}
+    for island in islands:
+        ranks = sorted(pathlib.Path(out_dir).glob(f"{island}-rank*.npz"))
+        if not ranks:
+            return False, 0, [f"{island}: no log"]
+        logs[island] = [dict(np.load(path)) for path in ranks]
+    problems, checked = [], 0
+    sent = {}
+    for island, ranks in logs.items():
+        for rank, log in enumerate(ranks):
+            for key in ("round", "sent", "average", "after"):
+                if not np.array_equal(log[key], ranks[0][key]):
+                    problems.append(f"{island} rank {rank}: {key} differs from rank 0")
+        for i, round_index in enumerate(ranks[0]["round"]):
+            sent[(int(round_index), island)] = (str(ranks[0]["members"][i]), ranks[0]["sent"][i])
+    for island, ranks in logs.items():
+        log = ranks[0]
+        for i, round_index in enumerate(log["round"]):
+            members = str(log["members"][i]).split(",")
+            try:
+                vectors = [sent[(int(round_index), member)][1] for member in members]
+            except KeyError:
+                problems.append(f"{island} round {round_index}: a member of {members} did not log the round")
+                continue
+            expected = clique_average(vectors, bound)
+            checked += 1
+            if not np.array_equal(log["average"][i], expected):
+                problems.append(f"{island} round {round_index}: average differs from the codec's")
+            if plain and not np.array_equal(log["after"][i], expected):
+                problems.append(f"{island} round {round_index}: parameters after averaging are not the average")
+    return not problems and checked > 0, checked, problems
+
+
+def _tail(path, lines=15):
+    try:
+        return "\n".join(pathlib.Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop(processes):
+    """Terminate each island's process group (torchrun and its ranks), then kill what is left."""
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 5
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=5)
+
+
+def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s,
+                   outer_lr=1.0, outer_momentum=0.0):
+    """Run one torchrun per island and wait for all; raises DistributedRunError on failure or timeout."""
+    processes, logs = [], {}
+    try:
+        for island in islands:
+            logs[island] = pathlib.Path(out_dir) / f"{island}.log"
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                       "-m", "inwire.train.island", "--island", island, "--schedule", str(schedule_path),
+                       "--server", server, "--out-dir", str(out_dir), "--steps", str(steps),
+                       "--period", str(period), "--seed", str(seed), "--alpha", alpha,
+                       "--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum),
+                       "--timeout", str(max(5.0, timeout_s / 4))]
+            with open(logs[island], "w") as log:
+                # A session per island, so that its torchrun and every rank can be stopped together.
+                processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                  start_new_session=True,
+                                                  env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        deadline = time.monotonic() + timeout_s
+        running = dict(zip(islands, processes))
+        while running:
+            for island, process in list(running.items()):
+                code = process.poll()
+                if code is None:
+                    continue
+                del running[island]
+                if code != 0:
+                    raise DistributedRunError(f"island {island} exited with status {code}:\n{_tail(logs[island])}")
+            if running and time.monotonic() > deadline:
+                names = ", ".join(running)
+                raise DistributedRunError(f"islands {names} did not finish in {timeout_s} s:\n"
+                                          f"{_tail(logs[next(iter(running))])}")
+            time.sleep(0.1)
+    finally:
+        _stop(processes)
+
+
+def run_dist(islands=("LON", "NYC", "SIN"), nproc=2, steps=40, period=10, seed=0, alpha="0.3", strategy="schedule",
+             topology="doublezero9", model_mb=100.0, server=None, sim=(), out_dir=None, timeout_s=300.0,
+             outer_lr=1.0, outer_momentum=0.0):
+    """The whole run; returns the report (also when averages are not bit-exact: `bit_exact` says so)."""
+    from ..model import Aggregator
+    from ..serve import SoftwareAggregator, serving_in_thread
+
+    out_dir = pathlib.Path(out_dir or tempfile.mkdtemp(prefix="inwire-dist-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    document = schedule_for(topology, islands, strategy, round(model_mb * 1e6))
+    schedule_path = out_dir / "schedule.json"
+    schedule_path.write_text(json.dumps(document, indent=1) + "\n")
+    started = time.monotonic()
+    arguments = (schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s, outer_lr, outer_momentum)
+    if server:
+        launch_islands(islands, server, *arguments)
+        counters = None
+    else:
+        make_aggregator = Aggregator
+        if sim:
+            from inwire_hdl.cosim import CoSimulation
+
+            def make_aggregator(config):
+                return CoSimulation(*sim, config)
+        aggregator = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None,
+                                        make_aggregator=make_aggregator)
+        with serving_in_thread(aggregator) as running:
+            host, port = running.address[:2]
+            launch_islands(islands, f"{host}:{port}", *arguments)
+            counters = {key: value for key, value in running.counters().items() if value}
+    bit_exact, checked, problems = check_bit_exact(out_dir, islands, plain=outer_lr == 1.0 and outer_momentum == 0.0)
+    results = {island: json.loads((out_dir / f"{island}.json").read_text()) for island in islands}
+    return {"bit_exact": bit_exact, "averagings_checked": checked, "problems": problems[:10],
+            "islands": {island: {"accuracy": r["accuracy"], "ranks": r["ranks"], "backend": r["backend"],
+                                 "averagings": r["averagings"]} for island, r in results.items()},
+            "schedule_rounds": [[c["members"] for c in r["cliques"]] for r in document["rounds"]],
+            "steps": steps, "period": period, "aggregator": "software" if not sim else f"{sim[0]} co-simulation",
+            "aggregator_counters": counters, "out_dir": str(out_dir), "wall_s": round(time.monotonic() - started, 1)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m inwire.train.dist", description=__doc__.split("\n")[0])
+    parser.add_argument("--islands", default="LON,NYC,SIN", help="comma-separated cities of the topology")
+    parser.add_argument("--nproc-per-node", type=int, default=2, help="ranks per island")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--period", type=int, default=10, help="local steps between averagings")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--alpha", default="0.3", help="Dirichlet concentration of the class split, or iid")
+    parser.add_argument("--strategy", default="schedule", help="schedule (the planner's) or gossip (rotating pairs)")
+    parser.add_argument("--model-mb", type=float, default=100.0, help="model size the schedule is planned for")
+    parser.add_argument("--server", default="", help="an aggregator already up (HOST:PORT); default: start one")
+    parser.add_argument("--sim", default="", metavar="SIMULATOR[:WIDTH]",
+                        help="start the co-simulated gateware (icarus or verilator) instead of the golden model")
+    parser.add_argument("--outer-lr", type=float, default=1.0)
+    parser.add_argument("--outer-momentum", type=float, default=0.0)
+    parser.add_argument("--out-dir", default="", help="logs and per-rank records (default: a new temporary folder)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
+    args = parser.parse_args(argv)
+    sim = ()
+    if args.sim:
+        from inwire_hdl import parse_simulator
+
+        sim = parse_simulator(args.sim)
+    try:
+        report = run_dist(tuple(filter(None, args.islands.split(","))), args.nproc_per_node, args.steps, args.period,
+                          args.seed, args.alpha, args.strategy, model_mb=args.model_mb, server=args.server or None,
+                          sim=sim, out_dir=args.out_dir or None, timeout_s=args.timeout, outer_lr=args.outer_lr,
+                          outer_momentum=args.outer_momentum)
+    except (DistributedRunError, ValueError, OSError) as error:
+        print(f"inwire train-dist: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1))
+    return 0 if report["bit_exact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

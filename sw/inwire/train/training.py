@@ -1,0 +1,661 @@
+"""The study behind `inwire train`: islands learning digits, synchronized by strategies under one clock.
+
+Islands are simulated in one process: each holds its own copy of a 64-h-10 MLP, trained by SGD on its own
+share of scikit-learn's digits (IID, or split over the classes by a Dirichlet draw), and the copies are
+stacked so one batched step trains them all. A sync averages each clique's parameters with
+`codec_average.clique_average`, which is bit for bit what the aggregator returns over UDP (tests compare
+the two), and optionally feeds the average to an outer optimizer (`outer.py`).
+
+Time is simulated and deterministic: every local step costs `step_ms` (a stated parameter, or derived from
+the charged model's FLOPs and a device rate), and each sync the time of its round in the planner's cost
+model for the charged model size. Wall clock is never read, so identical work costs identical time under
+every strategy.
+
+Strategies, all through the same simulator, same data, same initialization and batches per seed:
+- `none`: never synchronize;
+- `global`: one clique of every island every H steps (the planner's `global` baseline);
+- `global-equal`: the global clique every H' steps, H' chosen so that its total communication time over
+  the run matches the schedule's (the equal-budget control);
+- `hierarchical`: the planner's two-level baseline (regions, then everyone);
+- `ring`: the global average, charged as a ring all-reduce;
+- `gossip`: one-peer exponential gossip: in round k each island pairs with the one 2^k positions away
+  (hypercube pairing on a rotating order, so that with n not a power of two everyone gets partners);
+- `random`: Moshpit-style random groups of about sqrt(n), a fresh partition every round;
+- `schedule`: the planner's optimized rotating cliques for the charged model size (least time to
+  epsilon-consensus counting communication only);
+- `schedule-h`: the planner's pick under its local-step objective, with the study's H and step time:
+  consensus progress per second of compute and communication.
+
+Communication comes from the planner's cost model for the topology, the aggregator profile (`ideal`, or a
+board's ports and core: `inwire.plan.aggregator.PROFILES`) and the charged size; the `objective` each
+strategy is reported with is the planner's local-step objective for its own H and the study's step time.
+"""
+
+import functools
+import itertools
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..plan.cost import CostModel
+from ..plan.schedule_file import schedule_document
+from ..plan.search import Evaluator, plan_schedule
+from ..plan.topology import load_topology
+from .codec_average import clique_average
+from .outer import OuterOptimizer
+
+STRATEGIES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule", "schedule-h")
+BASELINE_OF = {"global": "global", "hierarchical": "hierarchical", "ring": "ring"}
+TARGET_ACCURACY = 0.85
+EVALUATE_EVERY = 2
+"""Steps between test evaluations: time to target is resolved to this many steps under every strategy."""
+RANDOM_ROUNDS = 30
+"""Moshpit-style random partitions drawn per plan; they repeat after that many rounds."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    topology: str = "doublezero9"
+    islands: tuple = ()
+    """Cities that host an island; empty means every city of the topology."""
+    steps: int = 300
+    local_steps: int = 10
+    """H: local steps between syncs."""
+    batch: int = 32
+    learning_rate: float = 0.2
+    hidden: int = 32
+    alpha: float | None = 0.3
+    """Dirichlet concentration of the class split (small: each island sees few classes); None: IID."""
+    seed: int = 0
+    epsilon: float = 1e-3
+    strategies: tuple = STRATEGIES
+    model_bytes: int = 0
+    """Size the communication is planned and charged for; 0 means the MLP's own size."""
+    step_ms: float = 100.0
+    """Compute time charged per local step."""
+    aggregator: str = "ideal"
+    """Aggregator profile the planner charges rounds with (a name of inwire.plan.aggregator.PROFILES)."""
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    bound: float = 16.0
+    target: float = TARGET_ACCURACY
+
+    def __post_init__(self):
+        for name in ("steps", "local_steps", "batch", "hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.model_bytes < 0:
+            raise ValueError(f"model_bytes must not be negative, got {self.model_bytes}")
+        if self.learning_rate <= 0 or (self.alpha is not None and self.alpha <= 0):
+            raise ValueError("learning_rate and alpha must be positive")
+        if not self.step_ms >= 0:
+            raise ValueError(f"step_ms must not be negative, got {self.step_ms}")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target accuracy must be in (0, 1], got {self.target}")
+        OuterOptimizer(self.outer_lr, self.outer_momentum)
+        unknown = set(self.strategies) - set(STRATEGIES)
+        if unknown or not self.strategies:
+            raise ValueError(f"strategies must be among {', '.join(STRATEGIES)}, got {', '.join(self.strategies)}")
+
+    @property
+    def outer(self):
+        return OuterOptimizer(self.outer_lr, self.outer_momentum)
+
+
+def parameter_count(hidden):
+    return 64 * hidden + hidden + hidden * 10 + 10
+
+
+def step_ms_from_flops(model_bytes, samples, device_tflops):
+    """Compute time of one step of a dense model of `model_bytes` (fp32) on `samples` samples: forward and
+    backward take about 6 FLOPs per parameter and sample, at `device_tflops` sustained."""
+    if model_bytes <= 0 or samples < 1 or device_tflops <= 0:
+        raise ValueError("model size, samples and device rate must be positive")
+    return 1e3 * 6 * (model_bytes / 4) * samples / (device_tflops * 1e12)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Strategies: rounds of member groups and what each round costs
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    groups: tuple
+    """Rounds, each a tuple of member tuples (cliques of one are left out)."""
+    round_times_ms: tuple
+    period: int
+    """Local steps between syncs."""
+    rho: float = 0.0
+    detail: dict = field(default_factory=dict)
+
+    def communication_ms(self, syncs):
+        """Time of the first `syncs` rounds: whole periods of the schedule, then the rounds left."""
+        if not self.groups or not syncs:
+            return 0.0
+        whole, left = divmod(syncs, len(self.round_times_ms))
+        return whole * sum(self.round_times_ms) + sum(self.round_times_ms[:left])
+
+
+def gossip_rounds(islands):
+    """One-peer exponential pairing: round (s, k) pairs positions p and p XOR 2^k of the order rotated by s."""
+    n = len(islands)
+    levels = max(1, math.ceil(math.log2(n)))
+    rounds = []
+    for shift in range(n):
+        order = [islands[(p + shift) % n] for p in range(n)]
+        for level in range(levels):
+            pairs = [(order[p], order[p ^ (1 << level)]) for p in range(n) if p < p ^ (1 << level) < n]
+            rounds.append(pairs)
+    return rounds
+
+
+def random_rounds(islands, seed, count=RANDOM_ROUNDS):
+    """Moshpit-style: a fresh random partition into groups of about sqrt(n) every round."""
+    rng = np.random.default_rng(seed)
+    n, size = len(islands), math.ceil(math.sqrt(len(islands)))
+    rounds = []
+    for _ in range(count):
+        order = [islands[i] for i in rng.permutation(n)]
+        rounds.append([order[i:i + size] for i in range(0, n, size)])
+    return rounds
+
+
+@functools.lru_cache(maxsize=32)
+def plan_strategies(topology, islands, model_bytes, epsilon, steps, period, step_ms, aggregator="ideal"):
+    """Every strategy's rounds and round times in the planner's cost model, plus the plans' summaries."""
+    topology_object = load_topology(topology)
+    islands = tuple(islands) or tuple(topology_object.cities)
+    plan = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=0,
+                         aggregator=aggregator)
+    local = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=0,
+                          aggregator=aggregator, local_steps=period, step_ms=step_ms)
+    model = CostModel(topology_object, islands, model_bytes, aggregator=aggregator)
+    evaluator = Evaluator(model, epsilon)
+    schedules = {name: plan.baselines[baseline] for name, baseline in BASELINE_OF.items()}
+    schedules["schedule"] = plan.best
+    schedules["schedule-h"] = local.best
+    schedules["gossip"] = evaluator.evaluate(gossip_rounds(list(islands)))
+    schedules["random"] = evaluator.evaluate(random_rounds(list(islands), seed=0))
+
+    def of(name, schedule, every=period):
+        groups = tuple(tuple(tuple(c.members) for c in cliques if len(c.members) > 1) for cliques in schedule.rounds)
+        return Strategy(name, groups, tuple(schedule.round_times_ms), every, schedule.rho)
+
+    strategies = {"none": Strategy("none", (), (), period)}
+    strategies.update({name: of(name, schedule) for name, schedule in schedules.items()})
+    # The equal-budget control: the global clique, synced just often enough to spend the schedule's time.
+    budget = strategies["schedule"].communication_ms(steps // period)
+    global_ms = strategies["global"].round_times_ms[0]
+    equal = min(range(1, steps + 1), key=lambda every: (abs((steps // every) * global_ms - budget), every))
+    strategies["global-equal"] = Strategy("global-equal", strategies["global"].groups, (global_ms,), equal, 0.0,
+                                          {"matches": "schedule", "budget_ms": budget,
+                                           "spent_ms": (steps // equal) * global_ms})
+    schedules["global-equal"] = schedules["global"]
+    for name, strategy in strategies.items():
+        strategy.detail["local_step_objective_ms"] = (
+            None if name == "none" else
+            _finite(Evaluator(model, epsilon, strategy.period, step_ms).evaluate_cliques(
+                schedules[name].rounds).time_to_epsilon_ms))
+    summary = {key: schedule_document(plan)[key] for key in ("model_bytes", "period_ms", "rho",
+                                                              "time_to_epsilon_ms", "method", "aggregator")}
+    summary["local_step_objective"] = {key: schedule_document(local)[key]
+                                       for key in ("local_steps", "step_ms", "period_ms", "time_to_epsilon_ms")}
+    return islands, strategies, summary
+
+
+def _finite(value):
+    return None if value is None or math.isinf(value) else value
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data and the simulated islands
+
+@functools.lru_cache(maxsize=64)
+def split_data(alpha, seed, islands_count):
+    """Standardized digits: a shared test set, and a training share per island (IID when alpha is None)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(digits.target))
+    features = (digits.data[order] / 16.0).astype(np.float32)
+    labels = digits.target[order].astype(np.int64)
+    test = len(labels) // 5
+    train_x, train_y = features[test:], labels[test:]
+    if alpha is None:
+        assignment = rng.integers(islands_count, size=len(train_y))
+    else:
+        shares = rng.dirichlet([alpha] * islands_count, size=10)
+        assignment = np.empty(len(train_y), dtype=np.int64)
+        for digit in range(10):
+            where = np.flatnonzero(train_y == digit)
+            assignment[where] = rng.choice(islands_count, size=len(where), p=shares[digit])
+    shards = [(train_x[assignment == i], train_y[assignment == i]) for i in range(islands_count)]
+    return shards, (features[:test], labels[:test])
+
+
+class Islands:
+    """n copies of the MLP stacked on a leading axis; parameters laid out as nn.Sequential(Linear, ReLU,
+    Linear) flattens them, so one island's vector is what `CliqueAverager` would send."""
+
+    def __init__(self, n, hidden, seed):
+        import torch
+
+        torch.manual_seed(seed)
+        first, second = torch.nn.Linear(64, hidden), torch.nn.Linear(hidden, 10)
+        self.params = [p.detach().unsqueeze(0).repeat(n, *[1] * p.dim()).contiguous().requires_grad_()
+                       for p in (first.weight, first.bias, second.weight, second.bias)]
+        self.n = n
+
+    def logits(self, x):
+        import torch
+
+        w1, b1, w2, b2 = self.params
+        hidden = torch.relu(torch.baddbmm(b1.unsqueeze(1), x, w1.transpose(1, 2)))
+        return torch.baddbmm(b2.unsqueeze(1), hidden, w2.transpose(1, 2))
+
+    def vectors(self):
+        """(n, parameters) float32 array."""
+        return np.concatenate([p.detach().reshape(self.n, -1).numpy() for p in self.params], axis=1)
+
+    def load(self, index, vector):
+        import torch
+
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                size = p[index].numel()
+                p[index].copy_(torch.from_numpy(vector[offset:offset + size]).reshape(p[index].shape))
+                offset += size
+
+
+def _evaluate(islands, test_x, test_y):
+    """Mean island test loss and accuracy, and the accuracy of the islands' exact mean model."""
+    import torch
+
+    with torch.no_grad():
+        x = test_x.unsqueeze(0).expand(islands.n, -1, -1)
+        logits = islands.logits(x)
+        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), test_y.expand(islands.n, -1),
+                                                   reduction="none").mean(1)
+        accuracy = (logits.argmax(2) == test_y).float().mean(1)
+        mean_params = [p.mean(0, keepdim=True) for p in islands.params]
+        hidden = torch.relu(torch.baddbmm(mean_params[1].unsqueeze(1), test_x.unsqueeze(0),
+                                          mean_params[0].transpose(1, 2)))
+        averaged = torch.baddbmm(mean_params[3].unsqueeze(1), hidden, mean_params[2].transpose(1, 2))
+        averaged_accuracy = float((averaged[0].argmax(1) == test_y).float().mean())
+    return float(losses.mean()), float(accuracy.mean()), averaged_accuracy
+
+
+def simulate(config, strategy, islands_count):
+    """Train under one strategy; returns the points every EVALUATE_EVERY steps: step, syncs, loss, accuracies."""
+    import torch
+
+    torch.set_num_threads(1)
+    shards, (test_x, test_y) = split_data(config.alpha, config.seed, islands_count)
+    test_x, test_y = torch.from_numpy(test_x), torch.from_numpy(test_y)
+    model = Islands(islands_count, config.hidden, config.seed)
+    optimizer = torch.optim.SGD(model.params, lr=config.learning_rate)
+    generators = [torch.Generator().manual_seed(config.seed * 1000 + i) for i in range(islands_count)]
+    shard_x = [torch.from_numpy(x) for x, _ in shards]
+    shard_y = [torch.from_numpy(y) for _, y in shards]
+    has_data = torch.tensor([len(y) > 0 for y in shard_y], dtype=torch.float32)
+    outer = config.outer
+    anchors = list(model.vectors())
+    buffers = [None] * islands_count
+    syncs, points = 0, []
+    for step in range(1, config.steps + 1):
+        picks = [torch.randint(max(1, len(y)), (config.batch,), generator=g) for y, g in zip(shard_y, generators)]
+        x = torch.stack([sx[p] if len(sx) else torch.zeros(config.batch, 64) for sx, p in zip(shard_x, picks)])
+        y = torch.stack([sy[p] if len(sy) else torch.zeros(config.batch, dtype=torch.int64)
+                         for sy, p in zip(shard_y, picks)])
+        losses = torch.nn.functional.cross_entropy(model.logits(x).transpose(1, 2), y, reduction="none").mean(1)
+        optimizer.zero_grad()
+        # Summing per-island mean losses gives each island exactly its own gradient; islands without data idle.
+        (losses * has_data).sum().backward()
+        optimizer.step()
+        if strategy.groups and step % strategy.period == 0:
+            vectors = model.vectors()
+            for members in strategy.groups[syncs % len(strategy.groups)]:
+                average = clique_average([vectors[i] for i in members], config.bound)
+                for i in members:
+                    updated, buffers[i] = outer.step(anchors[i], buffers[i], average)
+                    anchors[i] = updated
+                    model.load(i, updated)
+            syncs += 1
+        if step % EVALUATE_EVERY == 0 or step == config.steps:
+            loss, accuracy, averaged = _evaluate(model, test_x, test_y)
+            points.append({"step": step, "syncs": syncs, "loss": loss, "accuracy": accuracy,
+                           "averaged_accuracy": averaged})
+    return points
+
+
+@functools.lru_cache(maxsize=4096)
+def _simulate_cached(config, groups_by_index, period):
+    """Training does not depend on what a round costs: strategies with the same rounds and period (global
+    and ring, or the same schedule charged for another model size) share one run."""
+    strategy = Strategy("cached", groups_by_index, (), period)
+    return simulate(config, strategy, config.islands_count)
+
+
+@dataclass(frozen=True)
+class _SimulationKey:
+    """What a training run depends on (hashable, so runs are cached across strategies and model sizes)."""
+    alpha: float | None
+    seed: int
+    steps: int
+    local_steps: int
+    batch: int
+    learning_rate: float
+    hidden: int
+    outer_lr: float
+    outer_momentum: float
+    bound: float
+    islands_count: int
+
+    @property
+    def outer(self):
+        return OuterOptimizer(self.outer_lr, self.outer_momentum)
+
+
+def run_strategy(config, islands, strategy):
+    """The curve of one strategy: training points with the time each is reached."""
+    index = {name: i for i, name in enumerate(islands)}
+    groups = tuple(tuple(tuple(index[m] for m in members) for members in round_) for round_ in strategy.groups)
+    key = _SimulationKey(config.alpha, config.seed, config.steps, config.local_steps, config.batch,
+                         config.learning_rate, config.hidden, config.outer_lr, config.outer_momentum, config.bound,
+                         len(islands))
+    points = _simulate_cached(key, groups, strategy.period)
+    return [{**point, "compute_ms": point["step"] * config.step_ms,
+             "communication_ms": strategy.communication_ms(point["syncs"]),
+             "time_ms": point["step"] * config.step_ms + strategy.communication_ms(point["syncs"])}
+            for point in points]
+
+
+def run_training(config):
+    """One seed, every strategy asked for: curves, plus what each strategy is and costs."""
+    islands, strategies, plan = plan_strategies(config.topology, tuple(config.islands), charged_bytes(config),
+                                                config.epsilon, config.steps, config.local_steps, config.step_ms,
+                                                config.aggregator)
+    curves = {name: run_strategy(config, islands, strategies[name]) for name in config.strategies}
+    described = {}
+    for name in config.strategies:
+        strategy = strategies[name]
+        described[name] = {"period": strategy.period, "rounds": [list(map(list, r)) for r in strategy.groups],
+                           "round_times_ms": list(strategy.round_times_ms), "rho": strategy.rho, **strategy.detail}
+    return {"config": {**asdict(config), "islands": list(islands)}, "parameters": parameter_count(config.hidden),
+            "charged_bytes": charged_bytes(config), "plan": plan, "strategies": described, "curves": curves}
+
+
+def charged_bytes(config):
+    return config.model_bytes or 4 * parameter_count(config.hidden)
+
+
+def time_to_accuracy_ms(curve, target=TARGET_ACCURACY, key="accuracy"):
+    """Simulated time at which `key` first reaches `target`, or None if it never does."""
+    return next((point["time_ms"] for point in curve if point[key] >= target), None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The study: seeds, data splits, model sizes, outer optimizers
+
+def _stats(values):
+    """Mean, sample standard deviation and count of the values that are not None."""
+    finite = [v for v in values if v is not None]
+    if not finite:
+        return {"mean": None, "std": None, "n": 0, "of": len(values)}
+    return {"mean": float(np.mean(finite)), "std": float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0,
+            "n": len(finite), "of": len(values)}
+
+
+def summarize(runs, target):
+    """Per strategy: final accuracies, total and communication time, time to target, over the seeds."""
+    summary = {}
+    for name in runs[0]["curves"]:
+        curves = [run["curves"][name] for run in runs]
+        summary[name] = {
+            "accuracy": _stats([c[-1]["accuracy"] for c in curves]),
+            "averaged_accuracy": _stats([c[-1]["averaged_accuracy"] for c in curves]),
+            "loss": _stats([c[-1]["loss"] for c in curves]),
+            "time_ms": _stats([c[-1]["time_ms"] for c in curves]),
+            "communication_ms": _stats([c[-1]["communication_ms"] for c in curves]),
+            "time_to_target_ms": _stats([time_to_accuracy_ms(c, target) for c in curves]),
+            "time_to_target_ms_per_seed": [time_to_accuracy_ms(c, target) for c in curves],
+            "averaged_time_to_target_ms": _stats([time_to_accuracy_ms(c, target, "averaged_accuracy")
+                                                  for c in curves]),
+            "period": runs[0]["strategies"][name]["period"],
+            "local_step_objective_ms": runs[0]["strategies"][name]["local_step_objective_ms"],
+        }
+    return summary
+
+
+def sign_test_p(sooner, later):
+    """Two-sided exact sign test: the chance of a split at least this uneven if either were as likely."""
+    n = sooner + later
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(sooner, later) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def compare(runs, name, other, target):
+    """Paired over seeds: how often `name` reaches the target sooner than `other`, and the verdict.
+
+    A run that never reaches the target counts as slower than any that does; seeds where both are equal
+    (or neither reaches the target) are ties. The verdict is `win` (or `lose`) when `name` is sooner
+    (later) on every seed, or when a two-sided sign test over the seeds that differ gives p < 0.05;
+    `tie` otherwise. With 10 seeds that takes at least 9 of 10 one way.
+    """
+    sooner = later = 0
+    differences = []
+    for run in runs:
+        a = time_to_accuracy_ms(run["curves"][name], target)
+        b = time_to_accuracy_ms(run["curves"][other], target)
+        a_key, b_key = (math.inf if a is None else a), (math.inf if b is None else b)
+        sooner += a_key < b_key
+        later += a_key > b_key
+        if a is not None and b is not None:
+            differences.append(a - b)
+    n = len(runs)
+    p = sign_test_p(sooner, later)
+    if sooner == n or (sooner > later and p < 0.05):
+        verdict = "win"
+    elif later == n or (later > sooner and p < 0.05):
+        verdict = "lose"
+    else:
+        verdict = "tie"
+    return {"against": other, "sooner": sooner, "later": later, "seeds": n, "sign_test_p": p,
+            "mean_difference_ms": float(np.mean(differences)) if differences else None,
+            "both_reached": len(differences), "verdict": verdict}
+
+
+def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms=None, aggregators=None):
+    """Every (aggregator, data split, model size, step time, outer optimizer) cell over `seeds`: summaries
+    and verdicts.
+    Training runs are shared between cells that differ only in what time is charged."""
+    alphas = [config.alpha] if alphas is None else alphas
+    sizes = [config.model_bytes] if model_bytes is None else model_bytes
+    outers = [(config.outer_lr, config.outer_momentum)] if outers is None else outers
+    step_times = [config.step_ms] if step_ms is None else step_ms
+    aggregators = [config.aggregator] if aggregators is None else aggregators
+    cells = []
+    for aggregator, alpha, size, step, (outer_lr, outer_momentum) in itertools.product(
+            aggregators, alphas, sizes, step_times, outers):
+        cell_config = TrainConfig(**{**asdict(config), "alpha": alpha, "model_bytes": size, "step_ms": step,
+                                     "outer_lr": outer_lr, "outer_momentum": outer_momentum,
+                                     "aggregator": aggregator})
+        runs = [run_training(TrainConfig(**{**asdict(cell_config), "seed": seed})) for seed in seeds]
+        cell = {"aggregator": aggregator, "alpha": alpha, "model_bytes": charged_bytes(cell_config), "step_ms": step,
+                "outer_lr": outer_lr, "outer_momentum": outer_momentum, "seeds": list(seeds),
+                "strategies": runs[0]["strategies"], "plan": runs[0]["plan"],
+                "summary": summarize(runs, config.target),
+                "mean_curves": _mean_curves(runs)}
+        if "schedule" in config.strategies:
+            cell["schedule_vs"] = {other: compare(runs, "schedule", other, config.target)
+                                   for other in config.strategies if other != "schedule"}
+        cells.append(cell)
+    return {"config": {**asdict(config), "islands": list(runs[0]["config"]["islands"])},
+            "seeds": list(seeds), "target": config.target, "cells": cells}
+
+
+def _mean_curves(runs):
+    """Per strategy: time and mean-island accuracy at each evaluation step, mean and std over seeds."""
+    curves = {}
+    for name in runs[0]["curves"]:
+        stacked = [run["curves"][name] for run in runs]
+        curves[name] = {
+            "time_ms": [p["time_ms"] for p in stacked[0]],
+            "accuracy_mean": np.mean([[p["accuracy"] for p in c] for c in stacked], axis=0).tolist(),
+            "accuracy_std": np.std([[p["accuracy"] for p in c] for c in stacked], axis=0, ddof=1).tolist()
+            if len(stacked) > 1 else [0.0] * len(stacked[0]),
+        }
+    return curves
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reports
+
+def alpha_name(alpha):
+    return "IID" if alpha is None else f"Dirichlet α={alpha:g}"
+
+
+def outer_name(cell):
+    if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0:
+        return "plain averaging"
+    return f"outer Nesterov lr {cell['outer_lr']:g}, momentum {cell['outer_momentum']:g}"
+
+
+def _pm(stats, scale=1.0, digits=2, percent=False):
+    if stats["mean"] is None:
+        return f"never (0/{stats['of']})"
+    unit = "%" if percent else ""
+    text = f"{stats['mean'] * scale:.{digits}f} ± {stats['std'] * scale:.{digits}f}{unit}"
+    return text + (f" ({stats['n']}/{stats['of']})" if stats["n"] < stats["of"] else "")
+
+
+def cell_title(cell):
+    return (f"{alpha_name(cell['alpha'])}, charged {cell['model_bytes'] / 1e6:g} MB, {cell['aggregator']} aggregator, "
+            f"{cell['step_ms']:g} ms per step, {outer_name(cell)}, {len(cell['seeds'])} seeds")
+
+
+def format_cell(cell, target):
+    """A markdown table of one cell: a row per strategy, mean ± std over seeds."""
+    lines = [f"**{cell_title(cell)}**", "",
+             f"| strategy | H | comm. (s) | total (s) | time to {target:.0%} (s) | averaged model: time to "
+             f"{target:.0%} (s) | mean island acc. | averaged model acc. | objective (s) | schedule is |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, s in cell["summary"].items():
+        versus = cell.get("schedule_vs", {}).get(name)
+        verdict = "" if versus is None else (f"{versus['verdict']} ({versus['sooner']}↑ {versus['later']}↓ "
+                                             f"of {versus['seeds']})")
+        lines.append(f"| {name} | {s['period']} | {_pm(s['communication_ms'], 1e-3)} | {_pm(s['time_ms'], 1e-3)} | "
+                     f"{_pm(s['time_to_target_ms'], 1e-3)} | {_pm(s['averaged_time_to_target_ms'], 1e-3)} | "
+                     f"{_pm(s['accuracy'], 100, 1, True)} | "
+                     f"{_pm(s['averaged_accuracy'], 100, 1, True)} | {_seconds(s['local_step_objective_ms'])} | "
+                     f"{verdict} |")
+    return "\n".join(lines)
+
+
+def _seconds(ms):
+    return "–" if ms is None else f"{ms / 1000:.2f}"
+
+
+VERDICT_COLUMNS = ("global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule-h")
+
+
+def format_verdicts(study):
+    """One line per cell: the schedule against each baseline, and whether the planner's schedule differs
+    from the global clique at all in that cell."""
+    columns = [c for c in VERDICT_COLUMNS if any(c in cell.get("schedule_vs", {}) for cell in study["cells"])]
+    lines = ["| aggregator | data | MB | step (ms) | outer | schedule's rounds | schedule-h's rounds | "
+             + " | ".join(columns) + " |",
+             "| --- | --- | ---: | ---: | --- | --- | --- | " + " | ".join("---" for _ in columns) + " |"]
+    for cell in study["cells"]:
+        versus = cell.get("schedule_vs", {})
+        kinds = [_kind(cell["strategies"].get(name, {}).get("rounds")) for name in ("schedule", "schedule-h")]
+        outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "Nesterov"
+        verdicts = [f"{versus[c]['verdict']} {versus[c]['sooner']}↑{versus[c]['later']}↓" if c in versus else ""
+                    for c in columns]
+        alpha = "IID" if cell["alpha"] is None else f"α={cell['alpha']:g}"
+        lines.append(f"| {cell['aggregator']} | {alpha} | {cell['model_bytes'] / 1e6:g} | {cell['step_ms']:g} | "
+                     f"{outer} | {kinds[0]} | {kinds[1]} | "
+                     + " | ".join(verdicts) + " |")
+    return "\n".join(lines)
+
+
+def _kind(rounds):
+    if rounds is None:
+        return "–"
+    if len(rounds) == 1 and len(rounds[0]) == 1 and len(rounds[0][0]) > 2:
+        return "global clique"
+    return f"{len(rounds)} round{'s' if len(rounds) > 1 else ''} of {'+'.join(str(len(c)) for c in rounds[0])}"
+
+
+def format_study(study):
+    parts = [f"Seeds {study['seeds'][0]}–{study['seeds'][-1]}; 'schedule is' compares time to "
+             f"{study['target']:.0%} with the row's strategy, paired over seeds (↑ sooner, ↓ later; win or lose: every "
+             "seed, or a sign test at p < 0.05; a run that never reaches the target is the later one); "
+             "'objective' is the planner's local-step objective for the row's strategy: time to ε-consensus "
+             "with H local steps before every round."]
+    if any("schedule_vs" in cell for cell in study["cells"]):
+        parts.append("Verdicts of the schedule against each baseline, time to target paired over seeds:\n\n"
+                     + format_verdicts(study))
+    parts += [format_cell(cell, study["target"]) for cell in study["cells"]]
+    return "\n\n".join(parts) + "\n"
+
+
+def plot_cell(cell, target, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (curve_axis, bar_axis) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for name, curve in cell["mean_curves"].items():
+        times = np.array(curve["time_ms"]) / 1000
+        mean, std = 100 * np.array(curve["accuracy_mean"]), 100 * np.array(curve["accuracy_std"])
+        curve_axis.plot(times, mean, label=name)
+        curve_axis.fill_between(times, mean - std, mean + std, alpha=0.15)
+    curve_axis.axhline(100 * target, color="grey", linewidth=0.8, linestyle=":")
+    # The ring's run is far longer than the others; show the span where the rest are decided.
+    ends = sorted(curve["time_ms"][-1] / 1000 for curve in cell["mean_curves"].values())
+    curve_axis.set_xlim(0, min(ends[-1], 1.5 * ends[len(ends) // 2]))
+    curve_axis.set(xlabel="simulated time (s)", ylabel="mean island test accuracy (%)")
+    curve_axis.legend(fontsize=8)
+    names = list(cell["summary"])
+    reached = [cell["summary"][n]["time_to_target_ms"] for n in names]
+    means = [0 if r["mean"] is None else r["mean"] / 1000 for r in reached]
+    errors = [0 if r["mean"] is None else r["std"] / 1000 for r in reached]
+    bar_axis.bar(names, means, yerr=errors, capsize=3, color=["lightgrey" if r["mean"] is None else "C0"
+                                                              for r in reached])
+    for i, r in enumerate(reached):
+        if r["n"] < r["of"]:
+            bar_axis.annotate(f"{r['n']}/{r['of']}", (i, means[i]), ha="center", va="bottom", fontsize=8)
+    bar_axis.set(ylabel=f"time to {target:.0%} (s), mean ± std")
+    bar_axis.tick_params(axis="x", rotation=35)
+    figure.suptitle(cell_title(cell))
+    figure.tight_layout()
+    figure.savefig(path, dpi=60)
+    plt.close(figure)
+
+
+def cell_file_name(cell):
+    alpha = "iid" if cell["alpha"] is None else f"alpha{cell['alpha']:g}"
+    outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "nesterov"
+    return f"{cell['aggregator']}-{alpha}-{cell['model_bytes'] / 1e6:g}mb-{cell['step_ms']:g}ms-{outer}.png"
+
+
+def study_json(study):
+    """The study as JSON, without the mean curves (the plots show them)."""
+    cells = [{key: value for key, value in cell.items() if key != "mean_curves"} for cell in study["cells"]]
+    return json.dumps({**study, "cells": cells}, separators=(",", ":"))
+
+
+def write_study(study, out_dir):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "study.json").write_text(study_json(study) + "\n")
+    (out_dir / "study.md").write_text(format_study(study))
+    for cell in study["cells"]:
+        plot_cell(cell, study["target"], out_dir / cell_file_name(cell))

@@ -1,0 +1,60 @@
+"""Islands as torchrun jobs (2 gloo ranks each) averaging through the software aggregator on loopback."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+
+from inwire.train.dist import DistributedRunError, check_bit_exact, launch_islands, run_dist  # noqa: E402
+
+ISLANDS = ("LON", "NYC", "SIN")
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """3 islands x 2 ranks, 20 steps, rotating pairs (so islands also sit rounds out)."""
+    out = tmp_path_factory.mktemp("dist")
+    return run_dist(ISLANDS, nproc=2, steps=20, period=5, strategy="gossip", model_mb=1, out_dir=out, timeout_s=240)
+
+
+def test_torchrun_islands_end_bit_exact_with_the_codec(small_run):
+    assert small_run["bit_exact"], small_run["problems"]
+    assert small_run["problems"] == []
+    for island, result in small_run["islands"].items():
+        assert result["ranks"] == 2 and result["backend"] == "gloo", island
+        assert 0 < result["accuracy"] <= 1
+    # 4 rounds of one pair each: every island averages in some rounds and sits the others out.
+    counts = sorted(result["averagings"] for result in small_run["islands"].values())
+    assert sum(counts) == 4 * 2 and counts[0] < 4
+    assert small_run["averagings_checked"] == 8
+
+
+def test_the_check_catches_one_rank_off_by_one_ulp(small_run, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(small_run["out_dir"], copy)
+    path = copy / "NYC-rank1.npz"
+    log = dict(np.load(path))
+    log["average"] = log["average"].copy()
+    log["average"][0, 3] = np.nextafter(log["average"][0, 3], np.float32(9))
+    np.savez(path, **log)
+    bit_exact, _, problems = check_bit_exact(copy, ISLANDS)
+    assert not bit_exact and problems == ["NYC rank 1: average differs from rank 0"]
+    for name in ISLANDS:
+        path = copy / f"{name}-rank0.npz"
+        log = dict(np.load(path))
+        log["average"] = log["average"] * np.float32(1.0000001)
+        np.savez(path, **log)
+    assert any("differs from the codec's" in p for p in check_bit_exact(copy, ISLANDS)[2])
+
+
+def test_an_unreachable_aggregator_fails_in_bounded_time(tmp_path):
+    """Rank 0 gives up after its deadline and tells rank 1, which raises instead of waiting: no hang."""
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps({"islands": ["LON", "NYC"], "rounds": [
+        {"cliques": [{"members": ["LON", "NYC"], "aggregator": "LON"}], "time_ms": 1.0}]}))
+    with pytest.raises(DistributedRunError, match="island LON exited with status"):
+        launch_islands(["LON"], "127.0.0.1:9", schedule, tmp_path, 2, 5, 5, 0, "0.3", timeout_s=40)
