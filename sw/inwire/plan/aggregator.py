@@ -6,11 +6,11 @@ ports. Profiles name the boards this project builds; a build report (`inwire bui
 the figures of the bitstream actually built.
 """
 
-import json
 import math
 from dataclasses import dataclass
 
 from .cost import ScheduleError
+from .jsonfile import read_json
 
 
 @dataclass(frozen=True)
@@ -100,14 +100,7 @@ def load_aggregator(spec):
     if not str(spec).endswith(".json"):
         raise ScheduleError(f"unknown aggregator profile {spec!r} (profiles: {', '.join(PROFILES)}; "
                             f"or a build report.json)")
-    try:
-        with open(spec) as handle:
-            report = json.load(handle)
-    except OSError as error:
-        raise ScheduleError(f"cannot read build report {spec!r}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise ScheduleError(f"{spec}: not valid JSON (line {error.lineno}: {error.msg})") from None
-    return profile_from_report(report, str(spec))
+    return profile_from_report(read_json(spec, "build report", ScheduleError), str(spec))
 
 
 def profile_from_entry(entry, where):

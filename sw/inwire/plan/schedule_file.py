@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from .aggregator import PROFILES
 from .cost import AGGREGATE, EXCHANGES, ScheduleError, wire_bytes
+from .jsonfile import read_json
 
 # ---------------------------------------------------------------------------------------------------
 # The schedule file
@@ -169,13 +170,7 @@ def load_schedule_file(path):
     The aggregator is a city name, or None for a clique that exchanges directly (its "exchange" field
     in the file says all-to-all or ring). Islands absent from a round sit that round out.
     """
-    try:
-        with open(path) as handle:
-            document = json.load(handle)
-    except OSError as error:
-        raise ScheduleError(f"cannot read schedule {path!r}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise ScheduleError(f"{path}: not valid JSON (line {error.lineno}: {error.msg})") from None
+    document = read_json(path, "schedule", ScheduleError)
     period = parse_schedule(document, str(path))
     return ScheduleFile(tuple(document["islands"]), tuple(tuple(cliques) for cliques in period),
                         document.get("topology"), document)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .aggregator import profile_from_entry
 from .cost import ScheduleError
+from .jsonfile import read_json
 
 LINK_KINDS = ("dedicated", "public")
 FIBER_MS_PER_KM = 4.9e-3
@@ -230,14 +231,7 @@ def load_topology(spec):
     if spec in BUILTIN_TOPOLOGIES:
         text = resources.files("inwire").joinpath("data", f"{spec}.json").read_text()
         return topology_from_dict(json.loads(text), spec)
-    try:
-        with open(spec) as handle:
-            document = json.load(handle)
-    except OSError as error:
-        raise TopologyError(f"cannot read topology {spec!r}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise TopologyError(f"{spec}: not valid JSON (line {error.lineno}, column {error.colno}: "
-                            f"{error.msg})") from None
+    document = read_json(spec, "topology", TopologyError)
     return topology_from_dict(document, spec)
 
 
