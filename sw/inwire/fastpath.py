@@ -27,9 +27,11 @@ import numpy as np
 
 from .datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET
 from .protocol import (
+    AGGREGATION_FIELDS,
     COUNTERS,
     ELEMENT_BYTES,
     FRAME_HEADER_BYTES,
+    FRAME_OFFSETS,
     INT32_MAX,
     INT32_MIN,
     IPV4_BYTES,
@@ -50,11 +52,13 @@ try:
 except ImportError:  # the extension is optional: numpy does the same work
     compiled = None
 
-HEADER = struct.Struct("!HBBBBbBIIHHIHHIQ")
-"""magic, version, opcode, sender, fanin, exponent, contributors, job, round, clique, slot, chunk, count,
-reserved0, group, bitmap: the aggregation header up to its zero padding."""
-assert HEADER.size == PAYLOAD_HEADER_BYTES - 46
-SENDER_AT = 4
+_FIELDS = AGGREGATION_FIELDS[:-1]
+"""The aggregation header's fields up to its zero padding (the table's last field)."""
+_UNSIGNED_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+HEADER = struct.Struct("!" + "".join(_UNSIGNED_CODES[field.nbytes].lower() if field.signed
+                                     else _UNSIGNED_CODES[field.nbytes] for field in _FIELDS))
+"""The fields as one struct, in table order: magic, version, opcode, sender, ..., group, bitmap."""
+SENDER_AT = FRAME_OFFSETS["sender"] - PAYLOAD_OFFSET
 """Offset of the sender byte within a payload: the one byte a stored result's answers differ in."""
 RUNT_PAYLOAD = MIN_FRAME_BYTES - PAYLOAD_OFFSET
 """Payloads shorter than this make frames shorter than 60 bytes."""
@@ -66,7 +70,7 @@ _COUNTER_INDEX = {name: index for index, name in enumerate(COUNTERS)}
 _FRAMES_IN, _RESULTS, _RECLAIMED, _SATURATIONS = (_COUNTER_INDEX[name] for name in (
     "frames_in", "results_emitted", "slots_reclaimed", "saturations"))
 _STATUS = (bytes(RESULT_TRAILER_BYTES), STATUS_OVERFLOW.to_bytes(RESULT_TRAILER_BYTES, "big"))
-_PADDING = bytes(46)
+_PADDING = bytes(AGGREGATION_FIELDS[-1].nbytes)
 _BACKENDS = ("numpy", "c")
 
 
