@@ -267,7 +267,10 @@ static PyObject *send_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
             m->vectors[0].iov_base = (void *)data;
             m->vectors[0].iov_len = size;
             next++;
-            while (!gso_refused && next < total && m->count < GSO_SEGMENTS && (m->count + 1) * size <= GSO_BYTES) {
+            /* Not to a multicast group: hosts that read raw frames off the link (captures, in-line devices,
+               a veth's far end) would see one unsegmented super-frame where a kernel receiver sees the runs. */
+            int coalesce = !gso_refused && !IN_MULTICAST(ntohl(m->peer.sin_addr.s_addr));
+            while (coalesce && next < total && m->count < GSO_SEGMENTS && (m->count + 1) * size <= GSO_BYTES) {
                 struct sockaddr_in peer;
                 const char *more;
                 Py_ssize_t more_size;
