@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -89,11 +90,21 @@ def check_bit_exact(out_dir, islands, bound=16.0, plain=True):
     return not problems and checked > 0, checked, problems
 
 
-def _tail(path, lines=15):
+CAUSE = re.compile(r"^(\[rank\d+\]: )?([\w.]+(Error|Exception|Interrupt)\b.*|terminate called.*|\s*what\(\):.*"
+                   r"|Fatal Python error.*)$")
+"""A rank's last word: an exception's message, a C++ terminate with its what(), or faulthandler's header."""
+
+
+def _log_excerpt(path, tail_lines=12, causes=10):
+    """Why an island failed: each rank's error messages, then the log's tail (torchrun's summary, which names
+    the rank and signal but not the cause)."""
     try:
-        return "\n".join(pathlib.Path(path).read_text(errors="replace").splitlines()[-lines:])
+        lines = pathlib.Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
+    tail_start = max(0, len(lines) - tail_lines)
+    found = list(dict.fromkeys(line for line in lines[:tail_start] if CAUSE.match(line)))[:causes]
+    return "\n".join(found + (["..."] if found else []) + lines[tail_start:])
 
 
 def _stop(processes):
@@ -133,7 +144,9 @@ def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period
                 # A session per island, so that its torchrun and every rank can be stopped together.
                 processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                   start_new_session=True,
-                                                  env={**os.environ, "OMP_NUM_THREADS": "1"}))
+                                                  env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                       # a rank that aborts in C++ leaves its Python stack in the log
+                                                       "PYTHONFAULTHANDLER": "1"}))
         deadline = time.monotonic() + timeout_s
         running = dict(zip(islands, processes))
         while running:
@@ -143,11 +156,12 @@ def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period
                     continue
                 del running[island]
                 if code != 0:
-                    raise DistributedRunError(f"island {island} exited with status {code}:\n{_tail(logs[island])}")
+                    raise DistributedRunError(
+                        f"island {island} exited with status {code}:\n{_log_excerpt(logs[island])}")
             if running and time.monotonic() > deadline:
                 names = ", ".join(running)
                 raise DistributedRunError(f"islands {names} did not finish in {timeout_s} s:\n"
-                                          f"{_tail(logs[next(iter(running))])}")
+                                          f"{_log_excerpt(logs[next(iter(running))])}")
             time.sleep(0.1)
     finally:
         _stop(processes)

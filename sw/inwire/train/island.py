@@ -74,7 +74,9 @@ def main(argv=None):
         generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
         if rank == 0:
             host, port = args.server.rsplit(":", 1)
-            exchange = UdpCliqueExchange((host, int(port)), job=args.job, deadline_s=args.timeout)
+            # Half the group's timeout: rank 0 gives up on inwire while the other ranks still wait in the
+            # status broadcast, so that they hear why instead of timing out on their own.
+            exchange = UdpCliqueExchange((host, int(port)), job=args.job, deadline_s=args.timeout / 2)
         averager = CliqueAverager(args.period, island=args.island, rounds=rounds, exchange=exchange,
                                   outer=OuterOptimizer(args.outer_lr, args.outer_momentum))
         log = {"round": [], "members": [], "sent": [], "average": [], "after": []}
