@@ -24,6 +24,7 @@ from inwire_hdl import parse_simulator
 
 from .codec import choose_exponent, dequantize, quantize
 from .datagram import PAYLOAD_HEADER_BYTES, ip_int, parse_endpoint, parse_stats_reply, payloads_of
+from .diagnosis import diagnose
 from .errors import InwireError
 from .fastpath import HEADER as RESULT_HEADER
 from .packets import build_frames
@@ -232,6 +233,7 @@ class RoundTally:
     wrong: int = 0
     checked: int = 0
     failure: str = None
+    failed_slot: int = None
 
 
 class Island:
@@ -302,6 +304,7 @@ class Island:
                     if self.tries[chunk] > config.retries:
                         tally.failure = (f"round {round_}: {self.name} got no result for chunk {chunk} after "
                                          f"{config.retries} retransmissions")
+                        tally.failed_slot = self.workload.slot(round_, clique.clique, chunk)
                         return
                     self.tries[chunk] += 1
                     tally.retransmits += 1
@@ -370,7 +373,7 @@ class Island:
             self.finished.set()
 
 
-async def stream_async(plan, config, transport, progress=lambda _round: None):
+async def stream_async(plan, config, transport, progress=lambda _round: None, target_kind=None):
     """`run_stream` inside a running event loop."""
     workload = Workload(plan, config)
     islands = {name: Island(name, workload, transport, np.random.default_rng([config.seed, i, 0x10557]))
@@ -394,6 +397,8 @@ async def stream_async(plan, config, transport, progress=lambda _round: None):
         return await transport.stats(plan.islands[0], stats_future, probe_timeout)
 
     await transport.start(deliver)
+    kernel_before = kernel_drops(transport)
+    failed_slot = None
     try:
         before = await ask_stats()
         if before is None:
@@ -416,17 +421,21 @@ async def stream_async(plan, config, transport, progress=lambda _round: None):
                             "finished": tally.failure is None, **({"failure": tally.failure} if tally.failure else {})})
             progress(round_)
             if tally.failure:
+                failed_slot = tally.failed_slot
                 break
         # The rounds' clocks only: making gradients and datagrams between rounds is not the network's time.
         total_s = sum(r["time_ms"] for r in reports) / 1e3
         after = await ask_stats()
+        kernel_after = kernel_drops(transport)
     finally:
         transport.close()
     aggregator = None if after is None else {k: after[k] - before.get(k, 0) for k in after}
     finished = len(reports) == config.rounds and all(r["finished"] for r in reports)
     wrong = sum(r["wrong"] for r in reports)
     models = np.stack([island.model for island in islands.values()])
-    return {
+    kernel = {side: kernel_after[side] - kernel_before[side] for side in kernel_after
+              if kernel_after[side] is not None and kernel_before.get(side) is not None}
+    report = {
         "islands": list(plan.islands), "rounds": reports, "elements": config.elements, "chunk": config.chunk,
         "window": config.window, "loss": config.loss, "seed": config.seed, "job": config.job,
         "slots_needed": workload.slots_needed, "time_s": total_s,
@@ -436,13 +445,23 @@ async def stream_async(plan, config, transport, progress=lambda _round: None):
         "results_checked": sum(r["results_checked"] for r in reports), "wrong_results": wrong,
         "finished": finished, "bit_exact": finished and wrong == 0,
         "model_spread": float(np.max(models.max(axis=0) - models.min(axis=0))),
-        "aggregator": aggregator,
+        "aggregator": aggregator, "kernel_drops": kernel,
     }
+    report["diagnosis"] = diagnose(report, target_kind, failed_slot, kernel)
+    return report
 
 
-def run_stream(plan, config, transport, progress=None):
-    """Run the islands over `transport`; returns the report dict (see docs/host.md)."""
-    return asyncio.run(stream_async(plan, config, transport, progress or (lambda _round: None)))
+def kernel_drops(transport):
+    """{"aggregator": n, "islands": n}: datagrams the kernel has dropped at the sockets of each side so far,
+    where the transport and the OS can say."""
+    counts = getattr(transport, "kernel_drops", None)
+    return counts() if counts else {}
+
+
+def run_stream(plan, config, transport, progress=None, target_kind=None):
+    """Run the islands over `transport` (of --target kind `target_kind`, for the diagnosis); returns the
+    report dict (see docs/host.md)."""
+    return asyncio.run(stream_async(plan, config, transport, progress or (lambda _round: None), target_kind))
 
 
 def format_report(report, target_text):

@@ -13,10 +13,12 @@ import socket
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
+    endpoint_drops,
     ip_str,
     island_address,
     payload_of,
     set_receive_buffer,
+    socket_drops,
     stats_request,
     wrap,
 )
@@ -166,6 +168,14 @@ class UdpTransport:
 
     async def stats(self, island, stats_future, timeout):
         return await probe_stats(self, island, stats_future, timeout)
+
+    def kernel_drops(self):
+        """Datagrams the kernel has dropped so far at the islands' sockets and at the aggregator's (when it
+        is on this machine); None for a side the OS does not report."""
+        islands = [socket_drops(sock) for sock in self.readers.values()]
+        aggregator = [endpoint_drops(target) for target in set(self.targets.values())]
+        return {"islands": None if None in islands else sum(islands),
+                "aggregator": None if None in aggregator else sum(aggregator)}
 
     def close(self):
         for fileno, sock in self.readers.items():

@@ -86,7 +86,7 @@ def run(args):
     transport = make_transport(target, plan, workload.slots_needed, config)
     update, close = _progress_bar(config.rounds)
     try:
-        report = run_stream(plan, config, transport, update)
+        report = run_stream(plan, config, transport, update, target.kind)
     finally:
         close()
     report["target"] = target.text
@@ -98,4 +98,6 @@ def run(args):
         failure = next(r["failure"] for r in report["rounds"] if not r["finished"]) if any(
             not r["finished"] for r in report["rounds"]) else "not every round ran"
         print(f"inwire stream: {failure}", file=sys.stderr)
+    for cause in report["diagnosis"]:
+        print(f"inwire stream: {cause}", file=sys.stderr)
     return 0 if report["bit_exact"] else 1
