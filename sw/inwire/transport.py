@@ -24,6 +24,7 @@ from .datagram import (
 )
 from .fastpath import compiled
 from .model import Aggregator, AggregatorConfig
+from .output import atomic_output
 from .pcap import write_frames
 from .protocol import INWIRE_PORT
 
@@ -237,5 +238,9 @@ class CaptureTransport:
     def close(self):
         if hasattr(self.model, "close"):
             self.model.close()
-        if self.path is not None:
-            write_frames(self.path, self.frames)
+
+    def write_capture(self):
+        """Write the frames sent to the capture file: once the run is over, whole (a run interrupted before
+        leaves no file)."""
+        with atomic_output(self.path) as temporary:
+            write_frames(temporary, self.frames)

@@ -5,6 +5,7 @@ import json
 import os
 import tempfile
 
+from .. import progress
 from ..netns import LabError, demo_schedule, run_lab, unavailable_reason
 from ..stream import StreamConfig, format_report, load_plan
 from .options import positive_float
@@ -31,13 +32,17 @@ def run(args):
         schedule = args.schedule
         if schedule is None:
             schedule = os.path.join(scratch, "schedule.json")
+            progress.say("optimizing the schedule for doublezero9")
             demo_schedule(schedule)
         plan = load_plan(schedule)
     worst_ms = max(plan.topology.latency_ms(a, b) for a in plan.islands for b in plan.topology.cities)
     config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
                           timeout_ms=max(200.0, 4 * worst_ms * args.scale),
                           job=int.from_bytes(os.urandom(4), "big"))
-    report, final = run_lab(plan, config, args.scale)
+    progress.say(f"{len(plan.islands)} islands and the aggregator in network namespaces, latencies "
+                 f"x{args.scale:g}, {config.rounds} rounds")
+    with progress.counting(config.rounds, "round") as advance:
+        report, final = run_lab(plan, config, args.scale, lambda _round: advance())
     report["target"] = f"netns lab, latencies x{args.scale:g}"
     report["aggregator_final"] = final
     if args.json:

@@ -6,6 +6,7 @@ import json
 
 from inwire_hdl import SIMULATORS
 
+from ..output import atomic_output, check_writable
 from ..pcap import read_frames, write_frames
 from .options import gateware_config, gateware_size
 
@@ -23,8 +24,10 @@ def run(args):
     from inwire_hdl.sim import replay
 
     config = gateware_config(args)
+    check_writable(args.output, "OUT.pcap")
     frames = read_frames(args.input)
     outputs, counters = replay(frames, simulator=args.sim, data_width=args.width, config=config)
-    write_frames(args.output, outputs)
+    with atomic_output(args.output) as temporary:
+        write_frames(temporary, outputs)
     print(json.dumps(counters, indent=2))
     return 0

@@ -13,6 +13,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from inwire.output import atomic_output, check_writable  # noqa: E402
 from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
 from inwire.plan.cost import AGGREGATE, RING, ROUTINGS, ScheduleError  # noqa: E402
 from inwire.plan.schedule_file import describe_round, format_plan, write_schedule  # noqa: E402
@@ -88,14 +89,22 @@ def run(args):
         return 0
     if not args.out:
         raise ScheduleError("--out FILE is required (where to write the schedule JSON)")
+    for option, path in (("--out", args.out), ("--map", args.map)):
+        if path is not None:
+            check_writable(path, option)
+    # A topology where no city replicates (or aggregates) plans exactly as with the switch off; say so.
+    multicast = not args.no_multicast and any(city.multicast for city in topology.cities.values())
+    aggregation = not args.no_aggregation and any(city.aggregation for city in topology.cities.values())
     plan = plan_schedule(topology, islands, round(args.model_mb * 1e6), args.epsilon,
-                         not args.no_multicast, not args.no_aggregation, args.seed, aggregator=aggregator,
+                         multicast, aggregation, args.seed, aggregator=aggregator,
                          reduce_in_path=args.reduce_in_path, routing=args.routing,
                          local_steps=args.local_steps, step_ms=args.step_ms)
     print(format_plan(plan))
-    write_schedule(plan, args.out)
-    if args.map:
-        draw_schedule_map(topology, plan.best, args.map, _setting_title(plan))
+    # Both outputs or neither: the map is drawn into a temporary file first, then both are renamed.
+    with atomic_output(args.out) as schedule_path, atomic_output(args.map) as map_path:
+        write_schedule(plan, schedule_path)
+        if map_path:
+            draw_schedule_map(topology, plan.best, map_path, _setting_title(plan))
     return 0
 
 
