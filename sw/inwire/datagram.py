@@ -74,6 +74,9 @@ def parse_endpoint(text, what="address"):
     host, sep, port = str(text).rpartition(":")
     if not sep or not host:
         raise ValueError(f"{what} {text!r} is not HOST:PORT")
+    if host.startswith("[") or ":" in host:
+        raise ValueError(f"{what} {text!r}: IPv4 only (the protocol carries IPv4 addresses and groups); "
+                         f"use an IPv4 address or a name that resolves to one")
     try:
         port = int(port)
     except ValueError:

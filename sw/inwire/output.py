@@ -39,7 +39,9 @@ def atomic_output(path):
         return
     path = Path(path)
     try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        # The temporary name keeps the extension: writers such as matplotlib choose the format by it.
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".part{path.suffix}",
+                                             dir=path.parent)
     except OSError as error:
         raise OutputError(f"cannot write {path}: {error.strerror}") from None
     os.close(handle)

@@ -56,6 +56,14 @@ DEFAULT_CHUNK = 256
 DEFAULT_WINDOW = 4
 DEFAULT_TIMEOUT_MS = 200
 DEFAULT_RETRIES = 25
+MAX_ELEMENTS = 1 << 26
+"""Largest --elements: 256 MiB of int32 per island (the chunk offset field would take up to 2**32)."""
+BYTES_PER_ELEMENT = 32
+"""Memory an island's element costs during a round: its float64 gradient, int32 contribution, payloads,
+received sums and expected bytes, float32 model and its share of the int64 expected sums."""
+MAX_FRAMES = {"pcap": 1 << 20, "sim": 1 << 17}
+"""Most contributions a run may send to an in-process aggregator: the golden model takes ~0.25 ms a frame
+(a million frames: minutes, a capture of ~1 GB), the gateware in co-simulation far longer."""
 RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
 """A result payload without elements: header and status trailer."""
 
@@ -133,8 +141,13 @@ class StreamConfig:
     def __post_init__(self):
         if self.rounds <= 0:
             raise StreamError(f"--rounds must be positive, got {self.rounds}")
+        if self.rounds >= 2**32:
+            raise StreamError(f"--rounds must fit the 32-bit round field, got {self.rounds}")
         if self.elements <= 0:
             raise StreamError(f"--elements must be positive, got {self.elements}")
+        if self.elements > MAX_ELEMENTS:
+            raise StreamError(f"--elements must be at most {MAX_ELEMENTS:,} (256 MiB of int32 per island), got "
+                              f"{self.elements:,}")
         if not 0 <= self.loss < 1:
             raise StreamError(f"--loss must lie in [0, 1), got {self.loss}")
         if self.window <= 0:
@@ -149,6 +162,18 @@ class StreamConfig:
             raise StreamError(f"--retries must be positive, got {self.retries}")
         if not 0 <= self.job < 2**32:
             raise StreamError(f"--job must fit 32 bits, got {self.job}")
+
+
+def available_memory():
+    """Bytes of memory available to a new process (MemAvailable), or None where the OS does not say."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 @dataclass(frozen=True)
@@ -170,6 +195,30 @@ class Workload:
         self.max_cliques = max(len(cliques) for cliques in plan.period)
         self.chunks = -(-config.elements // config.chunk)
         self._cache = {}
+        if self.slots_needed > 1 << 16:
+            raise StreamError(f"--window {config.window} needs {self.slots_needed:,} slots (4 x {self.max_cliques} "
+                              f"cliques x window), more than the 65,536 the slot field numbers")
+
+    def frames(self):
+        """Contributions the run sends without loss: every member's chunks in every round."""
+        return sum(sum(len(members) for members, _ in self.plan.cliques(r)) for r in range(self.config.rounds)
+                   ) * self.chunks
+
+    def check_resources(self, target_kind):
+        """Refuse up front a run that cannot fit this machine's memory or would keep an in-process
+        aggregator busy for hours."""
+        config = self.config
+        needed = len(self.plan.islands) * config.elements * BYTES_PER_ELEMENT
+        available = available_memory()
+        if available is not None and needed > available:
+            raise StreamError(f"--elements {config.elements:,} needs about {needed / 2**30:.1f} GiB for "
+                              f"{len(self.plan.islands)} islands, more than the {available / 2**30:.1f} GiB "
+                              f"available")
+        limit = MAX_FRAMES.get(target_kind)
+        if limit is not None and self.frames() > limit:
+            raise StreamError(f"--elements {config.elements:,} x --rounds {config.rounds:,} makes "
+                              f"{self.frames():,} contributions, more than the {limit:,} a {target_kind}: target "
+                              f"runs; lower --elements or --rounds, or raise --chunk")
 
     @property
     def slots_needed(self):

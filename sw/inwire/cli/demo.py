@@ -14,12 +14,13 @@ from .options import positive_float
 def add_arguments(parser):
     parser.add_argument("--schedule", default=None, metavar="FILE",
                         help="schedule JSON (default: optimize one for doublezero9)")
-    parser.add_argument("--rounds", type=int, default=4, metavar="N")
-    parser.add_argument("--elements", type=int, default=2048, metavar="N")
+    parser.add_argument("--rounds", type=int, default=4, metavar="N", help="rounds to run")
+    parser.add_argument("--elements", type=int, default=2048, metavar="N", help="gradient elements per island")
     parser.add_argument("--scale", type=positive_float, default=0.1,
                         help="multiply the topology's latencies by this")
-    parser.add_argument("--loss", type=float, default=0.0, metavar="P")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loss", type=float, default=0.0, metavar="P",
+                        help="drop this fraction of outgoing datagrams on purpose")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the test gradients and of --loss")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 

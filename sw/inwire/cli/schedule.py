@@ -92,6 +92,12 @@ def run(args):
     for option, path in (("--out", args.out), ("--map", args.map)):
         if path is not None:
             check_writable(path, option)
+    if args.map:
+        formats = plt.figure().canvas.get_supported_filetypes()
+        plt.close("all")
+        if Path(args.map).suffix.lstrip(".").lower() not in formats:
+            raise ScheduleError(f"--map {args.map}: name a picture file ending in one of "
+                                f"{', '.join('.' + name for name in sorted(formats))}")
     # A topology where no city replicates (or aggregates) plans exactly as with the switch off; say so.
     multicast = not args.no_multicast and any(city.multicast for city in topology.cities.values())
     aggregation = not args.no_aggregation and any(city.aggregation for city in topology.cities.values())

@@ -76,6 +76,7 @@ def run(args):
                           window=args.window, timeout_ms=args.timeout_ms, chunk=args.chunk, retries=args.retries,
                           job=job)
     workload = Workload(plan, config)
+    workload.check_resources(target.kind)
     if target.kind == "pcap":
         check_writable(target.value, "--target pcap:")
     transport = make_transport(target, plan, workload.slots_needed, config)
