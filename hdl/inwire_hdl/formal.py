@@ -26,6 +26,7 @@ from amaranth.asserts import AnyConst, AnySeq, Initial
 from amaranth.back import rtlil
 from amaranth.hdl import Assert, Assume, Cat, Const, Cover, Elaboratable, Module, Mux, ResetSignal, Signal
 
+from inwire import progress
 from inwire.model import AggregatorConfig
 from inwire.packets import build_frames
 from inwire.protocol import (
@@ -623,8 +624,12 @@ def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None):
     checks = CHECKS if checks is None else checks
     if shutil.rmtree(build_root, ignore_errors=True) is None:
         Path(build_root).mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda check: run_check(check, build_root, timeout=timeout), checks))
+    with progress.counting(len(checks), "check") as advance, ThreadPoolExecutor(max_workers=jobs) as pool:
+        def checked(check):
+            outcome = run_check(check, build_root, timeout=timeout)
+            advance()
+            return outcome
+        return list(pool.map(checked, checks))
 
 
 def method(check):

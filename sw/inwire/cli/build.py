@@ -10,6 +10,8 @@ from pathlib import Path
 from inwire_hdl import board_build
 from inwire_hdl.board import PLL_VCO_HZ
 
+from .. import progress
+
 
 def add_arguments(parser):
     parser.add_argument("--board", choices=sorted(board_build.BOARDS), default="versa_ecp5",
@@ -33,6 +35,8 @@ def run(args):
     core_div = round(PLL_VCO_HZ / (args.core_mhz * 1e6))
     if not 4 <= core_div <= 128 or abs(PLL_VCO_HZ / core_div - args.core_mhz * 1e6) > 1:
         raise ValueError(f"--core-mhz must be {PLL_VCO_HZ / 1e6:g} MHz divided by an integer from 4 to 128")
+    progress.say(f"building the {args.board} bitstream ({args.core}, width {args.width}, core {args.core_mhz:g} MHz) "
+                 f"with Yosys, nextpnr-ecp5 and ecppack in {args.out}; this takes minutes")
     report = board_build.build(args.board, args.core, data_width=args.width, core_div=core_div, out=args.out,
                                seed=args.seed)
     print(json.dumps(report, indent=2))

@@ -4,6 +4,7 @@ Needs the torch extra. Islands as torchrun jobs through a real aggregator: `make
 
 import math
 import pathlib
+import sys
 
 STRATEGY_NAMES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule",
                   "schedule-h")
@@ -92,6 +93,10 @@ def run(args):
         aggregator=aggregators[0])
     study = training.run_study(config, range(args.seed, args.seed + args.seeds), alphas, sizes, outer_settings,
                                step_times, aggregators)
-    training.write_study(study, pathlib.Path(args.out_dir))
+    written = training.write_study(study, pathlib.Path(args.out_dir))
     print(training.study_json(study) if args.json else training.format_study(study), end="" if not args.json else "\n")
+    plots = [str(path) for path in written if path.suffix == ".png"]
+    # With --json stdout is the study alone; where the files went is then said on stderr.
+    print(f"wrote {written[0]}, {written[1]} and {len(plots)} plot{'s' if len(plots) != 1 else ''}: {', '.join(plots)}",
+          file=sys.stderr if args.json else sys.stdout)
     return 0
