@@ -29,9 +29,10 @@ def gateware_size(parser, widths, sized_by=None):
     parser.add_argument("--width", type=int, default=8, choices=widths, help="data width in bytes")
     if sized_by:
         parser.add_argument("--slots", type=int, default=None,
-                            help=f"aggregation slots (default: as many as {sized_by} uses)")
+                            help=f"aggregation slots (default: {defaults.slots}, or as many as {sized_by} uses)")
         parser.add_argument("--elements", type=int, default=None,
-                            help=f"maximum int32 elements per frame (default: the most {sized_by} carries)")
+                            help=f"maximum int32 elements per frame (default: {defaults.max_elements}, or the most "
+                                 f"{sized_by} carries)")
     else:
         parser.add_argument("--slots", type=int, default=defaults.slots, help="aggregation slots")
         parser.add_argument("--elements", type=int, default=defaults.max_elements,

@@ -1,7 +1,8 @@
 """Feed every frame of IN.pcap to the simulated aggregator (cocotb on Icarus Verilog or Verilator), write
-what comes out to OUT.pcap and print the counters as JSON. The gateware is built with the slots and the
-elements per frame the capture uses (a capture that needs more than --slots or --elements is refused with
-the numbers it needs). Simulation builds go to build/sim under the working directory."""
+what comes out to OUT.pcap and print the counters as JSON. The gateware has the golden model's default
+slots and elements per frame, or more where the capture uses more (a capture that needs more than a given
+--slots or --elements is refused with the numbers it needs). Simulation builds go to build/sim under the
+working directory."""
 
 import json
 
@@ -9,6 +10,7 @@ from inwire_hdl import SIMULATORS
 
 from .. import progress
 from ..decode import describe_frame
+from ..model import AggregatorConfig
 from ..output import atomic_output, check_writable
 from ..pcap import read_frames, write_frames
 from .options import gateware_config, gateware_size
@@ -45,8 +47,10 @@ def run(args):
             raise ValueError(f"{args.input} needs {option} {needed} or more (its frames use slots up to {slots - 1} "
                              f"and up to {elements} elements per frame), got {option} {given}; leave {option} out "
                              f"to take it from the capture")
-    args.slots = slots if args.slots is None else args.slots
-    args.elements = elements if args.elements is None else args.elements
+    # At least the defaults, so that a capture replays as on the default golden model unless it needs more.
+    defaults = AggregatorConfig()
+    args.slots = max(slots, defaults.slots) if args.slots is None else args.slots
+    args.elements = max(elements, defaults.max_elements) if args.elements is None else args.elements
     config = gateware_config(args)
     progress.say(f"{len(frames)} frames from {args.input}; gateware with {config.slots} slots of "
                  f"{config.max_elements} elements")
