@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inwire.cli import main
-from inwire.datagram import endpoint_drops, payloads_of, socket_drops
+from inwire.datagram import endpoint_drops, payloads_of, socket_drops, stats_request
 from inwire.packets import build_frames
 from inwire.protocol import Opcode
 from inwire.stream import clique_group
@@ -100,3 +100,33 @@ def test_socket_drops_count_what_the_kernel_dropped():
             pytest.skip("this OS does not report UDP socket drops (/proc/net/udp)")
         assert dropped >= 40
         assert endpoint_drops(receiver.getsockname()) == dropped
+
+
+def test_serve_counts_the_datagrams_the_kernel_dropped_before_it(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", "127.0.0.1:0",
+                                "--receive-buffer", "100000"], stderr=subprocess.PIPE, text=True)
+    port = int(re.search(r"udp://127\.0\.0\.1:(\d+)", process.stderr.readline()).group(1))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _ in range(1000):
+            sock.sendto(bytes(1100), ("127.0.0.1", port))
+    # A stats request behind the burst: once it is answered, every datagram before it was read or dropped.
+    requests = 0
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as asker:
+        asker.settimeout(0.5)
+        for _ in range(20):
+            asker.sendto(stats_request(), ("127.0.0.1", port))
+            requests += 1
+            try:
+                asker.recv(2048)
+                break
+            except TimeoutError:
+                continue
+    process.send_signal(signal.SIGINT)
+    final = process.communicate(timeout=10)[1].strip().splitlines()[-1]
+    counters = dict(re.findall(r"(\w+)=(\d+)", final))
+    if "kernel_drops" not in counters:
+        pytest.skip("this OS does not report UDP socket drops (/proc/net/udp)")
+    assert int(counters["kernel_drops"]) > 0
+    # Every datagram sent, the burst and the stats requests, was either counted by the aggregator or dropped
+    # by the kernel.
+    assert int(counters["frames_in"]) + int(counters["kernel_drops"]) == 1000 + requests

@@ -97,7 +97,7 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     # replay: the gateware sized from the capture, as the README says, and no frame dropped.
     replay = outputs["inwire replay"][0]
     slots = max(frame["slot"] for frame in decoded if frame["kind"] == "contribution") + 1
-    assert f"gateware with {slots} slots" in replay.stderr
+    assert f"gateware with {slots} slots" in replay.stderr and "building the gateware in icarus" in replay.stderr
     assert re.search(rf"here {slots} slots: the\s+capture's islands use slots up to {slots - 1}",
                      (ROOT / "README.md").read_text())
     counters = json.loads(replay.stdout)
