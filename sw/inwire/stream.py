@@ -83,7 +83,7 @@ class Target:
 def parse_target(text):
     kind, sep, rest = str(text).partition(":")
     if kind == "udp" and rest.startswith("//"):
-        return Target("udp", parse_endpoint(rest[2:], "target"), text)
+        return Target("udp", parse_endpoint(rest[2:], "--target"), text)
     if kind == "pcap" and sep and rest:
         return Target("pcap", rest, text)
     if kind == "sim" and sep:
