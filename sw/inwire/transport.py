@@ -65,6 +65,9 @@ class UdpTransport:
                  chunk=256, batch_io=None):
         self.targets = dict(targets)
         self.sockets = dict(sockets or {})
+        # Sockets handed in may live in another network namespace (the demo's islands), where this
+        # process's /proc/net/udp does not see them.
+        self.namespace_known = not sockets
         self.multicast_iface, self.multicast_port = multicast_iface, multicast_port
         self.receive_buffer = receive_buffer_bytes(window, PAYLOAD_HEADER_BYTES + 4 * chunk + 4)
         if batch_io and compiled is None:
@@ -173,6 +176,8 @@ class UdpTransport:
     def kernel_drops(self):
         """Datagrams the kernel has dropped so far at the islands' sockets and at the aggregator's (when it
         is on this machine); None for a side the OS does not report."""
+        if not self.namespace_known:
+            return {"islands": None, "aggregator": None}
         islands = [socket_drops(sock) for sock in self.readers.values()]
         aggregator = [endpoint_drops(target) for target in set(self.targets.values())]
         return {"islands": None if None in islands else sum(islands),
