@@ -130,3 +130,16 @@ def test_serve_counts_the_datagrams_the_kernel_dropped_before_it(tmp_path):
     # Every datagram sent, the burst and the stats requests, was either counted by the aggregator or dropped
     # by the kernel.
     assert int(counters["frames_in"]) + int(counters["kernel_drops"]) == 1000 + requests
+
+
+def test_retransmissions_that_loss_on_purpose_explains_need_no_diagnosis(serve, schedule, capsys):
+    code, err = stream(capsys, serve("--unicast"), schedule, "--loss", "0.05", "--retries", "25", "--timeout-ms",
+                       "300", "--rounds", "2")
+    assert code == 0
+    assert [line for line in err.splitlines() if "rounds done" not in line] == []
+
+
+def test_a_round_given_up_under_loss_names_retries(serve, schedule, capsys):
+    code, err = stream(capsys, serve("--unicast"), schedule, "--loss", "0.6", "--retries", "1")
+    assert code == 1
+    assert "--loss dropped" in err and "raise --retries" in err

@@ -1,8 +1,9 @@
 """Why a stream went wrong: the aggregator's counters and the kernel's socket drops, read as causes.
 
 `inwire stream` asks the target for its counters before and after the run (a stats request). When a
-round failed, or when the islands retransmitted more than the datagrams they dropped on purpose,
-`diagnose` names each counter that moved and what to do about it, one line per cause.
+round failed, or when the islands retransmitted more than the datagrams they dropped on purpose explain
+(each one holds up its whole clique, so up to the largest clique's size in retransmissions), `diagnose`
+names each counter that moved and what to do about it, one line per cause.
 """
 
 from .protocol import DISPOSITION_MEANING, Disposition
@@ -15,19 +16,21 @@ EXPECTED = ("drop_duplicate", "drop_no_result")
 result not yet there)."""
 
 
-def needs_diagnosis(report):
-    """A round failed, or retransmissions answered losses the islands did not cause themselves."""
-    return not report["finished"] or report["retransmits"] > report["dropped"]
+def needs_diagnosis(report, largest_clique):
+    """A round failed, or retransmissions answered losses the islands did not cause themselves (a datagram
+    dropped on purpose makes every member of its clique retransmit once)."""
+    return not report["finished"] or report["retransmits"] > largest_clique * report["dropped"]
 
 
-def diagnose(report, target_kind, failed_slot=None, kernel=None):
+def diagnose(report, target_kind, largest_clique, failed_slot=None, kernel=None):
     """Lines naming what the counters say went wrong and what to do; [] when nothing needs explaining.
 
     `report` is the stream report (with the counters' difference under "aggregator"), `target_kind` the
-    kind of --target ('udp', 'pcap', 'sim', 'iface'), `failed_slot` the slot of the chunk a failed round
+    kind of --target ('udp', 'pcap', 'sim', 'iface'), `largest_clique` the most members of a clique,
+    `failed_slot` the slot of the chunk a failed round
     gave up on, `kernel` {"aggregator": n, "islands": n} datagrams the kernel dropped during the run
     (None where the OS does not say)."""
-    if not needs_diagnosis(report):
+    if not needs_diagnosis(report, largest_clique):
         return []
     counters = report["aggregator"]
     if counters is None:
@@ -69,7 +72,7 @@ def diagnose(report, target_kind, failed_slot=None, kernel=None):
         lines.append(f"the aggregator sent {moved['results_emitted']} results but none reached the islands: it "
                      f"multicasts them to each clique's group, which is not routed here; on one machine start "
                      f"inwire serve with --unicast")
-    if not lines and report["dropped"]:
+    if not lines and report["dropped"] and not report["finished"]:
         lines.append(f"--loss dropped {report['dropped']} datagrams on purpose and a chunk ran out of "
                      f"retransmissions; raise --retries")
     elif not lines:

@@ -496,7 +496,8 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         "model_spread": float(np.max(models.max(axis=0) - models.min(axis=0))),
         "aggregator": aggregator, "kernel_drops": kernel,
     }
-    report["diagnosis"] = diagnose(report, target_kind, failed_slot, kernel)
+    largest = max(len(members) for cliques in plan.period for members, _ in cliques)
+    report["diagnosis"] = diagnose(report, target_kind, largest, failed_slot, kernel)
     return report
 
 
