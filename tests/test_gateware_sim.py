@@ -63,7 +63,7 @@ def test_verilog_command_rejects_bad_parameters(tmp_path):
     result = subprocess.run([sys.executable, "-m", "inwire.cli", "verilog", "--max-fanin", "65",
                              "-o", str(tmp_path / "agg.v")], capture_output=True, text=True, check=False)
     assert result.returncode == 2
-    assert "max_fanin" in result.stderr and "Traceback" not in result.stderr
+    assert "--max-fanin must lie in [1, 64], got 65" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_replay_command_round_trip(tmp_path):

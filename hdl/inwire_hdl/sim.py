@@ -20,6 +20,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from unittest import mock
 
+from inwire import progress
 from inwire.errors import InwireError
 from inwire.model import AggregatorConfig
 
@@ -115,6 +116,9 @@ def build(simulator, data_width, config=None, build_root=BUILD_ROOT):
             path=build_dir / f"{TOP}.fst", top=TOP)))
         build_args += ["-s", "inwire_waves"]
     runner = get_runner(simulator)
+    progress.say(f"building the gateware in {simulator} (width {data_width}, {config.slots} slots of "
+                 f"{config.max_elements} elements) in {build_dir}"
+                 + ("; a fresh Verilator build takes minutes" if simulator == "verilator" else ""))
     try:
         with _environment(simulator):
             runner.build(sources=sources, hdl_toplevel=TOP, build_dir=build_dir, build_args=build_args,
@@ -159,6 +163,7 @@ def replay(frames, simulator="icarus", data_width=8, config=None):
     with tempfile.TemporaryDirectory() as scratch:
         inputs, outputs = Path(scratch) / "in.json", Path(scratch) / "out.json"
         inputs.write_text(json.dumps([bytes(frame).hex() for frame in frames]))
+        progress.say(f"simulating {len(frames)} frames in {simulator}")
         outcome = run(runner, build_dir, config, testcase="replay", test_module="inwire_hdl.cocotb.replay",
                       extra_env={"INWIRE_REPLAY_IN": str(inputs), "INWIRE_REPLAY_OUT": str(outputs)},
                       results_name="replay.xml")

@@ -7,8 +7,10 @@ frames. `wrap` makes the frame that carries a payload; `parse_result`, `parse_st
 """
 
 import ipaddress
+import os
 import socket
 import struct
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +74,9 @@ def parse_endpoint(text, what="address"):
     host, sep, port = str(text).rpartition(":")
     if not sep or not host:
         raise ValueError(f"{what} {text!r} is not HOST:PORT")
+    if host.startswith("[") or ":" in host:
+        raise ValueError(f"{what} {text!r}: IPv4 only (the protocol carries IPv4 addresses and groups); "
+                         f"use an IPv4 address or a name that resolves to one")
     try:
         port = int(port)
     except ValueError:
@@ -177,3 +182,44 @@ def parse_stats_reply(payload):
         return None
     values = np.frombuffer(payload, dtype=">u4", offset=PAYLOAD_HEADER_BYTES)
     return dict(zip(COUNTERS, (int(v) for v in values), strict=True))
+
+
+PROC_NET_UDP = "/proc/net/udp"
+"""Linux lists every IPv4 UDP socket of the network namespace here, with the datagrams the kernel dropped
+because the socket's receive buffer was full (its last column, `drops`)."""
+
+
+def _udp_sockets():
+    """(local address, port, inode, drops) of every IPv4 UDP socket in /proc/net/udp; empty where the OS
+    does not give it."""
+    try:
+        with open(PROC_NET_UDP) as table:
+            lines = table.read().splitlines()[1:]
+    except OSError:
+        return []
+    sockets = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 13:
+            continue
+        address, _, port = fields[1].partition(":")
+        # The address is the in-memory u32 of the kernel, printed in hex: little-endian on x86 and ARM.
+        ip = socket.inet_ntoa(int(address, 16).to_bytes(4, sys.byteorder))
+        sockets.append((ip, int(port, 16), int(fields[9]), int(fields[12])))
+    return sockets
+
+
+def socket_drops(sock):
+    """Datagrams the kernel dropped for this socket (receive buffer full), or None where the OS does not
+    say."""
+    inode = os.fstat(sock.fileno()).st_ino
+    return next((drops for _, _, node, drops in _udp_sockets() if node == inode), None)
+
+
+def endpoint_drops(address):
+    """Datagrams dropped by the kernel for the UDP socket bound to `address` ((ip, port)) on this machine,
+    or None when no such socket is visible here (another machine or namespace)."""
+    ip, port = address
+    found = [drops for bound, bound_port, _, drops in _udp_sockets()
+             if bound_port == port and bound in (ip, "0.0.0.0")]
+    return sum(found) if found else None

@@ -10,6 +10,7 @@ aggregator behind a kernel stack can reach them too.
 
 import asyncio
 import select
+import socket
 import threading
 
 from scapy.config import conf
@@ -38,6 +39,11 @@ class IfaceTransport:
         self.aggregator = aggregator or AggregatorConfig()
         self.hosts = {island: island_address(index) for index, island in enumerate(islands)}
         self.by_ip = {ip: (island, mac) for island, (ip, mac) in self.hosts.items()}
+        try:
+            socket.if_nametoindex(iface)
+        except OSError:
+            raise IfaceError(f"iface:{iface}: no network interface named {iface!r} on this machine "
+                             f"(see ip link)") from None
         try:
             self.socket = conf.L2socket(iface=iface)
         except (OSError, Scapy_Exception) as error:

@@ -253,8 +253,9 @@ def link_delays(plan, island, scale):
     return delays
 
 
-def run_lab(plan, config, scale):
-    """Run the islands of `plan` through the lab; returns (report, the aggregator's final counters line)."""
+def run_lab(plan, config, scale, progress=None):
+    """Run the islands of `plan` through the lab (`progress(round)` after each round); returns (report, the
+    aggregator's final counters line)."""
     reason = unavailable_reason()
     if reason:
         raise LabError(f"network namespaces unavailable: {reason}")
@@ -268,7 +269,8 @@ def run_lab(plan, config, scale):
             targets = {island: await relay.start() for island, relay in relays.items()}
             sockets = {island: udp_socket(lab.namespaces[island], ("127.0.0.1", 0)) for island in plan.islands}
             try:
-                return await stream_async(plan, config, UdpTransport(targets, sockets))
+                return await stream_async(plan, config, UdpTransport(targets, sockets), progress or (lambda _: None),
+                                          "udp")
             finally:
                 for relay in relays.values():
                     relay.close()

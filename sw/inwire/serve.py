@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, set_receive_buffer, wrap
+from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, set_receive_buffer, socket_drops, wrap
 from .errors import InwireError
 from .fastpath import FastAggregator, compiled
 from .model import Aggregator, AggregatorConfig
@@ -199,6 +199,9 @@ class SoftwareAggregator:
         drops = sum(counters[name] for name in DROP_COUNTERS)
         shown = [f"{name}={value}" for name, value in counters.items()
                  if value and name not in ("frames_in",)]
+        # Datagrams the kernel dropped before the aggregator saw them (receive buffer full): not in frames_in.
+        kernel = socket_drops(self.sock)
+        shown += [] if kernel is None else [f"kernel_drops={kernel}"]
         return f"{prefix} frames_in={counters['frames_in']} drops={drops} " + " ".join(shown)
 
     def serve(self, stats_interval=None):

@@ -24,6 +24,7 @@ from inwire_hdl import parse_simulator
 
 from .codec import choose_exponent, dequantize, quantize
 from .datagram import PAYLOAD_HEADER_BYTES, ip_int, parse_endpoint, parse_stats_reply, payloads_of
+from .diagnosis import diagnose
 from .errors import InwireError
 from .fastpath import HEADER as RESULT_HEADER
 from .packets import build_frames
@@ -55,6 +56,14 @@ DEFAULT_CHUNK = 256
 DEFAULT_WINDOW = 4
 DEFAULT_TIMEOUT_MS = 200
 DEFAULT_RETRIES = 25
+MAX_ELEMENTS = 1 << 26
+"""Largest --elements: 256 MiB of int32 per island (the chunk offset field would take up to 2**32)."""
+BYTES_PER_ELEMENT = 32
+"""Memory an island's element costs during a round: its float64 gradient, int32 contribution, payloads,
+received sums and expected bytes, float32 model and its share of the int64 expected sums."""
+MAX_FRAMES = {"pcap": 1 << 20, "sim": 1 << 17}
+"""Most contributions a run may send to an in-process aggregator: the golden model takes ~0.25 ms a frame
+(a million frames: minutes, a capture of ~1 GB), the gateware in co-simulation far longer."""
 RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
 """A result payload without elements: header and status trailer."""
 
@@ -74,7 +83,7 @@ class Target:
 def parse_target(text):
     kind, sep, rest = str(text).partition(":")
     if kind == "udp" and rest.startswith("//"):
-        return Target("udp", parse_endpoint(rest[2:], "target"), text)
+        return Target("udp", parse_endpoint(rest[2:], "--target"), text)
     if kind == "pcap" and sep and rest:
         return Target("pcap", rest, text)
     if kind == "sim" and sep:
@@ -132,8 +141,13 @@ class StreamConfig:
     def __post_init__(self):
         if self.rounds <= 0:
             raise StreamError(f"--rounds must be positive, got {self.rounds}")
+        if self.rounds >= 2**32:
+            raise StreamError(f"--rounds must fit the 32-bit round field, got {self.rounds}")
         if self.elements <= 0:
             raise StreamError(f"--elements must be positive, got {self.elements}")
+        if self.elements > MAX_ELEMENTS:
+            raise StreamError(f"--elements must be at most {MAX_ELEMENTS:,} (256 MiB of int32 per island), got "
+                              f"{self.elements:,}")
         if not 0 <= self.loss < 1:
             raise StreamError(f"--loss must lie in [0, 1), got {self.loss}")
         if self.window <= 0:
@@ -148,6 +162,18 @@ class StreamConfig:
             raise StreamError(f"--retries must be positive, got {self.retries}")
         if not 0 <= self.job < 2**32:
             raise StreamError(f"--job must fit 32 bits, got {self.job}")
+
+
+def available_memory():
+    """Bytes of memory available to a new process (MemAvailable), or None where the OS does not say."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 @dataclass(frozen=True)
@@ -169,6 +195,30 @@ class Workload:
         self.max_cliques = max(len(cliques) for cliques in plan.period)
         self.chunks = -(-config.elements // config.chunk)
         self._cache = {}
+        if self.slots_needed > 1 << 16:
+            raise StreamError(f"--window {config.window} needs {self.slots_needed:,} slots (4 x {self.max_cliques} "
+                              f"cliques x window), more than the 65,536 the slot field numbers")
+
+    def frames(self):
+        """Contributions the run sends without loss: every member's chunks in every round."""
+        return sum(sum(len(members) for members, _ in self.plan.cliques(r)) for r in range(self.config.rounds)
+                   ) * self.chunks
+
+    def check_resources(self, target_kind):
+        """Refuse up front a run that cannot fit this machine's memory or would keep an in-process
+        aggregator busy for hours."""
+        config = self.config
+        needed = len(self.plan.islands) * config.elements * BYTES_PER_ELEMENT
+        available = available_memory()
+        if available is not None and needed > available:
+            raise StreamError(f"--elements {config.elements:,} needs about {needed / 2**30:.1f} GiB for "
+                              f"{len(self.plan.islands)} islands, more than the {available / 2**30:.1f} GiB "
+                              f"available")
+        limit = MAX_FRAMES.get(target_kind)
+        if limit is not None and self.frames() > limit:
+            raise StreamError(f"--elements {config.elements:,} x --rounds {config.rounds:,} makes "
+                              f"{self.frames():,} contributions, more than the {limit:,} a {target_kind}: target "
+                              f"runs; lower --elements or --rounds, or raise --chunk")
 
     @property
     def slots_needed(self):
@@ -232,6 +282,7 @@ class RoundTally:
     wrong: int = 0
     checked: int = 0
     failure: str = None
+    failed_slot: int = None
 
 
 class Island:
@@ -302,6 +353,7 @@ class Island:
                     if self.tries[chunk] > config.retries:
                         tally.failure = (f"round {round_}: {self.name} got no result for chunk {chunk} after "
                                          f"{config.retries} retransmissions")
+                        tally.failed_slot = self.workload.slot(round_, clique.clique, chunk)
                         return
                     self.tries[chunk] += 1
                     tally.retransmits += 1
@@ -370,7 +422,7 @@ class Island:
             self.finished.set()
 
 
-async def stream_async(plan, config, transport, progress=lambda _round: None):
+async def stream_async(plan, config, transport, progress=lambda _round: None, target_kind=None):
     """`run_stream` inside a running event loop."""
     workload = Workload(plan, config)
     islands = {name: Island(name, workload, transport, np.random.default_rng([config.seed, i, 0x10557]))
@@ -394,6 +446,8 @@ async def stream_async(plan, config, transport, progress=lambda _round: None):
         return await transport.stats(plan.islands[0], stats_future, probe_timeout)
 
     await transport.start(deliver)
+    kernel_before = kernel_drops(transport)
+    failed_slot = None
     try:
         before = await ask_stats()
         if before is None:
@@ -416,17 +470,21 @@ async def stream_async(plan, config, transport, progress=lambda _round: None):
                             "finished": tally.failure is None, **({"failure": tally.failure} if tally.failure else {})})
             progress(round_)
             if tally.failure:
+                failed_slot = tally.failed_slot
                 break
         # The rounds' clocks only: making gradients and datagrams between rounds is not the network's time.
         total_s = sum(r["time_ms"] for r in reports) / 1e3
         after = await ask_stats()
+        kernel_after = kernel_drops(transport)
     finally:
         transport.close()
     aggregator = None if after is None else {k: after[k] - before.get(k, 0) for k in after}
     finished = len(reports) == config.rounds and all(r["finished"] for r in reports)
     wrong = sum(r["wrong"] for r in reports)
     models = np.stack([island.model for island in islands.values()])
-    return {
+    kernel = {side: kernel_after[side] - kernel_before[side] for side in kernel_after
+              if kernel_after[side] is not None and kernel_before.get(side) is not None}
+    report = {
         "islands": list(plan.islands), "rounds": reports, "elements": config.elements, "chunk": config.chunk,
         "window": config.window, "loss": config.loss, "seed": config.seed, "job": config.job,
         "slots_needed": workload.slots_needed, "time_s": total_s,
@@ -436,13 +494,24 @@ async def stream_async(plan, config, transport, progress=lambda _round: None):
         "results_checked": sum(r["results_checked"] for r in reports), "wrong_results": wrong,
         "finished": finished, "bit_exact": finished and wrong == 0,
         "model_spread": float(np.max(models.max(axis=0) - models.min(axis=0))),
-        "aggregator": aggregator,
+        "aggregator": aggregator, "kernel_drops": kernel,
     }
+    largest = max(len(members) for cliques in plan.period for members, _ in cliques)
+    report["diagnosis"] = diagnose(report, target_kind, largest, failed_slot, kernel)
+    return report
 
 
-def run_stream(plan, config, transport, progress=None):
-    """Run the islands over `transport`; returns the report dict (see docs/host.md)."""
-    return asyncio.run(stream_async(plan, config, transport, progress or (lambda _round: None)))
+def kernel_drops(transport):
+    """{"aggregator": n, "islands": n}: datagrams the kernel has dropped at the sockets of each side so far,
+    where the transport and the OS can say."""
+    counts = getattr(transport, "kernel_drops", None)
+    return counts() if counts else {}
+
+
+def run_stream(plan, config, transport, progress=None, target_kind=None):
+    """Run the islands over `transport` (of --target kind `target_kind`, for the diagnosis); returns the
+    report dict (see docs/host.md)."""
+    return asyncio.run(stream_async(plan, config, transport, progress or (lambda _round: None), target_kind))
 
 
 def format_report(report, target_text):

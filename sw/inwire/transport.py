@@ -13,15 +13,18 @@ import socket
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
+    endpoint_drops,
     ip_str,
     island_address,
     payload_of,
     set_receive_buffer,
+    socket_drops,
     stats_request,
     wrap,
 )
 from .fastpath import compiled
 from .model import Aggregator, AggregatorConfig
+from .output import atomic_output
 from .pcap import write_frames
 from .protocol import INWIRE_PORT
 
@@ -62,6 +65,9 @@ class UdpTransport:
                  chunk=256, batch_io=None):
         self.targets = dict(targets)
         self.sockets = dict(sockets or {})
+        # Sockets handed in may live in another network namespace (the demo's islands), where this
+        # process's /proc/net/udp does not see them.
+        self.namespace_known = not sockets
         self.multicast_iface, self.multicast_port = multicast_iface, multicast_port
         self.receive_buffer = receive_buffer_bytes(window, PAYLOAD_HEADER_BYTES + 4 * chunk + 4)
         if batch_io and compiled is None:
@@ -167,6 +173,16 @@ class UdpTransport:
     async def stats(self, island, stats_future, timeout):
         return await probe_stats(self, island, stats_future, timeout)
 
+    def kernel_drops(self):
+        """Datagrams the kernel has dropped so far at the islands' sockets and at the aggregator's (when it
+        is on this machine); None for a side the OS does not report."""
+        if not self.namespace_known:
+            return {"islands": None, "aggregator": None}
+        islands = [socket_drops(sock) for sock in self.readers.values()]
+        aggregator = [endpoint_drops(target) for target in set(self.targets.values())]
+        return {"islands": None if None in islands else sum(islands),
+                "aggregator": None if None in aggregator else sum(aggregator)}
+
     def close(self):
         for fileno, sock in self.readers.items():
             self.loop.remove_reader(fileno)
@@ -227,5 +243,9 @@ class CaptureTransport:
     def close(self):
         if hasattr(self.model, "close"):
             self.model.close()
-        if self.path is not None:
-            write_frames(self.path, self.frames)
+
+    def write_capture(self):
+        """Write the frames sent to the capture file: once the run is over, whole (a run interrupted before
+        leaves no file)."""
+        with atomic_output(self.path) as temporary:
+            write_frames(temporary, self.frames)

@@ -5,14 +5,16 @@ docstring is the command's description. `main` builds the parser with every comm
 from `COMMANDS` but imports and asks for the arguments of the chosen command alone, so that `inwire decode`
 does not load the gateware, the planner or torch. Errors a user can cause (`InwireError`, `OSError`,
 `ValueError`, `RuntimeError`) end as one line on stderr, `inwire <command>: <message>`, and exit status 2;
-an interrupt exits with 130.
+an interrupt (SIGINT) exits with 130 after one line saying where the command was (`inwire.progress`).
 """
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
-from .. import __version__
+from .. import __version__, progress
 from ..errors import InwireError
 
 COMMANDS = {
@@ -81,12 +83,20 @@ def build_parser(argv=()):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # A shell starts background jobs with SIGINT ignored, which Python keeps: Ctrl-C (or kill -INT) must
+        # still stop every command.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    progress.reset(args.command)
     try:
         return args.run(args)
     except (InwireError, OSError, ValueError, RuntimeError) as error:
         print(f"inwire {args.command}: {describe(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        where = progress.where()
+        print(f"inwire {args.command}: interrupted{' during ' + where if where else ''}; no output file written",
+              file=sys.stderr)
         return 130
 
 

@@ -7,8 +7,10 @@ import json
 import os
 import pathlib
 import platform
-import sys
 import time
+
+from .. import progress
+from ..output import atomic_output, check_writable
 
 SECTIONS = {
     "schedule": "inwire.plan.bench",
@@ -33,13 +35,16 @@ def run(args):
     results = json.loads(out.read_text()) if out.exists() else {}
     results["machine"] = {"python": platform.python_version(), "processor": platform.machine(),
                           "cores": len(os.sched_getaffinity(0))}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    check_writable(out, "--out")
     for name in chosen:
         started = time.perf_counter()
-        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        progress.say(f"{name} ...")
         section = importlib.import_module(SECTIONS[name]).run()
         section["bench_wall_s"] = round(time.perf_counter() - started, 1)
         results[name] = section
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1) + "\n")
+    # Written once every chosen section is measured: an interrupted run leaves the file as it was.
+    with atomic_output(out) as temporary:
+        pathlib.Path(temporary).write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps({name: results[name] for name in chosen}, indent=1))
     return 0

@@ -5,6 +5,7 @@ import json
 import os
 import tempfile
 
+from .. import progress
 from ..netns import LabError, demo_schedule, run_lab, unavailable_reason
 from ..stream import StreamConfig, format_report, load_plan
 from .options import positive_float
@@ -13,12 +14,13 @@ from .options import positive_float
 def add_arguments(parser):
     parser.add_argument("--schedule", default=None, metavar="FILE",
                         help="schedule JSON (default: optimize one for doublezero9)")
-    parser.add_argument("--rounds", type=int, default=4, metavar="N")
-    parser.add_argument("--elements", type=int, default=2048, metavar="N")
+    parser.add_argument("--rounds", type=int, default=4, metavar="N", help="rounds to run")
+    parser.add_argument("--elements", type=int, default=2048, metavar="N", help="gradient elements per island")
     parser.add_argument("--scale", type=positive_float, default=0.1,
                         help="multiply the topology's latencies by this")
-    parser.add_argument("--loss", type=float, default=0.0, metavar="P")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loss", type=float, default=0.0, metavar="P",
+                        help="drop this fraction of outgoing datagrams on purpose")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the test gradients and of --loss")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -31,13 +33,17 @@ def run(args):
         schedule = args.schedule
         if schedule is None:
             schedule = os.path.join(scratch, "schedule.json")
+            progress.say("optimizing the schedule for doublezero9")
             demo_schedule(schedule)
         plan = load_plan(schedule)
     worst_ms = max(plan.topology.latency_ms(a, b) for a in plan.islands for b in plan.topology.cities)
     config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
                           timeout_ms=max(200.0, 4 * worst_ms * args.scale),
                           job=int.from_bytes(os.urandom(4), "big"))
-    report, final = run_lab(plan, config, args.scale)
+    progress.say(f"{len(plan.islands)} islands and the aggregator in network namespaces, latencies "
+                 f"x{args.scale:g}, {config.rounds} rounds")
+    with progress.counting(config.rounds, "round") as advance:
+        report, final = run_lab(plan, config, args.scale, lambda _round: advance())
     report["target"] = f"netns lab, latencies x{args.scale:g}"
     report["aggregator_final"] = final
     if args.json:

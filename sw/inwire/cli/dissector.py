@@ -2,6 +2,7 @@
 
 import sys
 
+from ..output import atomic_output
 from ..wireshark import lua_dissector
 
 
@@ -12,7 +13,7 @@ def add_arguments(parser):
 def run(args):
     source = lua_dissector()
     if args.output:
-        with open(args.output, "w") as handle:
+        with atomic_output(args.output) as temporary, open(temporary, "w") as handle:
             handle.write(source)
     else:
         sys.stdout.write(source)

@@ -20,22 +20,47 @@ def positive_float(text):
     return value
 
 
-def gateware_size(parser, widths):
-    """--width, --slots, --elements and --max-fanin of a gateware build, defaults from the golden model."""
+def gateware_size(parser, widths, sized_by=None):
+    """--width, --slots, --elements and --max-fanin of a gateware build, defaults from the golden model or,
+    with `sized_by` (e.g. "the capture"), left to the command to derive from it."""
     from inwire.model import AggregatorConfig
 
     defaults = AggregatorConfig()
     parser.add_argument("--width", type=int, default=8, choices=widths, help="data width in bytes")
-    parser.add_argument("--slots", type=int, default=defaults.slots, help="aggregation slots")
-    parser.add_argument("--elements", type=int, default=defaults.max_elements,
-                        help="maximum int32 elements per frame")
+    if sized_by:
+        parser.add_argument("--slots", type=int, default=None,
+                            help=f"aggregation slots (default: {defaults.slots}, or as many as {sized_by} uses)")
+        parser.add_argument("--elements", type=int, default=None,
+                            help=f"maximum int32 elements per frame (default: {defaults.max_elements}, or the most "
+                                 f"{sized_by} carries)")
+    else:
+        parser.add_argument("--slots", type=int, default=defaults.slots, help="aggregation slots")
+        parser.add_argument("--elements", type=int, default=defaults.max_elements,
+                            help="maximum int32 elements per frame")
     parser.add_argument("--max-fanin", type=int, default=defaults.max_fanin, help="maximum clique size")
 
 
-def gateware_config(args):
-    """The AggregatorConfig the size options describe."""
-    from inwire.model import AggregatorConfig
+MAX_SUM_WORDS = 1 << 16
+"""Largest --slots x --elements generated: a sum memory of 2 banks x 64 Ki int32 (512 KiB). Generation
+time and memory grow with it (about 25 s and 600 MB at this size on a loaded 2-core machine; 256 x 2048
+took more than 5 minutes)."""
 
+
+def gateware_config(args):
+    """The AggregatorConfig the size options describe, refused up front when it is too large to generate."""
+    from inwire.model import AggregatorConfig
+    from inwire.protocol import JUMBO_ELEMENTS_PER_FRAME, MAX_FANIN
+
+    if not 1 <= args.elements <= JUMBO_ELEMENTS_PER_FRAME:
+        raise ValueError(f"--elements must lie in [1, {JUMBO_ELEMENTS_PER_FRAME}] (8 KiB, the largest frame the "
+                         f"board's MAC takes), got {args.elements}")
+    if not 1 <= args.slots <= 1 << 16:
+        raise ValueError(f"--slots must lie in [1, 65536] (the slot field has 16 bits), got {args.slots}")
+    if not 1 <= args.max_fanin <= MAX_FANIN:
+        raise ValueError(f"--max-fanin must lie in [1, {MAX_FANIN}], got {args.max_fanin}")
+    if args.slots * args.elements > MAX_SUM_WORDS:
+        raise ValueError(f"--slots {args.slots} x --elements {args.elements} = {args.slots * args.elements:,} sum "
+                         f"words, more than the {MAX_SUM_WORDS:,} a generated core may hold; lower one of them")
     try:
         return AggregatorConfig(slots=args.slots, max_elements=args.elements, max_fanin=args.max_fanin)
     except TypeError as error:

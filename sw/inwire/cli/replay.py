@@ -1,11 +1,17 @@
 """Feed every frame of IN.pcap to the simulated aggregator (cocotb on Icarus Verilog or Verilator), write
-what comes out to OUT.pcap and print the counters as JSON. Simulation builds go to build/sim under the
+what comes out to OUT.pcap and print the counters as JSON. The gateware has the golden model's default
+slots and elements per frame, or more where the capture uses more (a capture that needs more than a given
+--slots or --elements is refused with the numbers it needs). Simulation builds go to build/sim under the
 working directory."""
 
 import json
 
 from inwire_hdl import SIMULATORS
 
+from .. import progress
+from ..decode import describe_frame
+from ..model import AggregatorConfig
+from ..output import atomic_output, check_writable
 from ..pcap import read_frames, write_frames
 from .options import gateware_config, gateware_size
 
@@ -14,17 +20,44 @@ def add_arguments(parser):
     from inwire_hdl.aggregator import DATA_WIDTHS
 
     parser.add_argument("--sim", choices=SIMULATORS, default=SIMULATORS[0], help="simulator")
-    gateware_size(parser, DATA_WIDTHS)
-    parser.add_argument("input", metavar="IN.pcap")
-    parser.add_argument("output", metavar="OUT.pcap")
+    gateware_size(parser, DATA_WIDTHS, sized_by="the capture")
+    parser.add_argument("input", metavar="IN.pcap", help="capture of the frames to feed in")
+    parser.add_argument("output", metavar="OUT.pcap", help="capture of what the gateware sends out")
+
+
+def capture_needs(frames):
+    """(slots, elements per frame) an aggregator needs so that none of the capture's contributions and
+    result requests is dropped for its slot or its element count: the highest slot + 1, the largest count."""
+    slots = elements = 1
+    for frame in frames:
+        described = describe_frame(frame)
+        if described["kind"] in ("contribution", "result_request"):
+            slots = max(slots, described["slot"] + 1)
+        if described["kind"] == "contribution":
+            elements = max(elements, described["count"])
+    return slots, elements
 
 
 def run(args):
+    check_writable(args.output, "OUT.pcap")
+    frames = read_frames(args.input)
+    slots, elements = capture_needs(frames)
+    for option, given, needed in (("--slots", args.slots, slots), ("--elements", args.elements, elements)):
+        if given is not None and given < needed:
+            raise ValueError(f"{args.input} needs {option} {needed} or more (its frames use slots up to {slots - 1} "
+                             f"and up to {elements} elements per frame), got {option} {given}; leave {option} out "
+                             f"to take it from the capture")
+    # At least the defaults, so that a capture replays as on the default golden model unless it needs more.
+    defaults = AggregatorConfig()
+    args.slots = max(slots, defaults.slots) if args.slots is None else args.slots
+    args.elements = max(elements, defaults.max_elements) if args.elements is None else args.elements
+    config = gateware_config(args)
+    progress.say(f"{len(frames)} frames from {args.input}; gateware with {config.slots} slots of "
+                 f"{config.max_elements} elements")
     from inwire_hdl.sim import replay
 
-    config = gateware_config(args)
-    frames = read_frames(args.input)
     outputs, counters = replay(frames, simulator=args.sim, data_width=args.width, config=config)
-    write_frames(args.output, outputs)
+    with atomic_output(args.output) as temporary:
+        write_frames(temporary, outputs)
     print(json.dumps(counters, indent=2))
     return 0

@@ -3,6 +3,7 @@ on (a named profile or an `inwire build` report), beside the baselines and a low
 --sweep, optimize over aggregator profiles, in-path reduction, model sizes and step times and write a
 table and phase plots of where rotating cliques win."""
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,8 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from inwire import progress  # noqa: E402
+from inwire.output import atomic_output, check_writable  # noqa: E402
 from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
 from inwire.plan.cost import AGGREGATE, RING, ROUTINGS, ScheduleError  # noqa: E402
 from inwire.plan.schedule_file import describe_round, format_plan, write_schedule  # noqa: E402
@@ -88,14 +91,28 @@ def run(args):
         return 0
     if not args.out:
         raise ScheduleError("--out FILE is required (where to write the schedule JSON)")
+    for option, path in (("--out", args.out), ("--map", args.map)):
+        if path is not None:
+            check_writable(path, option)
+    if args.map:
+        formats = plt.figure().canvas.get_supported_filetypes()
+        plt.close("all")
+        if Path(args.map).suffix.lstrip(".").lower() not in formats:
+            raise ScheduleError(f"--map {args.map}: name a picture file ending in one of "
+                                f"{', '.join('.' + name for name in sorted(formats))}")
+    # A topology where no city replicates (or aggregates) plans exactly as with the switch off; say so.
+    multicast = not args.no_multicast and any(city.multicast for city in topology.cities.values())
+    aggregation = not args.no_aggregation and any(city.aggregation for city in topology.cities.values())
     plan = plan_schedule(topology, islands, round(args.model_mb * 1e6), args.epsilon,
-                         not args.no_multicast, not args.no_aggregation, args.seed, aggregator=aggregator,
+                         multicast, aggregation, args.seed, aggregator=aggregator,
                          reduce_in_path=args.reduce_in_path, routing=args.routing,
                          local_steps=args.local_steps, step_ms=args.step_ms)
     print(format_plan(plan))
-    write_schedule(plan, args.out)
-    if args.map:
-        draw_schedule_map(topology, plan.best, args.map, _setting_title(plan))
+    # Both outputs or neither: the map is drawn into a temporary file first, then both are renamed.
+    with atomic_output(args.out) as schedule_path, atomic_output(args.map) as map_path:
+        write_schedule(plan, schedule_path)
+        if map_path:
+            draw_schedule_map(topology, plan.best, map_path, _setting_title(plan))
     return 0
 
 
@@ -108,6 +125,31 @@ def _parse_sizes(text, option, zero=False):
         raise ScheduleError(f"{option} must list {'non-negative' if zero else 'positive'} numbers, got {text!r}")
     return sizes
 
+
+
+def _sweep_cell(topology, islands, epsilon, seed, iterations, profile, reduced, size_mb, step_ms, local_steps,
+                multicast, aggregation, routing, plans):
+    """One row of the sweep: the optimum and the baselines at one setting (its plan kept in `plans`)."""
+    steps = local_steps if step_ms > 0 else 0
+    plan = plan_schedule(topology, islands, round(size_mb * 1e6), epsilon, multicast, aggregation,
+                         seed, iterations, profile, reduced, routing, steps, step_ms)
+    plans[(profile.name, reduced, size_mb, step_ms)] = plan
+    best_name, best_baseline = min(plan.baselines.items(),
+                                   key=lambda item: item[1].time_to_epsilon_ms)
+    row = {
+        "aggregator": profile.name, "reduce_in_path": reduced, "model_mb": size_mb,
+        "step_ms": step_ms, "local_steps": steps,
+        "shape": _shape(plan.best), "exchange": _exchanges(plan.best),
+        "rotating": _rotating(plan.best),
+        "period_ms": plan.best.period_ms, "rho": plan.best.rho,
+        "spectral_radius": plan.best.spectral_radius,
+        "time_to_epsilon_ms": plan.best.time_to_epsilon_ms,
+        "best_baseline": best_name, "best_baseline_ms": best_baseline.time_to_epsilon_ms,
+        "lower_bound_ms": plan.lower_bound_ms,
+    }
+    for name in COMPARED:
+        row[f"{name}_ms"] = plan.baselines[name].time_to_epsilon_ms
+    return row
 
 def _setting_title(plan):
     return (f"{plan.topology}, {plan.model_bytes / 1e6:g} MB, aggregator {plan.aggregator.name}"
@@ -145,30 +187,12 @@ def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None
     out_dir.mkdir(parents=True, exist_ok=True)
     profiles = profiles or [load_aggregator(name) for name in PROFILES]
     rows, plans = [], {}
-    for profile in profiles:
-        for reduced in reduce:
-            for size_mb in sizes_mb:
-                for step_ms in steps_ms:
-                    steps = local_steps if step_ms > 0 else 0
-                    plan = plan_schedule(topology, islands, round(size_mb * 1e6), epsilon, multicast, aggregation,
-                                         seed, iterations, profile, reduced, routing, steps, step_ms)
-                    plans[(profile.name, reduced, size_mb, step_ms)] = plan
-                    best_name, best_baseline = min(plan.baselines.items(),
-                                                   key=lambda item: item[1].time_to_epsilon_ms)
-                    row = {
-                        "aggregator": profile.name, "reduce_in_path": reduced, "model_mb": size_mb,
-                        "step_ms": step_ms, "local_steps": steps,
-                        "shape": _shape(plan.best), "exchange": _exchanges(plan.best),
-                        "rotating": _rotating(plan.best),
-                        "period_ms": plan.best.period_ms, "rho": plan.best.rho,
-                        "spectral_radius": plan.best.spectral_radius,
-                        "time_to_epsilon_ms": plan.best.time_to_epsilon_ms,
-                        "best_baseline": best_name, "best_baseline_ms": best_baseline.time_to_epsilon_ms,
-                        "lower_bound_ms": plan.lower_bound_ms,
-                    }
-                    for name in COMPARED:
-                        row[f"{name}_ms"] = plan.baselines[name].time_to_epsilon_ms
-                    rows.append(row)
+    cells = len(profiles) * len(reduce) * len(sizes_mb) * len(steps_ms)
+    with progress.counting(cells, "sweep cell") as advance:
+        for profile, reduced, size_mb, step_ms in itertools.product(profiles, reduce, sizes_mb, steps_ms):
+            rows.append(_sweep_cell(topology, islands, epsilon, seed, iterations, profile, reduced, size_mb, step_ms,
+                                    local_steps, multicast, aggregation, routing, plans))
+            advance()
     header = ("| aggregator | reduce | model MB | step ms | optimized cliques per round | exchange | rho | lambda "
               "| time to eps ms | global ms | grid2d ms | ring ms | gain over global | x bound |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]

@@ -6,10 +6,11 @@ datagram is wrapped in the frame it would have been on the wire and handed to th
 --unicast, to each member).
 """
 
+import ipaddress
 import signal
 
 from ..datagram import parse_endpoint
-from ..protocol import INWIRE_PORT
+from ..protocol import INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME
 from ..serve import DEFAULT_MAX_ELEMENTS, DEFAULT_RECEIVE_BUFFER, DEFAULT_SLOTS, SoftwareAggregator
 from .options import simulator
 
@@ -42,6 +43,16 @@ def add_arguments(parser):
 
 def run(args):
     listen = parse_endpoint(args.listen, "--listen")
+    if args.multicast_iface is not None:
+        try:
+            ipaddress.IPv4Address(args.multicast_iface)
+        except ValueError:
+            raise ValueError(f"--multicast-iface {args.multicast_iface!r} is not an IPv4 address (the "
+                             f"interface's own address, e.g. 10.0.0.5)") from None
+    for option, value, low, high in (("--slots", args.slots, 1, 2**16),
+                                     ("--max-elements", args.max_elements, 1, JUMBO_ELEMENTS_PER_FRAME)):
+        if not low <= value <= high:
+            raise ValueError(f"{option} must lie in [{low}, {high}], got {value}")
     if args.stats_interval is not None and args.stats_interval <= 0:
         raise ValueError(f"--stats-interval must be positive, got {args.stats_interval}")
     if args.receive_buffer <= 0:

@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+from .. import progress
+from ..output import check_writable
 from ..stream import (
     DEFAULT_CHUNK,
     DEFAULT_RETRIES,
@@ -64,15 +66,6 @@ def make_transport(target, plan, workload_slots, config):
     return CaptureTransport(target.value, plan.islands, workload_slots, config.chunk)
 
 
-def _progress_bar(total):
-    """A progress bar on a terminal; nothing otherwise."""
-    if not sys.stderr.isatty():
-        return (lambda _round: None), (lambda: None)
-    from tqdm import tqdm
-    bar = tqdm(total=total, unit="round", file=sys.stderr, leave=False)
-    return (lambda _round: bar.update(1)), bar.close
-
-
 def run(args):
     """`inwire stream`: exit 0 when every round finished bit-exact, 1 otherwise."""
     target = parse_target(args.target)
@@ -83,12 +76,14 @@ def run(args):
                           window=args.window, timeout_ms=args.timeout_ms, chunk=args.chunk, retries=args.retries,
                           job=job)
     workload = Workload(plan, config)
+    workload.check_resources(target.kind)
+    if target.kind == "pcap":
+        check_writable(target.value, "--target pcap:")
     transport = make_transport(target, plan, workload.slots_needed, config)
-    update, close = _progress_bar(config.rounds)
-    try:
-        report = run_stream(plan, config, transport, update)
-    finally:
-        close()
+    with progress.counting(config.rounds, "round") as advance:
+        report = run_stream(plan, config, transport, lambda _round: advance(), target.kind)
+    if target.kind == "pcap":
+        transport.write_capture()
     report["target"] = target.text
     if args.json:
         print(json.dumps(report, indent=1))
@@ -98,4 +93,6 @@ def run(args):
         failure = next(r["failure"] for r in report["rounds"] if not r["finished"]) if any(
             not r["finished"] for r in report["rounds"]) else "not every round ran"
         print(f"inwire stream: {failure}", file=sys.stderr)
+    for cause in report["diagnosis"]:
+        print(f"inwire stream: {cause}", file=sys.stderr)
     return 0 if report["bit_exact"] else 1

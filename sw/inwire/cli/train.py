@@ -2,7 +2,9 @@
 data splits, charged model sizes and outer optimizers; writes study.json, study.md and a plot per table.
 Needs the torch extra. Islands as torchrun jobs through a real aggregator: `make train-dist`."""
 
+import math
 import pathlib
+import sys
 
 STRATEGY_NAMES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule",
                   "schedule-h")
@@ -46,6 +48,8 @@ def _list(text, parse, name):
         values = [parse(item) for item in text.split(",") if item.strip()]
     except ValueError:
         raise ValueError(f"--{name}: cannot read {text!r}") from None
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+        raise ValueError(f"--{name} must list finite numbers, got {text!r}")
     if not values:
         raise ValueError(f"--{name} needs at least one value")
     return values
@@ -56,10 +60,17 @@ def run(args):
         from ..train import training
     except ImportError as error:
         raise ValueError(f"needs the torch extra (pip install 'inwire[torch]'): {error}") from None
-    if args.seeds < 1:
-        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    for option in ("seeds", "steps", "local_steps"):
+        if getattr(args, option) < 1:
+            raise ValueError(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
+    for option in ("device_tflops", "outer_lr", "outer_momentum", "learning_rate", "target"):
+        if not math.isfinite(getattr(args, option)) or getattr(args, option) < 0:
+            raise ValueError(f"--{option.replace('_', '-')} must be a finite number of 0 or more, "
+                             f"got {getattr(args, option)}")
     alphas = _list(args.alpha, lambda a: None if a.strip().lower() == "iid" else float(a), "alpha")
-    sizes = _list(args.model_mb, lambda m: round(float(m) * 1e6), "model-mb")
+    sizes = [round(mb * 1e6) for mb in _list(args.model_mb, float, "model-mb")]
+    if any(size < 0 for size in sizes):
+        raise ValueError(f"--model-mb must list sizes of 0 or more, got {args.model_mb}")
     outers = _list(args.outer, str.strip, "outer")
     if set(outers) - set(OUTERS):
         raise ValueError(f"--outer must be among {', '.join(OUTERS)}, got {args.outer}")
@@ -82,6 +93,10 @@ def run(args):
         aggregator=aggregators[0])
     study = training.run_study(config, range(args.seed, args.seed + args.seeds), alphas, sizes, outer_settings,
                                step_times, aggregators)
-    training.write_study(study, pathlib.Path(args.out_dir))
+    written = training.write_study(study, pathlib.Path(args.out_dir))
     print(training.study_json(study) if args.json else training.format_study(study), end="" if not args.json else "\n")
+    plots = [str(path) for path in written if path.suffix == ".png"]
+    # With --json stdout is the study alone; where the files went is then said on stderr.
+    print(f"wrote {written[0]}, {written[1]} and {len(plots)} plot{'s' if len(plots) != 1 else ''}: {', '.join(plots)}",
+          file=sys.stderr if args.json else sys.stdout)
     return 0

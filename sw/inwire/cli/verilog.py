@@ -3,6 +3,7 @@ m_axis_*, stat_*)."""
 
 from pathlib import Path
 
+from ..output import atomic_output, check_writable
 from .options import gateware_config, gateware_size
 
 
@@ -16,8 +17,11 @@ def add_arguments(parser):
 def run(args):
     from inwire_hdl.verilog import generate_verilog
 
-    text = generate_verilog(gateware_config(args), args.width)
+    config = gateware_config(args)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
+    check_writable(output, "--output")
+    text = generate_verilog(config, args.width)
+    with atomic_output(output) as temporary:
+        Path(temporary).write_text(text)
     return 0

@@ -11,6 +11,9 @@ def read_json(path, what, error):
             return json.load(handle)
     except OSError as problem:
         raise error(f"cannot read {what} {str(path)!r}: {problem.strerror}") from None
+    except UnicodeDecodeError as problem:
+        raise error(f"{path}: not a UTF-8 text file (byte {problem.start} is 0x{problem.object[problem.start]:02x}); "
+                    f"a {what} file is JSON") from None
     except json.JSONDecodeError as problem:
         raise error(f"{path}: not valid JSON (line {problem.lineno}, column {problem.colno}: "
                     f"{problem.msg})") from None

@@ -35,10 +35,13 @@ import functools
 import itertools
 import json
 import math
+import pathlib
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .. import progress
+from ..output import atomic_output
 from ..plan.cost import CostModel
 from ..plan.schedule_file import schedule_document
 from ..plan.search import Evaluator, plan_schedule
@@ -480,23 +483,28 @@ def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms
     outers = [(config.outer_lr, config.outer_momentum)] if outers is None else outers
     step_times = [config.step_ms] if step_ms is None else step_ms
     aggregators = [config.aggregator] if aggregators is None else aggregators
-    cells = []
-    for aggregator, alpha, size, step, (outer_lr, outer_momentum) in itertools.product(
-            aggregators, alphas, sizes, step_times, outers):
-        cell_config = TrainConfig(**{**asdict(config), "alpha": alpha, "model_bytes": size, "step_ms": step,
-                                     "outer_lr": outer_lr, "outer_momentum": outer_momentum,
-                                     "aggregator": aggregator})
-        runs = [run_training(TrainConfig(**{**asdict(cell_config), "seed": seed})) for seed in seeds]
-        cell = {"aggregator": aggregator, "alpha": alpha, "model_bytes": charged_bytes(cell_config), "step_ms": step,
-                "outer_lr": outer_lr, "outer_momentum": outer_momentum, "seeds": list(seeds),
-                "strategies": runs[0]["strategies"], "plan": runs[0]["plan"],
-                "summary": summarize(runs, config.target),
-                "mean_curves": _mean_curves(runs)}
-        if "schedule" in config.strategies:
-            cell["schedule_vs"] = {other: compare(runs, "schedule", other, config.target)
-                                   for other in config.strategies if other != "schedule"}
-        cells.append(cell)
-    return {"config": {**asdict(config), "islands": list(runs[0]["config"]["islands"])},
+    cells, islands = [], None
+    settings = list(itertools.product(aggregators, alphas, sizes, step_times, outers))
+    with progress.counting(len(settings) * len(seeds), "training run") as advance:
+        for aggregator, alpha, size, step, (outer_lr, outer_momentum) in settings:
+            cell_config = TrainConfig(**{**asdict(config), "alpha": alpha, "model_bytes": size, "step_ms": step,
+                                         "outer_lr": outer_lr, "outer_momentum": outer_momentum,
+                                         "aggregator": aggregator})
+            runs = []
+            for seed in seeds:
+                runs.append(run_training(TrainConfig(**{**asdict(cell_config), "seed": seed})))
+                advance()
+            islands = runs[0]["config"]["islands"]
+            cell = {"aggregator": aggregator, "alpha": alpha, "model_bytes": charged_bytes(cell_config),
+                    "step_ms": step, "outer_lr": outer_lr, "outer_momentum": outer_momentum, "seeds": list(seeds),
+                    "strategies": runs[0]["strategies"], "plan": runs[0]["plan"],
+                    "summary": summarize(runs, config.target),
+                    "mean_curves": _mean_curves(runs)}
+            if "schedule" in config.strategies:
+                cell["schedule_vs"] = {other: compare(runs, "schedule", other, config.target)
+                                       for other in config.strategies if other != "schedule"}
+            cells.append(cell)
+    return {"config": {**asdict(config), "islands": list(islands)},
             "seeds": list(seeds), "target": config.target, "cells": cells}
 
 
@@ -654,8 +662,15 @@ def study_json(study):
 
 
 def write_study(study, out_dir):
+    """Write study.json, study.md and one plot per cell into `out_dir`, each file whole; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "study.json").write_text(study_json(study) + "\n")
-    (out_dir / "study.md").write_text(format_study(study))
+    written = []
+    for name, text in (("study.json", study_json(study) + "\n"), ("study.md", format_study(study))):
+        with atomic_output(out_dir / name) as temporary:
+            pathlib.Path(temporary).write_text(text)
+        written.append(out_dir / name)
     for cell in study["cells"]:
-        plot_cell(cell, study["target"], out_dir / cell_file_name(cell))
+        with atomic_output(out_dir / cell_file_name(cell)) as temporary:
+            plot_cell(cell, study["target"], temporary)
+        written.append(out_dir / cell_file_name(cell))
+    return written

@@ -1,0 +1,145 @@
+"""`inwire stream` against a real `inwire serve` on loopback names why a round failed: the counter that
+moved and what to do about it."""
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from inwire.cli import main
+from inwire.datagram import endpoint_drops, payloads_of, socket_drops, stats_request
+from inwire.packets import build_frames
+from inwire.protocol import Opcode
+from inwire.stream import clique_group
+from schedules import write_schedule
+
+
+@pytest.fixture
+def serve():
+    """Start `inwire serve` on a free loopback port with extra options; returns its udp:// target."""
+    started = []
+
+    def start(*options):
+        process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", "127.0.0.1:0", *options],
+                                   stderr=subprocess.PIPE, text=True)
+        started.append(process)
+        line = process.stderr.readline()
+        port = re.search(r"udp://127\.0\.0\.1:(\d+)", line)
+        assert port, line
+        return f"udp://127.0.0.1:{port.group(1)}"
+    yield start
+    for process in started:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=10)
+
+
+@pytest.fixture
+def schedule(tmp_path):
+    return write_schedule(tmp_path / "schedule.json")
+
+
+def stream(capsys, target, schedule, *options):
+    code = main(["stream", "--target", target, "--schedule", str(schedule), "--rounds", "1", "--elements", "600",
+                 "--timeout-ms", "50", "--retries", "2", *options])
+    return code, capsys.readouterr().err
+
+
+def test_chunk_above_the_servers_maximum_is_named(serve, schedule, capsys):
+    code, err = stream(capsys, serve("--unicast"), schedule, "--chunk", "300")
+    assert code == 1
+    assert "drop_count: --chunk 300 is above its maximum elements per frame" in err
+    assert "--max-elements 300" in err
+
+
+def test_a_server_without_unicast_on_one_machine_is_named(serve, schedule, capsys):
+    code, err = stream(capsys, serve(), schedule)
+    assert code == 1
+    assert "none reached the islands" in err and "start inwire serve with --unicast" in err
+
+
+def test_too_few_slots_are_named(serve, schedule, capsys):
+    code, err = stream(capsys, serve("--unicast", "--slots", "8"), schedule, "--elements", "2048")
+    assert code == 1
+    assert "drop_slot" in err and "--slots 32" in err
+
+
+def test_a_collision_with_another_job_names_the_slot(serve, schedule, capsys):
+    target = serve("--unicast")
+    host, port = target[len("udp://"):].split(":")
+    # Another job's first of two contributions to slot 0, whose second never comes: the slot stays claimed.
+    stray = build_frames(np.zeros((1, 256), dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=0, fanin=2,
+                         job=77, round=0, clique=0, slot=0, group=clique_group(0, 0))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.sendto(payloads_of(stray)[0], (host, int(port)))
+    code, err = stream(capsys, target, schedule, "--job", "5", "--chunk", "256")
+    assert code == 1
+    assert "collision with another job on slot 0" in err and "drop_collision" in err
+
+
+def test_kernel_drops_at_the_servers_socket_are_named(serve, schedule, capsys):
+    # A receive buffer of one datagram: a window of 32 chunks from every island overflows it.
+    target = serve("--unicast", "--receive-buffer", "1")
+    code, err = stream(capsys, target, schedule, "--elements", "8192", "--window", "32", "--retries", "25")
+    assert "the kernel dropped" in err and "at the aggregator's socket" in err and "--receive-buffer" in err
+    assert code in (0, 1)
+
+
+def test_socket_drops_count_what_the_kernel_dropped():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        receiver.bind(("127.0.0.1", 0))
+        receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+        for _ in range(50):
+            sender.sendto(bytes(1000), receiver.getsockname())
+        dropped = socket_drops(receiver)
+        if dropped is None:
+            pytest.skip("this OS does not report UDP socket drops (/proc/net/udp)")
+        assert dropped >= 40
+        assert endpoint_drops(receiver.getsockname()) == dropped
+
+
+def test_serve_counts_the_datagrams_the_kernel_dropped_before_it(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", "127.0.0.1:0",
+                                "--receive-buffer", "100000"], stderr=subprocess.PIPE, text=True)
+    port = int(re.search(r"udp://127\.0\.0\.1:(\d+)", process.stderr.readline()).group(1))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _ in range(1000):
+            sock.sendto(bytes(1100), ("127.0.0.1", port))
+    # A stats request behind the burst: once it is answered, every datagram before it was read or dropped.
+    requests = 0
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as asker:
+        asker.settimeout(0.5)
+        for _ in range(20):
+            asker.sendto(stats_request(), ("127.0.0.1", port))
+            requests += 1
+            try:
+                asker.recv(2048)
+                break
+            except TimeoutError:
+                continue
+    process.send_signal(signal.SIGINT)
+    final = process.communicate(timeout=10)[1].strip().splitlines()[-1]
+    counters = dict(re.findall(r"(\w+)=(\d+)", final))
+    if "kernel_drops" not in counters:
+        pytest.skip("this OS does not report UDP socket drops (/proc/net/udp)")
+    assert int(counters["kernel_drops"]) > 0
+    # Every datagram sent, the burst and the stats requests, was either counted by the aggregator or dropped
+    # by the kernel.
+    assert int(counters["frames_in"]) + int(counters["kernel_drops"]) == 1000 + requests
+
+
+def test_retransmissions_that_loss_on_purpose_explains_need_no_diagnosis(serve, schedule, capsys):
+    code, err = stream(capsys, serve("--unicast"), schedule, "--loss", "0.05", "--retries", "25", "--timeout-ms",
+                       "300", "--rounds", "2")
+    assert code == 0
+    assert [line for line in err.splitlines() if "rounds done" not in line] == []
+
+
+def test_a_round_given_up_under_loss_names_retries(serve, schedule, capsys):
+    code, err = stream(capsys, serve("--unicast"), schedule, "--loss", "0.6", "--retries", "1")
+    assert code == 1
+    assert "--loss dropped" in err and "raise --retries" in err
