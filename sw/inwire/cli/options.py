@@ -21,7 +21,8 @@ def positive_float(text):
 
 
 def gateware_size(parser, widths):
-    """--width, --slots, --elements and --max-fanin of a gateware build, defaults from the golden model."""
+    """--width, --slots, --elements, --max-fanin and --lease of a gateware build, defaults from the golden
+    model."""
     from inwire.model import AggregatorConfig
 
     defaults = AggregatorConfig()
@@ -30,6 +31,9 @@ def gateware_size(parser, widths):
     parser.add_argument("--elements", type=int, default=defaults.max_elements,
                         help="maximum int32 elements per frame")
     parser.add_argument("--max-fanin", type=int, default=defaults.max_fanin, help="maximum clique size")
+    parser.add_argument("--lease", type=int, default=defaults.lease, metavar="TICKS",
+                        help="lease_tick pulses (a board makes one per millisecond) without an accepted contribution "
+                             "after which an unfinished slot may be claimed by another job (0: never)")
 
 
 def gateware_config(args):
@@ -37,6 +41,7 @@ def gateware_config(args):
     from inwire.model import AggregatorConfig
 
     try:
-        return AggregatorConfig(slots=args.slots, max_elements=args.elements, max_fanin=args.max_fanin)
+        return AggregatorConfig(slots=args.slots, max_elements=args.elements, max_fanin=args.max_fanin,
+                                lease=args.lease)
     except TypeError as error:
         raise ValueError(str(error)) from None
