@@ -8,7 +8,7 @@ from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Raw, raw
 
 from inwire.decode import describe_frame
-from inwire.model import Aggregator, AggregatorConfig, round_is_newer
+from inwire.model import TIME_BITS, Aggregator, AggregatorConfig, round_is_newer
 from inwire.packets import build_frames, ipv4_header_valid, parse_header
 from inwire.protocol import COUNTERS, DROP_COUNTERS, FRAME_OFFSETS, Disposition, Opcode, multicast_mac
 
@@ -191,13 +191,13 @@ def test_lease_does_not_count_drops_as_activity():
 def test_lease_zero_never_expires_and_time_wraps():
     never = Aggregator(AggregatorConfig(slots=8, max_elements=16, max_fanin=8, lease=0))
     never.process(contribution(sender=0), now=0)
-    never.process(contribution(fanin=2, job=3), now=2**31)
+    never.process(contribution(fanin=2, job=3), now=2**TIME_BITS - 1)
     assert never.stats()["drop_collision"] == 1
     wrapping = Aggregator(AggregatorConfig(slots=8, max_elements=16, max_fanin=8, lease=10))
-    wrapping.process(contribution(sender=0), now=2**32 - 5)
-    wrapping.process(contribution(fanin=2, job=3), now=2**32 + 4)
+    wrapping.process(contribution(sender=0), now=2**TIME_BITS - 5)
+    wrapping.process(contribution(fanin=2, job=3), now=2**TIME_BITS + 4)
     assert wrapping.stats()["drop_collision"] == 1
-    wrapping.process(contribution(fanin=2, job=3), now=2**32 + 5)
+    wrapping.process(contribution(fanin=2, job=3), now=2**TIME_BITS + 5)
     assert wrapping.stats()["leases_expired"] == 1
 
 

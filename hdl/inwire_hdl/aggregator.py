@@ -16,7 +16,7 @@ beat, answers to 128-byte requests) insert beats at stage R while the input keep
 Counters and the per-slot overflow flags are updated as each frame's last beat leaves stage S, so a stats
 reply reads exactly the frames before its request.
 
-Slot leases: a TIME_BITS-bit timer counts pulses of `lease_tick`; a frame's time is the timer's value when
+Slot leases: a TIME_BITS-bit (16) timer counts pulses of `lease_tick`; a frame's time is the timer's value when
 its header's last beat is accepted, and a contribution's commit stamps its slot entry with it. The idle
 time (frame time minus stamp, modulo 2**TIME_BITS) is a subtraction in C3 and its comparison with the
 lease a comparison with a constant in I3: one carry chain per stage.

@@ -49,9 +49,11 @@ from .protocol import (
 )
 
 ACCEPTED_OPCODES = (Opcode.CONTRIBUTION, Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST)
-TIME_BITS = 32
+TIME_BITS = 16
 """Width of the lease timer and of each slot's activity stamp: idle time is (now - stamp) mod 2**TIME_BITS,
-so a slot idle for k * 2**TIME_BITS + t ticks counts as idle for t."""
+so a slot idle for k * 2**TIME_BITS + t ticks counts as idle for t (65.5 s at LEASE_TICK_S: an abandoned
+slot looks live again for one lease in every 65.5 s). Narrow, so that the gateware's subtraction and
+comparison stay short carry chains."""
 LEASE_TICK_S = 0.001
 """The tick `inwire serve` counts and a board's prescaler makes: one millisecond."""
 DEFAULT_LEASE = 2000
