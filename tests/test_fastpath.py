@@ -4,11 +4,13 @@ destinations and counters out, datagram for datagram.
 Two streams: the fuzzer's mutated frames (tb/fuzz/mutate.py: damaged headers, lengths, limits, random
 bytes) as UDP payloads, and a stream of interleaved cliques built here (saturation at both int32 limits,
 duplicates, retransmissions to completed slots, reclaims by newer rounds, collisions, shape mismatches,
-result and stats requests, truncated, extended and bit-flipped datagrams). Both backends of the fast path
+result and stats requests, truncated, extended and bit-flipped datagrams), also timed: arrival times with
+gaps around the slot lease and datagrams left out, so that abandoned slots expire. Both backends of the fast path
 run them: numpy and, when built, the C kernel; under CI=true a missing kernel fails the test.
 `INWIRE_FUZZ_FRAMES` scales the streams as it does for the fuzz tests.
 """
 
+import dataclasses
 import os
 import random
 
@@ -53,10 +55,11 @@ def pair():
 
 
 def first_difference(golden, fast, stream):
-    """Index and description of the first datagram whose answers or counters differ, or None."""
-    for index, (payload, peer) in enumerate(stream):
-        want = [(bytes(body), to) for body, to in golden.handle(payload, peer)]
-        got = [(bytes(body), to) for body, to in fast.handle(payload, peer)]
+    """Index and description of the first datagram whose answers or counters differ, or None. A stream
+    holds (payload, peer) or (payload, peer, arrival time in lease ticks)."""
+    for index, (payload, peer, *now) in enumerate(stream):
+        want = [(bytes(body), to) for body, to in golden.handle(payload, peer, *now)]
+        got = [(bytes(body), to) for body, to in fast.handle(payload, peer, *now)]
         if want != got:
             return index, f"answers differ: golden {want!r:.300} fast {got!r:.300}"
         if golden.counters() != fast.counters():
@@ -160,6 +163,19 @@ class CliqueStream:
     def stream(self, count):
         return [self.next() for _ in range(count)]
 
+    def timed_stream(self, count, lease):
+        """Datagrams with arrival times: mostly a tick or two apart, now and then a pause of about the
+        lease (one tick either side of it included); one in ten left out, so that slots stay unfinished."""
+        rnd, now, timed = self.rnd, 0, []
+        while len(timed) < count:
+            payload, peer = self.next()
+            if rnd.random() < 0.1:
+                continue
+            pick = rnd.random()
+            now += rnd.choice((lease - 1, lease, lease + 1, 2 * lease)) if pick < 0.05 else rnd.randrange(3)
+            timed.append((payload, peer, now))
+        return timed
+
 
 @pytest.mark.parametrize("unicast", [True, False], ids=["unicast", "multicast"])
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -184,6 +200,18 @@ def test_fast_path_equals_the_model_on_interleaved_cliques(pair, backend, unicas
     # The stream reaches what it is meant to: saturation, reclaims, stored answers, every drop it aims at.
     for name in ("saturations", "slots_reclaimed", "answered", "drop_duplicate", "drop_mismatch", "drop_collision",
                  "drop_no_result", "drop_slot", "drop_length", "results_emitted"):
+        assert counters[name] > 0, name
+
+
+@pytest.mark.parametrize("unicast", [True, False], ids=["unicast", "multicast"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fast_path_equals_the_model_on_timed_cliques_with_leases(pair, backend, unicast):
+    lease = 20
+    golden, fast = pair(backend_available(backend), unicast=unicast, slots=4, max_elements=32, lease=lease)
+    stream = CliqueStream(seed=30 + unicast, slots=4, max_elements=32).timed_stream(DATAGRAMS, lease)
+    assert first_difference(golden, fast, stream) is None
+    counters = fast.counters()
+    for name in ("leases_expired", "slots_reclaimed", "drop_collision", "results_emitted"):
         assert counters[name] > 0, name
 
 
@@ -221,10 +249,18 @@ def _unpatched_answer(self, slot, sender):
     return self.results[slot]
 
 
-@pytest.mark.parametrize("tamper", ["clip_once", "unpatched_sender"])
+@pytest.mark.parametrize("tamper", ["clip_once", "unpatched_sender", "lease_one_tick_longer"])
 def test_a_tampered_fast_path_is_caught(pair, monkeypatch, tamper):
-    """The differential test fails on a fast path that saturates once at the end, or that answers a
-    retransmission with the stored result without patching the asker's sender index."""
+    """The differential test fails on a fast path that saturates once at the end, that answers a
+    retransmission with the stored result without patching the asker's sender index, or whose lease
+    is one tick longer than the model's."""
+    if tamper == "lease_one_tick_longer":
+        golden, fast = pair("numpy", unicast=True, slots=4, max_elements=32, lease=20)
+        fast.fast.config = dataclasses.replace(golden.config, lease=21)
+        difference = first_difference(golden, fast, CliqueStream(seed=3, slots=4, max_elements=32).timed_stream(
+            DATAGRAMS, 20))
+        assert difference is not None
+        return
     if tamper == "clip_once":
         monkeypatch.setattr(fastpath.FastAggregator, "_accumulate_numpy", _clip_once_at_the_end)
         monkeypatch.setattr(fastpath.FastAggregator, "_complete", _clip_at_result(fastpath.FastAggregator._complete))

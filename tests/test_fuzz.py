@@ -19,8 +19,8 @@ from inwire.model import AggregatorConfig
 from inwire.packets import build_frames
 from inwire.protocol import DROP_COUNTERS, INT32_MAX, INT32_MIN, Opcode
 
-FUZZ_CONFIG = AggregatorConfig(slots=4, max_elements=32, max_fanin=8)
-"""Few slots and a low fan-in limit: cliques collide, reclaim and hit the limits often."""
+FUZZ_CONFIG = AggregatorConfig(slots=4, max_elements=32, max_fanin=8, lease=16)
+"""Few slots, a low fan-in limit and a short lease: cliques collide, reclaim, expire and hit the limits often."""
 CI_FRAMES = {8: 2000, 64: 1000}
 
 

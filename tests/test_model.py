@@ -8,7 +8,7 @@ from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Raw, raw
 
 from inwire.decode import describe_frame
-from inwire.model import Aggregator, AggregatorConfig, round_is_newer
+from inwire.model import TIME_BITS, Aggregator, AggregatorConfig, round_is_newer
 from inwire.packets import build_frames, ipv4_header_valid, parse_header
 from inwire.protocol import COUNTERS, DROP_COUNTERS, FRAME_OFFSETS, Disposition, Opcode, multicast_mac
 
@@ -155,6 +155,73 @@ def test_newer_round_reclaims_an_unfinished_slot_and_others_collide():
     aggregator.process(contribution((1, 1, 1), sender=0, round=5))
     result = aggregator.process(contribution((1, 1, 1), sender=2, round=5))
     assert describe_frame(result[0])["elements"] == [3, 3, 3]
+
+
+def test_lease_keeps_a_live_slot_and_frees_an_idle_one():
+    """Another owner collides until `lease` ticks pass without an accepted contribution, then claims the slot."""
+    aggregator = Aggregator(AggregatorConfig(slots=8, max_elements=16, max_fanin=8, lease=100))
+    aggregator.process(contribution(sender=0), now=1000)
+    stranger = contribution((4, 4, 4), fanin=2, sender=0, job=77, round=1)
+    aggregator.process(contribution(sender=1), now=1050)
+    assert disposition_of(aggregator, contribution(sender=1, job=9, round=4))[0] == Disposition.DROP_DUPLICATE
+    aggregator.process(stranger, now=1149)
+    assert aggregator.stats()["drop_collision"] == 1
+    assert aggregator.slots[1].key[0] == 9
+    assert disposition_of(aggregator, stranger)[0] == Disposition.DROP_COLLISION
+    aggregator.process(stranger, now=1150)
+    assert aggregator.stats()["leases_expired"] == 1 and aggregator.slots[1].key == (77, 1, 2, 0)
+    result = aggregator.process(contribution((1, 2, 3), fanin=2, sender=1, job=77, round=1), now=1150)
+    assert describe_frame(result[0])["elements"] == [5, 6, 7]
+    # The new owner's slot completed: it is free again, and the old owner's member claims it afresh.
+    assert disposition_of(aggregator, contribution(sender=2))[0] == Disposition.ACCUMULATED
+
+
+def test_lease_does_not_count_drops_as_activity():
+    """Duplicates and result requests do not refresh the stamp; only accepted contributions do."""
+    aggregator = Aggregator(AggregatorConfig(slots=8, max_elements=16, max_fanin=8, lease=10))
+    aggregator.process(contribution(sender=0), now=5)
+    aggregator.process(contribution(sender=0), now=14)
+    aggregator.process(result_request(sender=1), now=14)
+    stranger = contribution(fanin=2, sender=0, job=3)
+    assert disposition_of(aggregator, stranger)[0] == Disposition.DROP_COLLISION
+    aggregator.process(stranger, now=15)
+    assert aggregator.stats()["leases_expired"] == 1
+
+
+def test_lease_zero_never_expires_and_time_wraps():
+    never = Aggregator(AggregatorConfig(slots=8, max_elements=16, max_fanin=8, lease=0))
+    never.process(contribution(sender=0), now=0)
+    never.process(contribution(fanin=2, job=3), now=2**TIME_BITS - 1)
+    assert never.stats()["drop_collision"] == 1
+    wrapping = Aggregator(AggregatorConfig(slots=8, max_elements=16, max_fanin=8, lease=10))
+    wrapping.process(contribution(sender=0), now=2**TIME_BITS - 5)
+    wrapping.process(contribution(fanin=2, job=3), now=2**TIME_BITS + 4)
+    assert wrapping.stats()["drop_collision"] == 1
+    wrapping.process(contribution(fanin=2, job=3), now=2**TIME_BITS + 5)
+    assert wrapping.stats()["leases_expired"] == 1
+
+
+def test_newer_round_takes_precedence_over_an_expired_lease():
+    aggregator = Aggregator(AggregatorConfig(slots=8, max_elements=16, max_fanin=8, lease=10))
+    aggregator.process(contribution(sender=0, round=4), now=0)
+    aggregator.process(contribution(sender=0, round=5), now=100)
+    assert (aggregator.stats()["slots_reclaimed"], aggregator.stats()["leases_expired"]) == (1, 0)
+
+
+def test_a_completed_slot_is_free_at_once_whatever_the_lease():
+    """The stored result answers retransmissions until another owner claims the slot, lease or not."""
+    aggregator = Aggregator(AggregatorConfig(slots=8, max_elements=16, max_fanin=8, lease=1000))
+    completed = [aggregator.process(contribution(sender=sender), now=0) for sender in range(3)][-1]
+    assert aggregator.process(contribution(sender=2), now=5000) == completed
+    assert disposition_of(aggregator, contribution(fanin=2, job=3))[0] == Disposition.ACCUMULATED
+    assert aggregator.stats()["leases_expired"] == 0
+
+
+def test_arrival_time_must_be_an_integer():
+    with pytest.raises(TypeError):
+        Aggregator(CONFIG).process(contribution(), now=1.5)
+    with pytest.raises(ValueError):
+        AggregatorConfig(lease=-1)
 
 
 def test_round_order_wraps_around():

@@ -15,6 +15,11 @@ other bank; stage B is the output register. Frames that need more output beats t
 beat, answers to 128-byte requests) insert beats at stage R while the input keeps filling the beat FIFO.
 Counters and the per-slot overflow flags are updated as each frame's last beat leaves stage S, so a stats
 reply reads exactly the frames before its request.
+
+Slot leases: a TIME_BITS-bit (16) timer counts pulses of `lease_tick`; a frame's time is the timer's value when
+its header's last beat is accepted, and a contribution's commit stamps its slot entry with it. The idle
+time (frame time minus stamp, modulo 2**TIME_BITS) is a subtraction in C3 and its comparison with the
+lease a comparison with a constant in I3: one carry chain per stage.
 """
 
 import enum
@@ -25,7 +30,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from inwire.model import AggregatorConfig
+from inwire.model import TIME_BITS, AggregatorConfig
 from inwire.protocol import (
     COUNTERS,
     ELEMENT_BYTES,
@@ -66,7 +71,7 @@ class Action(enum.IntEnum):
 
 def context_layout(slot_bits, beat_bits, sum_addr_bits):
     return data.StructLayout({
-        "action": 3, "disp": 5, "slot": slot_bits, "rbank": 1, "fresh": 1, "reclaim": 1,
+        "action": 3, "disp": 5, "slot": slot_bits, "rbank": 1, "fresh": 1, "reclaim": 1, "expire": 1,
         "opcode": 8, "sender": 8, "fanin": 8, "exponent": 8, "contributors": 8,
         "job": 32, "round": 32, "clique": 16, "chunk": 32, "count": 16, "group": 32, "bitmap": 64,
         "hdr_slot": 16, "dst_mac": 48, "dst_ip": 32, "dst_port": 16, "out_len": 16, "out_beats": beat_bits,
@@ -83,7 +88,7 @@ def header_register(name):
 META = data.StructLayout({
     "job": 32, "round": 32, "clique": 16, "chunk": 32,
     "fanin": 8, "group": 32, "count": 16, "exponent": 8,
-    "bitmap": 64, "contributors": 8, "complete": 1, "cur": 1,
+    "bitmap": 64, "contributors": 8, "complete": 1, "cur": 1, "stamp": TIME_BITS,
 })
 
 
@@ -109,7 +114,8 @@ class Aggregator(wiring.Component):
     """Aggregator gateware for `config` (an `inwire.model.AggregatorConfig`), `data_width` bytes per beat.
 
     Ports: `s_axis_t{data,keep,last,valid,ready}` in, `m_axis_t{data,keep,last,valid,ready,user}` out
-    (tuser on a last beat marks an aborted frame), and one 32-bit `stat_<name>` per `COUNTERS` name.
+    (tuser on a last beat marks an aborted frame), one 32-bit `stat_<name>` per `COUNTERS` name, and
+    `lease_tick`, one pulse per tick of the lease timer (`LeaseTicker` makes them from the clock).
     `buffer_beats` is the depth of the beat FIFO (at least the header's beats plus slack).
     """
 
@@ -132,7 +138,7 @@ class Aggregator(wiring.Component):
             "s_axis_tdata": In(8 * data_width), "s_axis_tkeep": In(data_width), "s_axis_tlast": In(1),
             "s_axis_tvalid": In(1), "s_axis_tready": Out(1),
             "m_axis_tdata": Out(8 * data_width), "m_axis_tkeep": Out(data_width), "m_axis_tlast": Out(1),
-            "m_axis_tvalid": Out(1), "m_axis_tready": In(1), "m_axis_tuser": Out(1),
+            "m_axis_tvalid": Out(1), "m_axis_tready": In(1), "m_axis_tuser": Out(1), "lease_tick": In(1),
         }
         ports.update({f"stat_{name}": Out(32) for name in COUNTERS})
         super().__init__(ports)
@@ -199,6 +205,9 @@ class Aggregator(wiring.Component):
         i0, i1, i2, i3 = (Signal(stage_layout, name=f"i{n}") for n in range(4))
         in_idx = Signal(self.beat_bits)
         hdr = header_register("hdr")
+        timer, hdr_now = Signal(TIME_BITS), Signal(TIME_BITS)
+        with m.If(self.lease_tick):
+            m.d.sync += timer.eq(timer + 1)
         adv = Signal()
         m.d.comb += [adv.eq(p.beats.w_rdy & p.contexts.w_rdy), self.s_axis_tready.eq(adv)]
         with m.If(adv):
@@ -211,8 +220,9 @@ class Aggregator(wiring.Component):
             with m.If(self.s_axis_tvalid):
                 m.d.sync += in_idx.eq(Mux(self.s_axis_tlast, 0, Mux(in_idx.all(), in_idx, in_idx + 1)))
                 with m.If(in_idx < H):
-                    m.d.sync += hdr.as_value().word_select(in_idx[:ceil_log2(H)], 8 * W).eq(self.s_axis_tdata)
-        p.share(i0=i0, i1=i1, i2=i2, i3=i3, hdr=hdr, adv=adv)
+                    m.d.sync += [hdr.as_value().word_select(in_idx[:ceil_log2(H)], 8 * W).eq(self.s_axis_tdata),
+                                 hdr_now.eq(timer)]
+        p.share(i0=i0, i1=i1, i2=i2, i3=i3, hdr=hdr, hdr_now=hdr_now, adv=adv)
 
     def _classifier_registers(self, p):
         """C1–C3 (what is known so far about the frame whose header ended), the slot entry read for it
@@ -229,6 +239,7 @@ class Aggregator(wiring.Component):
             "count": 16, "exponent": 8, "sender": 8, "sender_bit": 64, "eth_src": 48, "ip_src": 32,
             "udp_sport": 16, "expected_last": self.beat_bits, "expected_tail": range(W + 1),
             "len_hdr": 19, "beats_hdr": self.beat_bits, "len_meta": 19, "beats_meta": self.beat_bits,
+            "now": TIME_BITS, "idle": TIME_BITS,
         })
         c1, c2, c3 = (Signal(cls, name=f"c{n}") for n in (1, 2, 3))
         meta3 = Signal(META)
@@ -273,6 +284,7 @@ class Aggregator(wiring.Component):
                 c1.csum_a.eq((words[0] + words[1]) + (words[2] + words[3])),
                 c1.csum_b.eq((words[4] + words[5]) + (words[6] + words[7])),
                 c1.csum_c.eq(words[8] + words[9]),
+                c1.now.eq(p.hdr_now),
                 c1.slot.eq(f("slot")), c1.job.eq(f("job")), c1.round.eq(f("round")), c1.clique.eq(f("clique")),
                 c1.chunk.eq(f("chunk")), c1.fanin.eq(fanin), c1.group.eq(f("group")), c1.count.eq(count),
                 c1.exponent.eq(f("exponent")), c1.sender.eq(sender), c1.sender_bit.eq(Const(1, 64) << sender[:6]),
@@ -376,6 +388,7 @@ class Aggregator(wiring.Component):
                 "duplicate": (entry.bitmap & c2.sender_bit) != 0,
                 "newer": (c2.job == entry.job) & (round_delta != 0) & ~round_delta[31],
                 "last_member": entry.contributors + 1 == c2.fanin,
+                "idle": (c2.now - entry.stamp)[:TIME_BITS],
                 "len_meta": length,
                 "beats_meta": (entry.count * ELEMENT_BYTES
                                + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES + W - 1)) >> p.shift,
@@ -422,7 +435,9 @@ class Aggregator(wiring.Component):
         m, c3, meta3 = p.m, p.c3, p.meta3
         disp = Signal(5)
         action = Signal(Action)
-        fresh, reclaim = Signal(), Signal()
+        fresh, reclaim, expire = Signal(), Signal(), Signal()
+        lease = self.config.lease
+        expired = Const(0) if lease == 0 else c3.idle >= lease
         complete = Mux(c3.key_match, c3.last_member, c3.fanin == 1)
         summed = Mux(complete, Action.SUM_RESULT, Action.SUM_SILENT)
 
@@ -451,9 +466,12 @@ class Aggregator(wiring.Component):
         with m.Elif(c3.newer):
             m.d.comb += [fresh.eq(1), reclaim.eq(1)]
             decide(Disposition.ACCUMULATED, summed)
+        with m.Elif(expired):
+            m.d.comb += [fresh.eq(1), expire.eq(1)]
+            decide(Disposition.ACCUMULATED, summed)
         with m.Else():
             decide(Disposition.DROP_COLLISION)
-        p.share(disp=disp, action=action, fresh=fresh, reclaim=reclaim, complete=complete)
+        p.share(disp=disp, action=action, fresh=fresh, reclaim=reclaim, expire=expire, complete=complete)
 
     def _commit(self, p):
         """A contribution's frame length, checked on every beat from the header's end to tlast, and the
@@ -484,6 +502,7 @@ class Aggregator(wiring.Component):
                 commit_entry.count.eq(ans.count), commit_entry.exponent.eq(ans.exponent),
                 commit_entry.bitmap.eq(ans.bitmap), commit_entry.contributors.eq(ans.contributors),
                 commit_entry.complete.eq(p.complete), commit_entry.cur.eq(~p.meta3.cur),
+                commit_entry.stamp.eq(c3.now),
             ]
         with m.If(commit_q):
             m.d.sync += p.slot_valid.bit_select(commit_slot, 1).eq(1)
@@ -511,7 +530,7 @@ class Aggregator(wiring.Component):
         with m.If(fire & i3.hdr_end):
             m.d.sync += [
                 ctx_q.eq(ans), ctx_q.action.eq(p.action), ctx_q.disp.eq(p.disp), ctx_q.fresh.eq(p.fresh),
-                ctx_q.reclaim.eq(p.reclaim),
+                ctx_q.reclaim.eq(p.reclaim), ctx_q.expire.eq(p.expire),
                 csum_sum.eq((ans.out_len + csum_base) + (ans.dst_ip[16:] + ans.dst_ip[:16])),
             ]
         m.d.sync += ctx_q_valid.eq((fire & i3.hdr_end) | (ctx_q_valid & ~p.contexts.w_rdy))
@@ -708,8 +727,9 @@ class Aggregator(wiring.Component):
         s_sum, s_other, s_keep = Signal(8 * W), Signal(8 * W), Signal(W)
         s_saturated, s_trailer = Signal(lanes), Signal(lanes)
         s_waddr = Signal.like(sum_wr.addr)
-        s_use_sum, s_stored, s_summing, s_with_trailer, s_fresh, s_reclaim = (
-            Signal(name=f"s_{n}") for n in ("use_sum", "stored", "summing", "with_trailer", "fresh", "reclaim"))
+        s_use_sum, s_stored, s_summing, s_with_trailer, s_fresh, s_reclaim, s_expire = (
+            Signal(name=f"s_{n}") for n in ("use_sum", "stored", "summing", "with_trailer", "fresh", "reclaim",
+                                            "expire"))
         s_slot = Signal(self.slot_bits)
         s_disp = Signal(5)
         with m.If(p.advance):
@@ -722,7 +742,7 @@ class Aggregator(wiring.Component):
                 s_waddr.eq((actx.slot * 2 + ~actx.rbank) * self.bank_words + payload_beat),
                 s_use_sum.eq(summing & is_payload), s_stored.eq(actx.action == Action.STORED),
                 s_summing.eq(summing), s_with_trailer.eq(p.with_trailer), s_fresh.eq(actx.fresh),
-                s_reclaim.eq(actx.reclaim), s_slot.eq(actx.slot), s_disp.eq(actx.disp),
+                s_reclaim.eq(actx.reclaim), s_expire.eq(actx.expire), s_slot.eq(actx.slot), s_disp.eq(actx.disp),
             ]
         # The 128/W ≥ 2 header beats of a later frame of the same slot put its first read of these words
         # (loading R) no earlier than the edge on which S writes the last of them: the read port is
@@ -744,8 +764,8 @@ class Aggregator(wiring.Component):
                                               Mux(s_use_sum, s_sum[bits], s_other[bits])))
         p.share(s_valid=s_valid, s_emit=s_emit, s_last=s_last, s_user=s_user, s_end=s_end, s_bad=s_bad,
                 s_first=s_first, s_keep=s_keep, s_summing=s_summing, s_with_trailer=s_with_trailer,
-                s_reclaim=s_reclaim, s_disp=s_disp, slot_overflow=slot_overflow, saturated_beat=saturated_beat,
-                saturated_acc=saturated_acc, overflowed=overflowed, out_data=out_data)
+                s_reclaim=s_reclaim, s_expire=s_expire, s_disp=s_disp, slot_overflow=slot_overflow,
+                saturated_beat=saturated_beat, saturated_acc=saturated_acc, overflowed=overflowed, out_data=out_data)
 
     def _stage_b(self, p):
         """Stage B, the output register; the counters and the slot's overflow flag, updated as each frame's
@@ -771,6 +791,7 @@ class Aggregator(wiring.Component):
                     "results_emitted": good & p.s_with_trailer,
                     "slots_reclaimed": good & p.s_reclaim,
                     "saturations": good & p.s_summing & (saturated_acc | saturated_beat),
+                    "leases_expired": good & p.s_expire,
                 }
                 for disposition in Disposition:
                     counter = counters[index[disposition.name.lower()]]
@@ -781,3 +802,20 @@ class Aggregator(wiring.Component):
                     m.d.sync += counter.eq(counter + increment)
                 with m.If(good & p.s_summing):
                     m.d.sync += p.slot_overflow.eq(p.overflowed)
+
+
+class LeaseTicker(wiring.Component):
+    """One `tick` pulse every `cycles` clock cycles: the aggregator's `lease_tick` from the core clock."""
+
+    def __init__(self, cycles):
+        if cycles < 1:
+            raise ValueError(f"a lease tick lasts at least one cycle, got {cycles}")
+        self.cycles = cycles
+        super().__init__({"tick": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        count = Signal(range(self.cycles))
+        m.d.comb += self.tick.eq(count == self.cycles - 1)
+        m.d.sync += count.eq(Mux(self.tick, 0, count + 1))
+        return m

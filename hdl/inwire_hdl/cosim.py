@@ -1,9 +1,10 @@
-"""The simulated gateware as an aggregator object: `process(frame)` and `stats()`, like the golden model.
+"""The simulated gateware as an aggregator object: `process(frame, now)` and `stats()`, like the golden model.
 
 A cocotb test (`inwire_hdl.cocotb.cosim`) runs in the simulator and serves frames over a Unix socket,
-one at a time: each frame is driven in, the output is collected until it has been quiet, and the frames
-out and the counters come back. Host tools that talk to `inwire.model.Aggregator` can talk to the
-gateware the same way.
+one at a time: the lease ticks from the previous frame's time to this one's are driven (one per cycle,
+so a long pause costs simulated cycles), the frame is driven in, the output is collected until it has
+been quiet, and the frames out and the counters come back. Host tools that talk to
+`inwire.model.Aggregator` can talk to the gateware the same way.
 """
 
 import json
@@ -13,6 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from inwire.model import TIME_BITS
 from inwire.protocol import COUNTERS
 
 from .sim import SimulationError, build, run
@@ -56,6 +58,8 @@ class CoSimulation:
         self.connection.settimeout(ANSWER_TIMEOUT_S)
         self.counters = dict.fromkeys(COUNTERS, 0)
         """The gateware's counters after the last frame; zero after its reset."""
+        self.now = 0
+        """The previous frame's arrival time in lease ticks, modulo 2**TIME_BITS; zero after reset."""
 
     def _simulate(self, runner, build_dir, path):
         try:
@@ -64,11 +68,16 @@ class CoSimulation:
         except SimulationError as error:
             self.outcome = {"error": str(error)}
 
-    def process(self, frame):
-        """Frames the gateware sends in answer to `frame` (aborted ones left out), as the model's `process`."""
+    def process(self, frame, now=None):
+        """Frames the gateware sends in answer to `frame` (aborted ones left out), as the model's `process`:
+        `now` is its arrival time in lease ticks, None for no time since the previous frame."""
         frame = bytes(frame)
+        ticks = 0
+        if now is not None:
+            ticks = (now - self.now) % 2**TIME_BITS
+            self.now = now % 2**TIME_BITS
         try:
-            self.connection.sendall(struct.pack(">I", len(frame)) + frame)
+            self.connection.sendall(struct.pack(">II", len(frame), ticks) + frame)
             size = struct.unpack(">I", receive_exactly(self.connection, 4))[0]
             answer = json.loads(receive_exactly(self.connection, size))
         except (OSError, ConnectionError) as error:

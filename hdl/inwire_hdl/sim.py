@@ -156,17 +156,24 @@ def run(runner, build_dir, config=None, testcase=None, test_module="test_aggrega
     return outcome
 
 
-def replay(frames, simulator="icarus", data_width=8, config=None):
-    """Runs frames through the simulated gateware; returns (frames out, counters)."""
+def replay(frames, simulator="icarus", data_width=8, config=None, times=None):
+    """Runs frames through the simulated gateware; returns (frames out, counters). `times`, when given,
+    are the frames' arrival times in lease ticks (not decreasing, from 0 at reset), as the model takes them;
+    without them no time passes."""
     config = config or AggregatorConfig()
     runner, build_dir = build(simulator, data_width, config)
     with tempfile.TemporaryDirectory() as scratch:
         inputs, outputs = Path(scratch) / "in.json", Path(scratch) / "out.json"
         inputs.write_text(json.dumps([bytes(frame).hex() for frame in frames]))
         progress.say(f"simulating {len(frames)} frames in {simulator}")
+        environment = {"INWIRE_REPLAY_IN": str(inputs), "INWIRE_REPLAY_OUT": str(outputs)}
+        if times is not None:
+            if len(times) != len(frames) or any(later < earlier for earlier, later in zip(times, times[1:])):
+                raise SimulationError("replay times: one per frame, not decreasing")
+            (Path(scratch) / "times.json").write_text(json.dumps([int(now) for now in times]))
+            environment["INWIRE_REPLAY_TIMES"] = str(Path(scratch) / "times.json")
         outcome = run(runner, build_dir, config, testcase="replay", test_module="inwire_hdl.cocotb.replay",
-                      extra_env={"INWIRE_REPLAY_IN": str(inputs), "INWIRE_REPLAY_OUT": str(outputs)},
-                      results_name="replay.xml")
+                      extra_env=environment, results_name="replay.xml")
         if not outcome or not all(outcome.values()) or not outputs.exists():
             raise SimulationError(f"replay simulation failed, see {build_dir / 'replay.log'}")
         result = json.loads(outputs.read_text())

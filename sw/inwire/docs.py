@@ -2,7 +2,7 @@
 
 import pathlib
 
-from .model import FRAME_CHECKS, SLOT_CHECKS
+from .model import DEFAULT_LEASE, FRAME_CHECKS, SLOT_CHECKS, TIME_BITS
 from .protocol import (
     AGGREGATION_FIELDS,
     AGGREGATION_HEADER_BYTES,
@@ -103,13 +103,27 @@ completed slot keeps its result: a retransmitted contribution or a result reques
 owner claims the slot. Hosts alternate two pools of slots between rounds, so the previous round's results stay
 available while the next round runs (SwitchML's shadow copy).
 
+Leases: an unfinished slot whose owner has gone away (a round that gave up, a stray contribution, a flood of
+job ids) would otherwise refuse every other owner for good. Each slot holds the arrival time of its last
+accepted contribution (a claim or a sum; duplicates, drops and result requests do not count). Once
+`lease` ticks have passed since then, a contribution with any other owner claims the slot afresh (its
+partial sums are lost; its members' retransmissions collide until the new owner completes, then claim it
+again) and counts in `leases_expired`. Before that, another owner collides: a live slot is never taken,
+except by a newer round of its own job, which is checked first. The lease does not touch completed slots:
+their stored result answers retransmissions until any other owner claims them, as above. Time is the
+lease timer's: the gateware counts pulses of its `lease_tick` input (a board makes one every millisecond),
+`inwire serve` counts milliseconds. Timer and stamps are {TIME_BITS} bits wide: a slot idle for longer than
+2**{TIME_BITS} ticks counts as idle for that time modulo 2**{TIME_BITS}. `lease` is the aggregator's parameter
+(default {DEFAULT_LEASE} ticks, 2 s; 0 turns leases off).
+
 ## Counters
 
 A stats request is answered with the counters as uint32 elements, in this order, counting every frame
 before the request: {", ".join(f"`{name}`" for name in COUNTERS)}.
 `frames_in` is the sum of the dispositions; `results_emitted` counts results sent (completions and answers);
 `slots_reclaimed` counts unfinished slots taken by a newer round; `saturations` counts contributions that
-saturated at least one sum.
+saturated at least one sum; `leases_expired` counts unfinished slots claimed by another owner after their
+lease ran out.
 
 ## Wire efficiency
 

@@ -14,7 +14,9 @@ Where the time goes, and what is done about it:
   (clipping once at the end is not the model: MAX + MAX - MAX must give 0 with the overflow flag);
 - a result's header is packed once when its slot completes and kept with its elements; answering a
   retransmission patches the one byte that differs (the asker's sender index);
-- counters are a list indexed by disposition.
+- counters are a list indexed by disposition;
+- slot leases: each slot's stamp is the arrival time of its last accepted contribution, compared only
+  when another owner wants an unfinished slot.
 
 The per-element work (saturating sum, big-endian encoding) runs in `inwire._fastpath` when that C
 extension was built (`make setup`), else in numpy. Both are run by the same differential tests.
@@ -26,6 +28,7 @@ import struct
 import numpy as np
 
 from .datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET
+from .model import TIME_BITS
 from .protocol import (
     AGGREGATION_FIELDS,
     COUNTERS,
@@ -67,8 +70,9 @@ MAX_PAYLOAD = 0xFFFF - IPV4_BYTES - UDP_BYTES
 STATS_REPLY_COUNT = len(COUNTERS)
 _CONTRIBUTION, _RESULT_REQUEST, _STATS_REQUEST = Opcode.CONTRIBUTION, Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST
 _COUNTER_INDEX = {name: index for index, name in enumerate(COUNTERS)}
-_FRAMES_IN, _RESULTS, _RECLAIMED, _SATURATIONS = (_COUNTER_INDEX[name] for name in (
-    "frames_in", "results_emitted", "slots_reclaimed", "saturations"))
+_FRAMES_IN, _RESULTS, _RECLAIMED, _SATURATIONS, _EXPIRED = (_COUNTER_INDEX[name] for name in (
+    "frames_in", "results_emitted", "slots_reclaimed", "saturations", "leases_expired"))
+_TIME_MASK = 2**TIME_BITS - 1
 _STATUS = (bytes(RESULT_TRAILER_BYTES), STATUS_OVERFLOW.to_bytes(RESULT_TRAILER_BYTES, "big"))
 _PADDING = bytes(AGGREGATION_FIELDS[-1].nbytes)
 _BACKENDS = ("numpy", "c")
@@ -83,10 +87,11 @@ def default_backend():
 
 
 class FastAggregator:
-    """`handle(payload)` -> (disposition, answer payload or None) with the model's state and counters.
+    """`handle(payload, now)` -> (disposition, answer payload or None) with the model's state and counters.
 
     The state per slot: key (job, round, clique, chunk) or None, fan-in, group, count, exponent, bitmap,
-    overflow, complete, the running sums, and the completed result (payload) once there is one.
+    overflow, complete, the running sums, the completed result (payload) once there is one, and the
+    arrival time of the last accepted contribution (lease stamp).
     """
 
     def __init__(self, config, backend=None):
@@ -106,6 +111,9 @@ class FastAggregator:
         self.results = [None] * slots
         """The completed slot's result payload (bytes); None while the slot is unfinished."""
         self.sums = [None] * slots
+        self.stamps = [0] * slots
+        self.now = 0
+        """Arrival time of the latest datagram, in lease ticks modulo 2**TIME_BITS (as the model's)."""
         self.counts = [0] * len(COUNTERS)
         self._accumulate = self._accumulate_c if backend == "c" else self._accumulate_numpy
 
@@ -115,8 +123,11 @@ class FastAggregator:
     def slot_key(self, slot):
         return self.keys[slot]
 
-    def handle(self, payload):
-        """Disposition and answer (a payload, or None) of one datagram; counts it."""
+    def handle(self, payload, now=None):
+        """Disposition and answer (a payload, or None) of one datagram that arrived at `now` (lease ticks;
+        None: no time passed since the previous one); counts it."""
+        if now is not None:
+            self.now = now & _TIME_MASK
         disposition, answer = self._decide(payload)
         counts = self.counts
         counts[disposition] += 1
@@ -174,6 +185,9 @@ class FastAggregator:
         elif job == current[0] and 0 < ((round_ - current[1]) & 0xFFFFFFFF) < 2**31:
             self.counts[_RECLAIMED] += 1
             self._claim(slot, key, shape)
+        elif config.lease and (self.now - self.stamps[slot]) & _TIME_MASK >= config.lease:
+            self.counts[_EXPIRED] += 1
+            self._claim(slot, key, shape)
         else:
             return Disposition.DROP_COLLISION, None
 
@@ -182,6 +196,7 @@ class FastAggregator:
             self.overflow[slot] = True
         bitmap = self.bitmaps[slot] | 1 << sender
         self.bitmaps[slot] = bitmap
+        self.stamps[slot] = self.now
         if bitmap.bit_count() < fanin:
             return Disposition.ACCUMULATED, None
         return Disposition.ACCUMULATED, self._complete(slot, sender, key, shape, bitmap)

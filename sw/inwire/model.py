@@ -9,6 +9,12 @@ It is also the software aggregator (`inwire serve`). Every input frame gets exac
 - dropped: nothing.
 
 A frame acts atomically: a frame dropped for any reason leaves every slot as it was.
+
+Time is explicit: `process(frame, now)` takes the frame's arrival time in ticks of the lease timer (the
+gateware counts them on its `lease_tick` input; `inwire serve` counts milliseconds, `LEASE_TICK_S`). It
+only matters to slot leases: an unfinished slot that has seen no accepted contribution for
+`AggregatorConfig.lease` ticks may be claimed by any owner. Times count modulo 2**TIME_BITS, as the
+gateware's timer and stamps do.
 """
 
 import copy
@@ -43,6 +49,17 @@ from .protocol import (
 )
 
 ACCEPTED_OPCODES = (Opcode.CONTRIBUTION, Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST)
+TIME_BITS = 16
+"""Width of the lease timer and of each slot's activity stamp: idle time is (now - stamp) mod 2**TIME_BITS,
+so a slot idle for k * 2**TIME_BITS + t ticks counts as idle for t (65.5 s at LEASE_TICK_S: an abandoned
+slot looks live again for one lease in every 65.5 s). Narrow, so that the gateware's subtraction and
+comparison stay short carry chains."""
+LEASE_TICK_S = 0.001
+"""The tick `inwire serve` counts and a board's prescaler makes: one millisecond."""
+DEFAULT_LEASE = 2000
+"""Ticks (2 s at LEASE_TICK_S): ten of `inwire stream`'s default retransmission timeouts, so a live round's
+members retransmit many times before it can lose its slot, and well under the 5 s a stream waits in all,
+so a stream that finds an abandoned slot still completes."""
 
 
 @dataclass(frozen=True)
@@ -54,12 +71,15 @@ class AggregatorConfig:
     slots: int = 16
     max_elements: int = 256
     max_fanin: int = MAX_FANIN
+    lease: int = DEFAULT_LEASE
+    """Ticks without an accepted contribution after which an unfinished slot may be claimed by any owner;
+    0 for no lease (an unfinished slot then waits for its owner, or a newer round of its job, forever)."""
 
     def __post_init__(self):
         mac_bytes(self.mac)
         checks = {"ip": (self.ip, 0, 2**32 - 1), "port": (self.port, 1, 2**16 - 1),
                   "slots": (self.slots, 1, 2**16), "max_elements": (self.max_elements, 1, 2**16 - 1),
-                  "max_fanin": (self.max_fanin, 1, MAX_FANIN)}
+                  "max_fanin": (self.max_fanin, 1, MAX_FANIN), "lease": (self.lease, 0, 2**TIME_BITS - 1)}
         for name, (value, low, high) in checks.items():
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
                 raise TypeError(f"aggregator {name} must be an integer, got {value!r}")
@@ -78,6 +98,8 @@ class Slot:
     bitmap: int = 0
     overflow: bool = False
     complete: bool = False
+    stamp: int = 0
+    """Arrival time of the slot's last accepted contribution."""
     sums: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
@@ -136,34 +158,53 @@ SLOT_CHECKS = (
     (Disposition.ANSWERED, "it is a contribution to its owner's completed slot: the stored result again"),
     (Disposition.DROP_DUPLICATE, "it is a contribution from a member already summed"),
     (Disposition.DROP_COLLISION, "it is a contribution with another owner while the slot is unfinished, "
-                                 "unless from the same job and a newer round (which reclaims the slot)"),
+                                 "unless from the same job and a newer round (which reclaims the slot) or the "
+                                 "slot's lease ran out: no accepted contribution for `lease` ticks (any owner "
+                                 "claims it)"),
     (Disposition.ACCUMULATED, "it is any other contribution: summed, and the result sent when the fan-in is reached"),
 )
 """What happens next, by the slot the frame names, in the order `Aggregator` decides it."""
 
 
 class Aggregator:
-    """The aggregator's state and behaviour; `process(frame)` returns the frames it sends."""
+    """The aggregator's state and behaviour; `process(frame, now)` returns the frames it sends."""
 
     def __init__(self, config=None):
         self.config = config or AggregatorConfig()
         self.slots = [Slot() for _ in range(self.config.slots)]
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.now = 0
+        """Arrival time of the latest frame, in lease ticks modulo 2**TIME_BITS."""
 
-    def process(self, frame):
-        """Feed one frame (bytes, without FCS); returns the list of frames sent in answer (0 or 1)."""
+    def process(self, frame, now=None):
+        """Feed one frame (bytes, without FCS) that arrived at `now` (lease ticks; None: no time passed
+        since the previous frame); returns the list of frames sent in answer (0 or 1)."""
         if not isinstance(frame, (bytes, bytearray, memoryview)):
             raise TypeError(f"a frame is bytes, got {type(frame).__name__}")
+        self.advance(now)
         disposition, output = self._classify_and_act(bytes(frame))
         self.counters["frames_in"] += 1
         self.counters[disposition.name.lower()] += 1
         return output
 
+    def advance(self, now):
+        """Set the time of the next frame; None leaves it as it is."""
+        if now is None:
+            return
+        if not isinstance(now, (int, np.integer)) or isinstance(now, bool):
+            raise TypeError(f"a frame's arrival time is an integer count of ticks, got {now!r}")
+        self.now = int(now) % 2**TIME_BITS
+
     def stats(self):
         """Counters as a dict, in COUNTERS order."""
         return dict(self.counters)
 
-    def cut_through_abort(self, frame, data_width):
+    def lease_expired(self, slot):
+        """Whether `slot` has seen no accepted contribution for the lease, as of the current time."""
+        lease = self.config.lease
+        return lease != 0 and (self.now - slot.stamp) % 2**TIME_BITS >= lease
+
+    def cut_through_abort(self, frame, data_width, now=None):
         """The bytes of an answer that a cut-through aggregator sends whole before it aborts the answer
         because `frame`'s length is wrong, or None when it starts no answer; call it before `process(frame)`.
 
@@ -173,7 +214,8 @@ class Aggregator:
         or runs past its expected end, the answer's beats go out up to the output beat that matches the input
         beat where the length is found wrong, and that beat ends the frame with an abort (tuser, content not
         defined). It is the frame's last beat when the frame is short, the one holding its expected last byte
-        when it is long. The frame itself is DROP_LENGTH and changes nothing, as `process` says.
+        when it is long. The frame itself is DROP_LENGTH and changes nothing, as `process` says. `now` is
+        the frame's arrival time, as for `process`.
         """
         frame = bytes(frame)
         if len(frame) < FRAME_HEADER_BYTES or not self._addressed_to_me(frame):
@@ -185,7 +227,9 @@ class Aggregator:
         if len(frame) == expected:
             return None
         as_announced = frame[:expected].ljust(expected, b"\0")
-        disposition, answers = copy.deepcopy(self)._classify_and_act(as_announced)
+        ahead = copy.deepcopy(self)
+        ahead.advance(now)
+        disposition, answers = ahead._classify_and_act(as_announced)
         if disposition == Disposition.FORWARDED or not answers:
             return None
         wrong_beat = (min(len(frame), expected) - 1) // data_width
@@ -228,6 +272,9 @@ class Aggregator:
         elif header["job"] == slot.key[0] and round_is_newer(int(header["round"]), slot.key[1]):
             self.counters["slots_reclaimed"] += 1
             self._claim(slot, header)
+        elif self.lease_expired(slot):
+            self.counters["leases_expired"] += 1
+            self._claim(slot, header)
         else:
             return Disposition.DROP_COLLISION, []
 
@@ -238,6 +285,7 @@ class Aggregator:
             slot.overflow = True
         slot.sums = np.clip(total, INT32_MIN, INT32_MAX)
         slot.bitmap |= 1 << int(header["sender"])
+        slot.stamp = self.now
         if slot.bitmap.bit_count() < slot.fanin:
             return Disposition.ACCUMULATED, []
         slot.complete = True

@@ -194,14 +194,16 @@ DISPOSITION_MEANING = {
     Disposition.DROP_SLOT: "slot index beyond the aggregator's slots",
     Disposition.DROP_DUPLICATE: "member already summed into this slot",
     Disposition.DROP_MISMATCH: "fanin, group, count or exponent differ from the slot's first contribution",
-    Disposition.DROP_COLLISION: "slot busy with another unfinished job, round, clique or chunk",
+    Disposition.DROP_COLLISION: "slot busy with another unfinished job, round, clique or chunk whose lease "
+                                "has not run out",
     Disposition.DROP_NO_RESULT: "result request for a slot with no matching completed result",
 }
 
 COUNTERS = tuple(disposition.name.lower() for disposition in Disposition) + (
-    "frames_in", "results_emitted", "slots_reclaimed", "saturations")
+    "frames_in", "results_emitted", "slots_reclaimed", "saturations", "leases_expired")
 """Counter names, in the order a stats reply carries them. `frames_in` equals the sum of the
-dispositions; `results_emitted` counts result frames sent (completions and stored-result answers)."""
+dispositions; `results_emitted` counts result frames sent (completions and stored-result answers);
+`leases_expired` counts unfinished slots claimed by another owner after their lease ran out."""
 
 DROP_COUNTERS = tuple(d.name.lower() for d in Disposition if d.name.startswith("DROP_"))
 

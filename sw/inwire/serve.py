@@ -8,6 +8,9 @@ destination: the aggregator's own address and port), so the very `model.Aggregat
 checked against decides what happens to it, and each frame it sends is unwrapped again. Either way an
 answer goes to the clique's multicast group (a result) or to the requester (a stats reply).
 
+Each datagram's arrival time, in milliseconds since the service started (`model.LEASE_TICK_S`), is the
+time the decision takes it at: slot leases (docs/protocol.md) count in it.
+
 Where multicast is not routable, `unicast=True` sends a result to each member instead, at the address the
 member's contributions came from; a result answering a retransmission goes to the requester only.
 """
@@ -24,7 +27,7 @@ import time
 from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, set_receive_buffer, socket_drops, wrap
 from .errors import InwireError
 from .fastpath import FastAggregator, compiled
-from .model import Aggregator, AggregatorConfig
+from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field, parse_header
 from .protocol import DROP_COUNTERS, INWIRE_PORT, Disposition, Opcode
 
@@ -57,14 +60,16 @@ class ServeError(InwireError):
 class SoftwareAggregator:
     """A UDP socket in front of the aggregator's decision (fast path, golden model or co-simulation).
 
-    `handle(payload, peer)` is the whole decision (returns the datagrams to send); `serve()` is the
-    receive loop around it, which runs until `stop()`. `engine` is "fast" (default) or "golden";
-    `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a co-simulation) implies "golden".
+    `handle(payload, peer, now)` is the whole decision (returns the datagrams to send; `now` is the arrival
+    time in lease ticks, the service's clock `ticks()` when None); `serve()` is the receive loop around it,
+    which runs until `stop()`. `lease` is the slot lease in ticks (milliseconds; 0 for none). `engine` is
+    "fast" (default) or "golden"; `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a
+    co-simulation) implies "golden".
     """
 
     def __init__(self, listen=("127.0.0.1", INWIRE_PORT), unicast=False, slots=DEFAULT_SLOTS,
                  max_elements=DEFAULT_MAX_ELEMENTS, multicast_iface=None, log=None, make_aggregator=None,
-                 engine=None, backend=None, receive_buffer=DEFAULT_RECEIVE_BUFFER):
+                 engine=None, backend=None, receive_buffer=DEFAULT_RECEIVE_BUFFER, lease=DEFAULT_LEASE):
         engine = engine or ("golden" if make_aggregator is not None else "fast")
         if engine not in ENGINES:
             raise ServeError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -88,7 +93,8 @@ class SoftwareAggregator:
             self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(multicast_iface))
         self.address = self.sock.getsockname()
         self.config = AggregatorConfig(ip=ip_int(self.address[0]), port=self.address[1], slots=slots,
-                                       max_elements=max_elements)
+                                       max_elements=max_elements, lease=lease)
+        self._started = time.monotonic()
         if engine == "fast":
             self.model = None
             self.fast = FastAggregator(self.config, backend)
@@ -117,8 +123,12 @@ class SoftwareAggregator:
         """(job, round, clique, chunk) owning `slot`, or None while it was never used."""
         return self.fast.slot_key(slot) if self.fast is not None else self.model.slots[slot].key
 
-    def _handle_fast(self, payload, peer):
-        disposition, answer = self.fast.handle(payload)
+    def ticks(self):
+        """Milliseconds since the service started: the arrival time of a datagram read now."""
+        return int((time.monotonic() - self._started) / LEASE_TICK_S)
+
+    def _handle_fast(self, payload, peer, now=None):
+        disposition, answer = self.fast.handle(payload, self.ticks() if now is None else now)
         if disposition == Disposition.ACCUMULATED or (disposition == Disposition.ANSWERED
                                                       and payload[3] == Opcode.CONTRIBUTION):
             sender, job, group = _MEMBER.unpack_from(payload)
@@ -140,10 +150,10 @@ class SoftwareAggregator:
             destination = self._groups[group] = (ip_str(group), self.config.port)
         return [(answer, destination)]
 
-    def _handle_golden(self, payload, peer):
+    def _handle_golden(self, payload, peer, now=None):
         frame = wrap(payload, peer, self.address, self.dst_mac)
         before = self.model.stats()
-        outputs = self.model.process(frame)
+        outputs = self.model.process(frame, self.ticks() if now is None else now)
         after = self.model.stats()
         answered = after["answered"] > before["answered"]
         if answered or after["accumulated"] > before["accumulated"]:

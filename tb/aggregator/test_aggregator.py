@@ -252,3 +252,63 @@ async def frames_longer_than_the_beat_counters(dut):
     await tb.check()
     stats = tb.model.stats()
     assert (stats["forwarded"], stats["drop_length"], stats["results_emitted"]) == (1, 1, 1)
+
+
+@cocotb.test()
+async def lease_frees_an_idle_slot(dut):
+    """Another job collides with an unfinished slot until `lease` ticks pass without an accepted contribution
+    (a duplicate does not count), then claims it; the old owner's member collides until the new owner
+    completes, and then claims the completed slot afresh."""
+    tb, traffic = await start(dut, 16, sink_pause=0.2)
+    lease, slot = tb.config.lease, tb.config.slots - 1
+    abandoned = traffic.clique(9, fanin=3, slot=slot, job=21, round=4)
+    stranger = traffic.clique(12, fanin=2, slot=slot, job=22, round=1)
+    await tb.send(abandoned[:2])
+    await tb.advance(lease - 1)
+    await tb.send([abandoned[0], stranger[0]])
+    await tb.advance(1)
+    await tb.send([stranger[0], abandoned[2]])
+    await tb.advance(lease)
+    await tb.send(stranger[1:] + abandoned)
+    await tb.check()
+    stats = tb.model.stats()
+    assert (stats["leases_expired"], stats["drop_collision"], stats["results_emitted"]) == (1, 2, 2), stats
+
+
+@cocotb.test()
+async def lease_kept_by_accepted_contributions(dut):
+    """Each accepted contribution restarts the lease: a slot that gains a member every lease - 1 ticks
+    stays its owner's, and is taken only lease ticks after its last member."""
+    tb, traffic = await start(dut, 17)
+    lease = tb.config.lease
+    slow = traffic.clique(5, fanin=4, slot=1, job=31, round=2)
+    stranger = traffic.clique(5, fanin=1, slot=1, job=32, round=2)
+    for member in slow[:3]:
+        await tb.send([member])
+        await tb.advance(lease - 1)
+        await tb.send(stranger)
+    await tb.advance(1)
+    await tb.send(stranger + [slow[3]])
+    await tb.check()
+    stats = tb.model.stats()
+    assert (stats["drop_collision"], stats["leases_expired"], stats["results_emitted"]) == (3, 1, 1), stats
+
+
+@cocotb.test()
+async def abandoned_cliques_and_idle_gaps_under_backpressure(dut):
+    """Bursts of interleaved cliques and other jobs' claims, one member in five lost for good, with idle gaps
+    around the lease between bursts."""
+    tb, traffic = await start(dut, 18, source_pause=0.2, sink_pause=0.4)
+    chooser = random.Random(18)
+    lease = tb.config.lease
+    for burst in range(6):
+        frames = []
+        for _ in range(4):
+            clique = traffic.clique(chooser.randint(1, 24), fanin=chooser.randint(1, 4), slot=chooser.randrange(4),
+                                    job=chooser.randrange(3), round=burst)
+            frames += [frame for frame in clique if chooser.random() > 0.2]
+        chooser.shuffle(frames)
+        await tb.send(frames)
+        await tb.advance(chooser.choice((1, lease - 1, lease, lease + 3)))
+    await tb.check()
+    assert tb.model.stats()["leases_expired"] > 0

@@ -15,15 +15,19 @@ SLOT_TRANSITIONS = (
     ("partial", "complete", "member"),
     ("partial", "partial", "reclaim"),
     ("partial", "complete", "reclaim"),
+    ("partial", "partial", "expire"),
+    ("partial", "complete", "expire"),
     ("complete", "partial", "claim"),
     ("complete", "complete", "claim"),
 )
 """Every change a slot can go through: claimed when empty or complete (a fan-in of 1 completes it at
-once), a new member summed, reclaimed by a newer round of its job."""
+once), a new member summed, reclaimed by a newer round of its job, claimed by another owner once its lease
+ran out."""
 
 FRAME_CLASSES = tuple(d.name.lower() for d in Disposition)
-EVENTS = ("results_emitted", "saturations", "slots_reclaimed")
-"""Counters whose increase marks an event worth seeing: a result sent, a sum clipped, a slot taken over."""
+EVENTS = ("results_emitted", "saturations", "slots_reclaimed", "leases_expired")
+"""Counters whose increase marks an event worth seeing: a result sent, a sum clipped, a slot taken over
+by a newer round or after its lease."""
 
 
 def slot_state(slot):
@@ -47,11 +51,11 @@ class Coverage:
         self._process = model.process
         model.process = self.process
 
-    def process(self, frame):
+    def process(self, frame, now=None):
         model = self.model
         before = [(slot_state(slot), _snapshot(slot)) for slot in model.slots]
         counters = dict(model.counters)
-        outputs = self._process(frame)
+        outputs = self._process(frame, now)
         for name in FRAME_CLASSES:
             if model.counters[name] != counters[name]:
                 self.classes[name] += 1
@@ -59,11 +63,14 @@ class Coverage:
             if model.counters[name] != counters[name]:
                 self.events[name] += 1
         reclaimed = model.counters["slots_reclaimed"] != counters["slots_reclaimed"]
+        expired = model.counters["leases_expired"] != counters["leases_expired"]
         for (state, snapshot), slot in zip(before, model.slots, strict=True):
             if _snapshot(slot) == snapshot:
                 continue
             if reclaimed:
                 cause = "reclaim"
+            elif expired:
+                cause = "expire"
             elif state == "partial" and snapshot[0] == slot.key:
                 cause = "member"
             else:

@@ -8,6 +8,7 @@ frames per kind, counters, results of the clean round).
 import collections
 import json
 import os
+import random
 from pathlib import Path
 
 import cocotb
@@ -19,6 +20,9 @@ from inwire_hdl.cocotb.testbench import TB
 from inwire_hdl.cocotb.traffic import Traffic
 
 DISPOSITIONS = tuple(d.name.lower() for d in Disposition)
+FRAMES_BETWEEN_PAUSES = 50
+"""Frames sent between two pauses of the input, in each of which the lease timer runs for 0 to 2 leases:
+abandoned slots expire and are claimed by other owners."""
 
 
 def accounted(tb, sent):
@@ -37,6 +41,7 @@ async def fuzz_then_clean_round(dut):
     await tb.reset()
     coverage = Coverage(tb.model)
     mutator = Mutator(tb.config, seed)
+    pauses = random.Random(seed)
     kinds = collections.Counter()
     sent = 0
     stream = mutator.frames(frames)
@@ -46,7 +51,9 @@ async def fuzz_then_clean_round(dut):
         pause = (sent // chunk) % 3
         tb.pauses(0.1 * pause, 0.25 * pause)
         kinds.update(kind for kind, _ in batch)
-        await tb.send([frame for _, frame in batch])
+        for start in range(0, len(batch), FRAMES_BETWEEN_PAUSES):
+            await tb.send([frame for _, frame in batch[start:start + FRAMES_BETWEEN_PAUSES]])
+            await tb.advance(pauses.randrange(2 * tb.config.lease + 1))
         sent += len(batch)
         await tb.check()
         accounted(tb, sent)

@@ -23,6 +23,7 @@ async def cosim(dut):
     connection.connect(os.environ["INWIRE_COSIM_SOCKET"])
     with connection:
         while (size := struct.unpack(">I", receive_exactly(connection, 4))[0]) != QUIT:
+            await tb.advance(struct.unpack(">I", receive_exactly(connection, 4))[0])
             await tb.source.send(AxiStreamFrame(receive_exactly(connection, size)))
             await tb.drain(quiet_cycles=QUIET_CYCLES)
             reply = json.dumps({"frames": [frame.hex() for frame in tb.received], "counters": tb.counters(),

@@ -3,6 +3,10 @@
 Every expected frame and counter comes from `inwire.model.Aggregator` fed with the same frames, aborted
 cut-through answers (tuser on the last beat) included: the model says which beats leave before the abort.
 Every output beat must carry a contiguous tkeep, full on every beat but the last.
+
+Time: the testbench drives `lease_tick` itself, only while no frame is going in (`advance`), so every
+frame's arrival time (the gateware's timer when its header ends) is the count of ticks driven before it,
+which is what the model is given.
 """
 
 import json
@@ -71,6 +75,9 @@ class TB:
         """The frames that left whole, for the drivers that write them out."""
         self.aborted = 0
         self.cycles = 0
+        self.ticks = 0
+        """Lease ticks driven since the last reset: the arrival time of the frames sent now."""
+        dut.lease_tick.value = 0
         cocotb.start_soon(self._count_cycles())
 
     async def _count_cycles(self):
@@ -96,6 +103,7 @@ class TB:
     def restart_model(self):
         """After a reset the gateware is empty: so is the model, and nothing in flight is expected."""
         self.model = Model(self.config)
+        self.ticks = 0
         self.expected.clear()
         self.outputs.clear()
         self.received.clear()
@@ -111,10 +119,19 @@ class TB:
                 # Clearing the generator leaves `pause` at its last value, which may be a pause for good.
                 end.pause = False
 
+    async def advance(self, ticks):
+        """Let `ticks` lease ticks pass once every frame sent so far has gone in, one per cycle."""
+        await self.source.wait()
+        if ticks:
+            self.dut.lease_tick.value = 1
+            await ClockCycles(self.dut.clk, ticks)
+            self.dut.lease_tick.value = 0
+            self.ticks += ticks
+
     async def send(self, frames):
         for frame in frames:
-            prefix = self.model.cut_through_abort(frame, self.width)
-            answers = self.model.process(frame)
+            prefix = self.model.cut_through_abort(frame, self.width, self.ticks)
+            answers = self.model.process(frame, self.ticks)
             self.expected.extend([(True, prefix)] if prefix is not None else [(False, out) for out in answers])
             await self.source.send(AxiStreamFrame(frame))
 

@@ -21,8 +21,8 @@ def positive_float(text):
 
 
 def gateware_size(parser, widths, sized_by=None):
-    """--width, --slots, --elements and --max-fanin of a gateware build, defaults from the golden model or,
-    with `sized_by` (e.g. "the capture"), left to the command to derive from it."""
+    """--width, --slots, --elements, --max-fanin and --lease of a gateware build, defaults from the golden
+    model or, with `sized_by` (e.g. "the capture"), left to the command to derive from it."""
     from inwire.model import AggregatorConfig
 
     defaults = AggregatorConfig()
@@ -38,6 +38,9 @@ def gateware_size(parser, widths, sized_by=None):
         parser.add_argument("--elements", type=int, default=defaults.max_elements,
                             help="maximum int32 elements per frame")
     parser.add_argument("--max-fanin", type=int, default=defaults.max_fanin, help="maximum clique size")
+    parser.add_argument("--lease", type=int, default=defaults.lease, metavar="TICKS",
+                        help="lease_tick pulses (a board makes one per millisecond) without an accepted contribution "
+                             "after which an unfinished slot may be claimed by another job (0: never)")
 
 
 MAX_SUM_WORDS = 1 << 16
@@ -62,6 +65,7 @@ def gateware_config(args):
         raise ValueError(f"--slots {args.slots} x --elements {args.elements} = {args.slots * args.elements:,} sum "
                          f"words, more than the {MAX_SUM_WORDS:,} a generated core may hold; lower one of them")
     try:
-        return AggregatorConfig(slots=args.slots, max_elements=args.elements, max_fanin=args.max_fanin)
+        return AggregatorConfig(slots=args.slots, max_elements=args.elements, max_fanin=args.max_fanin,
+                                lease=args.lease)
     except TypeError as error:
         raise ValueError(str(error)) from None

@@ -10,6 +10,7 @@ import ipaddress
 import signal
 
 from ..datagram import parse_endpoint
+from ..model import DEFAULT_LEASE
 from ..protocol import INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME
 from ..serve import DEFAULT_MAX_ELEMENTS, DEFAULT_RECEIVE_BUFFER, DEFAULT_SLOTS, SoftwareAggregator
 from .options import simulator
@@ -28,6 +29,9 @@ def add_arguments(parser):
     parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="aggregator slots")
     parser.add_argument("--max-elements", type=int, default=DEFAULT_MAX_ELEMENTS,
                         help="largest element count per frame")
+    parser.add_argument("--lease", type=int, default=DEFAULT_LEASE, metavar="MS",
+                        help="milliseconds without an accepted contribution after which an unfinished slot may be "
+                             "claimed by another job (0: never)")
     parser.add_argument("--sim", type=simulator, default=None, metavar="SIMULATOR[:WIDTH]",
                         help="answer with the gateware in co-simulation (icarus or verilator, width 8 to 64) "
                              "instead of the golden model")
@@ -66,7 +70,7 @@ def run(args):
         sim, width = args.sim
         kwargs["make_aggregator"] = lambda config: CoSimulation(sim, width, config)
     server = SoftwareAggregator(listen, unicast=args.unicast, slots=args.slots, max_elements=args.max_elements,
-                                multicast_iface=args.multicast_iface, **kwargs)
+                                multicast_iface=args.multicast_iface, lease=args.lease, **kwargs)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: server.stop())
     host, port = server.address
