@@ -6,11 +6,12 @@ Each check wraps the gateware in a harness that drives its inputs with free symb
 the inside changes. The expected values come from the protocol tables and the golden model's rules,
 restated over symbolic frames.
 
-`inwire formal` runs every check (two at a time) and prints a table: property, data width,
+`python -m inwire_hdl.formal` runs every check (two at a time) and prints a table: property, data width,
 method (`prove`: k-induction; `bmc`: bounded model check to the stated depth; `cover`: the trace that
 shows the property is not vacuous), engine, depth, result, time and, for a failure, the counterexample VCD.
 """
 
+import argparse
 import os
 import re
 import shutil
@@ -35,8 +36,6 @@ from inwire.protocol import (
     FIELDS_BY_NAME,
     FRAME_HEADER_BYTES,
     FRAME_OFFSETS,
-    INT32_MAX,
-    INT32_MIN,
     IP_PROTO_UDP,
     MIN_FRAME_BYTES,
     RESULT_TRAILER_BYTES,
@@ -48,11 +47,13 @@ from inwire.protocol import (
 from . import mutants
 from .aggregator import Aggregator
 
-BUILD_ROOT = Path("build") / "formal"
+REPO = Path(__file__).resolve().parents[2]
+BUILD_ROOT = REPO / "build" / "formal"
 ABC = "berkeley-abc"
 """ABC as Debian packages it: YoWASP's Yosys carries ABC inside but no standalone binary for sby's abc engines."""
 SMALL = AggregatorConfig(slots=2, max_elements=2, max_fanin=3)
 """Few slots, short vectors, small cliques: the state the solver has to search stays small."""
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 STATS_REPLY_BYTES = FRAME_HEADER_BYTES + ELEMENT_BYTES * len(COUNTERS)
 SLACK_BEATS = 4
 """Beat FIFO depth beyond the header's beats: small, so that full-FIFO backpressure is in reach."""
@@ -519,6 +520,8 @@ class Check:
     config: AggregatorConfig = SMALL
     steady: bool = False
     frames: int = AGGREGATE_FRAMES
+    deep_mutants: tuple = ()
+    """Mutants caught only deeper than CI affords: run with `--deep`."""
     mutant_depth: int = 0
     """Depth of the mutants' bounded model check, for a k-induction check (whose base case is shallow)."""
     deep: bool = False
@@ -581,7 +584,7 @@ def _checks():
     """Every property at the narrowest (8-byte) and the widest (64-byte) data path. `deep` rows are only in
     `--deep`; docs/verification.md says what each depth covers."""
     table = []
-    for width, free_depth, free_cover in ((8, 24, 30), (64, 20, 24)):
+    for width, free_depth, free_cover, drain_depth in ((8, 24, 30, 32), (64, 20, 24, 30)):
         free = dict(scenario="free", width=width, mode="bmc", depth=free_depth, engine=BIT_LEVEL,
                     cover_depth=free_cover)
         table += [
@@ -593,28 +596,26 @@ def _checks():
             Check("counters_conserve", CONSERVE, asserts=("counters_conserve",), mutants=("early_count",), **free),
             Check("input_progress", f"s_axis_tready returns within {stall_bound(width)} cycles while "
                   "m_axis_tready is high", asserts=("input_progress",), mutants=("stall_input",), **free),
-            Check("drains", DRAINS, asserts=("drains",), mutants=("stall_output",), **free),
+            Check("drains", DRAINS, asserts=("drains",), mutants=("stall_output",),
+                  **{**free, "depth": drain_depth, "cover_depth": drain_depth}),
         ]
-    for width, depth, steady_depth, agg_depth, agg_steady_depth in ((64, 17, 32, 22, 36), (8, 0, 52, 0, 78)):
-        aggregate = ("corrupt_sum", "corrupt_trailer", "stale_memory")
-        config = SMALL if width > 8 else SMALLEST
-        frames = AGGREGATE_FRAMES if width > 8 else 2
-        statement = AGGREGATE_STATEMENT.format(frames=frames, fanin=config.max_fanin)
-        if depth:
-            table.append(Check("forward_exact", _forward_statement(width), "foreign", ("forward_exact",), width,
-                               "bmc", depth, BIT_LEVEL, mutants=("corrupt_first", "corrupt_tail"),
-                               cover_depth=depth))
-        table.append(Check("forward_exact", _forward_statement(width, steady=True), "foreign", ("forward_exact",),
-                           width, "bmc", steady_depth, BIT_LEVEL,
-                           mutants=(() if depth else ("corrupt_first", "corrupt_tail")) + ("drop_second",),
-                           cover_depth=steady_depth, steady=True, tag="steady"))
-        if agg_depth:
-            table.append(Check("aggregate_exact", statement, "aggregate", ("aggregate",), width, "bmc", agg_depth,
-                               mutants=aggregate, cover_depth=agg_depth, config=config, frames=frames))
-        table.append(Check("aggregate_exact", statement + "; back to back, output always ready", "aggregate",
-                           ("aggregate",), width, "bmc", agg_steady_depth,
-                           mutants=(() if agg_depth else aggregate) + ("never_answer",),
-                           cover_depth=agg_steady_depth, config=config, frames=frames, steady=True, tag="steady"))
+    aggregate = ("corrupt_sum", "corrupt_trailer", "stale_memory")
+    table += [
+        Check("forward_exact", _forward_statement(64), "foreign", ("forward_exact",), 64, "bmc", 17, BIT_LEVEL,
+              mutants=("corrupt_first", "corrupt_tail"), cover_depth=17),
+        Check("aggregate_exact", AGGREGATE_STATEMENT.format(frames=AGGREGATE_FRAMES, fanin=SMALL.max_fanin),
+              "aggregate", ("aggregate",), 64, "bmc", 22, mutants=aggregate, cover_depth=22),
+        Check("aggregate_exact", AGGREGATE_STATEMENT.format(frames=AGGREGATE_FRAMES, fanin=SMALL.max_fanin)
+              + "; back to back, output always ready", "aggregate", ("aggregate",), 64, "bmc", 36,
+              mutants=("never_answer", "drop_second"), cover_depth=36, steady=True, tag="steady"),
+        Check("forward_exact", _forward_statement(8, steady=True), "foreign", ("forward_exact",), 8, "bmc", 52,
+              mutants=("corrupt_first", "corrupt_tail"), deep_mutants=("drop_second",), cover_depth=52,
+              steady=True, tag="steady", deep=True),
+        Check("aggregate_exact", AGGREGATE_STATEMENT.format(frames=2, fanin=SMALLEST.max_fanin)
+              + "; back to back, output always ready; one element per slot", "aggregate", ("aggregate",), 8,
+              "bmc", 78, mutants=aggregate, deep_mutants=("never_answer", "drop_second"), cover_depth=70,
+              config=SMALLEST, frames=2, steady=True, tag="steady", deep=True),
+    ]
     return table
 
 
@@ -729,22 +730,22 @@ class Row:
                 and all(outcome.status == "FAIL" for outcome in self.mutants.values()))
 
 
-def tasks_of(check, build_root):
+def tasks_of(check, deep=False):
     """The runs of one row: (kind, check, dut, job name)."""
     runs = [("real", check, None, check.job)]
     if check.cover_depth:
         cover = check.covering()
         runs.append(("cover", cover, None, cover.job))
-    for name in check.mutants:
+    for name in check.mutants + (check.deep_mutants if deep else ()):
         runs.append((name, check.mutated(), mutant_dut(name), f"{check.job}_{name}"))
     return runs
 
 
-def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None):
+def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None, deep=False):
     checks = CHECKS if checks is None else checks
     shutil.rmtree(build_root, ignore_errors=True)
     Path(build_root).mkdir(parents=True, exist_ok=True)
-    tasks = [(check, task) for check in checks for task in tasks_of(check, build_root)]
+    tasks = [(check, task) for check in checks for task in tasks_of(check, deep)]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         outcomes = list(pool.map(lambda t: run_check(t[1][1], build_root, t[1][2], timeout, t[1][3], replay=False),
                                  tasks))
@@ -761,21 +762,43 @@ def method(check):
 
 def summary(rows):
     """The summary table in Markdown, one row per check, with the trace of every failure."""
-    lines = ["| property | W | method | engine | depth | first observable step | caught mutant | result | time | what |",
+    lines = ["| property | W | method | engine | depth | first observable step | caught mutant | result | time "
+             "| what |",
              "| --- | ---: | --- | --- | ---: | ---: | --- | --- | ---: | --- |"]
     for row in rows:
         check = row.check
         step = "–" if row.cover is None else (row.first_step if row.first_step is not None
                                               else f"{row.cover.status} at {check.cover_depth}")
         caught = ", ".join(f"{name} {outcome.status}" for name, outcome in row.mutants.items()) or "–"
-        seconds = row.real.seconds + sum(o.seconds for o in row.mutants.values()) + (row.cover.seconds if row.cover else 0)
+        runs = [row.real, row.cover, *row.mutants.values()]
+        seconds = sum(outcome.seconds for outcome in runs if outcome is not None)
         lines.append(f"| {check.label}{' (deep)' if check.deep else ''} | {check.width} | {method(check)} | "
                      f"{check.engine} | {check.depth} | {step} | {caught} | {row.real.status} | {seconds:.0f} s | "
                      f"{check.statement} |")
     for row in rows:
         if row.real.status != "PASS":
-            lines.append(f"\n{row.check.job}: {row.real.status}; counterexample trace: {row.real.trace or row.real.log}")
+            where = row.real.trace or row.real.log
+            lines.append(f"\n{row.check.job}: {row.real.status}; counterexample trace: {where}")
         for name, outcome in row.mutants.items():
             if outcome.status != "FAIL":
                 lines.append(f"\n{row.check.job}: mutant {name} not caught ({outcome.status}); log {outcome.log}")
     return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m inwire_hdl.formal", description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=2, help="checks run at the same time")
+    parser.add_argument("--only", nargs="*", help="run only the checks with these names")
+    parser.add_argument("--width", type=int, choices=(8, 64), help="run only this data width")
+    parser.add_argument("--deep", action="store_true", help="also the checks and mutants too deep for CI")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per solver run (then TIMEOUT)")
+    args = parser.parse_args(argv)
+    checks = [c for c in CHECKS if (args.deep or not c.deep)
+              and (not args.only or c.name in args.only or c.job in args.only) and args.width in (None, c.width)]
+    rows = run_all(checks, jobs=args.jobs, timeout=args.timeout, deep=args.deep)
+    print(summary(rows))
+    return 0 if all(row.ok for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
