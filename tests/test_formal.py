@@ -1,9 +1,10 @@
 """Formal checks of the aggregator (SymbiYosys, Yices, ABC), and proof that the checks can fail.
 
-`make formal` runs `inwire formal` (the table); here the same checks run as pytest cases:
-every check of the CI table must pass on the real aggregator, its cover must be reached within its depth,
-and each of its mutants (inwire_hdl.mutants) must FAIL it, at both data widths. Two broken aggregators
-must also leave a counterexample VCD, one through Yices and one through ABC and the smtbmc replay.
+`make formal` runs `inwire formal` (the table). Here the same runs go through one pool of two
+(`formal.run_all`), and each is then a test case: every CI row must pass on the real aggregator, its
+cover must be reached at a step below its depth, and each of its mutants (inwire_hdl.mutants) must FAIL
+it, at both data widths; the deep rows (`--deep`) contribute their mutants only. Two mutants must also
+leave a counterexample VCD, one through Yices and one through ABC and the smtbmc replay.
 """
 
 import shutil
@@ -17,6 +18,10 @@ from inwire_hdl import formal
 pytestmark = pytest.mark.formal
 
 CI_CHECKS = [check for check in formal.CHECKS if not check.deep]
+DEEP_CHECKS = [check for check in formal.CHECKS if check.deep]
+MUTANT_CASES = [(check, name) for check in formal.CHECKS for name in check.mutants]
+"""Every check's mutants, the deep checks' too (a BMC stops at the failure); `deep_mutants` are left to
+`python -m inwire_hdl.formal --deep`."""
 
 
 def _tools():
@@ -28,40 +33,39 @@ def _tools():
                     f"Debian: {formal.ABC})")
 
 
-@pytest.mark.parametrize("check", CI_CHECKS, ids=lambda check: check.job)
-def test_property_holds(check, tmp_path):
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
     _tools()
-    outcome = formal.run_check(check, build_root=tmp_path)
+    done = formal.run_all(formal.CHECKS, jobs=2, build_root=tmp_path_factory.mktemp("formal"),
+                          mutants_only=DEEP_CHECKS)
+    return {row.check.job: row for row in done}
+
+
+@pytest.mark.parametrize("check", CI_CHECKS, ids=lambda check: check.job)
+def test_property_holds(check, rows):
+    outcome = rows[check.job].real
     assert outcome.status == "PASS", f"{check.job}: {outcome.status}, trace {outcome.trace}, log {outcome.log}"
 
 
 @pytest.mark.parametrize("check", [c for c in CI_CHECKS if c.cover_depth], ids=lambda check: check.job)
-def test_subject_is_reached_within_the_depth(check, tmp_path):
+def test_subject_is_reached_within_the_depth(check, rows):
     """The cover of the check's subject is reached, at a step the check's depth includes."""
-    _tools()
-    outcome = formal.run_check(check.covering(), build_root=tmp_path)
+    outcome = rows[check.job].cover
     assert outcome.status == "PASS" and outcome.step is not None, f"{check.job}: cover {outcome.status}"
     assert outcome.step < check.depth or check.mode == "prove", (
         f"{check.job}: subject first observable at step {outcome.step}, depth {check.depth}")
 
 
-MUTANT_CASES = [(check, name) for check in formal.CHECKS for name in check.mutants]
-"""Every check's mutants, the deep checks' too (a BMC stops at the failure); `deep_mutants` are left to
-`python -m inwire_hdl.formal --deep`."""
-
-
 @pytest.mark.parametrize(("check", "name"), MUTANT_CASES, ids=[f"{c.job}-{n}" for c, n in MUTANT_CASES])
-def test_mutant_is_caught(check, name, tmp_path):
-    _tools()
-    outcome = formal.run_check(check.mutated(), build_root=tmp_path, dut=formal.mutant_dut(name), replay=False)
+def test_mutant_is_caught(check, name, rows):
+    outcome = rows[check.job].mutants[name]
     assert outcome.status == "FAIL", f"{check.job}: mutant {name} gave {outcome.status}, log {outcome.log}"
 
 
 def test_every_property_has_a_mutant_at_both_widths():
     for name in {check.name for check in formal.CHECKS}:
         for width in (8, 64):
-            rows = [c for c in formal.CHECKS if c.name == name and c.width == width]
-            assert rows and any(c.mutants for c in rows), (name, width)
+            assert any(c.mutants for c in formal.CHECKS if c.name == name and c.width == width), (name, width)
 
 
 @pytest.mark.parametrize(("mutant", "job"), [("unstable", "output_protocol_w64_prove"),

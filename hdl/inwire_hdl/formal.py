@@ -203,7 +203,7 @@ class Harness(Elaboratable):
         """Frames started and ended on each side; the checks that relate them."""
         dut = self.dut
         in_mid, out_mid = Signal(), Signal()
-        self.out_mid = out_mid
+        self.in_mid, self.out_mid = in_mid, out_mid
         self.in_starts, self.in_frames, self.out_starts = (
             Signal(16, name=name) for name in ("in_starts", "in_frames", "out_starts"))
         with m.If(self.accept):
@@ -266,7 +266,8 @@ class Harness(Elaboratable):
                 Assert(~drained | ~dut.m_axis_tvalid, f"output beat after {OUTPUT_GAP} silent cycles"),
                 Assert(~drained | (dut.stat_frames_in == self.in_frames),
                        "an accepted frame is missing from the counters"),
-                Assert(~drained | ~self.out_mid, "output frame left unfinished"),
+                # (Unless the input stopped mid-frame: a cut-through frame then waits for its tail.)
+                Assert(~drained | self.in_mid | ~self.out_mid, "output frame left unfinished"),
             ]
             # Subject: a drain after a frame of at least a header's length went in and a frame came out.
             in_beat = Signal(range(dut.header_beats + 1))
@@ -556,6 +557,7 @@ def mutant_dut(name):
     return lambda config, width: mutants.build(name, config, width, buffer_depth(width))
 
 
+BEYOND_FREE = "not run: needs a 17-beat frame plus the pipeline, beyond the 8-byte free depth"
 SMALLEST = AggregatorConfig(slots=2, max_elements=1, max_fanin=2)
 """The aggregate scenario at 8 bytes: one element per slot, cliques of at most 2."""
 
@@ -565,7 +567,8 @@ CAUSE = "no output frame starts before an input frame has begun, and never more 
 CONSERVE = ("frames_in = forwarded + accumulated + answered + drops, at every cycle; frames_in never ahead of "
             "accepted tlasts; results <= accumulated + answered")
 DRAINS = (f"input stopped and output ready: once the output has been silent {OUTPUT_GAP} cycles it stays silent, "
-          "no output frame is left half-sent and stat_frames_in equals the frames whose tlast was accepted")
+          "stat_frames_in equals the frames whose tlast was accepted and, if the input stopped between frames, "
+          "no output frame is left half-sent")
 AGGREGATE_STATEMENT = (
     "{frames} contributions (symbolic fan-in 1..{fanin}, senders, int32 elements, slot) to one key: each member "
     "summed at most once, a result iff the fan-in is reached, every later contribution answered, its "
@@ -584,20 +587,24 @@ def _checks():
     """Every property at the narrowest (8-byte) and the widest (64-byte) data path. `deep` rows are only in
     `--deep`; docs/verification.md says what each depth covers."""
     table = []
-    for width, free_depth, free_cover, drain_depth in ((8, 24, 30, 32), (64, 20, 24, 30)):
+    for width, free_depth, free_cover, drain_depth in ((8, 24, 24, 32), (64, 20, 24, 30)):
         free = dict(scenario="free", width=width, mode="bmc", depth=free_depth, engine=BIT_LEVEL,
                     cover_depth=free_cover)
+        # At 8 bytes an aborted frame, a counted result and a drain after a 128-byte frame all need a
+        # 17-beat contribution or a 16-beat header plus the pipeline: beyond the free scenario's reach.
+        unreached = dict(cover_depth=0, note=BEYOND_FREE) if width == 8 else {}
         table += [
             Check("output_protocol", PROTOCOL, "free", ("output_protocol",), width, "prove", 4,
                   mutants=("unstable",), cover_depth=free_cover, mutant_depth=free_depth),
-            Check("output_beats", BEATS, asserts=("output_beats",), mutants=("ragged",), **free),
+            Check("output_beats", BEATS, asserts=("output_beats",), mutants=("ragged",), **{**free, **unreached}),
             Check("no_beat_without_cause", CAUSE, asserts=("no_beat_without_cause",), mutants=("spurious",),
                   **free),
-            Check("counters_conserve", CONSERVE, asserts=("counters_conserve",), mutants=("early_count",), **free),
+            Check("counters_conserve", CONSERVE, asserts=("counters_conserve",), mutants=("early_count",),
+                  **{**free, **unreached}),
             Check("input_progress", f"s_axis_tready returns within {stall_bound(width)} cycles while "
                   "m_axis_tready is high", asserts=("input_progress",), mutants=("stall_input",), **free),
             Check("drains", DRAINS, asserts=("drains",), mutants=("stall_output",),
-                  **{**free, "depth": drain_depth, "cover_depth": drain_depth}),
+                  **{**free, "depth": drain_depth, "cover_depth": drain_depth, **unreached}),
         ]
     aggregate = ("corrupt_sum", "corrupt_trailer", "stale_memory")
     table += [
@@ -725,15 +732,16 @@ class Row:
 
     @property
     def ok(self):
-        reached = self.cover is None or (self.cover.status == "PASS" and self.first_step is not None)
+        reached = self.cover is None or (self.cover.status == "PASS" and self.first_step is not None
+                                         and (self.first_step < self.check.depth or self.check.mode == "prove"))
         return (self.real.status == "PASS" and reached
                 and all(outcome.status == "FAIL" for outcome in self.mutants.values()))
 
 
-def tasks_of(check, deep=False):
+def tasks_of(check, deep=False, mutants_only=False):
     """The runs of one row: (kind, check, dut, job name)."""
-    runs = [("real", check, None, check.job)]
-    if check.cover_depth:
+    runs = [] if mutants_only else [("real", check, None, check.job)]
+    if check.cover_depth and not mutants_only:
         cover = check.covering()
         runs.append(("cover", cover, None, cover.job))
     for name in check.mutants + (check.deep_mutants if deep else ()):
@@ -741,18 +749,19 @@ def tasks_of(check, deep=False):
     return runs
 
 
-def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None, deep=False):
+def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None, deep=False, mutants_only=()):
+    """Runs the rows of `checks`, `jobs` runs at a time; for the checks in `mutants_only`, only their mutants."""
     checks = CHECKS if checks is None else checks
     shutil.rmtree(build_root, ignore_errors=True)
     Path(build_root).mkdir(parents=True, exist_ok=True)
-    tasks = [(check, task) for check in checks for task in tasks_of(check, deep)]
+    tasks = [(check, task) for check in checks for task in tasks_of(check, deep, check in mutants_only)]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         outcomes = list(pool.map(lambda t: run_check(t[1][1], build_root, t[1][2], timeout, t[1][3], replay=False),
                                  tasks))
     rows = []
     for check in checks:
         done = {task[0]: outcome for (c, task), outcome in zip(tasks, outcomes, strict=True) if c is check}
-        rows.append(Row(check, done.pop("real"), done.pop("cover", None), done))
+        rows.append(Row(check, done.pop("real", None), done.pop("cover", None), done))
     return rows
 
 
@@ -767,8 +776,12 @@ def summary(rows):
              "| --- | ---: | --- | --- | ---: | ---: | --- | --- | ---: | --- |"]
     for row in rows:
         check = row.check
-        step = "–" if row.cover is None else (row.first_step if row.first_step is not None
-                                              else f"{row.cover.status} at {check.cover_depth}")
+        if row.cover is None:
+            step = check.note or "–"
+        elif row.first_step is None:
+            step = f"not reached by {check.cover_depth} ({row.cover.status})"
+        else:
+            step = row.first_step
         caught = ", ".join(f"{name} {outcome.status}" for name, outcome in row.mutants.items()) or "–"
         runs = [row.real, row.cover, *row.mutants.values()]
         seconds = sum(outcome.seconds for outcome in runs if outcome is not None)
@@ -776,7 +789,7 @@ def summary(rows):
                      f"{check.engine} | {check.depth} | {step} | {caught} | {row.real.status} | {seconds:.0f} s | "
                      f"{check.statement} |")
     for row in rows:
-        if row.real.status != "PASS":
+        if row.real is not None and row.real.status != "PASS":
             where = row.real.trace or row.real.log
             lines.append(f"\n{row.check.job}: {row.real.status}; counterexample trace: {where}")
         for name, outcome in row.mutants.items():
