@@ -611,8 +611,8 @@ def _checks():
         ]
     aggregate = ("corrupt_sum", "corrupt_trailer", "stale_memory")
     table += [
-        Check("forward_exact", _forward_statement(64), "foreign", ("forward_exact",), 64, "bmc", 17, BIT_LEVEL,
-              mutants=("corrupt_first", "corrupt_tail"), cover_depth=17),
+        Check("forward_exact", _forward_statement(64), "foreign", ("forward_exact",), 64, "bmc", 16, BIT_LEVEL,
+              mutants=("corrupt_first", "corrupt_tail"), cover_depth=16),
         Check("aggregate_exact", AGGREGATE_STATEMENT.format(frames=AGGREGATE_FRAMES, fanin=SMALL.max_fanin),
               "aggregate", ("aggregate",), 64, "bmc", 22, mutants=aggregate, cover_depth=22),
         Check("aggregate_exact", AGGREGATE_STATEMENT.format(frames=AGGREGATE_FRAMES, fanin=SMALL.max_fanin)
