@@ -590,7 +590,7 @@ def _checks():
     """Every property at the narrowest (8-byte) and the widest (64-byte) data path. `deep` rows are only in
     `--deep`; docs/verification.md says what each depth covers."""
     table = []
-    for width, free_depth, free_cover, prefix in ((8, 24, 24, 8), (64, 20, 24, 10)):
+    for width, free_depth, free_cover, prefix in ((8, 24, 24, 12), (64, 20, 24, 10)):
         bound = drain_bound(width, buffer_depth(width))
         free = dict(scenario="free", width=width, mode="bmc", depth=free_depth, engine=BIT_LEVEL,
                     cover_depth=free_cover)
