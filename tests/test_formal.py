@@ -21,7 +21,7 @@ CI_CHECKS = [check for check in formal.CHECKS if not check.deep]
 DEEP_CHECKS = [check for check in formal.CHECKS if check.deep]
 MUTANT_CASES = [(check, name) for check in formal.CHECKS for name in check.mutants]
 """Every check's mutants, the deep checks' too (a BMC stops at the failure); `deep_mutants` are left to
-`python -m inwire_hdl.formal --deep`."""
+`inwire formal --deep`."""
 
 
 def _tools():

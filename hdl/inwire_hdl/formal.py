@@ -6,12 +6,11 @@ Each check wraps the gateware in a harness that drives its inputs with free symb
 the inside changes. The expected values come from the protocol tables and the golden model's rules,
 restated over symbolic frames.
 
-`python -m inwire_hdl.formal` runs every check (two at a time) and prints a table: property, data width,
+`inwire formal` runs every check (two at a time) and prints a table: property, data width,
 method (`prove`: k-induction; `bmc`: bounded model check to the stated depth; `cover`: the trace that
 shows the property is not vacuous), engine, depth, result, time and, for a failure, the counterexample VCD.
 """
 
-import argparse
 import os
 import re
 import shutil
@@ -37,6 +36,8 @@ from inwire.protocol import (
     FIELDS_BY_NAME,
     FRAME_HEADER_BYTES,
     FRAME_OFFSETS,
+    INT32_MAX,
+    INT32_MIN,
     IP_PROTO_UDP,
     MIN_FRAME_BYTES,
     RESULT_TRAILER_BYTES,
@@ -48,13 +49,11 @@ from inwire.protocol import (
 from . import mutants
 from .aggregator import Aggregator
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD_ROOT = REPO / "build" / "formal"
+BUILD_ROOT = Path("build") / "formal"
 ABC = "berkeley-abc"
 """ABC as Debian packages it: YoWASP's Yosys carries ABC inside but no standalone binary for sby's abc engines."""
 SMALL = AggregatorConfig(slots=2, max_elements=2, max_fanin=3)
 """Few slots, short vectors, small cliques: the state the solver has to search stays small."""
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 STATS_REPLY_BYTES = FRAME_HEADER_BYTES + ELEMENT_BYTES * len(COUNTERS)
 SLACK_BEATS = 4
 """Beat FIFO depth beyond the header's beats: small, so that full-FIFO backpressure is in reach."""
@@ -805,21 +804,3 @@ def summary(rows):
                 lines.append(f"\n{row.check.job}: mutant {name} not caught ({outcome.status}); log {outcome.log}")
     return "\n".join(lines)
 
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m inwire_hdl.formal", description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=2, help="checks run at the same time")
-    parser.add_argument("--only", nargs="*", help="run only the checks with these names")
-    parser.add_argument("--width", type=int, choices=(8, 64), help="run only this data width")
-    parser.add_argument("--deep", action="store_true", help="also the checks and mutants too deep for CI")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per solver run (then TIMEOUT)")
-    args = parser.parse_args(argv)
-    checks = [c for c in CHECKS if (args.deep or not c.deep)
-              and (not args.only or c.name in args.only or c.job in args.only) and args.width in (None, c.width)]
-    rows = run_all(checks, jobs=args.jobs, timeout=args.timeout, deep=args.deep)
-    print(summary(rows))
-    return 0 if all(row.ok for row in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
