@@ -781,9 +781,12 @@ def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None, deep=False
     shutil.rmtree(build_root, ignore_errors=True)
     Path(build_root).mkdir(parents=True, exist_ok=True)
     tasks = [(check, task) for check in checks for task in tasks_of(check, deep)]
+    # The foreign and aggregate runs are the longest: started first, they do not trail the pool.
+    order = sorted(range(len(tasks)), key=lambda k: tasks[k][0].scenario == "free")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        outcomes = list(pool.map(lambda t: run_check(t[1][1], build_root, t[1][2], timeout, t[1][3], replay=False),
-                                 tasks))
+        started = {k: pool.submit(run_check, tasks[k][1][1], build_root, tasks[k][1][2], timeout, tasks[k][1][3],
+                                  replay=False) for k in order}
+        outcomes = [started[k].result() for k in range(len(tasks))]
     rows = []
     for check in checks:
         done = {task[0]: outcome for (c, task), outcome in zip(tasks, outcomes, strict=True) if c is check}
