@@ -30,7 +30,7 @@ from amaranth.back import rtlil
 from amaranth.hdl import Assert, Assume, Cat, Const, Cover, Elaboratable, Module, Mux, ResetSignal, Signal
 
 from inwire import progress
-from inwire.model import AggregatorConfig
+from inwire.model import TIME_BITS, AggregatorConfig
 from inwire.packets import build_frames
 from inwire.protocol import (
     COUNTERS,
@@ -317,7 +317,8 @@ class Harness(Elaboratable):
 
     def _stream_frames(self, m, frames, longest):
         """Offers the frames in order with symbolic gaps and output backpressure (none if `steady`); once
-        the last beat has gone (`sent_all`), the output is always ready."""
+        the last beat has gone (`sent_all`), the output is always ready. Returns the input's position (frame,
+        beat)."""
         dut = self.dut
         index, beat, data, last, keep = self._frame_cursor(m, frames, beats(longest, self.width), "in")
         self.sent_all = index == len(frames)
@@ -330,6 +331,7 @@ class Harness(Elaboratable):
             dut.m_axis_tready.eq(self.sent_all | (Const(1) if self.steady else AnySeq(1))),
         ]
         _advance(m, self.accept, index, beat, last)
+        return index, beat
 
     def _frame_cursor(self, m, frames, most_beats, name):
         """A position (frame `index`, `beat`) in `frames` (raw bytes, length, beats), with the data, tkeep
@@ -442,6 +444,94 @@ class Harness(Elaboratable):
                                                          "bitmap") for k in range(FIELDS_BY_NAME[name].nbytes)]
         checked += list(range(FRAME_HEADER_BYTES, result_length))
         self._expect_results(m, results, result_length, checked)
+
+    def _drive_lease(self, m):
+        """Contribution A, then B to the same slot from another job, `lease_tick` free. A's fan-in is at least
+        2, so the slot is unfinished when B comes; each frame's time is the tick count when its header's last
+        beat is accepted, counted here as the aggregator's timer counts it."""
+        dut, W, cfg = self.dut, self.width, self.config
+        length = FRAME_HEADER_BYTES + ELEMENT_BYTES
+        result_length = length + RESULT_TRAILER_BYTES
+        template = bytes(build_frames(np.zeros(1, dtype=np.int64), eth_dst=cfg.mac, eth_src=0x02_00_00_00_00_07,
+                                      ip_src=0x0A_00_00_07, ip_dst=cfg.ip, udp_dport=cfg.port,
+                                      opcode=Opcode.CONTRIBUTION, fanin=1, job=5, round=9, clique=2, chunk=64,
+                                      group=0xEF_01_02_03, slot=0)[0])
+        slot = AnyConst(16)
+        m.d.comb += Assume(slot < cfg.slots)
+        frames, fields = [], []
+        for _ in range(2):
+            job, fanin, sender, element = AnyConst(32), AnyConst(8), AnyConst(8), AnyConst(32)
+            m.d.comb += [Assume((fanin >= 1) & (fanin <= cfg.max_fanin)), Assume(sender < fanin)]
+            frame_bytes = [Const(b, 8) for b in template]
+            for name, value in (("job", job), ("fanin", fanin), ("sender", sender), ("slot", slot)):
+                _set_field(frame_bytes, name, value)
+            for k in range(4):
+                frame_bytes[FRAME_HEADER_BYTES + k] = element[8 * (3 - k):8 * (4 - k)]
+            frames.append((Cat(*frame_bytes), Const(length, 16), Const(beats(length, W), 16)))
+            fields.append((job, fanin, sender, element))
+        (job_a, fanin_a, _, _), (job_b, fanin_b, sender_b, element_b) = fields
+        m.d.comb += [Assume(fanin_a >= 2), Assume(job_b != job_a), dut.lease_tick.eq(AnySeq(1))]
+        index, beat = self._stream_frames(m, frames, length)
+
+        ticks, t_a, t_b, idle = (Signal(TIME_BITS, name=name) for name in ("ticks", "t_a", "t_b", "idle"))
+        timed_b = Signal()
+        with m.If(dut.lease_tick):
+            m.d.sync += ticks.eq(ticks + 1)
+        header_end = self.accept & (beat == FRAME_HEADER_BYTES // W - 1)
+        with m.If(header_end & (index == 0)):
+            m.d.sync += t_a.eq(ticks)
+        with m.If(header_end & (index == 1)):
+            m.d.sync += [t_b.eq(ticks), timed_b.eq(1)]
+        m.d.comb += idle.eq(t_b - t_a)
+        inside, outside = timed_b & (idle < cfg.lease), timed_b & (idle >= cfg.lease)
+        stats = self.stats
+        # Both frames disposed of: B's disposition is in the counters.
+        judged = stats["frames_in"] == 2
+
+        if "lease_live" in self.checks:
+            with m.If(judged & inside):
+                m.d.comb += [
+                    Assert(stats["drop_collision"] == 1, "B inside the lease not dropped as a collision"),
+                    Assert(stats["leases_expired"] == 0, "a lease expired inside the lease"),
+                    Assert(stats["accumulated"] == 1, "B summed inside the lease"),
+                ]
+            # No output frame carries B's job (B's key: the rest of it is A's) while B is inside the lease.
+            job_beat, job_lane = divmod(FRAME_OFFSETS["job"], W)
+            assert job_lane + 4 <= W, "the job field spans two beats"
+            out_beat = Signal(16)
+            with m.If(self.take):
+                m.d.sync += out_beat.eq(Mux(dut.m_axis_tlast, 0, out_beat + 1))
+            out_job = Cat(*reversed([dut.m_axis_tdata.word_select(job_lane + k, 8) for k in range(4)]))
+            m.d.comb += Assert(~(self.take & inside & (out_beat == job_beat) & (out_job == job_b)),
+                               "a frame with B's key left inside the lease")
+            # Subject: a collision one tick short of the lease.
+            self._cover(m, judged & timed_b & (idle == cfg.lease - 1) & (stats["drop_collision"] == 1))
+        if "lease_idle" in self.checks:
+            with m.If(judged & outside):
+                m.d.comb += [
+                    Assert(stats["leases_expired"] == 1, "B after the lease did not count an expired lease"),
+                    Assert(stats["accumulated"] == 2, "B after the lease not summed"),
+                ]
+            # B with fan-in 1 completes the slot it claimed: its result (contributor 1, its own element) is
+            # the only output frame; nothing else leaves.
+            result = [Const(0, 8)] * result_length
+            for name, value in (("opcode", Const(Opcode.RESULT, 8)), ("sender", sender_b), ("fanin", fanin_b),
+                                ("contributors", Const(1, 8)), ("job", job_b), ("slot", slot),
+                                ("bitmap", Const(1, 64))):
+                _set_field(result, name, value)
+            for name in ("round", "clique", "chunk"):
+                offset, nbytes = FRAME_OFFSETS[name], FIELDS_BY_NAME[name].nbytes
+                result[offset:offset + nbytes] = [Const(b, 8) for b in template[offset:offset + nbytes]]
+            for k in range(4):
+                result[FRAME_HEADER_BYTES + k] = element_b[8 * (3 - k):8 * (4 - k)]
+            checked = [FRAME_OFFSETS[name] + k for name in ("opcode", "sender", "fanin", "contributors", "job",
+                                                             "round", "clique", "chunk", "slot", "bitmap")
+                       for k in range(FIELDS_BY_NAME[name].nbytes)]
+            checked += list(range(FRAME_HEADER_BYTES, result_length))
+            # Subject: B's result left in full, after the counter saw the lease expire.
+            self.cover_frames = 1
+            self._cover(m, stats["leases_expired"] == 1)
+            self._expect_results(m, [(Cat(*result), outside & (fanin_b == 1))], result_length, checked)
 
     def _expect_results(self, m, results, length, checked):
         """Output frames are the emitting results, in order, each `length` bytes with the `checked` bytes
@@ -568,6 +658,15 @@ def mutant_dut(name):
 
 SMALLEST = AggregatorConfig(slots=2, max_elements=1, max_fanin=2)
 """The aggregate scenario at 8 bytes: one element per slot, cliques of at most 2."""
+LEASED = AggregatorConfig(slots=2, max_elements=1, max_fanin=2, lease=2)
+"""The lease rows: `SMALLEST` with a lease of 2 ticks, so that back-to-back frames (at most one tick a
+cycle) reach both sides of it."""
+LEASE_LIVE = ("contribution A (fan-in 2, slot unfinished), then B to its slot from another job, lease_tick free, "
+              "back to back: B within {lease} ticks of A (header end to header end) is dropped as a collision "
+              "(drop_collision 1, leases_expired 0, accumulated 1) and no frame with B's key leaves")
+LEASE_IDLE = ("as lease_live, B {lease} or more ticks after A: B claims the slot (leases_expired 1, accumulated 2); "
+              "B with fan-in 1 gets its result out (key, sender, fan-in, contributors, bitmap, slot, element, "
+              f"trailer), nothing else leaves, none missing after {OUTPUT_GAP} silent cycles")
 BEYOND_FREE = ("not reached by 24: an aborted frame or a counted result needs a 17-beat frame plus the "
                "pipeline; the 8-byte aggregate row sees results leave in full")
 STALL_COVER = "30 in `--deep` (325 s): a real stall needs the 20-beat FIFO full"
@@ -644,6 +743,14 @@ def _checks():
                                                       "drop_second"),
               cover_depth=70, config=SMALLEST, frames=2, steady=True, tag="steady", deep=("real", "cover")),
     ]
+    for width, live, idle in ((64, 22, 24), (8, 48, 64)):
+        lease = dict(scenario="lease", width=width, mode="bmc", config=LEASED, steady=True)
+        table += [
+            Check("lease_live", LEASE_LIVE.format(lease=LEASED.lease), asserts=("lease_live",), depth=live,
+                  cover_depth=live, mutants=("lease_early",), **lease),
+            Check("lease_idle", LEASE_IDLE.format(lease=LEASED.lease), asserts=("lease_idle",), depth=idle,
+                  cover_depth=idle, mutants=("no_lease",), **lease),
+        ]
     return table
 
 

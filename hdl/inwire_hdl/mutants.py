@@ -1,14 +1,17 @@
 """Broken aggregators: each formal check must fail on the mutant it is meant to catch.
 
-Every mutant but one wraps the real `Aggregator` and changes what crosses its ports, so it needs nothing
-from the inside and stays valid however the inside changes. `stale_memory` is the exception: it builds the
-real aggregator with a sum adder that ignores `base_zero`, so a slot's first contribution is added to
-whatever the sum memory held before (which is zero in simulation, and arbitrary in the formal harness).
+Most mutants wrap the real `Aggregator` and change what crosses its ports, so they need nothing from the
+inside and stay valid however the inside changes. Three are built from the inside without touching
+aggregator.py: `stale_memory` builds the real aggregator with a sum adder that ignores `base_zero`, so a
+slot's first contribution is added to whatever the sum memory held before (which is zero in simulation,
+and arbitrary in the formal harness); `no_lease` and `lease_early` decide a contribution's disposition
+against another lease than the configuration's (none, one tick less), which no port-level wrapper can do.
 
 `MUTANTS` maps a name to a one-line description; `build(name, config, data_width, buffer_beats)` returns the
 gateware.
 """
 
+from dataclasses import replace
 from unittest import mock
 
 from amaranth.hdl import Const, Module, Mux, Signal
@@ -34,6 +37,8 @@ MUTANTS = {
     "corrupt_trailer": "a result's last byte (the status trailer's flags) flipped",
     "never_answer": "every output frame after the first result swallowed (no retransmission answered)",
     "stale_memory": "a slot's first contribution added to the sum memory's old contents",
+    "no_lease": "(inside) leases never expire: an unfinished slot waits for its owner forever",
+    "lease_early": "(inside) a lease expires one tick early: idle for lease - 1 ticks is enough",
 }
 
 
@@ -52,6 +57,23 @@ class StaleMemory(Aggregator):
     def elaborate(self, platform):
         with mock.patch.object(aggregator, "SaturatingAdder", _ForgetfulAdder):
             return super().elaborate(platform)
+
+
+class LeaseMutant(Aggregator):
+    """The real aggregator with its disposition decided against `lease` ticks instead of the configuration's:
+    the configuration is swapped for `_decide` only, the one stage that reads the lease."""
+
+    def __init__(self, lease, config, data_width, buffer_beats):
+        super().__init__(config, data_width, buffer_beats=buffer_beats)
+        self.lease = lease
+
+    def _decide(self, p):
+        config = self.config
+        self.config = replace(config, lease=self.lease)
+        try:
+            super()._decide(p)
+        finally:
+            self.config = config
 
 
 class PortMutant(wiring.Component):
@@ -153,4 +175,11 @@ class PortMutant(wiring.Component):
 def build(name, config, data_width, buffer_beats):
     if name == "stale_memory":
         return StaleMemory(config, data_width, buffer_beats=buffer_beats)
+    if name == "no_lease":
+        return LeaseMutant(0, config, data_width, buffer_beats)
+    if name == "lease_early":
+        if config.lease < 2:
+            raise ValueError(f"lease_early needs a lease of at least 2 ticks (1 less is still a lease), got "
+                             f"{config.lease}")
+        return LeaseMutant(config.lease - 1, config, data_width, buffer_beats)
     return PortMutant(name, config, data_width, buffer_beats)
