@@ -139,7 +139,8 @@ class Harness(Elaboratable):
     Scenarios: `free` (any stream the AXI4-Stream rules allow, any output backpressure, an idle phase
     that may start at any time), `foreign` (two symbolic frames not addressed to the aggregator),
     `aggregate` (`frames` contributions of one clique to one slot with symbolic fan-in, senders and
-    elements). `steady` offers the frames of `foreign` and `aggregate` back to back with the output always
+    elements), `lease` (contribution A, then B to its slot from another job, with `lease_tick` free).
+    `steady` offers the frames of `foreign`, `aggregate` and `lease` back to back with the output always
     ready (no symbolic gaps or backpressure): the timing is then fixed and only the data is symbolic.
     `cover` adds the cover statement of the check's subject (what its assertions are about, reached).
     `dut` builds the gateware from (config, data_width): the tests pass broken ones to see the checks fail.
