@@ -15,7 +15,7 @@ from inwire.decode import describe_frame
 from inwire.docs import protocol_markdown, readme_with_table
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.packets import build_frames
-from inwire.pcap import write_frames
+from inwire.pcap import read_frames, write_frames
 from inwire.protocol import Opcode
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -51,6 +51,19 @@ def test_decode_prints_one_json_object_per_frame(tmp_path, capsys):
     assert result["elements"] == [5, 3, -3] and result["bitmap"] == 3 and result["count"] == 3
     assert result["overflow"] is False
     assert [line["frame"] for line in lines] == list(range(7))
+
+
+def test_decode_into_a_closed_pipe_stops_quietly(tmp_path):
+    """`inwire decode ... | head`: the reader leaves early; decode ends with SIGPIPE's status and no message."""
+    capture = tmp_path / "long.pcap"
+    round_capture(capture)
+    write_frames(capture, [frame for frame in read_frames(capture) for _ in range(500)])
+    process = subprocess.Popen([sys.executable, "-m", "inwire", "decode", str(capture)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    assert json.loads(process.stdout.readline())["kind"] == "contribution"
+    process.stdout.close()
+    stderr = process.communicate(timeout=60)[1]
+    assert process.returncode == 141 and stderr == b""
 
 
 @pytest.mark.parametrize("content", [b"", b"not a capture at all" * 4, None])

@@ -5,11 +5,13 @@ docstring is the command's description. `main` builds the parser with every comm
 from `COMMANDS` but imports and asks for the arguments of the chosen command alone, so that `inwire decode`
 does not load the gateware, the planner or torch. Errors a user can cause (`InwireError`, `OSError`,
 `ValueError`, `RuntimeError`) end as one line on stderr, `inwire <command>: <message>`, and exit status 2;
-an interrupt (SIGINT) exits with 130 after one line saying where the command was (`inwire.progress`).
+an interrupt (SIGINT) exits with 130 after one line saying where the command was (`inwire.progress`); a
+reader that closes the output pipe early (`| head`) ends the command quietly with 141, SIGPIPE's status.
 """
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -90,6 +92,11 @@ def main(argv=None):
     progress.reset(args.command)
     try:
         return args.run(args)
+    except BrokenPipeError:
+        # The reader left (`inwire decode ... | head`): stop quietly with SIGPIPE's status, as a filter does;
+        # stdout goes to /dev/null so that the interpreter's flush at exit does not fail on the pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (InwireError, OSError, ValueError, RuntimeError) as error:
         print(f"inwire {args.command}: {describe(error)}", file=sys.stderr)
         return 2
