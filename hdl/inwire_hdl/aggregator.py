@@ -30,7 +30,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from inwire.model import TIME_BITS, AggregatorConfig
+from inwire.model import LEASE_TICK_S, TIME_BITS, AggregatorConfig
 from inwire.protocol import (
     COUNTERS,
     ELEMENT_BYTES,
@@ -819,3 +819,11 @@ class LeaseTicker(wiring.Component):
         m.d.comb += self.tick.eq(count == self.cycles - 1)
         m.d.sync += count.eq(Mux(self.tick, 0, count + 1))
         return m
+
+
+def drive_lease_ticks(m, core, clock_hz):
+    """On a board top: the core's `lease_tick` once per `LEASE_TICK_S` of its `clock_hz` clock, the unit
+    `inwire serve` counts in too. A core without leases (the pass-through) is left as it is."""
+    if hasattr(core, "lease_tick"):
+        m.submodules.lease_ticker = ticker = LeaseTicker(round(clock_hz * LEASE_TICK_S))
+        m.d.comb += core.lease_tick.eq(ticker.tick)

@@ -88,14 +88,9 @@ class AlveoCore(Elaboratable):
         to_line = {port: self._transmit_path(m, port) for port in (0, 1)}
 
         m.submodules.core = core = self.core_factory(CMAC_BYTES)
-        if hasattr(core, "lease_tick"):
-            from inwire.model import LEASE_TICK_S
+        from .aggregator import drive_lease_ticks
 
-            from .aggregator import LeaseTicker
-
-            # One lease tick per millisecond of the core clock: the unit `inwire serve` counts in too.
-            m.submodules.lease_ticker = ticker = LeaseTicker(round(CORE_CLOCK_MHZ * 1e6 * LEASE_TICK_S))
-            m.d.comb += core.lease_tick.eq(ticker.tick)
+        drive_lease_ticks(m, core, CORE_CLOCK_MHZ * 1e6)
         connect_core(m, core, from_line[0], to_line[1])
         wiring.connect(m, from_line[1], to_line[0])
         return m

@@ -169,14 +169,9 @@ class InwireBoard(Elaboratable):
             macs[side] = mac
 
         m.submodules.core = core = self.core_factory(self.data_width)
-        if hasattr(core, "lease_tick"):
-            from inwire.model import LEASE_TICK_S
+        from .aggregator import drive_lease_ticks
 
-            from .aggregator import LeaseTicker
-
-            # One lease tick per millisecond of the core clock: the unit `inwire serve` counts in too.
-            m.submodules.lease_ticker = ticker = LeaseTicker(round(self.core_hz * LEASE_TICK_S))
-            m.d.comb += core.lease_tick.eq(ticker.tick)
+        drive_lease_ticks(m, core, self.core_hz)
         a, b = macs["a"], macs["b"]
         connect_core(m, core, a.rx_stream, b.tx_stream)
         wiring.connect(m, b.rx_stream, a.tx_stream)
