@@ -32,7 +32,8 @@ def read_frames(path):
         if linktype != LINKTYPE_ETHERNET:
             raise CaptureError(f"{path}: link type {linktype} is not Ethernet")
         # scapy logs a warning for a cut frame; the one-line error below says it instead.
-        logger, level = logging.getLogger("scapy.runtime"), logging.getLogger("scapy.runtime").level
+        logger = logging.getLogger("scapy.runtime")
+        level = logger.level
         logger.setLevel(logging.ERROR)
         try:
             frames = [bytes(frame) for frame, _metadata in reader]

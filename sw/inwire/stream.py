@@ -215,9 +215,9 @@ class Workload:
                               f"{len(self.plan.islands)} islands, more than the {available / 2**30:.1f} GiB "
                               f"available")
         limit = MAX_FRAMES.get(target_kind)
-        if limit is not None and self.frames() > limit:
+        if limit is not None and (frames := self.frames()) > limit:
             raise StreamError(f"--elements {config.elements:,} x --rounds {config.rounds:,} makes "
-                              f"{self.frames():,} contributions, more than the {limit:,} a {target_kind}: target "
+                              f"{frames:,} contributions, more than the {limit:,} a {target_kind}: target "
                               f"runs; lower --elements or --rounds, or raise --chunk")
 
     @property
