@@ -268,7 +268,7 @@ MALFORMED = {
     Disposition.DROP_IP_FRAGMENT: lambda: contribution(ip_frag=0x2000),
     Disposition.DROP_IP_CHECKSUM: lambda: _set(contribution(), "ip_csum", 0x1234),
     Disposition.DROP_LENGTH: lambda: contribution()[:-4],
-    Disposition.DROP_VERSION: lambda: contribution(version=2),
+    Disposition.DROP_VERSION: lambda: contribution(version=3),
     Disposition.DROP_OPCODE: lambda: contribution(opcode=Opcode.RESULT),
     Disposition.DROP_FANIN: lambda: contribution(fanin=9, sender=0),
     Disposition.DROP_SENDER: lambda: contribution(sender=3),

@@ -37,7 +37,7 @@ FAILURES = (
     {"fields": {"ip_frag": 0x2000}},
     {"edit": flip_checksum},
     {"edit": truncate(100)},
-    {"fields": {"version": 2}},
+    {"fields": {"version": 3}},
     {"fields": {"opcode": Opcode.RESULT}},
     {"edit": lambda frame: frame + bytes(4)},
     {"fields": {"opcode": Opcode.STATS_REQUEST, "elements": ()}},

@@ -4,9 +4,14 @@ It is also the software aggregator (`inwire serve`). Every input frame gets exac
 (`protocol.Disposition`) and produces at most one output frame:
 
 - forwarded: the frame itself, unchanged;
-- accumulated: nothing, or the result when it completed its slot;
-- answered: the stored result (retransmitted contribution, result request) or a stats reply;
+- accumulated: nothing, or the slot's output when it completed its level: the result, multicast to the
+  group, at the root; a partial, sent to the next aggregator up (`hop1`), below it;
+- answered: the stored output (retransmitted contribution or partial, result request) or a stats reply;
 - dropped: nothing.
+
+Reduction trees: a contribution holds a set of members (`bitmap`; a partial holds several) and names its
+level, the members the receiving aggregator gathers (`expect`), and the aggregators above (`hop1`,
+`hop2` with their levels). A slot completes when the disjoint member sets summed into it make up its level.
 
 A frame acts atomically: a frame dropped for any reason leaves every slot as it was.
 
@@ -29,6 +34,7 @@ from .protocol import (
     ETHERNET_BYTES,
     ETHERTYPE_IPV4,
     FRAME_HEADER_BYTES,
+    GATEWAY_MAC,
     INT32_MAX,
     INT32_MIN,
     INWIRE_PORT,
@@ -39,16 +45,19 @@ from .protocol import (
     MAGIC,
     MAX_FANIN,
     MIN_FRAME_BYTES,
+    RESULT_TRAILER_BYTES,
     STATUS_OVERFLOW,
-    VERSION,
+    SUMMED_OPCODES,
+    VERSIONS,
     Disposition,
     Opcode,
+    clique_mask,
     frame_bytes,
     is_multicast_group,
     multicast_mac,
 )
 
-ACCEPTED_OPCODES = (Opcode.CONTRIBUTION, Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST)
+ACCEPTED_OPCODES = (Opcode.CONTRIBUTION, Opcode.PARTIAL, Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST)
 TIME_BITS = 16
 """Width of the lease timer and of each slot's activity stamp: idle time is (now - stamp) mod 2**TIME_BITS,
 so a slot idle for k * 2**TIME_BITS + t ticks counts as idle for t (65.5 s at LEASE_TICK_S: an abandoned
@@ -71,12 +80,15 @@ class AggregatorConfig:
     slots: int = 16
     max_elements: int = 256
     max_fanin: int = MAX_FANIN
+    gateway_mac: int = GATEWAY_MAC
+    """Destination MAC of the partials it sends up a reduction tree: its next-hop router's."""
     lease: int = DEFAULT_LEASE
     """Ticks without an accepted contribution after which an unfinished slot may be claimed by any owner;
     0 for no lease (an unfinished slot then waits for its owner, or a newer round of its job, forever)."""
 
     def __post_init__(self):
         mac_bytes(self.mac)
+        mac_bytes(self.gateway_mac)
         checks = {"ip": (self.ip, 0, 2**32 - 1), "port": (self.port, 1, 2**16 - 1),
                   "slots": (self.slots, 1, 2**16), "max_elements": (self.max_elements, 1, 2**16 - 1),
                   "max_fanin": (self.max_fanin, 1, MAX_FANIN), "lease": (self.lease, 0, 2**TIME_BITS - 1)}
@@ -95,6 +107,8 @@ class Slot:
     group: int = 0
     count: int = 0
     exponent: int = 0
+    level: int = 0
+    """The members this slot gathers (`expect`, 0 resolved to the whole clique)."""
     bitmap: int = 0
     overflow: bool = False
     complete: bool = False
@@ -128,8 +142,8 @@ FRAME_CHECKS = (
     (Disposition.DROP_LENGTH, f"it is shorter than the {FRAME_HEADER_BYTES}-byte header",
      lambda agg, frame, header: len(frame) < FRAME_HEADER_BYTES),
     (Disposition.DROP_VERSION, "its magic or version is unknown",
-     lambda agg, frame, header: header["magic"] != MAGIC or header["version"] != VERSION),
-    (Disposition.DROP_OPCODE, "its opcode is not contribution, result request or stats request",
+     lambda agg, frame, header: header["magic"] != MAGIC or header["version"] not in VERSIONS),
+    (Disposition.DROP_OPCODE, "its opcode is not contribution, partial, result request or stats request",
      lambda agg, frame, header: header["opcode"] not in ACCEPTED_OPCODES),
     (Disposition.DROP_LENGTH, "frame length, IPv4 and UDP lengths and element count disagree",
      lambda agg, frame, header: _lengths_disagree(frame, header)),
@@ -137,8 +151,9 @@ FRAME_CHECKS = (
      lambda agg, frame, header: header["opcode"] == Opcode.STATS_REQUEST),
     (Disposition.DROP_FANIN, "its fan-in is 0 or above the aggregator's maximum",
      lambda agg, frame, header: not 1 <= header["fanin"] <= agg.config.max_fanin),
-    (Disposition.DROP_SENDER, "its sender index is not below its fan-in",
-     lambda agg, frame, header: header["sender"] >= header["fanin"]),
+    (Disposition.DROP_SENDER, "its sender index is not below its fan-in, it holds a member outside its level, "
+                              "or its level has a member not below its fan-in",
+     lambda agg, frame, header: header["sender"] >= header["fanin"] or not _members_valid(header)),
     (Disposition.DROP_COUNT, "its element count is 0 or above the aggregator's maximum",
      lambda agg, frame, header: not 1 <= header["count"] <= agg.config.max_elements),
     (Disposition.DROP_GROUP, "its group is not in 239.0.0.0/8",
@@ -154,14 +169,15 @@ SLOT_CHECKS = (
      "it is a result request for the slot's completed result, same job, round, clique and chunk"),
     (Disposition.DROP_NO_RESULT, "it is any other result request"),
     (Disposition.DROP_MISMATCH,
-     "it is a contribution with the slot's owner but another fan-in, group, count or exponent"),
-    (Disposition.ANSWERED, "it is a contribution to its owner's completed slot: the stored result again"),
-    (Disposition.DROP_DUPLICATE, "it is a contribution from a member already summed"),
+     "it is a contribution or partial with the slot's owner but another fan-in, group, count, exponent or level"),
+    (Disposition.ANSWERED, "it is a contribution or partial to its owner's completed slot: the stored output again"),
+    (Disposition.DROP_DUPLICATE, "it is a contribution or partial holding a member already summed"),
     (Disposition.DROP_COLLISION, "it is a contribution with another owner while the slot is unfinished, "
                                  "unless from the same job and a newer round (which reclaims the slot) or the "
                                  "slot's lease ran out: no accepted contribution for `lease` ticks (any owner "
                                  "claims it)"),
-    (Disposition.ACCUMULATED, "it is any other contribution: summed, and the result sent when the fan-in is reached"),
+    (Disposition.ACCUMULATED, "it is any other contribution or partial: summed, and the slot's output sent when "
+                              "its members make up the level (a result at the root, a partial below)"),
 )
 """What happens next, by the slot the frame names, in the order `Aggregator` decides it."""
 
@@ -221,9 +237,9 @@ class Aggregator:
         if len(frame) < FRAME_HEADER_BYTES or not self._addressed_to_me(frame):
             return None
         header = parse_header(frame)
-        if header["magic"] != MAGIC or header["version"] != VERSION or header["opcode"] != Opcode.CONTRIBUTION:
+        if header["magic"] != MAGIC or header["version"] not in VERSIONS or header["opcode"] not in SUMMED_OPCODES:
             return None
-        expected = frame_bytes(int(header["count"]), Opcode.CONTRIBUTION)
+        expected = frame_bytes(int(header["count"]), int(header["opcode"]))
         if len(frame) == expected:
             return None
         as_announced = frame[:expected].ljust(expected, b"\0")
@@ -249,23 +265,28 @@ class Aggregator:
                 return disposition, []
         if header["opcode"] == Opcode.RESULT_REQUEST:
             return self._result_request(header)
-        elements = np.frombuffer(frame, dtype=ELEMENT_DTYPE, offset=FRAME_HEADER_BYTES)
-        return self._contribution(header, elements)
+        count = int(header["count"])
+        elements = np.frombuffer(frame, dtype=ELEMENT_DTYPE, count=count, offset=FRAME_HEADER_BYTES)
+        carried = (header["opcode"] == Opcode.PARTIAL
+                   and int.from_bytes(frame[-RESULT_TRAILER_BYTES:], "big") & STATUS_OVERFLOW)
+        return self._contribution(header, elements, bool(carried))
 
     def _addressed_to_me(self, frame):
         return (frame_field(frame, "eth_type") == ETHERTYPE_IPV4 and frame_field(frame, "ip_proto") == IP_PROTO_UDP
                 and frame_field(frame, "ip_dst") == self.config.ip
                 and frame_field(frame, "udp_dport") == self.config.port)
 
-    def _contribution(self, header, elements):
+    def _contribution(self, header, elements, carried):
+        """Sum a contribution or partial; `carried` is a partial's overflow flag, set by a level below."""
         slot = self.slots[int(header["slot"])]
         key = _key(header)
+        members = tree_fields(header).members
         if slot.key == key:
-            if (slot.fanin, slot.group, slot.count, slot.exponent) != _shape(header):
+            if (slot.fanin, slot.group, slot.count, slot.exponent, slot.level) != _shape(header):
                 return Disposition.DROP_MISMATCH, []
             if slot.complete:
-                return Disposition.ANSWERED, [self._result(header, slot)]
-            if slot.bitmap >> int(header["sender"]) & 1:
+                return Disposition.ANSWERED, [self._output(header, slot)]
+            if slot.bitmap & members:
                 return Disposition.DROP_DUPLICATE, []
         elif slot.key is None or slot.complete:
             self._claim(slot, header)
@@ -283,41 +304,49 @@ class Aggregator:
         if saturated.any():
             self.counters["saturations"] += 1
             slot.overflow = True
+        slot.overflow |= carried
         slot.sums = np.clip(total, INT32_MIN, INT32_MAX)
-        slot.bitmap |= 1 << int(header["sender"])
+        slot.bitmap |= members
         slot.stamp = self.now
-        if slot.bitmap.bit_count() < slot.fanin:
+        if slot.bitmap != slot.level:
             return Disposition.ACCUMULATED, []
         slot.complete = True
-        return Disposition.ACCUMULATED, [self._result(header, slot)]
+        return Disposition.ACCUMULATED, [self._output(header, slot)]
 
     def _result_request(self, header):
         slot = self.slots[int(header["slot"])]
         if slot.complete and slot.key == _key(header):
-            return Disposition.ANSWERED, [self._result(header, slot)]
+            return Disposition.ANSWERED, [self._output(header, slot)]
         return Disposition.DROP_NO_RESULT, []
 
     def _claim(self, slot, header):
         slot.key = _key(header)
-        slot.fanin, slot.group, slot.count, slot.exponent = _shape(header)
+        slot.fanin, slot.group, slot.count, slot.exponent, slot.level = _shape(header)
         slot.bitmap = 0
         slot.overflow = False
         slot.complete = False
         slot.sums = np.zeros(slot.count, dtype=np.int64)
 
-    def _result(self, header, slot):
-        """The slot's result, multicast to its group; `header` is the frame that asked for it."""
-        self.counters["results_emitted"] += 1
+    def _output(self, header, slot):
+        """The completed slot's output; `header` is the frame that completed or asked for it and says where
+        it goes: below the root (`hop1` set), a partial to `hop1`, its hops moved up one level; at the root,
+        the result, multicast to the slot's group."""
+        tree = tree_fields(header)
+        if tree.hop1:
+            self.counters["partials_emitted"] += 1
+            route = dict(opcode=Opcode.PARTIAL, eth_dst=self.config.gateway_mac, ip_dst=tree.hop1,
+                         expect=tree.hop1_expect, hop1=tree.hop2, hop1_expect=tree.hop2_expect)
+        else:
+            self.counters["results_emitted"] += 1
+            route = dict(opcode=Opcode.RESULT, eth_dst=multicast_mac(slot.group), ip_dst=slot.group)
         job, round_, clique, chunk = slot.key
         frame = build_frames(
-            slot.sums.astype(np.int32),
-            eth_dst=multicast_mac(slot.group), eth_src=self.config.mac,
-            ip_src=self.config.ip, ip_dst=slot.group,
-            udp_sport=self.config.port, udp_dport=self.config.port,
-            opcode=Opcode.RESULT, sender=int(header["sender"]), fanin=slot.fanin, exponent=slot.exponent,
+            slot.sums.astype(np.int32), eth_src=self.config.mac, ip_src=self.config.ip,
+            udp_sport=self.config.port, udp_dport=self.config.port, version=int(header["version"]),
+            sender=int(header["sender"]), fanin=slot.fanin, exponent=slot.exponent,
             contributors=slot.bitmap.bit_count(), job=job, round=round_, clique=clique,
             slot=int(header["slot"]), chunk=chunk, group=slot.group, bitmap=slot.bitmap,
-            status=STATUS_OVERFLOW if slot.overflow else 0,
+            status=STATUS_OVERFLOW if slot.overflow else 0, **route,
         )
         return bytes(frame[0])
 
@@ -329,7 +358,8 @@ class Aggregator:
             eth_dst=header["eth_src"], eth_src=self.config.mac,
             ip_src=self.config.ip, ip_dst=int(header["ip_src"]),
             udp_sport=self.config.port, udp_dport=int(header["udp_sport"]),
-            opcode=Opcode.STATS_REPLY, sender=int(header["sender"]), job=int(header["job"]),
+            opcode=Opcode.STATS_REPLY, version=int(header["version"]), sender=int(header["sender"]),
+            job=int(header["job"]),
         )
         return bytes(frame[0])
 
@@ -339,4 +369,34 @@ def _key(header):
 
 
 def _shape(header):
-    return (int(header["fanin"]), int(header["group"]), int(header["count"]), int(header["exponent"]))
+    return (int(header["fanin"]), int(header["group"]), int(header["count"]), int(header["exponent"]),
+            tree_fields(header).level)
+
+
+@dataclass(frozen=True)
+class TreeFields:
+    """A frame's place in a reduction tree, with the defaults resolved."""
+    members: int
+    """The members it holds: `bitmap`, or its sender alone when that is 0 or the frame is version 1."""
+    level: int
+    """The members the receiving aggregator gathers: `expect`, or the whole clique when that is 0."""
+    hop1: int
+    hop1_expect: int
+    hop2: int
+    hop2_expect: int
+
+
+def tree_fields(header):
+    """The reduction-tree fields of a parsed header; a version 1 frame reads as if they were all 0."""
+    fanin = int(header["fanin"])
+    if int(header["version"]) == 1:
+        return TreeFields(1 << int(header["sender"]), clique_mask(fanin), 0, 0, 0, 0)
+    bitmap, expect = int(header["bitmap"]), int(header["expect"])
+    return TreeFields(bitmap or 1 << int(header["sender"]), expect or clique_mask(fanin),
+                      int(header["hop1"]), int(header["hop1_expect"]), int(header["hop2"]), int(header["hop2_expect"]))
+
+
+def _members_valid(header):
+    """Members within the level, and the level within the clique (sender < fan-in is checked before)."""
+    tree = tree_fields(header)
+    return tree.members & ~tree.level == 0 and tree.level & ~clique_mask(header["fanin"]) == 0

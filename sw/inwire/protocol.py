@@ -53,11 +53,14 @@ UDP_FIELDS = (
     Field("udp_csum", 2, "checksum, 0 (none) in frames the aggregator sends"),
 )
 
+ROUTE_HOPS = 2
+"""Aggregators above the receiving one that a frame names (hop1, hop2): trees of up to three levels."""
+
 AGGREGATION_FIELDS = (
     Field("magic", 2, "0x4957 ('IW'): marks an inwire header"),
-    Field("version", 1, "protocol version, 1"),
-    Field("opcode", 1, "contribution, result, result request, stats request or stats reply"),
-    Field("sender", 1, "sender's index within its clique, below fanin; in a result, whose frame caused it"),
+    Field("version", 1, "protocol version, 2 (an aggregator takes 1 too: see VERSION)"),
+    Field("opcode", 1, "contribution, partial, result, result request, stats request or stats reply"),
+    Field("sender", 1, "sender's index within its clique, below fanin; in an answer, whose frame caused it"),
     Field("fanin", 1, "number of members in the clique, 1 to the aggregator's maximum"),
     Field("exponent", 1, "block exponent e: an element q stands for q * 2**e", signed=True),
     Field("contributors", 1, "in a result: number of members summed (bits set in bitmap)"),
@@ -69,15 +72,22 @@ AGGREGATION_FIELDS = (
     Field("count", 2, "number of int32 elements after the header"),
     Field("reserved0", 2, "zero"),
     Field("group", 4, "IPv4 multicast group (239.0.0.0/8) that receives the result"),
-    Field("bitmap", 8, "in a result: bit i set when member i was summed"),
-    Field("reserved", 46, "zero; pads the frame header to 128 bytes"),
+    Field("bitmap", 8, "bit i set for member i: in a contribution or partial, the members it holds (0: its "
+                       "sender alone); in a result, the members summed"),
+    Field("expect", 8, "members the receiving aggregator sums before it sends on, its level (0: the whole clique)"),
+    Field("hop1", 4, "next aggregator up the reduction tree (IPv4 address), where this level's partial goes; "
+                     "0: this level is the root, its result goes to the group"),
+    Field("hop1_expect", 8, "hop1's level, as `expect`"),
+    Field("hop2", 4, "the aggregator above hop1 (0: hop1 is the root); a partial moves hop2 to hop1"),
+    Field("hop2_expect", 8, "hop2's level, as `expect`"),
+    Field("reserved", 14, "zero; pads the frame header to 128 bytes"),
 )
 
 RESULT_TRAILER_FIELDS = (
     Field("status", 4, "bit 0: a sum saturated at the int32 limits (overflow)"),
 )
-"""A result ends with this trailer after its elements: a cut-through aggregator knows whether the
-completing contribution saturated only once its last element has gone by, long after the header."""
+"""A result or partial ends with this trailer after its elements: a cut-through aggregator knows whether
+the completing contribution saturated only once its last element has gone by, long after the header."""
 
 FRAME_FIELDS = ETHERNET_FIELDS + IPV4_FIELDS + UDP_FIELDS + AGGREGATION_FIELDS
 
@@ -100,7 +110,11 @@ assert FRAME_HEADER_BYTES == 128, FRAME_HEADER_BYTES
 
 INWIRE_PORT = 0x4957
 MAGIC = 0x4957
-VERSION = 1
+VERSION = 2
+"""Version 2 adds reduction trees (member bitmaps, levels, hops, partials). A version 1 frame still works:
+it is read as a version 2 frame whose `bitmap`, `expect` and hop fields are 0 (a one-member contribution
+to a flat clique's root), and its answer carries version 1."""
+VERSIONS = (1, VERSION)
 ELEMENT_BYTES = 4
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 """Limits of an element; sums saturate at them."""
@@ -139,6 +153,7 @@ class Opcode(IntEnum):
     RESULT_REQUEST = 3
     STATS_REQUEST = 4
     STATS_REPLY = 5
+    PARTIAL = 6
 
 
 OPCODE_MEANING = {
@@ -147,6 +162,8 @@ OPCODE_MEANING = {
     Opcode.RESULT_REQUEST: "asks for a completed slot's stored result without contributing",
     Opcode.STATS_REQUEST: "asks the aggregator for its counters",
     Opcode.STATS_REPLY: "the counters, one uint32 each, as the elements, in COUNTERS order",
+    Opcode.PARTIAL: "a level's sums for the next aggregator up the tree: a contribution that holds several "
+                    "members, with a result's status trailer",
 }
 
 
@@ -175,9 +192,11 @@ class Disposition(IntEnum):
 
 DISPOSITION_MEANING = {
     Disposition.FORWARDED: "not addressed to the aggregator: passed through byte for byte",
-    Disposition.ACCUMULATED: "contribution added to its slot (the last one also emits the result)",
-    Disposition.ANSWERED: "retransmitted contribution or result request for a completed slot, "
-                          "or stats request: answered with one frame",
+    Disposition.ACCUMULATED: "contribution or partial added to its slot (the one that completes its level also "
+                             "emits the result, or the partial for the next level)",
+    Disposition.ANSWERED: "retransmitted contribution or partial, or result request, for a completed slot "
+                          "(the stored result, or partial for the next level), or stats request: answered "
+                          "with one frame",
     Disposition.DROP_RUNT: "shorter than 60 bytes",
     Disposition.DROP_IP_HEADER: "IPv4 version is not 4 or header length is not 5 words",
     Disposition.DROP_IP_FRAGMENT: "IPv4 fragment (MF set or offset not zero)",
@@ -185,25 +204,28 @@ DISPOSITION_MEANING = {
     Disposition.DROP_LENGTH: "frame, IPv4 and UDP lengths and element count disagree (requests carry "
                              "no elements)",
     Disposition.DROP_VERSION: "magic or version unknown",
-    Disposition.DROP_OPCODE: "opcode is not one an aggregator accepts (contribution, result request, "
+    Disposition.DROP_OPCODE: "opcode is not one an aggregator accepts (contribution, partial, result request, "
                              "stats request)",
     Disposition.DROP_FANIN: "fanin is 0 or above the aggregator's maximum",
-    Disposition.DROP_SENDER: "sender index not below fanin",
+    Disposition.DROP_SENDER: "sender index not below fanin, members outside the level, or a level member "
+                             "not below fanin",
     Disposition.DROP_COUNT: "element count is 0 or above the aggregator's maximum",
     Disposition.DROP_GROUP: "group is not in 239.0.0.0/8",
     Disposition.DROP_SLOT: "slot index beyond the aggregator's slots",
-    Disposition.DROP_DUPLICATE: "member already summed into this slot",
-    Disposition.DROP_MISMATCH: "fanin, group, count or exponent differ from the slot's first contribution",
+    Disposition.DROP_DUPLICATE: "holds a member already summed into this slot",
+    Disposition.DROP_MISMATCH: "fanin, group, count, exponent or level differ from the slot's first "
+                               "contribution",
     Disposition.DROP_COLLISION: "slot busy with another unfinished job, round, clique or chunk whose lease "
                                 "has not run out",
     Disposition.DROP_NO_RESULT: "result request for a slot with no matching completed result",
 }
 
 COUNTERS = tuple(disposition.name.lower() for disposition in Disposition) + (
-    "frames_in", "results_emitted", "slots_reclaimed", "saturations", "leases_expired")
+    "frames_in", "results_emitted", "slots_reclaimed", "saturations", "leases_expired", "partials_emitted")
 """Counter names, in the order a stats reply carries them. `frames_in` equals the sum of the
 dispositions; `results_emitted` counts result frames sent (completions and stored-result answers);
-`leases_expired` counts unfinished slots claimed by another owner after their lease ran out."""
+`leases_expired` counts unfinished slots claimed by another owner after their lease ran out;
+`partials_emitted` counts partials sent up the tree (completions and stored-partial answers)."""
 
 DROP_COUNTERS = tuple(d.name.lower() for d in Disposition if d.name.startswith("DROP_"))
 
@@ -233,13 +255,25 @@ def is_multicast_group(group):
 
 REQUEST_OPCODES = (Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST)
 """Requests are the bare header: their count field describes the slot, not the frame."""
+TRAILER_OPCODES = (Opcode.RESULT, Opcode.PARTIAL)
+"""Frames whose elements are followed by the status trailer."""
+SUMMED_OPCODES = (Opcode.CONTRIBUTION, Opcode.PARTIAL)
+"""Frames whose elements an aggregator sums into a slot."""
+GATEWAY_MAC = 0xFF_FF_FF_FF_FF_FF
+"""Default destination MAC of a partial: an aggregator sends it to its next-hop router's MAC, which is
+configuration (`AggregatorConfig.gateway_mac`); broadcast reaches the next aggregator over a direct link."""
+
+
+def clique_mask(fanin):
+    """The bitmap of a whole clique of `fanin` members."""
+    return (1 << min(int(fanin), 64)) - 1
 
 
 def frame_bytes(count, opcode=Opcode.CONTRIBUTION):
     """Length, without FCS, of an aggregation frame of kind `opcode` whose count field is `count`."""
     if opcode in REQUEST_OPCODES:
         return FRAME_HEADER_BYTES
-    trailer = RESULT_TRAILER_BYTES if opcode == Opcode.RESULT else 0
+    trailer = RESULT_TRAILER_BYTES if opcode in TRAILER_OPCODES else 0
     return FRAME_HEADER_BYTES + ELEMENT_BYTES * count + trailer
 
 
