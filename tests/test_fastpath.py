@@ -236,16 +236,16 @@ def _clip_once_at_the_end(self, sums, payload, count):
 
 
 def _clip_at_result(original):
-    def complete(self, slot, sender, key, shape, bitmap):
+    def complete(self, slot, *rest):
         sums = self.sums[slot]
         self.overflow[slot] = bool(((sums > INT32_MAX) | (sums < INT32_MIN)).any())
         np.clip(sums, INT32_MIN, INT32_MAX, out=sums)
-        return original(self, slot, sender, key, shape, bitmap)
+        return original(self, slot, *rest)
     return complete
 
 
-def _unpatched_answer(self, slot, sender):
-    self.counts[fastpath._RESULTS] += 1
+def _unpatched_answer(self, slot, payload, version, sender):
+    self._count_output(fastpath._route(payload, version)[0])
     return self.results[slot]
 
 
