@@ -625,7 +625,7 @@ def test_three_level_tree_with_a_lost_partial(backend):
     # B's stored partial again, naming whose frame caused it: member 3 completed it, A's answer asked again.
     first, again = [body for source, body, _ in sent if source == b]
     assert (first[4], again[4], first[:4] + first[5:]) == (3, 0, again[:4] + again[5:])
-    header = fastpath.HEADER.unpack_from(result)
+    header = fastpath.DECISION.unpack_from(result)
     assert (header[6], header[15], header[16], result[-1]) == (6, 0b111111, 0, 1)
     assert np.frombuffer(result, ">i4", 3, 86).tolist() == [INT32_MAX - 3 - 4 - 5 - 6, -21, 1500]
     counters = {ip: pair.fast.stats() for ip, pair in pairs.items()}

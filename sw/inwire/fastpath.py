@@ -77,11 +77,12 @@ def _at(name):
     return FRAME_OFFSETS[name] - PAYLOAD_OFFSET
 
 
-HEADER = _struct("magic", "expect")
-"""The fields a decision reads, in table order: magic, version, opcode, sender, ..., group, bitmap, expect.
-The hops are read only when a slot's output is made, as bytes."""
-OUTPUT = _struct("magic", "bitmap")
-"""An output's fields before its route (`expect` and the hops)."""
+HEADER = _struct("magic", "bitmap")
+"""The fields from `magic` to `bitmap`, in table order: an output's fields before its route (`expect` and the
+hops), and all a host reads of a result (`inwire stream` does)."""
+DECISION = _struct("magic", "expect")
+"""The fields a decision reads: HEADER's and `expect`. The hops are read only when a slot's output is made,
+as bytes."""
 VERSION_AT, OPCODE_AT, SENDER_AT = _at("version"), _at("opcode"), _at("sender")
 """The bytes besides the route in which a stored output's answers differ: each carries its asker's."""
 ROUTE_AT, ROUTE_END = _at("expect"), _at("reserved")
@@ -177,7 +178,7 @@ class FastAggregator:
         if length < PAYLOAD_HEADER_BYTES:
             return Disposition.DROP_LENGTH, None
         (magic, version, opcode, sender, fanin, exponent, _, job, round_, clique, slot, chunk, count, _, group,
-         bitmap, expect) = HEADER.unpack_from(payload)
+         bitmap, expect) = DECISION.unpack_from(payload)
         if magic != MAGIC or (version != VERSION and version != _V1):
             return Disposition.DROP_VERSION, None
         if opcode == _CONTRIBUTION:
@@ -282,7 +283,7 @@ class FastAggregator:
         fanin, group, count, exponent, _ = shape
         job, round_, clique, chunk = key
         opcode, route = _route(payload, version)
-        header = b"".join((OUTPUT.pack(MAGIC, version, opcode, sender, fanin, exponent, bitmap.bit_count(), job,
+        header = b"".join((HEADER.pack(MAGIC, version, opcode, sender, fanin, exponent, bitmap.bit_count(), job,
                                        round_, clique, slot, chunk, count, 0, group, bitmap), route, _PADDING))
         status = _STATUS[self.overflow[slot]]
         if self.backend == "c":
@@ -309,7 +310,7 @@ class FastAggregator:
 
     def _stats_reply(self, version, sender, job):
         """Counters before this request, as uint32 elements; every other field is zero, as the model's."""
-        header = OUTPUT.pack(MAGIC, version, Opcode.STATS_REPLY, sender, 0, 0, 0, job, 0, 0, 0, 0,
+        header = HEADER.pack(MAGIC, version, Opcode.STATS_REPLY, sender, 0, 0, 0, job, 0, 0, 0, 0,
                              STATS_REPLY_COUNT, 0, 0, 0)
         values = struct.pack(f"!{STATS_REPLY_COUNT}I", *(value & 0xFFFFFFFF for value in self.counts))
         return b"".join((header, _ROOT_ROUTE, _PADDING, values))
