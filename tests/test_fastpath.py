@@ -563,7 +563,7 @@ TREE_TAMPERS = {
     "overflow_carried_as_saturation": ("# Saturated at a level below: carried into this slot's status, not counted "
                                        "here.", "self.counts[_SATURATIONS] += 1"),
     "version_1_tree_bytes_read": ("if version == _V1:", "if False:"),
-    "members_outside_level_taken": ("if members & ~level or level & ~whole:", "if level & ~whole:"),
+    "members_outside_level_taken": ("if members | level != level or level > whole:", "if level > whole:"),
     "hops_not_moved": None,
 }
 
