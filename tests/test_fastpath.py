@@ -114,9 +114,10 @@ class CliqueStream:
         job = 7
         if rnd.random() < 0.15:
             job, round_ = rnd.choice(((8, round_), (7, round_ - 2), (7, (round_ + 2**31) & 0xFFFFFFFF)))
+        # Now and then a version 1 clique: summed alike, answered in version 1.
         fields = dict(opcode=Opcode.CONTRIBUTION, fanin=fanin, job=job, round=round_, clique=rnd.randrange(3),
                       slot=slot, chunk=rnd.randrange(4) * count, exponent=rnd.randint(-3, 3),
-                      group=0xEF000000 | rnd.randrange(1, 4))
+                      group=0xEF000000 | rnd.randrange(1, 4), version=rnd.choice((1, 2, 2, 2)))
         members = [self.payload(self.elements(count), sender=s, **fields) for s in range(fanin)]
         extra = [rnd.choice(members) for _ in range(rnd.randrange(3))]
         if rnd.random() < 0.3:
@@ -153,7 +154,7 @@ class CliqueStream:
         pick = rnd.random()
         if pick < 0.03:
             payload = self.payload(np.zeros(0), opcode=Opcode.STATS_REQUEST, sender=rnd.randrange(256),
-                                   job=rnd.randrange(2**32))
+                                   job=rnd.randrange(2**32), version=rnd.choice((1, 2)))
         elif pick < 0.15:
             payload = self.damaged()
         else:
