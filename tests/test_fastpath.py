@@ -365,7 +365,7 @@ def test_batched_io_keeps_each_peer_s_datagrams_whole_and_in_order():
 
 AGGREGATOR_IPS = [0x7F_00_00_0A + i for i in range(3)]
 """Three aggregators on loopback addresses, for routes and chains."""
-_HOP1_AT, _GROUP_AT = (FRAME_OFFSETS[name] - PAYLOAD_OFFSET for name in ("hop1", "group"))
+_GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
 
 
 class ModelAndFast:
@@ -401,7 +401,7 @@ class ModelAndFast:
 def _destination(payload, answer):
     """Where the fast path's answer to `payload` goes: a partial up to the asker's hop1, a result to its group."""
     if answer[3] == Opcode.PARTIAL:
-        return int.from_bytes(payload[_HOP1_AT:_HOP1_AT + 4], "big")
+        return fastpath.next_hop(payload)
     return int.from_bytes(answer[_GROUP_AT:_GROUP_AT + 4], "big")
 
 
@@ -566,6 +566,7 @@ TREE_TAMPERS = {
     "version_1_tree_bytes_read": ("if version == _V1:", "if False:"),
     "members_outside_level_taken": ("if members | level != level or level > whole:", "if level > whole:"),
     "hops_not_moved": None,
+    "partial_sent_to_hop2": None,
 }
 
 
@@ -573,9 +574,12 @@ TREE_TAMPERS = {
 def test_a_tampered_tree_fast_path_is_caught(monkeypatch, tamper):
     """The tree differential test fails on a fast path that sums overlapping bitmaps, drops a partial's
     carried overflow (or counts it as a saturation here), reads a version 1 frame's stray tree bytes, takes
-    members outside the level, or sends a partial with its asker's hops unmoved."""
+    members outside the level, sends a partial with its asker's hops unmoved, or to the wrong hop."""
     if tamper == "hops_not_moved":
         monkeypatch.setattr(fastpath, "_route", _hops_not_moved)
+    elif tamper == "partial_sent_to_hop2":
+        hop2 = FRAME_OFFSETS["hop2"] - PAYLOAD_OFFSET
+        monkeypatch.setattr(fastpath, "next_hop", lambda payload: int.from_bytes(payload[hop2:hop2 + 4], "big"))
     else:
         monkeypatch.setattr(fastpath.FastAggregator, "_decide", _mutated_decide(*TREE_TAMPERS[tamper]))
     pair = ModelAndFast("numpy", ip=AGGREGATOR_IPS[0], slots=4, max_elements=32)

@@ -327,6 +327,12 @@ class FastAggregator:
         return b"".join((header, _ROOT_ROUTE, _PADDING, values))
 
 
+def next_hop(payload):
+    """The IPv4 address (an int) that a partial answering datagram `payload` goes to: the payload's hop1
+    (to the aggregators' common port). Only meaningful when the answer is a partial."""
+    return int.from_bytes(payload[HOP1_AT:HOP1_EXPECT_AT], "big")
+
+
 def _route(payload, version):
     """(opcode, route bytes) of the output that datagram `payload` causes: below the root (its hop1 set, and
     only version 2 has hops) a partial whose route is the payload's moved up one level, else the result."""
