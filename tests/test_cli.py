@@ -16,7 +16,7 @@ from inwire.docs import protocol_markdown, readme_with_table
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.packets import build_frames
 from inwire.pcap import read_frames, write_frames
-from inwire.protocol import Opcode
+from inwire.protocol import FRAME_OFFSETS, Opcode
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = AggregatorConfig()
@@ -51,6 +51,35 @@ def test_decode_prints_one_json_object_per_frame(tmp_path, capsys):
     assert result["elements"] == [5, 3, -3] and result["bitmap"] == 3 and result["count"] == 3
     assert result["overflow"] is False
     assert [line["frame"] for line in lines] == list(range(7))
+
+
+def test_decode_shows_members_routes_and_a_partial_s_trailer(tmp_path, capsys):
+    """A level below the root: its contributions' bitmap, level and hops; the partial the model sends up
+    (hops moved up, the carried overflow in its trailer); a version 1 contribution shows no tree fields, as
+    an aggregator reads none; a result request's count names the slot, it has no elements."""
+    tree = dict(ip_dst=CONFIG.ip, fanin=4, group=0xEF000003, slot=2, job=4, round=1, expect=0b0111,
+                hop1=0x0A000009, hop1_expect=0b1111, hop2=0x0A00000A, hop2_expect=0)
+    aggregator = Aggregator(CONFIG)
+    below = build_frames(np.array([[2**31 - 1, 1]]), status=1, opcode=Opcode.PARTIAL, sender=1, bitmap=0b0110,
+                         **tree)[0].tobytes()
+    leaf = build_frames(np.array([[1, 1]]), sender=0, **tree)[0].tobytes()
+    partial, = [out for frame in (below, leaf) for out in aggregator.process(frame)]
+    version_1 = build_frames(np.array([[1, 1]]), version=1, sender=0, **tree)[0].tobytes()
+    request = build_frames(np.zeros((1, 0), dtype=np.int32), opcode=Opcode.RESULT_REQUEST, **tree)[0].tobytes()
+    at = FRAME_OFFSETS["count"]
+    request = request[:at] + (2).to_bytes(2, "big") + request[at + 2:]  # a slot of two elements
+    capture = tmp_path / "tree.pcap"
+    write_frames(capture, [below, leaf, partial, version_1, request])
+    assert main(["decode", str(capture)]) == 0
+    below, leaf, partial, version_1, request = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    route = {"expect": 0b0111, "hop1": "10.0.0.9", "hop1_expect": 0b1111, "hop2": "10.0.0.10", "hop2_expect": 0}
+    assert below["kind"] == "partial" and below["overflow"] is True and below["bitmap"] == 0b0110
+    assert {key: leaf[key] for key in ("version", "bitmap", *route)} == {"version": 2, "bitmap": 0, **route}
+    assert {key: partial[key] for key in ("kind", "bitmap", "contributors", "overflow", "elements", *route)} == {
+        "kind": "partial", "bitmap": 0b0111, "contributors": 3, "overflow": True, "elements": [2**31 - 1, 2],
+        "expect": 0b1111, "hop1": "10.0.0.10", "hop1_expect": 0, "hop2": "0.0.0.0", "hop2_expect": 0}
+    assert version_1["version"] == 1 and not set(route) & set(version_1) and "bitmap" not in version_1
+    assert request["kind"] == "result_request" and request["count"] == 2 and request["elements"] == []
 
 
 def test_decode_into_a_closed_pipe_stops_quietly(tmp_path):

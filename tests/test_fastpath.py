@@ -7,20 +7,26 @@ duplicates, retransmissions to completed slots, reclaims by newer rounds, collis
 result and stats requests, truncated, extended and bit-flipped datagrams), also timed: arrival times with
 gaps around the slot lease and datagrams left out, so that abandoned slots expire. Both backends of the fast path
 run them: numpy and, when built, the C kernel; under CI=true a missing kernel fails the test.
+Reduction-tree traffic (protocol v2: partials, member bitmaps, levels, routes of up to three levels,
+version 1 frames mixed in) is compared with the model aggregator by aggregator, payload and destination,
+and through a chain of three with a lost partial; mutants of the fast path show that it catches a missing
+rule.
 `INWIRE_FUZZ_FRAMES` scales the streams as it does for the fuzz tests.
 """
 
 import dataclasses
+import inspect
 import os
 import random
+import textwrap
 
 import numpy as np
 import pytest
 
 from inwire import fastpath
-from inwire.datagram import payload_of
-from inwire.packets import build_frames
-from inwire.protocol import INT32_MAX, INT32_MIN, Opcode
+from inwire.datagram import PAYLOAD_OFFSET, ip_str, payload_of, wrap
+from inwire.packets import build_frames, frame_field
+from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, Disposition, Opcode, clique_mask
 from inwire.serve import SoftwareAggregator
 
 PEERS = [("127.0.0.1", 40000 + i) for i in range(5)] + [("127.0.0.2", 40000)]
@@ -108,9 +114,10 @@ class CliqueStream:
         job = 7
         if rnd.random() < 0.15:
             job, round_ = rnd.choice(((8, round_), (7, round_ - 2), (7, (round_ + 2**31) & 0xFFFFFFFF)))
+        # Now and then a version 1 clique: summed alike, answered in version 1.
         fields = dict(opcode=Opcode.CONTRIBUTION, fanin=fanin, job=job, round=round_, clique=rnd.randrange(3),
                       slot=slot, chunk=rnd.randrange(4) * count, exponent=rnd.randint(-3, 3),
-                      group=0xEF000000 | rnd.randrange(1, 4))
+                      group=0xEF000000 | rnd.randrange(1, 4), version=rnd.choice((1, 2, 2, 2)))
         members = [self.payload(self.elements(count), sender=s, **fields) for s in range(fanin)]
         extra = [rnd.choice(members) for _ in range(rnd.randrange(3))]
         if rnd.random() < 0.3:
@@ -147,7 +154,7 @@ class CliqueStream:
         pick = rnd.random()
         if pick < 0.03:
             payload = self.payload(np.zeros(0), opcode=Opcode.STATS_REQUEST, sender=rnd.randrange(256),
-                                   job=rnd.randrange(2**32))
+                                   job=rnd.randrange(2**32), version=rnd.choice((1, 2)))
         elif pick < 0.15:
             payload = self.damaged()
         else:
@@ -236,16 +243,16 @@ def _clip_once_at_the_end(self, sums, payload, count):
 
 
 def _clip_at_result(original):
-    def complete(self, slot, sender, key, shape, bitmap):
+    def complete(self, slot, *rest):
         sums = self.sums[slot]
         self.overflow[slot] = bool(((sums > INT32_MAX) | (sums < INT32_MIN)).any())
         np.clip(sums, INT32_MIN, INT32_MAX, out=sums)
-        return original(self, slot, sender, key, shape, bitmap)
+        return original(self, slot, *rest)
     return complete
 
 
-def _unpatched_answer(self, slot, sender):
-    self.counts[fastpath._RESULTS] += 1
+def _unpatched_answer(self, slot, payload, version, sender):
+    self._count_output(fastpath._route(payload, version)[0])
     return self.results[slot]
 
 
@@ -351,3 +358,282 @@ def test_batched_io_keeps_each_peer_s_datagrams_whole_and_in_order():
     finally:
         for sock in (*receivers, sender):
             sock.close()
+
+
+# Reduction trees (protocol v2): the fast path against the model, payload for payload, one aggregator at a
+# time; serve.py's routing of the answers is not in these tests, only what the aggregator decides and sends.
+
+AGGREGATOR_IPS = [0x7F_00_00_0A + i for i in range(3)]
+"""Three aggregators on loopback addresses, for routes and chains."""
+_GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
+
+
+class ModelAndFast:
+    """A model aggregator and a fast one with the same configuration, fed the same datagrams."""
+
+    def __init__(self, backend, **config):
+        from inwire.model import Aggregator, AggregatorConfig
+
+        self.config = AggregatorConfig(**config)
+        self.model = Aggregator(self.config)
+        self.fast = fastpath.FastAggregator(self.config, backend)
+        self.address = (ip_str(self.config.ip), self.config.port)
+        self.sent = []
+        """The fast path's answers, in order."""
+
+    def feed(self, payload, peer=PEERS[0], now=None):
+        """Both aggregators' (disposition, answer payloads, destinations): the model's frames name theirs,
+        the fast path's partial goes to the asker's hop1 and its result to the group."""
+        before = self.model.stats()
+        frames = self.model.process(wrap(payload, peer, self.address, bytes(6)), now)
+        after = self.model.stats()
+        want = (next(d for d in Disposition if after[d.name.lower()] > before[d.name.lower()]),
+                [payload_of(frame) for frame in frames],
+                [frame_field(frame, "ip_dst") for frame in frames
+                 if frame_field(frame, "opcode") != Opcode.STATS_REPLY])
+        disposition, answer = self.fast.handle(payload, now)
+        answers = [] if answer is None else [bytes(answer)]
+        self.sent += answers
+        destinations = [_destination(payload, body) for body in answers if body[3] != Opcode.STATS_REPLY]
+        return want, (disposition, answers, destinations)
+
+
+def _destination(payload, answer):
+    """Where the fast path's answer to `payload` goes: a partial up to the asker's hop1, a result to its group."""
+    if answer[3] == Opcode.PARTIAL:
+        return fastpath.next_hop(payload)
+    return int.from_bytes(answer[_GROUP_AT:_GROUP_AT + 4], "big")
+
+
+def tree_difference(pair, stream):
+    """Index and description of the first datagram on which model and fast path differ, or None."""
+    for index, (payload, peer, *now) in enumerate(stream):
+        want, got = pair.feed(payload, peer, *now)
+        if want != got:
+            return index, f"golden {want!r:.400} fast {got!r:.400}"
+        if pair.model.stats() != pair.fast.stats():
+            return index, f"counters differ: golden {pair.model.stats()} fast {pair.fast.stats()}"
+    return None
+
+
+class TreeStream(CliqueStream):
+    """Interleaved levels of reduction trees, as one aggregator of the tree sees them: leaf contributions and
+    partials of lower levels (with and without a carried overflow) that make up the level, in any order,
+    routes of one to three levels, and trouble: overlapping bitmaps, members outside the level, levels with
+    members beyond the clique, another level for the same owner, retransmissions and result requests to
+    completed slots (from leaves and children, with other routes and versions), version 1 frames with stray
+    bytes in their tree fields, and lengths off by the status trailer."""
+
+    def payload(self, values, status=None, **fields):
+        frame = build_frames(np.asarray(values, dtype=np.int64).reshape(1, -1), status=status, **fields)
+        return payload_of(frame[0])
+
+    def route(self):
+        """hop1, hop1_expect, hop2, hop2_expect of a level 0, 1 or 2 levels below the root."""
+        rnd = self.rnd
+        depth = rnd.choice((0, 1, 1, 2, 2))
+        hops = dict(hop1=0, hop1_expect=0, hop2=0, hop2_expect=0)
+        if depth >= 1:
+            hops.update(hop1=rnd.choice(AGGREGATOR_IPS), hop1_expect=rnd.choice((0, rnd.getrandbits(64))))
+        if depth == 2:
+            hops.update(hop2=rnd.choice(AGGREGATOR_IPS), hop2_expect=rnd.choice((0, rnd.getrandbits(64))))
+        return hops
+
+    def clique(self):
+        rnd = self.rnd
+        fanin = rnd.choice((1, 2, 3, 5, 8, rnd.randint(1, 64), 64))
+        whole = clique_mask(fanin)
+        pick = rnd.random()
+        if pick < 0.3:
+            level, expect = whole, 0
+        elif pick < 0.4:
+            level = expect = whole
+        else:
+            level = expect = rnd.getrandbits(fanin) or 1 << rnd.randrange(fanin)
+        count = rnd.choice((1, 2, rnd.randint(1, self.max_elements), self.max_elements))
+        slot = rnd.randrange(self.slots + 1)
+        self.rounds[slot % self.slots] += 1
+        fields = dict(fanin=fanin, job=7, round=self.rounds[slot % self.slots], clique=rnd.randrange(3), slot=slot,
+                      chunk=rnd.randrange(4) * count, exponent=rnd.randint(-2, 2),
+                      group=0xEF000000 | rnd.randrange(1, 4), expect=expect, **self.route())
+        members = [m for m in range(fanin) if level >> m & 1]
+        rnd.shuffle(members)
+        parts = []
+        while members:
+            cut = rnd.randint(1, len(members))
+            parts.append(members[:cut])
+            members = members[cut:]
+        frames = [self.part(part, count, fields, whole) for part in parts]
+        return frames + self.trouble(frames, parts, count, fields, level, whole)
+
+    def part(self, part, count, fields, whole):
+        """A leaf contribution (one member; bitmap 0 or its bit; version 1 when the level is the clique) or a
+        partial (several members, or one, with or without the overflow flag of a level below)."""
+        rnd = self.rnd
+        bitmap = sum(1 << m for m in part)
+        if len(part) == 1 and rnd.random() < 0.6:
+            if fields["expect"] in (0, whole) and rnd.random() < 0.3:
+                stray = {name: rnd.getrandbits(bits) for name, bits in (
+                    ("bitmap", 64), ("expect", 64), ("hop1", 32), ("hop1_expect", 64), ("hop2", 32))}
+                return self.payload(self.elements(count), **{**fields, **stray, "version": 1, "sender": part[0]})
+            return self.payload(self.elements(count), **{**fields, "sender": part[0],
+                                                         "bitmap": rnd.choice((0, bitmap))})
+        if rnd.random() < 0.2:  # a contribution may hold several members too
+            return self.payload(self.elements(count), **{**fields, "sender": rnd.choice(part), "bitmap": bitmap})
+        return self.payload(self.elements(count), status=rnd.choice((0, 0, 1, 3)), opcode=Opcode.PARTIAL,
+                            **{**fields, "sender": rnd.choice(part), "bitmap": bitmap})
+
+    def trouble(self, frames, parts, count, fields, level, whole):
+        rnd = self.rnd
+        fanin = fields["fanin"]
+        extra = [rnd.choice(frames) for _ in range(rnd.randrange(3))]
+        sender = rnd.choice(parts[0])
+        kinds = rnd.sample(range(9), rnd.randrange(4))
+        for kind in kinds:
+            if kind == 0:  # overlaps one part and holds another member (or the same members again)
+                bitmap = sum(1 << m for m in rnd.choice(parts)) | 1 << rnd.choice([m for p in parts for m in p])
+                extra.append(self.payload(self.elements(count), status=0, opcode=Opcode.PARTIAL,
+                                          **{**fields, "sender": sender, "bitmap": bitmap}))
+            elif kind == 1 and level != whole:  # a member outside the level
+                outside = rnd.choice([m for m in range(fanin) if not level >> m & 1])
+                extra.append(self.payload(self.elements(count), **{**fields, "sender": outside}))
+            elif kind == 2 and fanin < 64:  # a level member not below fan-in
+                extra.append(self.payload(self.elements(count), **{**fields, "sender": sender,
+                                                                   "expect": level | 1 << rnd.randrange(fanin, 64)}))
+            elif kind == 3:  # the same owner with another level
+                other = (level ^ 1 << rnd.randrange(fanin)) or whole
+                extra.append(self.payload(self.elements(count), **{**fields, "sender": sender, "expect": other,
+                                                                   "bitmap": 1 << sender}))
+            elif kind == 4:  # a retransmission or request with another route or version
+                request = rnd.random() < 0.5
+                frame = self.payload(np.zeros(count) if request else self.elements(count), **{
+                    **fields, **self.route(), "sender": sender, "version": rnd.choice((1, 2)),
+                    "opcode": Opcode.RESULT_REQUEST if request else Opcode.CONTRIBUTION})
+                extra.append(frame[:86] if request else frame)
+            elif kind == 5:  # a partial without its trailer, a contribution with one
+                frame = rnd.choice(frames)
+                extra.append(frame[:-4] if frame[3] == Opcode.PARTIAL else frame + bytes(4))
+            elif kind == 6:  # a partial's bytes called a contribution, and the reverse
+                frame = bytearray(rnd.choice(frames))
+                frame[3] = Opcode.CONTRIBUTION if frame[3] == Opcode.PARTIAL else Opcode.PARTIAL
+                extra.append(bytes(frame))
+            elif kind == 7:  # a version 1 frame to a level that is not the whole clique
+                extra.append(self.payload(self.elements(count), **{**fields, "sender": sender, "version": 1}))
+            elif kind == 8:  # a partial of the whole level with overflow, once more after completion
+                extra.append(self.payload(self.elements(count), status=1, opcode=Opcode.PARTIAL,
+                                          **{**fields, "sender": sender, "bitmap": level}))
+        return extra
+
+
+@pytest.mark.parametrize("slots, max_elements", [(4, 32), (6, 512)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fast_path_equals_the_model_on_reduction_tree_traffic(backend, slots, max_elements):
+    pair = ModelAndFast(backend_available(backend), ip=AGGREGATOR_IPS[0], slots=slots, max_elements=max_elements)
+    count = DATAGRAMS if max_elements <= 256 else DATAGRAMS // 4
+    stream = TreeStream(seed=40 + slots, slots=slots, max_elements=max_elements).stream(count)
+    assert tree_difference(pair, stream) is None
+    counters = pair.fast.stats()
+    # The stream reaches what it is meant to: both outputs, stored answers, every drop it aims at.
+    for name in ("partials_emitted", "results_emitted", "answered", "saturations", "slots_reclaimed",
+                 "drop_duplicate", "drop_mismatch", "drop_sender", "drop_length", "drop_no_result",
+                 "drop_collision"):
+        assert counters[name] > 0, name
+    versions = {(body[2], body[3]) for body in pair.sent}
+    assert {(1, Opcode.RESULT), (2, Opcode.RESULT), (2, Opcode.PARTIAL)} <= versions
+
+
+def _mutated_decide(original, replacement):
+    """FastAggregator._decide with one line of its source replaced: a fast path with one rule left out."""
+    source = textwrap.dedent(inspect.getsource(fastpath.FastAggregator._decide))
+    assert source.count(original) == 1, original
+    namespace = {}
+    exec(compile(source.replace(original, replacement), fastpath.__file__, "exec"), vars(fastpath), namespace)
+    return namespace["_decide"]
+
+
+ORIGINAL_ROUTE = fastpath._route
+
+
+def _hops_not_moved(payload, version):
+    opcode, route = ORIGINAL_ROUTE(payload, version)
+    return opcode, bytes(payload[fastpath.ROUTE_AT:fastpath.ROUTE_END]) if opcode == Opcode.PARTIAL else route
+
+TREE_TAMPERS = {
+    "no_overlap_check": ("if self.bitmaps[slot] & members:", "if False:"),
+    "carried_overflow_ignored": ("if opcode == _PARTIAL and payload[length - 1] & STATUS_OVERFLOW:", "if False:"),
+    "overflow_carried_as_saturation": ("# Saturated at a level below: carried into this slot's status, not counted "
+                                       "here.", "self.counts[_SATURATIONS] += 1"),
+    "version_1_tree_bytes_read": ("if version == _V1:", "if False:"),
+    "members_outside_level_taken": ("if members | level != level or level > whole:", "if level > whole:"),
+    "hops_not_moved": None,
+    "partial_sent_to_hop2": None,
+}
+
+
+@pytest.mark.parametrize("tamper", TREE_TAMPERS)
+def test_a_tampered_tree_fast_path_is_caught(monkeypatch, tamper):
+    """The tree differential test fails on a fast path that sums overlapping bitmaps, drops a partial's
+    carried overflow (or counts it as a saturation here), reads a version 1 frame's stray tree bytes, takes
+    members outside the level, sends a partial with its asker's hops unmoved, or to the wrong hop."""
+    if tamper == "hops_not_moved":
+        monkeypatch.setattr(fastpath, "_route", _hops_not_moved)
+    elif tamper == "partial_sent_to_hop2":
+        hop2 = FRAME_OFFSETS["hop2"] - PAYLOAD_OFFSET
+        monkeypatch.setattr(fastpath, "next_hop", lambda payload: int.from_bytes(payload[hop2:hop2 + 4], "big"))
+    else:
+        monkeypatch.setattr(fastpath.FastAggregator, "_decide", _mutated_decide(*TREE_TAMPERS[tamper]))
+    pair = ModelAndFast("numpy", ip=AGGREGATOR_IPS[0], slots=4, max_elements=32)
+    difference = tree_difference(pair, TreeStream(seed=44, slots=4, max_elements=32).stream(DATAGRAMS))
+    assert difference is not None
+    print(f"{tamper}: caught at datagram {difference[0]}: {difference[1][:200]}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_three_level_tree_with_a_lost_partial(backend):
+    """Members 0, 1 -> A -> B -> C (root) <- members 4, 5, with members 2, 3 at B: each partial moves the
+    hops up one level. Member 1 saturates A's sum and the flag reaches C's result without counting as a
+    saturation there. B's first partial is lost; member 0's retransmission to A walks up: A answers with its
+    stored partial, B with its own, and C completes. Model and fast path agree on every datagram and
+    destination."""
+    backend_available(backend)
+    a, b, c = AGGREGATOR_IPS
+    pairs = {ip: ModelAndFast(backend, ip=ip, slots=2, max_elements=8) for ip in AGGREGATOR_IPS}
+    fields = dict(fanin=6, job=3, round=1, clique=0, slot=1, chunk=0, group=0xEF000009)
+    level_a, level_b = 0b000011, 0b001111
+    routes = {a: dict(expect=level_a, hop1=b, hop1_expect=level_b, hop2=c), b: dict(expect=level_b, hop1=c), c: {}}
+    at = {0: a, 1: a, 2: b, 3: b, 4: c, 5: c}
+    values = {m: [m + 1 if m < 2 else -(m + 1), -(m + 1), 100 * m] for m in range(6)}
+    values[1][0] = INT32_MAX  # 1 + MAX clips at A; the members above bring the sum back down
+    leaves = {m: payload_of(build_frames(np.array([values[m]]), sender=m, **fields, **routes[at[m]])[0])
+              for m in range(6)}
+    sent, lost = [], [(b, c)]
+
+    def deliver(to, payload, source):
+        want, got = pairs[to].feed(payload)
+        assert want == got, f"at {ip_str(to)}: golden {want!r:.300} fast {got!r:.300}"
+        for answer, destination in zip(got[1], got[2], strict=True):
+            sent.append((to, answer, destination))
+            if (to, destination) in lost:
+                lost.remove((to, destination))
+            elif destination in pairs:
+                deliver(destination, answer, to)
+        return got[0]
+
+    for member in (4, 2, 0, 5, 1, 3):
+        assert deliver(at[member], leaves[member], None) == Disposition.ACCUMULATED
+    assert [(source, body[3]) for source, body, _ in sent] == [(a, Opcode.PARTIAL), (b, Opcode.PARTIAL)]
+    assert pairs[c].fast.stats()["results_emitted"] == 0
+    # The retransmission: answered by A and B from their stored partials, summed at C.
+    assert deliver(a, leaves[0], None) == Disposition.ANSWERED
+    source, result, destination = sent[-1]
+    assert (source, result[3], destination) == (c, Opcode.RESULT, fields["group"])
+    # B's stored partial again, naming whose frame caused it: member 3 completed it, A's answer asked again.
+    first, again = [body for source, body, _ in sent if source == b]
+    assert (first[4], again[4], first[:4] + first[5:]) == (3, 0, again[:4] + again[5:])
+    header = fastpath.DECISION.unpack_from(result)
+    assert (header[6], header[15], header[16], result[-1]) == (6, 0b111111, 0, 1)
+    assert np.frombuffer(result, ">i4", 3, 86).tolist() == [INT32_MAX - 3 - 4 - 5 - 6, -21, 1500]
+    counters = {ip: pair.fast.stats() for ip, pair in pairs.items()}
+    assert [counters[ip]["partials_emitted"] for ip in (a, b, c)] == [2, 2, 0]
+    assert [counters[ip]["saturations"] for ip in (a, b, c)] == [1, 0, 0]
+    assert counters[c]["results_emitted"] == 1

@@ -19,6 +19,7 @@ from inwire.protocol import (
     INWIRE_PORT,
     MAX_ELEMENTS_PER_FRAME,
     MTU_BYTES,
+    TRAILER_OPCODES,
     Opcode,
     frame_bytes,
     multicast_mac,
@@ -34,6 +35,14 @@ def field_values():
             return st.integers(-(1 << (field.bits - 1)), (1 << (field.bits - 1)) - 1)
         return st.integers(0, (1 << field.bits) - 1)
     return st.fixed_dictionaries({field.name: strategy(field) for field in SETTABLE})
+
+
+ADDRESS_FIELDS = ("group", "hop1", "hop2")
+"""IPv4 addresses: scapy shows them dotted."""
+
+
+def dotted(value):
+    return ".".join(str(value >> shift & 0xFF) for shift in (24, 16, 8, 0))
 
 
 elements_strategy = st.lists(st.integers(-2**31, 2**31 - 1), min_size=0, max_size=64)
@@ -54,14 +63,14 @@ def test_largest_result_fits_the_mtu():
 @settings(max_examples=150, deadline=None)
 @given(values=field_values(), elements=st.lists(st.integers(-2**31, 2**31 - 1), max_size=300))
 def test_numpy_frame_dissects_in_scapy_to_the_same_values(values, elements):
-    status = 1 if values["opcode"] == Opcode.RESULT else None
+    status = 1 if values["opcode"] in TRAILER_OPCODES else None
     frame = build_frames(np.array([elements], dtype=np.int64).reshape(1, -1), status=status, **values)[0]
     packet = Ether(bytes(frame))
     header = packet[Inwire]
     for name, value in values.items():
         expected = value
-        if name == "group":
-            expected = ".".join(str(value >> shift & 0xFF) for shift in (24, 16, 8, 0))
+        if name in ADDRESS_FIELDS:
+            expected = dotted(value)
         assert getattr(header, name) == expected, name
     assert header.count == len(elements)
     assert header.elements == elements
@@ -76,11 +85,11 @@ def test_numpy_frame_dissects_in_scapy_to_the_same_values(values, elements):
 @given(values=field_values(), elements=elements_strategy)
 def test_scapy_built_frame_equals_numpy_built_frame(values, elements):
     scapy_values = dict(values)
-    scapy_values["group"] = ".".join(str(values["group"] >> s & 0xFF) for s in (24, 16, 8, 0))
+    scapy_values.update({name: dotted(values[name]) for name in ADDRESS_FIELDS})
     packet = (Ether(dst="01:00:5e:00:00:01", src="02:00:00:00:00:02")
               / IP(src="10.0.0.2", dst="10.0.0.1", id=0, flags="DF", ttl=64)
               / UDP(chksum=0) / Inwire(elements=elements, **scapy_values))
-    status = 0 if values["opcode"] == Opcode.RESULT else None
+    status = 0 if values["opcode"] in TRAILER_OPCODES else None
     frame = build_frames(np.array([elements], dtype=np.int64).reshape(1, -1), eth_dst="01:00:5e:00:00:01",
                          eth_src="02:00:00:00:00:02", ip_src=0x0A000002, ip_dst=0x0A000001, status=status,
                          **values)[0]
@@ -109,11 +118,19 @@ def test_vectorized_checksums_match_scapy_for_many_packets():
         assert Ether(raw(packet))[IP].chksum == checksum
 
 
-def test_result_trailer_dissects_as_status():
-    frame = build_frames(np.array([5, -5]), opcode=Opcode.RESULT, status=1)[0]
+@pytest.mark.parametrize("opcode", [Opcode.RESULT, Opcode.PARTIAL])
+def test_result_and_partial_trailer_dissects_as_status(opcode):
+    frame = build_frames(np.array([5, -5]), opcode=opcode, status=1)[0]
     header = Ether(bytes(frame))[Inwire]
     assert header.elements == [5, -5] and header.status == 1
-    assert len(frame) == frame_bytes(2, Opcode.RESULT)
+    assert len(frame) == frame_bytes(2, opcode)
+
+
+def test_a_contribution_has_no_trailer():
+    frame = build_frames(np.array([5, -5]), opcode=Opcode.CONTRIBUTION)[0]
+    header = Ether(bytes(frame))[Inwire]
+    assert header.elements == [5, -5] and header.status is None
+    assert len(frame) == frame_bytes(2, Opcode.CONTRIBUTION)
 
 
 def test_multicast_mac_takes_the_low_23_bits():

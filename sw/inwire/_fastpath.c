@@ -5,7 +5,8 @@
        writable, at least `count` long), each sum clipped at the int32 limits as it is made: the model
        saturates per contribution. Returns whether any sum clipped.
    encode_result(header, sums, status) -> bytes
-       header + the sums as big-endian int32 + status: a result payload in one allocation.
+       header + the sums as big-endian int32 + status: a result or partial payload (they share a layout)
+       in one allocation.
 
    recv_batch(fd, buffer, slot_size, addresses) -> list
        Reads up to len(buffer) // slot_size datagrams with one recvmmsg (non-blocking), datagram i into
@@ -334,7 +335,7 @@ static PyMethodDef methods[] = {
     {"accumulate", (PyCFunction)(void (*)(void))accumulate, METH_FASTCALL,
      "accumulate(sums, payload, offset, count) -> bool: saturating sum of big-endian int32 elements"},
     {"encode_result", (PyCFunction)(void (*)(void))encode_result, METH_FASTCALL,
-     "encode_result(header, sums, status) -> bytes: a result payload"},
+     "encode_result(header, sums, status) -> bytes: a result or partial payload"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -30,6 +30,7 @@ from .protocol import (
     STATUS_OVERFLOW,
     UDP_BYTES,
     VERSION,
+    VERSIONS,
     Opcode,
 )
 
@@ -138,11 +139,12 @@ def opcode_of(payload):
 
 def parse_payload_header(payload):
     """The aggregation header of a payload as a record of PAYLOAD_HEADER_DTYPE (the frame header's fields
-    from `magic` on), or None when the payload is too short or lacks the inwire magic and version."""
+    from `magic` on), or None when the payload is too short or lacks the inwire magic and a known version
+    (1 or 2: an aggregator answers a version 1 frame in version 1)."""
     if len(payload) < PAYLOAD_HEADER_BYTES:
         return None
     header = np.frombuffer(bytes(payload[:PAYLOAD_HEADER_BYTES]), dtype=PAYLOAD_HEADER_DTYPE)[0]
-    if header["magic"] != MAGIC or header["version"] != VERSION:
+    if header["magic"] != MAGIC or header["version"] not in VERSIONS:
         return None
     return header
 
@@ -155,10 +157,11 @@ class Result:
     overflow: bool
 
 
-def parse_result(payload):
-    """A result payload as a `Result`, or None when it is not a whole, well-formed result."""
+def parse_result(payload, opcode=Opcode.RESULT):
+    """A result payload (version 1 or 2) as a `Result`, or None when it is not a whole, well-formed result;
+    with `opcode=Opcode.PARTIAL`, a partial the same way (it has a result's layout)."""
     header = parse_payload_header(payload)
-    if header is None or header["opcode"] != Opcode.RESULT:
+    if header is None or header["opcode"] != opcode:
         return None
     count = int(header["count"])
     if len(payload) != PAYLOAD_HEADER_BYTES + ELEMENT_BYTES * count + RESULT_TRAILER_BYTES:
@@ -168,10 +171,10 @@ def parse_result(payload):
     return Result(header, elements.astype(np.int64), bool(status & STATUS_OVERFLOW))
 
 
-def stats_request(job=0, sender=0):
+def stats_request(job=0, sender=0, version=VERSION):
     """The UDP payload of a stats request."""
     return payload_of(build_frames(np.zeros((1, 0), dtype=np.int32), opcode=Opcode.STATS_REQUEST, job=job,
-                                   sender=sender)[0])
+                                   sender=sender, version=version)[0])
 
 
 def parse_stats_reply(payload):

@@ -22,15 +22,23 @@ from .protocol import (
     IP_VER_IHL,
     IPV4_BYTES,
     MAGIC,
+    REQUEST_OPCODES,
     RESULT_TRAILER_BYTES,
     STATUS_OVERFLOW,
-    VERSION,
+    TRAILER_OPCODES,
+    VERSIONS,
     Opcode,
     frame_bytes,
 )
 
-HEADER_KEYS = ("job", "round", "clique", "slot", "chunk", "sender", "fanin", "exponent", "count")
+HEADER_KEYS = ("version", "job", "round", "clique", "slot", "chunk", "sender", "fanin", "exponent", "count")
 RESULT_KEYS = ("bitmap", "contributors")
+"""Of a result or partial: the members summed; a partial and a result also end with the status trailer."""
+TREE_KEYS = ("bitmap", "expect", "hop1", "hop1_expect", "hop2", "hop2_expect")
+"""Of a version 2 contribution, partial or result request: the members it holds and its route. A version 1
+frame has none (an aggregator ignores those bytes), so they are not shown."""
+TREE_OPCODES = (Opcode.CONTRIBUTION, Opcode.PARTIAL, Opcode.RESULT_REQUEST)
+ADDRESS_KEYS = ("group", "hop1", "hop2")
 UDP_PORTS_END = FRAME_OFFSETS["udp_dport"] + 2
 """A frame must reach this far for its UDP ports to be read."""
 
@@ -45,15 +53,21 @@ def describe_frame(frame):
         return {"kind": "malformed", "length": len(frame), "reason": problem}
     header = parse_header(frame)
     opcode = Opcode(int(header["opcode"]))
-    count = int(header["count"])
+    # A request's count names the slot's vector; the request itself is the bare header.
+    count = 0 if opcode in REQUEST_OPCODES else int(header["count"])
     elements = np.frombuffer(frame, dtype=ELEMENT_DTYPE, count=count, offset=FRAME_HEADER_BYTES)
     described = {"kind": opcode.name.lower(), "length": len(frame)}
     described.update({key: int(header[key]) for key in HEADER_KEYS})
-    described["group"] = str(ipaddress.IPv4Address(int(header["group"])))
-    if opcode == Opcode.RESULT:
+    described["group"] = int(header["group"])
+    if opcode in TREE_OPCODES and described["version"] != VERSIONS[0]:
+        described.update({key: int(header[key]) for key in TREE_KEYS})
+    if opcode in TRAILER_OPCODES:
         described.update({key: int(header[key]) for key in RESULT_KEYS})
         status = int.from_bytes(frame[-RESULT_TRAILER_BYTES:], "big")
         described["overflow"] = bool(status & STATUS_OVERFLOW)
+    for key in ADDRESS_KEYS:
+        if key in described:
+            described[key] = str(ipaddress.IPv4Address(described[key]))
     if opcode == Opcode.STATS_REPLY:
         described["counters"] = dict(zip(COUNTERS, elements.astype(np.uint32).tolist(), strict=False))
     else:
@@ -77,7 +91,7 @@ def _malformation(frame):
     if len(frame) < FRAME_HEADER_BYTES:
         return f"{len(frame)} bytes is shorter than the {FRAME_HEADER_BYTES}-byte header"
     header = parse_header(frame)
-    if header["magic"] != MAGIC or header["version"] != VERSION:
+    if header["magic"] != MAGIC or header["version"] not in VERSIONS:
         return "magic or version"
     if header["opcode"] not in set(Opcode):
         return f"opcode {int(header['opcode'])}"

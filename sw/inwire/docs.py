@@ -10,13 +10,16 @@ from .protocol import (
     DISPOSITION_MEANING,
     ETHERNET_FIELDS,
     FRAME_HEADER_BYTES,
+    GATEWAY_MAC,
     INWIRE_PORT,
     IPV4_FIELDS,
     MAX_ELEMENTS_PER_FRAME,
     MTU_BYTES,
     OPCODE_MEANING,
     RESULT_TRAILER_FIELDS,
+    ROUTE_HOPS,
     UDP_FIELDS,
+    VERSION,
     WIRE_OVERHEAD_BYTES,
     frame_bytes,
     markdown_table,
@@ -24,6 +27,10 @@ from .protocol import (
 )
 
 EFFICIENCY_COUNTS = (16, 64, 256, MAX_ELEMENTS_PER_FRAME)
+
+
+def _mac(value):
+    return ":".join(f"{byte:02x}" for byte in value.to_bytes(6, "big"))
 
 
 def protocol_markdown():
@@ -53,7 +60,7 @@ Offsets count from the first byte of the Ethernet frame.
 
 {markdown_table(AGGREGATION_FIELDS)}
 
-A result ends with a trailer after its elements:
+A result or a partial ends with a trailer after its elements:
 
 | bytes | field | meaning |
 | ---: | --- | --- |
@@ -69,9 +76,20 @@ element; the header has long left by then.
 | ---: | --- | --- |
 {opcodes}
 
-Contributions carry their elements; result requests and stats requests are the bare header (their `count`
-describes the slot, not the frame). Contributions name the result's multicast group and the clique's fan-in,
-so an aggregator needs no configuration and the capture of a round is self-contained.
+Contributions and partials carry their elements (a partial, like a result, then its trailer); result
+requests and stats requests are the bare header (their `count` describes the slot, not the frame).
+Contributions name the result's multicast group, the clique's fan-in and, in a reduction tree, where the
+level's partial goes, so an aggregator needs no configuration and the capture of a round is self-contained.
+
+## Versions
+
+This is version {VERSION}. It adds reduction trees to version 1: `bitmap` in a contribution, `expect`,
+`hop1`, `hop1_expect`, `hop2` and `hop2_expect` (carved out of version 1's reserved bytes, so the header
+keeps its length and every other field its offset), and the `partial` opcode. A frame of version 1 still
+works: an aggregator reads it as a version {VERSION} frame whose `bitmap`, `expect` and hop fields are 0,
+whatever those bytes hold (a contribution of its sender alone, to the root of a flat clique), and answers it
+in version 1. Every answer (result, partial, stats reply) carries the version of the frame that caused it,
+so a version 1 host sees only version 1 frames. Any other version is `drop_version`.
 
 ## What the aggregator does with a frame
 
@@ -92,16 +110,25 @@ The first of these that applies decides, in this order (the golden model's own t
 
 A frame acts atomically: one that is dropped, for whatever reason, leaves every slot as it was.
 
-Slots: the host picks the slot. A slot belongs to (job, round, clique, chunk) from its first contribution,
-which also fixes fan-in, group, count and exponent. A contribution to a completed slot with another owner
-claims it afresh; to an unfinished slot with another owner it is a collision, unless it comes from the same
-job and a newer round (32-bit serial-number order), which reclaims the slot. Each member is summed once
-(a bitmap of senders); sums saturate at the int32 limits and set the overflow flag. When the bitmap holds
-fan-in members the result goes to the group: destination MAC 01:00:5e plus the group's low 23 bits, source
-MAC and IPv4 address the aggregator's, IPv4 header rebuilt (DF, TTL 64, checksum), UDP checksum zero. The
-completed slot keeps its result: a retransmitted contribution or a result request gets it again, until a new
-owner claims the slot. Hosts alternate two pools of slots between rounds, so the previous round's results stay
-available while the next round runs (SwitchML's shadow copy).
+Slots: the host picks the slot. A slot belongs to (job, round, clique, chunk) from its first contribution
+or partial, which also fixes fan-in, group, count, exponent and level (`expect`, 0 meaning the whole
+clique); another level for the same owner is `drop_mismatch`. A contribution to a completed slot with another
+owner claims it afresh; to an unfinished slot with another owner it is a collision, unless it comes from the
+same job and a newer round (32-bit serial-number order), which reclaims the slot. Each frame holds a set of
+members (`bitmap`; 0 means its `sender` alone), which must lie within the level, whose members must lie below
+fan-in (else `drop_sender`). Each member is summed once: the slot keeps the union of the member sets summed
+into it, and a frame whose set overlaps it is `drop_duplicate`, counted and never summed, even when only one
+of its members was summed before. Sums saturate at the int32 limits and set the slot's overflow flag; a
+partial whose trailer has the overflow bit set sets it too (a sum below saturated; this is not counted in
+`saturations`, which counts only this aggregator's own). When the union is the level the slot is complete
+and sends its output, chosen by the frame that completed it: with `hop1` 0 (and always for version 1) the
+result goes to the group: destination MAC 01:00:5e plus the group's low 23 bits, source MAC and IPv4 address
+the aggregator's, IPv4 header rebuilt (DF, TTL 64, checksum), UDP checksum zero, tree fields 0. With `hop1`
+set, a partial goes up the tree (see Reduction trees). The completed slot keeps its output: a retransmitted
+contribution or partial, or a result request, gets it again, until a new owner claims the slot; again the
+asking frame decides whether it goes out as the result or as a partial to its `hop1`, and which version and
+sender index it carries. Hosts alternate two pools of slots between rounds, so the previous round's results
+stay available while the next round runs (SwitchML's shadow copy).
 
 Leases: an unfinished slot whose owner has gone away (a round that gave up, a stray contribution, a flood of
 job ids) would otherwise refuse every other owner for good. Each slot holds the arrival time of its last
@@ -116,14 +143,65 @@ lease timer's: the gateware counts pulses of its `lease_tick` input (a board mak
 2**{TIME_BITS} ticks counts as idle for that time modulo 2**{TIME_BITS}. `lease` is the aggregator's parameter
 (default {DEFAULT_LEASE} ticks, 2 s; 0 turns leases off).
 
+## Reduction trees
+
+A clique may be summed by a tree of aggregators instead of one: each aggregator sums its level, the members
+whose contributions or partials come to it, and sends the level's sums one aggregator up as one partial, so
+each link carries one vector per direction instead of one per member behind it. The aggregator at the top,
+the root, sums the whole clique and multicasts the result to the group as before. Nothing about the tree is
+configured in an aggregator: every frame says where its level's output goes.
+
+- `bitmap`: the members a contribution or partial holds. A member's own contribution holds only itself
+  (`bitmap` 0 or its own bit); a partial holds its level.
+- `expect`: the receiving aggregator's level, the members it sums before it sends on (0: the whole clique,
+  at the root).
+- `hop1`, `hop1_expect`: the IPv4 address of the aggregator one level up and its level; `hop1` 0 says that
+  the receiving aggregator is the root.
+- `hop2`, `hop2_expect`: the aggregator above `hop1` and its level (0: `hop1` is the root). So a member's
+  path has at most {ROUTE_HOPS + 1} levels.
+
+All frames of a level name the same level and route, and every level of a clique uses the same slot index,
+job, round, clique, chunk, group, fan-in, count and exponent: an aggregator finds a level's slot as a root
+finds a clique's. A partial is a contribution that holds several members, plus the status trailer: opcode
+`partial`, `bitmap` the slot's members, `contributors` their number, its elements the level's sums, its
+trailer the slot's overflow flag. It goes to `hop1` (IPv4 destination; the destination MAC is the
+aggregator's next-hop router, its `gateway_mac` parameter, {_mac(GATEWAY_MAC)} (broadcast) by default, which
+reaches the next aggregator over a direct link), from and to the aggregator's port (every aggregator of a
+tree listens on the same UDP port, since a hop names only an address), with its route moved up one level:
+`expect` = `hop1_expect`, `hop1` = `hop2`, `hop1_expect` = `hop2_expect`, `hop2` = `hop2_expect` = 0. It
+counts in `partials_emitted`.
+
+## Loss recovery
+
+Each member retransmits to its own level's aggregator, as with one aggregator (the same timeout and
+contribution). Nothing else retransmits by itself: a retransmission walks up the tree until it reaches the
+level where the loss was.
+
+- A member's contribution lost on its way: the level never completes until the retransmission is summed.
+- A partial lost on its way up: the child's slot is complete and keeps its partial. A member's
+  retransmission (or result request) to the child is answered with the stored partial, sent up again to
+  `hop1`. The parent sums it if it had not, or, if it is complete too, sends its own stored partial up (or,
+  at the root, the stored result to the group): a partial for a completed slot is answered like any
+  retransmission.
+- A result lost on its way down: every member that misses it retransmits; its retransmission walks up the
+  same way, and the root answers the partial for its completed slot with the stored result, multicast.
+- A partial that arrives twice, or overlaps what a level already summed, is `drop_duplicate` until the slot
+  completes, and answered with the stored output after: no member is summed twice.
+
+A level keeps its stored partial as a root keeps its result: until another owner claims the slot. The
+pools that hosts alternate keep it through the next round; leases apply to every level's unfinished slots
+as above, so a level whose round was abandoned frees its slot after `lease` ticks.
+
 ## Counters
 
 A stats request is answered with the counters as uint32 elements, in this order, counting every frame
 before the request: {", ".join(f"`{name}`" for name in COUNTERS)}.
 `frames_in` is the sum of the dispositions; `results_emitted` counts results sent (completions and answers);
-`slots_reclaimed` counts unfinished slots taken by a newer round; `saturations` counts contributions that
-saturated at least one sum; `leases_expired` counts unfinished slots claimed by another owner after their
-lease ran out.
+`slots_reclaimed` counts unfinished slots taken by a newer round; `saturations` counts contributions and
+partials that saturated at least one sum here (not an overflow a partial carries); `leases_expired` counts
+unfinished slots claimed by another owner after their lease ran out; `partials_emitted` counts partials sent
+up a reduction tree (completions and answers). A stats reply to a version 1 request has version 1 and the
+same counters, `partials_emitted` included.
 
 ## Wire efficiency
 

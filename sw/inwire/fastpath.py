@@ -3,17 +3,21 @@
 `inwire serve` receives UDP payloads. The golden path wraps each one in the Ethernet/IPv4/UDP header it
 would have carried and hands the frame to the model; this path skips the frame. What the wrapping makes
 certain is not checked again: a wrapped datagram is always IPv4/UDP addressed to the service, its IPv4
-header is 0x45, not a fragment and its checksum is right (`datagram.wrap` computed it). Everything else
+header is 0x45, not a fragment and its checksum is right (`datagram.wrap` computed it). Version 1 and
+version 2 datagrams are taken, as the model takes them (a version 1 one is a flat one-member contribution,
+answered in version 1). Everything else
 is checked in the model's order, so every datagram gets the model's disposition and output, bit for bit,
 and the model's counters. The model stays the definition: `tests/test_fastpath.py` feeds both the same
 random and adversarial streams and compares every output, destination and counter.
 
 Where the time goes, and what is done about it:
-- one `struct` unpack of the 40 bytes of the aggregation header that carry fields (not a numpy record);
+- one `struct` unpack of the 48 bytes of the aggregation header that a decision reads (not a numpy
+  record); the hops are not unpacked: a partial's route is its asker's hop bytes moved up one level;
 - sums live in a preallocated int64 buffer per slot, updated in place and clipped per contribution
   (clipping once at the end is not the model: MAX + MAX - MAX must give 0 with the overflow flag);
-- a result's header is packed once when its slot completes and kept with its elements; answering a
-  retransmission patches the one byte that differs (the asker's sender index);
+- a slot's output (result or partial) is packed once when the slot completes and kept with its elements;
+  answering a retransmission or request patches what its asker decides (version, opcode, sender index and
+  route: a partial to the asker's hop1, or the result), and nothing when the asker is like the completer;
 - counters are a list indexed by disposition;
 - slot leases: each slot's stamp is the arrival time of its last accepted contribution, compared only
   when another owner wants an unfinished slot.
@@ -39,6 +43,7 @@ from .protocol import (
     INT32_MIN,
     IPV4_BYTES,
     MAGIC,
+    MAX_FANIN,
     MIN_FRAME_BYTES,
     MULTICAST_MASK,
     MULTICAST_PREFIX,
@@ -46,8 +51,10 @@ from .protocol import (
     STATUS_OVERFLOW,
     UDP_BYTES,
     VERSION,
+    VERSIONS,
     Disposition,
     Opcode,
+    clique_mask,
 )
 
 try:
@@ -55,24 +62,63 @@ try:
 except ImportError:  # the extension is optional: numpy does the same work
     compiled = None
 
-_FIELDS = AGGREGATION_FIELDS[:-1]
-"""The aggregation header's fields up to its zero padding (the table's last field)."""
 _UNSIGNED_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
-HEADER = struct.Struct("!" + "".join(_UNSIGNED_CODES[field.nbytes].lower() if field.signed
-                                     else _UNSIGNED_CODES[field.nbytes] for field in _FIELDS))
-"""The fields as one struct, in table order: magic, version, opcode, sender, ..., group, bitmap."""
-SENDER_AT = FRAME_OFFSETS["sender"] - PAYLOAD_OFFSET
-"""Offset of the sender byte within a payload: the one byte a stored result's answers differ in."""
+_NAMES = [field.name for field in AGGREGATION_FIELDS]
+
+
+def _struct(first, last):
+    """The aggregation header's fields `first` to `last` (included) as one big-endian struct."""
+    fields = AGGREGATION_FIELDS[_NAMES.index(first):_NAMES.index(last) + 1]
+    return struct.Struct("!" + "".join(_UNSIGNED_CODES[field.nbytes].lower() if field.signed
+                                       else _UNSIGNED_CODES[field.nbytes] for field in fields))
+
+
+def _at(name):
+    return FRAME_OFFSETS[name] - PAYLOAD_OFFSET
+
+
+HEADER = _struct("magic", "bitmap")
+"""The fields from `magic` to `bitmap`, in table order: an output's fields before its route (`expect` and the
+hops), and all a host reads of a result (`inwire stream` does)."""
+DECISION = _struct("magic", "expect")
+"""The fields a decision reads: HEADER's and `expect`. The hops are read only when a slot's output is made,
+as bytes."""
+VERSION_AT, OPCODE_AT, SENDER_AT = _at("version"), _at("opcode"), _at("sender")
+"""The bytes besides the route in which a stored output's answers differ: each carries its asker's."""
+ROUTE_AT, ROUTE_END = _at("expect"), _at("reserved")
+"""The route of an output: `expect`, `hop1`, `hop1_expect`, `hop2`, `hop2_expect`."""
+HOP1_AT, HOP1_EXPECT_AT = _at("hop1"), _at("hop1_expect")
+_MOVED_UP = ROUTE_END - HOP1_EXPECT_AT
+"""A partial's route is its asker's from `hop1_expect` on, moved to `expect`: the fields are laid out so
+that one level up is one copy (expect <- hop1_expect, hop1 <- hop2, hop1_expect <- hop2_expect)."""
+assert (_at("hop2") - HOP1_EXPECT_AT, _at("hop2_expect") - HOP1_EXPECT_AT) == (HOP1_AT - ROUTE_AT,
+                                                                                HOP1_EXPECT_AT - ROUTE_AT)
+_NO_HOP = bytes(HOP1_EXPECT_AT - HOP1_AT)
+_ROOT_ROUTE = bytes(ROUTE_END - ROUTE_AT)
+_HOP_PADDING = bytes(ROUTE_END - ROUTE_AT - _MOVED_UP)
 RUNT_PAYLOAD = MIN_FRAME_BYTES - PAYLOAD_OFFSET
 """Payloads shorter than this make frames shorter than 60 bytes."""
 MAX_PAYLOAD = 0xFFFF - IPV4_BYTES - UDP_BYTES
 """Longest payload whose IPv4 total length fits 16 bits; a longer one wraps the length field."""
 STATS_REPLY_COUNT = len(COUNTERS)
-_CONTRIBUTION, _RESULT_REQUEST, _STATS_REQUEST = Opcode.CONTRIBUTION, Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST
+_CONTRIBUTION, _PARTIAL, _RESULT, _RESULT_REQUEST, _STATS_REQUEST = (int(opcode) for opcode in (
+    Opcode.CONTRIBUTION, Opcode.PARTIAL, Opcode.RESULT, Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST))
+_V1 = VERSIONS[0]
+(_ACCUMULATED, _ANSWERED, _DROP_COLLISION, _DROP_COUNT, _DROP_DUPLICATE, _DROP_FANIN, _DROP_GROUP,
+ _DROP_LENGTH, _DROP_MISMATCH, _DROP_NO_RESULT, _DROP_OPCODE, _DROP_RUNT, _DROP_SENDER, _DROP_SLOT,
+ _DROP_VERSION) = (
+    Disposition.ACCUMULATED, Disposition.ANSWERED, Disposition.DROP_COLLISION, Disposition.DROP_COUNT,
+    Disposition.DROP_DUPLICATE, Disposition.DROP_FANIN, Disposition.DROP_GROUP, Disposition.DROP_LENGTH,
+    Disposition.DROP_MISMATCH, Disposition.DROP_NO_RESULT, Disposition.DROP_OPCODE, Disposition.DROP_RUNT,
+    Disposition.DROP_SENDER, Disposition.DROP_SLOT, Disposition.DROP_VERSION)
+"""Dispositions as module globals: a member looked up on the enum class costs about 150 ns, as much as
+several of a decision's checks."""
 _COUNTER_INDEX = {name: index for index, name in enumerate(COUNTERS)}
-_FRAMES_IN, _RESULTS, _RECLAIMED, _SATURATIONS, _EXPIRED = (_COUNTER_INDEX[name] for name in (
-    "frames_in", "results_emitted", "slots_reclaimed", "saturations", "leases_expired"))
+_FRAMES_IN, _RESULTS, _RECLAIMED, _SATURATIONS, _EXPIRED, _PARTIALS = (_COUNTER_INDEX[name] for name in (
+    "frames_in", "results_emitted", "slots_reclaimed", "saturations", "leases_expired", "partials_emitted"))
+_CLIQUES = [clique_mask(fanin) for fanin in range(MAX_FANIN + 1)]
 _TIME_MASK = 2**TIME_BITS - 1
+assert STATUS_OVERFLOW < 0x100, "a partial's carried overflow is read from the trailer's last byte"
 _STATUS = (bytes(RESULT_TRAILER_BYTES), STATUS_OVERFLOW.to_bytes(RESULT_TRAILER_BYTES, "big"))
 _PADDING = bytes(AGGREGATION_FIELDS[-1].nbytes)
 _BACKENDS = ("numpy", "c")
@@ -89,9 +135,9 @@ def default_backend():
 class FastAggregator:
     """`handle(payload, now)` -> (disposition, answer payload or None) with the model's state and counters.
 
-    The state per slot: key (job, round, clique, chunk) or None, fan-in, group, count, exponent, bitmap,
-    overflow, complete, the running sums, the completed result (payload) once there is one, and the
-    arrival time of the last accepted contribution (lease stamp).
+    The state per slot: key (job, round, clique, chunk) or None, shape (fan-in, group, count, exponent,
+    level), member bitmap, overflow, the running sums, the completed output (payload) once there is one,
+    and the arrival time of the last accepted contribution (lease stamp).
     """
 
     def __init__(self, config, backend=None):
@@ -105,11 +151,11 @@ class FastAggregator:
         slots = config.slots
         self.keys = [None] * slots
         self.shapes = [None] * slots
-        """(fanin, group, count, exponent) of the slot's owner."""
+        """(fanin, group, count, exponent, level) of the slot's owner, level resolved as the model's."""
         self.bitmaps = [0] * slots
         self.overflow = [False] * slots
         self.results = [None] * slots
-        """The completed slot's result payload (bytes); None while the slot is unfinished."""
+        """The completed slot's output payload (bytes), as first sent; None while the slot is unfinished."""
         self.sums = [None] * slots
         self.stamps = [0] * slots
         self.now = 0
@@ -137,49 +183,61 @@ class FastAggregator:
     def _decide(self, payload):
         length = len(payload)
         if length < RUNT_PAYLOAD:
-            return Disposition.DROP_RUNT, None
+            return _DROP_RUNT, None
         if length < PAYLOAD_HEADER_BYTES:
-            return Disposition.DROP_LENGTH, None
+            return _DROP_LENGTH, None
         (magic, version, opcode, sender, fanin, exponent, _, job, round_, clique, slot, chunk, count, _, group,
-         _) = HEADER.unpack_from(payload)
-        if magic != MAGIC or version != VERSION:
-            return Disposition.DROP_VERSION, None
+         bitmap, expect) = DECISION.unpack_from(payload)
+        if magic != MAGIC or (version != VERSION and version != _V1):
+            return _DROP_VERSION, None
         if opcode == _CONTRIBUTION:
             expected = PAYLOAD_HEADER_BYTES + ELEMENT_BYTES * count
+        elif opcode == _PARTIAL:
+            expected = PAYLOAD_HEADER_BYTES + ELEMENT_BYTES * count + RESULT_TRAILER_BYTES
         elif opcode == _RESULT_REQUEST or opcode == _STATS_REQUEST:
             expected = PAYLOAD_HEADER_BYTES
         else:
-            return Disposition.DROP_OPCODE, None
+            return _DROP_OPCODE, None
         if length != expected or length > MAX_PAYLOAD:
-            return Disposition.DROP_LENGTH, None
+            return _DROP_LENGTH, None
         if opcode == _STATS_REQUEST:
-            return Disposition.ANSWERED, self._stats_reply(sender, job)
+            return _ANSWERED, self._stats_reply(version, sender, job)
         config = self.config
         if not 1 <= fanin <= config.max_fanin:
-            return Disposition.DROP_FANIN, None
+            return _DROP_FANIN, None
         if sender >= fanin:
-            return Disposition.DROP_SENDER, None
+            return _DROP_SENDER, None
+        whole = _CLIQUES[fanin]
+        if version == _V1:
+            # Whatever its tree bytes hold: one member, the whole clique, the root.
+            members, level = 1 << sender, whole
+        else:
+            members, level = bitmap or 1 << sender, expect or whole
+            # members within the level, the level within the clique (whole is all ones below fan-in); without
+            # `~`, whose negative ints cost more
+            if members | level != level or level > whole:
+                return _DROP_SENDER, None
         if not 1 <= count <= config.max_elements:
-            return Disposition.DROP_COUNT, None
+            return _DROP_COUNT, None
         if group & MULTICAST_MASK != MULTICAST_PREFIX:
-            return Disposition.DROP_GROUP, None
+            return _DROP_GROUP, None
         if slot >= config.slots:
-            return Disposition.DROP_SLOT, None
+            return _DROP_SLOT, None
         key = (job, round_, clique, chunk)
         current = self.keys[slot]
         if opcode == _RESULT_REQUEST:
             if current == key and self.results[slot] is not None:
-                return Disposition.ANSWERED, self._answer(slot, sender)
-            return Disposition.DROP_NO_RESULT, None
+                return _ANSWERED, self._answer(slot, payload, version, sender)
+            return _DROP_NO_RESULT, None
 
-        shape = (fanin, group, count, exponent)
+        shape = (fanin, group, count, exponent, level)
         if current == key:
             if self.shapes[slot] != shape:
-                return Disposition.DROP_MISMATCH, None
+                return _DROP_MISMATCH, None
             if self.results[slot] is not None:
-                return Disposition.ANSWERED, self._answer(slot, sender)
-            if self.bitmaps[slot] >> sender & 1:
-                return Disposition.DROP_DUPLICATE, None
+                return _ANSWERED, self._answer(slot, payload, version, sender)
+            if self.bitmaps[slot] & members:
+                return _DROP_DUPLICATE, None
         elif current is None or self.results[slot] is not None:
             self._claim(slot, key, shape)
         elif job == current[0] and 0 < ((round_ - current[1]) & 0xFFFFFFFF) < 2**31:
@@ -189,17 +247,20 @@ class FastAggregator:
             self.counts[_EXPIRED] += 1
             self._claim(slot, key, shape)
         else:
-            return Disposition.DROP_COLLISION, None
+            return _DROP_COLLISION, None
 
         if self._accumulate(self.sums[slot], payload, count):
             self.counts[_SATURATIONS] += 1
             self.overflow[slot] = True
-        bitmap = self.bitmaps[slot] | 1 << sender
+        if opcode == _PARTIAL and payload[length - 1] & STATUS_OVERFLOW:
+            # Saturated at a level below: carried into this slot's status, not counted here.
+            self.overflow[slot] = True
+        bitmap = self.bitmaps[slot] | members
         self.bitmaps[slot] = bitmap
         self.stamps[slot] = self.now
-        if bitmap.bit_count() < fanin:
-            return Disposition.ACCUMULATED, None
-        return Disposition.ACCUMULATED, self._complete(slot, sender, key, shape, bitmap)
+        if bitmap != level:
+            return _ACCUMULATED, None
+        return _ACCUMULATED, self._complete(slot, payload, version, sender, key, shape, bitmap)
 
     def _claim(self, slot, key, shape):
         self.keys[slot] = key
@@ -225,37 +286,59 @@ class FastAggregator:
     def _accumulate_c(self, sums, payload, count):
         return compiled.accumulate(sums, payload, PAYLOAD_HEADER_BYTES, count)
 
-    def _complete(self, slot, sender, key, shape, bitmap):
-        """The result payload, packed once; later answers patch its sender byte."""
-        fanin, group, count, exponent = shape
+    def _count_output(self, opcode):
+        self.counts[_PARTIALS if opcode == _PARTIAL else _RESULTS] += 1
+
+    def _complete(self, slot, payload, version, sender, key, shape, bitmap):
+        """The slot's output for the datagram that completed it, packed once; later answers patch it."""
+        fanin, group, count, exponent, _ = shape
         job, round_, clique, chunk = key
-        header = HEADER.pack(MAGIC, VERSION, Opcode.RESULT, sender, fanin, exponent, bitmap.bit_count(), job,
-                             round_, clique, slot, chunk, count, 0, group, bitmap)
+        opcode, route = _route(payload, version)
+        header = b"".join((HEADER.pack(MAGIC, version, opcode, sender, fanin, exponent, bitmap.bit_count(), job,
+                                       round_, clique, slot, chunk, count, 0, group, bitmap), route, _PADDING))
         status = _STATUS[self.overflow[slot]]
         if self.backend == "c":
-            result = compiled.encode_result(header + _PADDING, self.sums[slot], status)
+            output = compiled.encode_result(header, self.sums[slot], status)
         else:
-            result = b"".join((header, _PADDING, self.sums[slot].astype(">i4").tobytes(), status))
-        self.results[slot] = result
-        self.counts[_RESULTS] += 1
-        return result
+            output = b"".join((header, self.sums[slot].astype(">i4").tobytes(), status))
+        self.results[slot] = output
+        self._count_output(opcode)
+        return output
 
-    def _answer(self, slot, sender):
-        """The stored result of a completed slot, as sent to the frame with `sender` that asked for it."""
-        self.counts[_RESULTS] += 1
-        result = self.results[slot]
-        if result[SENDER_AT] == sender:
-            return result
-        patched = bytearray(result)
-        patched[SENDER_AT] = sender
+    def _answer(self, slot, payload, version, sender):
+        """The stored output of a completed slot, as sent to the datagram `payload` that asked for it: in its
+        version, with its sender index, and where its route says (a partial up to its hop1, or the result)."""
+        opcode, route = _route(payload, version)
+        self._count_output(opcode)
+        output = self.results[slot]
+        if (output[SENDER_AT] == sender and output[OPCODE_AT] == opcode and output[VERSION_AT] == version
+                and output[ROUTE_AT:ROUTE_END] == route):
+            return output
+        patched = bytearray(output)
+        patched[VERSION_AT], patched[OPCODE_AT], patched[SENDER_AT] = version, opcode, sender
+        patched[ROUTE_AT:ROUTE_END] = route
         return bytes(patched)
 
-    def _stats_reply(self, sender, job):
+    def _stats_reply(self, version, sender, job):
         """Counters before this request, as uint32 elements; every other field is zero, as the model's."""
-        header = HEADER.pack(MAGIC, VERSION, Opcode.STATS_REPLY, sender, 0, 0, 0, job, 0, 0, 0, 0,
+        header = HEADER.pack(MAGIC, version, Opcode.STATS_REPLY, sender, 0, 0, 0, job, 0, 0, 0, 0,
                              STATS_REPLY_COUNT, 0, 0, 0)
         values = struct.pack(f"!{STATS_REPLY_COUNT}I", *(value & 0xFFFFFFFF for value in self.counts))
-        return header + _PADDING + values
+        return b"".join((header, _ROOT_ROUTE, _PADDING, values))
+
+
+def next_hop(payload):
+    """The IPv4 address (an int) that a partial answering datagram `payload` goes to: the payload's hop1
+    (to the aggregators' common port). Only meaningful when the answer is a partial."""
+    return int.from_bytes(payload[HOP1_AT:HOP1_EXPECT_AT], "big")
+
+
+def _route(payload, version):
+    """(opcode, route bytes) of the output that datagram `payload` causes: below the root (its hop1 set, and
+    only version 2 has hops) a partial whose route is the payload's moved up one level, else the result."""
+    if version != _V1 and payload[HOP1_AT:HOP1_EXPECT_AT] != _NO_HOP:
+        return _PARTIAL, b"".join((payload[HOP1_EXPECT_AT:ROUTE_END], _HOP_PADDING))
+    return _RESULT, _ROOT_ROUTE
 
 
 assert FRAME_HEADER_BYTES - PAYLOAD_OFFSET == PAYLOAD_HEADER_BYTES

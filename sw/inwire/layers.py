@@ -24,7 +24,15 @@ from scapy.fields import (
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_bottom_up, bind_top_down
 
-from .protocol import AGGREGATION_FIELDS, INWIRE_PORT, MAGIC, RESULT_TRAILER_FIELDS, VERSION, Opcode
+from .protocol import (
+    AGGREGATION_FIELDS,
+    INWIRE_PORT,
+    MAGIC,
+    RESULT_TRAILER_FIELDS,
+    TRAILER_OPCODES,
+    VERSION,
+    Opcode,
+)
 
 FIELD_DEFAULTS = {"magic": MAGIC, "version": VERSION, "opcode": Opcode.CONTRIBUTION, "fanin": 1,
                   "group": "239.0.0.1"}
@@ -33,7 +41,13 @@ SPECIAL_FIELDS = {
     "magic": lambda name, default: XShortField(name, default),
     "opcode": lambda name, default: ByteEnumField(name, default, {op.value: op.name.lower() for op in Opcode}),
     "group": lambda name, default: IPField(name, default),
+    "hop1": lambda name, default: IPField(name, "0.0.0.0"),
+    "hop2": lambda name, default: IPField(name, "0.0.0.0"),
+    # Member bitmaps read best in hex.
     "bitmap": lambda name, default: XLongField(name, default),
+    "expect": lambda name, default: XLongField(name, default),
+    "hop1_expect": lambda name, default: XLongField(name, default),
+    "hop2_expect": lambda name, default: XLongField(name, default),
     "count": lambda name, default: ShortField(name, None),
 }
 
@@ -56,7 +70,7 @@ class Inwire(Packet):
     fields_desc = [_scapy_field(field) for field in AGGREGATION_FIELDS] + [
         FieldListField("elements", [], SignedIntField("", 0), count_from=lambda pkt: pkt.count,
                        max_count=2**16),
-    ] + [ConditionalField(_scapy_field(field), lambda pkt: pkt.opcode == Opcode.RESULT)
+    ] + [ConditionalField(_scapy_field(field), lambda pkt: pkt.opcode in TRAILER_OPCODES)
          for field in RESULT_TRAILER_FIELDS]
 
     def post_build(self, packet, payload):
@@ -66,8 +80,8 @@ class Inwire(Packet):
         return packet + payload
 
     def mysummary(self):
-        return self.sprintf("inwire %opcode% job=%job% round=%round% clique=%clique% slot=%slot% "
-                            "sender=%sender%/%fanin% count=%count%")
+        return self.sprintf("inwire v%version% %opcode% job=%job% round=%round% clique=%clique% slot=%slot% "
+                            "sender=%sender%/%fanin% count=%count% bitmap=%bitmap%")
 
 
 def _field_index(name):

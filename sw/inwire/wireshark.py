@@ -7,17 +7,19 @@ personal Lua plugins folder.
 
 from importlib import resources
 
-from .protocol import AGGREGATION_FIELDS, INWIRE_PORT, MAGIC, RESULT_TRAILER_FIELDS, Opcode
+from .protocol import AGGREGATION_FIELDS, INWIRE_PORT, MAGIC, RESULT_TRAILER_FIELDS, TRAILER_OPCODES, Opcode
 
-ELEMENT_OPCODES = (Opcode.CONTRIBUTION, Opcode.RESULT, Opcode.STATS_REPLY)
+ELEMENT_OPCODES = (Opcode.CONTRIBUTION, Opcode.PARTIAL, Opcode.RESULT, Opcode.STATS_REPLY)
 """Opcodes whose frames carry `count` elements after the header."""
-HEX_FIELDS = ("magic", "bitmap", "status")
+HEX_FIELDS = ("magic", "bitmap", "expect", "hop1_expect", "hop2_expect", "status")
+"""Member bitmaps read best in hex."""
+IPV4_FIELDS = ("group", "hop1", "hop2")
 LUA_PATH = ("data", "inwire.lua")
 
 
 def _protofield(field):
     key = f'"inwire.{field.name}", "{field.name}"'
-    if field.name == "group":
+    if field.name in IPV4_FIELDS:
         return f"ProtoField.ipv4({key})"
     if field.name == "opcode":
         return f"ProtoField.uint8({key}, base.DEC, opcodes)"
@@ -26,6 +28,10 @@ def _protofield(field):
     kind = "int" if field.signed else "uint"
     base = "base.HEX" if field.name in HEX_FIELDS else "base.DEC"
     return f"ProtoField.{kind}{field.bits}({key}, {base})"
+
+
+def _any_opcode(opcodes):
+    return " or ".join(f"opcode == {int(opcode)}" for opcode in opcodes)
 
 
 def lua_dissector():
@@ -68,8 +74,7 @@ def lua_dissector():
         "    local subtree = tree:add(inwire, buffer(), \"inwire \" .. (opcodes[opcode] or \"unknown opcode\"))",
         *(f"    subtree:add(f.{field.name}, buffer({offsets[field.name]}, {field.nbytes}))"
           for field in AGGREGATION_FIELDS),
-        f"    if opcode == {int(Opcode.CONTRIBUTION)} or opcode == {int(Opcode.RESULT)} "
-        f"or opcode == {int(Opcode.STATS_REPLY)} then",
+        f"    if {_any_opcode(ELEMENT_OPCODES)} then",
         "        local kind = f.element",
         f"        if opcode == {int(Opcode.STATS_REPLY)} then kind = f.counter end",
         "        for i = 0, count - 1 do",
@@ -78,7 +83,7 @@ def lua_dissector():
         "            subtree:add(kind, buffer(at, 4))",
         "        end",
         "    end",
-        f"    if opcode == {int(Opcode.RESULT)} then",
+        f"    if {_any_opcode(TRAILER_OPCODES)} then",
         "        local at = HEADER_BYTES + 4 * count",
     ]
     position = 0
@@ -89,12 +94,13 @@ def lua_dissector():
         position += field.nbytes
     lines += [
         "    end",
-        "    pinfo.cols.info = string.format(\"%s job=%u round=%u clique=%u slot=%u chunk=%u sender=%u/%u count=%u\",",
+        "    pinfo.cols.info = string.format(\"%s v%u job=%u round=%u clique=%u slot=%u chunk=%u sender=%u/%u \" ..",
+        "        \"count=%u bitmap=%s\",",
         "        opcodes[opcode] or \"unknown\",",
         *(f"        buffer({offsets[name]}, {nbytes}):uint(),"
-          for name, nbytes in (("job", 4), ("round", 4), ("clique", 2), ("slot", 2), ("chunk", 4),
+          for name, nbytes in (("version", 1), ("job", 4), ("round", 4), ("clique", 2), ("slot", 2), ("chunk", 4),
                                ("sender", 1), ("fanin", 1))),
-        "        count)",
+        f"        count, buffer({offsets['bitmap']}, 8):uint64():tohex())",
         "    return buffer:len()",
         "end",
         "",

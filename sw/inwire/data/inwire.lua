@@ -10,6 +10,7 @@ local opcodes = {
     [3] = "result_request",
     [4] = "stats_request",
     [5] = "stats_reply",
+    [6] = "partial",
 }
 
 local f = {}
@@ -29,6 +30,11 @@ f.count = ProtoField.uint16("inwire.count", "count", base.DEC)
 f.reserved0 = ProtoField.uint16("inwire.reserved0", "reserved0", base.DEC)
 f.group = ProtoField.ipv4("inwire.group", "group")
 f.bitmap = ProtoField.uint64("inwire.bitmap", "bitmap", base.HEX)
+f.expect = ProtoField.uint64("inwire.expect", "expect", base.HEX)
+f.hop1 = ProtoField.ipv4("inwire.hop1", "hop1")
+f.hop1_expect = ProtoField.uint64("inwire.hop1_expect", "hop1_expect", base.HEX)
+f.hop2 = ProtoField.ipv4("inwire.hop2", "hop2")
+f.hop2_expect = ProtoField.uint64("inwire.hop2_expect", "hop2_expect", base.HEX)
 f.reserved = ProtoField.bytes("inwire.reserved", "reserved")
 f.status = ProtoField.uint32("inwire.status", "status", base.HEX)
 f.element = ProtoField.int32("inwire.element", "element", base.DEC)
@@ -50,6 +56,11 @@ inwire.fields = {
     f.reserved0,
     f.group,
     f.bitmap,
+    f.expect,
+    f.hop1,
+    f.hop1_expect,
+    f.hop2,
+    f.hop2_expect,
     f.reserved,
     f.status,
     f.element,
@@ -82,8 +93,13 @@ function inwire.dissector(buffer, pinfo, tree)
     subtree:add(f.reserved0, buffer(26, 2))
     subtree:add(f.group, buffer(28, 4))
     subtree:add(f.bitmap, buffer(32, 8))
-    subtree:add(f.reserved, buffer(40, 46))
-    if opcode == 1 or opcode == 2 or opcode == 5 then
+    subtree:add(f.expect, buffer(40, 8))
+    subtree:add(f.hop1, buffer(48, 4))
+    subtree:add(f.hop1_expect, buffer(52, 8))
+    subtree:add(f.hop2, buffer(60, 4))
+    subtree:add(f.hop2_expect, buffer(64, 8))
+    subtree:add(f.reserved, buffer(72, 14))
+    if opcode == 1 or opcode == 6 or opcode == 2 or opcode == 5 then
         local kind = f.element
         if opcode == 5 then kind = f.counter end
         for i = 0, count - 1 do
@@ -92,14 +108,16 @@ function inwire.dissector(buffer, pinfo, tree)
             subtree:add(kind, buffer(at, 4))
         end
     end
-    if opcode == 2 then
+    if opcode == 2 or opcode == 6 then
         local at = HEADER_BYTES + 4 * count
         if at + 4 <= buffer:len() then
             subtree:add(f.status, buffer(at + 0, 4))
         end
     end
-    pinfo.cols.info = string.format("%s job=%u round=%u clique=%u slot=%u chunk=%u sender=%u/%u count=%u",
+    pinfo.cols.info = string.format("%s v%u job=%u round=%u clique=%u slot=%u chunk=%u sender=%u/%u " ..
+        "count=%u bitmap=%s",
         opcodes[opcode] or "unknown",
+        buffer(2, 1):uint(),
         buffer(8, 4):uint(),
         buffer(12, 4):uint(),
         buffer(16, 2):uint(),
@@ -107,7 +125,7 @@ function inwire.dissector(buffer, pinfo, tree)
         buffer(20, 4):uint(),
         buffer(4, 1):uint(),
         buffer(5, 1):uint(),
-        count)
+        count, buffer(32, 8):uint64():tohex())
     return buffer:len()
 end
 
