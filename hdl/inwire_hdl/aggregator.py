@@ -408,7 +408,7 @@ class Aggregator(wiring.Component):
                               & (entry.chunk == c2.chunk)),
                 "shape_match": ((entry.fanin == c2.fanin) & (entry.group == c2.group) & (entry.count == c2.count)
                                 & (entry.exponent == c2.exponent) & (entry.level == c2.level)),
-                "duplicate": (entry.bitmap & c2.members) != 0,
+                "duplicate": self._overlaps(entry.bitmap, c2),
                 "newer": (c2.job == entry.job) & (round_delta != 0) & ~round_delta[31],
                 "last_member": (entry.bitmap | c2.members) == c2.level,
                 "idle": (c2.now - entry.stamp)[:TIME_BITS],
@@ -427,6 +427,12 @@ class Aggregator(wiring.Component):
                 *(getattr(c3, name).eq(value) for name, value in checks.items()),
                 p.meta3.eq(Mux(forward, commit_entry, p.meta_rd.data)),
             ]
+
+    @staticmethod
+    def _overlaps(bitmap, c2):
+        """Whether a slot entry's `bitmap` already holds one of the frame's members (DROP_DUPLICATE): any
+        overlap, so that a member's elements are summed at most once per slot, whichever frames carry it."""
+        return (bitmap & c2.members) != 0
 
     def _answer(self, p):
         """The answer's fields. A stored output is the slot's: a result request need not repeat its fan-in,
