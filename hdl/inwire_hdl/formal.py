@@ -766,7 +766,7 @@ def _checks():
         Check("members_once", MEMBERS_STATEMENT.format(fanin=SMALLEST.max_fanin), "members", ("aggregate",), 64,
               "bmc", 24, mutants=("sender_overlap",), cover_depth=24, config=SMALLEST, steady=True),
         Check("members_once", MEMBERS_STATEMENT.format(fanin=SMALLEST.max_fanin), "members", ("aggregate",), 8,
-              "bmc", 90, deep_mutants=("sender_overlap",), cover_depth=90, config=SMALLEST, steady=True,
+              "bmc", 72, deep_mutants=("sender_overlap",), cover_depth=72, config=SMALLEST, steady=True,
               deep=("real", "cover")),
     ]
     # At 8 bytes B is disposed of at step 62 (each frame 17 beats): its runs take minutes, `--deep` only.

@@ -342,7 +342,7 @@ async def tree_root_partial_before_between_and_after_leaves(dut):
     await tb.check()
     stats = tb.model.stats()
     assert stats["results_emitted"] >= 6 and stats["partials_emitted"] == 0, stats
-    assert stats["drop_duplicate"] >= 4 and stats["accumulated"] >= 11, stats
+    assert stats["drop_duplicate"] >= 4 and stats["drop_mismatch"] >= 2 and stats["accumulated"] >= 11, stats
 
 
 @cocotb.test()
