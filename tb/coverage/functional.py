@@ -6,7 +6,7 @@ with the same outcome. A slot is `empty` (never claimed since reset), `partial` 
 reached) or `complete`; a transition is sampled whenever a frame changes a slot.
 """
 
-from inwire.protocol import Disposition
+from inwire.protocol import FRAME_OFFSETS, Disposition, Opcode
 
 SLOT_TRANSITIONS = (
     ("empty", "partial", "claim"),
@@ -25,9 +25,11 @@ once), a new member summed, reclaimed by a newer round of its job, claimed by an
 ran out."""
 
 FRAME_CLASSES = tuple(d.name.lower() for d in Disposition)
-EVENTS = ("results_emitted", "saturations", "slots_reclaimed", "leases_expired")
+EVENTS = ("results_emitted", "saturations", "slots_reclaimed", "leases_expired", "partials_emitted")
 """Counters whose increase marks an event worth seeing: a result sent, a sum clipped, a slot taken over
-by a newer round or after its lease."""
+by a newer round or after its lease, a partial sent up a reduction tree."""
+PARTIAL_SUMMED = "partials_summed"
+"""One more event: a partial from a level below summed into a slot."""
 
 
 def slot_state(slot):
@@ -47,7 +49,7 @@ class Coverage:
         self.model = model
         self.classes = dict.fromkeys(FRAME_CLASSES, 0)
         self.transitions = dict.fromkeys(SLOT_TRANSITIONS, 0)
-        self.events = dict.fromkeys(EVENTS, 0)
+        self.events = dict.fromkeys(EVENTS + (PARTIAL_SUMMED,), 0)
         self._process = model.process
         model.process = self.process
 
@@ -62,6 +64,10 @@ class Coverage:
         for name in EVENTS:
             if model.counters[name] != counters[name]:
                 self.events[name] += 1
+        opcode = FRAME_OFFSETS["opcode"]
+        if (len(frame) > opcode and frame[opcode] == Opcode.PARTIAL
+                and model.counters["accumulated"] != counters["accumulated"]):
+            self.events[PARTIAL_SUMMED] += 1
         reclaimed = model.counters["slots_reclaimed"] != counters["slots_reclaimed"]
         expired = model.counters["leases_expired"] != counters["leases_expired"]
         for (state, snapshot), slot in zip(before, model.slots, strict=True):
