@@ -118,7 +118,8 @@ def test_reduction_tree_loads_by_hand():
     down = {("R", "X"): 1, ("X", "A"): 1, ("X", "B"): 1}  # the result, multicast at X
     assert loads_by_edge(plain, clique) == {**up, **down, ("X", "R"): 2}
     assert loads_by_edge(reduced, clique) == {**up, **down, ("X", "R"): 1}
-    assert reduced.profile(clique).tree == {"X": "R"}
+    # X sums; A and B, which do not, send to it (R's own island sends to R).
+    assert reduced.profile(clique).tree == {"X": "R", "A": "X", "B": "X"}
     assert plain.round_time([clique]) == pytest.approx(22 + 2 * V_MS_AT_1G)
     assert reduced.round_time([clique]) == pytest.approx(22 + V_MS_AT_1G)
     # A city that cannot aggregate forwards both contributions, and sums nothing.
@@ -292,6 +293,32 @@ def test_a_tree_that_does_not_reach_the_root_is_rejected(tmp_path):
     path.write_text(json.dumps(document))
     with pytest.raises(ScheduleError, match="does not lead every city to the aggregator 'B'"):
         load_schedule_file(path)
+
+
+@pytest.mark.parametrize("tree, message", [
+    ({"B": "X", "X": "B"}, "gives the aggregator 'B' a parent"),
+    ({"Q": "B"}, "maps 'Q', which is neither a member nor a city that others send to"),
+    ({"A": "X"}, "does not lead every city to the aggregator 'B'"),
+    ({"A": 3}, "must map city names to their parent city"),
+])
+def test_a_malformed_tree_is_rejected(tmp_path, tree, message):
+    document = {"islands": ["A", "B"], "rounds": [{"cliques": [
+        {"members": ["A", "B"], "aggregator": "B", "exchange": "aggregate", "tree": tree}]}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ScheduleError, match=message):
+        load_schedule_file(path)
+
+
+def test_a_tree_is_kept_per_clique(tmp_path):
+    document = {"islands": ["A", "B", "C"], "rounds": [{"cliques": [
+        {"members": ["A", "B", "C"], "aggregator": "C", "tree": {"X": "C", "A": "X", "B": "X"}}]},
+        {"cliques": [{"members": ["A", "C"], "aggregator": "A"}]}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(document))
+    plan = load_schedule_file(path)
+    assert plan.trees == (({"X": "C", "A": "X", "B": "X"},), (None,))
+    assert plan.period == (((("A", "B", "C"), "C"),), ((("A", "C"), "A"),))
 
 
 @pytest.mark.parametrize("argv, message", [

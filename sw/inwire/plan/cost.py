@@ -253,7 +253,9 @@ class CostModel:
 
         Without in-path reduction every member's vector travels the whole way. With it, a city that
         aggregates and receives two or more streams (its own island counts) sums them and forwards one.
-        Returns the summing cities, each to the next summing city toward the root.
+        Returns the schedule's tree: each summing city to the next summing city toward the root, and
+        each member city that does not sum to the summing city its vector meets first, when that is not
+        the root (the islands send their contributions there; docs/schedule.md).
         """
         hub, members = clique.aggregator, clique.members
         depth = {hub: 0}
@@ -286,11 +288,12 @@ class CostModel:
         if not self.reduce_in_path:
             return None
         tree = {}
-        for city in sorted(summing):
+        for city in sorted(summing | (set(members) - {hub})):
             up = parent[city]
             while up != hub and up not in summing:
                 up = parent[up]
-            tree[city] = up
+            if city in summing or up != hub:
+                tree[city] = up
         return tree
 
     def profile(self, clique):
