@@ -216,3 +216,19 @@ def test_every_drop_reason_and_foreign_frame(width):
                                                           traffic.request(slot=1, job=9, fanin=5, count=2)]
     outputs, counters = StreamHarness(width, ready_probability=0.7, seed=width).run(frames)
     assert (outputs, counters) == expected_of(frames)
+
+
+@pytest.mark.parametrize("width", [16, 32])
+def test_reduction_trees_at_the_other_widths(width):
+    """Root, child and middle levels of reduction trees and version 1 frames, at the widths the cocotb runs
+    leave out."""
+    from inwire_hdl.cocotb.traffic import Traffic, tree_child, tree_middle, tree_root, version1
+
+    traffic = Traffic(CONFIG, seed=width)
+    frames = (tree_root(traffic, 5, 0, 50, 1) + tree_root(traffic, 3, 1, 51, 0, saturate=True)
+              + tree_child(traffic, 6, 2, 52, saturate=True) + tree_middle(traffic, 4, 3, 53, saturate=True)
+              + version1(traffic, 7, 0, 54))
+    outputs, counters = StreamHarness(width, ready_probability=0.7, seed=width).run(frames)
+    expected = expected_of(frames)
+    assert counters["partials_emitted"] == expected[1]["partials_emitted"] > 0
+    assert (outputs, counters) == expected

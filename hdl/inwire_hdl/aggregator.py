@@ -24,7 +24,7 @@ lease a comparison with a constant in I3: one carry chain per stage.
 
 import enum
 
-from amaranth.hdl import Array, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -76,6 +76,9 @@ def context_layout(slot_bits, beat_bits, sum_addr_bits):
         "job": 32, "round": 32, "clique": 16, "chunk": 32, "count": 16, "group": 32, "bitmap": 64,
         "hdr_slot": 16, "dst_mac": 48, "dst_ip": 32, "dst_port": 16, "out_len": 16, "out_beats": beat_bits,
         "ip_csum": 16, "rd_first": sum_addr_bits,
+        # The answer's version (1 or 2) and tree fields, and whether the frame is a partial (its trailer's
+        # overflow flag is picked up as it goes by).
+        "v1": 1, "expect": 64, "hop1": 32, "hop1_expect": 64, "carry_in": 1,
     })
 
 
@@ -88,7 +91,7 @@ def header_register(name):
 META = data.StructLayout({
     "job": 32, "round": 32, "clique": 16, "chunk": 32,
     "fanin": 8, "group": 32, "count": 16, "exponent": 8,
-    "bitmap": 64, "contributors": 8, "complete": 1, "cur": 1, "stamp": TIME_BITS,
+    "level": 64, "bitmap": 64, "contributors": 8, "complete": 1, "cur": 1, "stamp": TIME_BITS,
 })
 
 
@@ -230,13 +233,15 @@ class Aggregator(wiring.Component):
         W = self.data_width
         cls = data.StructLayout({
             **{flag: 1 for flag in (
-                "foreign", "bad_ver", "frag", "bad_magic", "contribution", "result_req", "stats_req",
+                "foreign", "bad_ver", "frag", "bad_magic", "summed", "partial", "v1", "partial_out",
+                "level_outside", "members_full", "result_req", "stats_req",
                 "lengths_bad", "fanin_bad", "sender_bad", "count_bad", "group_bad", "slot_bad",
                 "runt", "header_short", "request_len_ok", "len_pending", "pre_pass",
                 "slot_seen", "meta_valid", "key_match", "shape_match", "duplicate", "newer", "last_member")},
             "pre_disp": 5, "pre_action": 3, "csum_a": 18, "csum_b": 18, "csum_c": 17, "csum_total": 20,
             "slot": 16, "job": 32, "round": 32, "clique": 16, "chunk": 32, "fanin": 8, "group": 32,
-            "count": 16, "exponent": 8, "sender": 8, "sender_bit": 64, "eth_src": 48, "ip_src": 32,
+            "count": 16, "exponent": 8, "sender": 8, "members": 64, "level": 64, "member_count": 7,
+            "hop1": 32, "out_expect": 64, "out_hop1": 32, "out_hop1_expect": 64, "eth_src": 48, "ip_src": 32,
             "udp_sport": 16, "expected_last": self.beat_bits, "expected_tail": range(W + 1),
             "len_hdr": 19, "beats_hdr": self.beat_bits, "len_meta": 19, "beats_meta": self.beat_bits,
             "now": TIME_BITS, "idle": TIME_BITS,
@@ -254,16 +259,25 @@ class Aggregator(wiring.Component):
             return field_value(hdr, name)
 
         opcode, count, fanin, sender = f("opcode"), f("count"), f("fanin"), f("sender")
-        is_contribution = opcode == Opcode.CONTRIBUTION
-        # Lengths as one adder each (constants folded), the opcode choosing between results.
+        is_partial = opcode == Opcode.PARTIAL
+        summed = (opcode == Opcode.CONTRIBUTION) | is_partial
+        # A version 1 frame reads as one with every tree field 0: its sender alone, the whole clique, the root.
+        v1 = f("version") == 1
+        bitmap, expect = f("bitmap"), f("expect")
+        sender_bit = Const(1, 64) << sender[:6]
+        clique = Cat(*(fanin > member for member in range(64)))
+        hop1 = Mux(v1, 0, f("hop1"))
+        # Lengths as one adder each (constants folded), the opcode choosing between results; a partial's
+        # frame carries its status trailer as one more word after the elements.
         payload_bytes = count * ELEMENT_BYTES
+        frame_payload = (count + is_partial) * ELEMENT_BYTES
         words = ipv4_words(hdr)
-        contribution_lengths_ok = ((f("ip_len") == payload_bytes + (FRAME_HEADER_BYTES - ETHERNET_BYTES))
-                                   & (f("udp_len") == payload_bytes + (FRAME_HEADER_BYTES - ETHERNET_BYTES
+        contribution_lengths_ok = ((f("ip_len") == frame_payload + (FRAME_HEADER_BYTES - ETHERNET_BYTES))
+                                   & (f("udp_len") == frame_payload + (FRAME_HEADER_BYTES - ETHERNET_BYTES
                                                                        - IPV4_BYTES)))
         request_lengths_ok = ((f("ip_len") == FRAME_HEADER_BYTES - ETHERNET_BYTES)
                               & (f("udp_len") == FRAME_HEADER_BYTES - ETHERNET_BYTES - IPV4_BYTES))
-        contribution_end = payload_bytes + (FRAME_HEADER_BYTES - 1)
+        contribution_end = frame_payload + (FRAME_HEADER_BYTES - 1)
         result_len_hdr = payload_bytes + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES)
         with m.If(p.adv & p.i0.hdr_end):
             m.d.sync += [
@@ -271,11 +285,16 @@ class Aggregator(wiring.Component):
                                 & (f("ip_dst") == cfg.ip) & (f("udp_dport") == cfg.port))),
                 c1.bad_ver.eq(f("ip_ver_ihl") != IP_VER_IHL),
                 c1.frag.eq(f("ip_frag")[:14] != 0),
-                c1.bad_magic.eq((f("magic") != MAGIC) | (f("version") != VERSION)),
-                c1.contribution.eq(is_contribution),
+                c1.bad_magic.eq((f("magic") != MAGIC) | ((f("version") != VERSION) & ~v1)),
+                c1.summed.eq(summed), c1.partial.eq(is_partial), c1.v1.eq(v1),
+                c1.members.eq(Mux(v1 | (bitmap == 0), sender_bit, bitmap)),
+                c1.level.eq(Mux(v1 | (expect == 0), clique, expect)),
+                c1.level_outside.eq(~v1 & (expect & ~clique).any()),
+                c1.hop1.eq(hop1), c1.partial_out.eq(hop1 != 0), c1.out_expect.eq(f("hop1_expect")),
+                c1.out_hop1.eq(f("hop2")), c1.out_hop1_expect.eq(f("hop2_expect")),
                 c1.result_req.eq(opcode == Opcode.RESULT_REQUEST),
                 c1.stats_req.eq(opcode == Opcode.STATS_REQUEST),
-                c1.lengths_bad.eq(~Mux(is_contribution, contribution_lengths_ok, request_lengths_ok)),
+                c1.lengths_bad.eq(~Mux(summed, contribution_lengths_ok, request_lengths_ok)),
                 c1.fanin_bad.eq((fanin == 0) | (fanin > cfg.max_fanin)),
                 c1.sender_bad.eq(sender >= fanin),
                 c1.count_bad.eq((count == 0) | (count > cfg.max_elements)),
@@ -287,10 +306,10 @@ class Aggregator(wiring.Component):
                 c1.now.eq(p.hdr_now),
                 c1.slot.eq(f("slot")), c1.job.eq(f("job")), c1.round.eq(f("round")), c1.clique.eq(f("clique")),
                 c1.chunk.eq(f("chunk")), c1.fanin.eq(fanin), c1.group.eq(f("group")), c1.count.eq(count),
-                c1.exponent.eq(f("exponent")), c1.sender.eq(sender), c1.sender_bit.eq(Const(1, 64) << sender[:6]),
+                c1.exponent.eq(f("exponent")), c1.sender.eq(sender),
                 c1.eth_src.eq(f("eth_src")), c1.ip_src.eq(f("ip_src")), c1.udp_sport.eq(f("udp_sport")),
-                c1.expected_last.eq(Mux(is_contribution, contribution_end >> shift, (FRAME_HEADER_BYTES - 1) >> shift)),
-                c1.expected_tail.eq(Mux(is_contribution, contribution_end[:shift] + 1,
+                c1.expected_last.eq(Mux(summed, contribution_end >> shift, (FRAME_HEADER_BYTES - 1) >> shift)),
+                c1.expected_tail.eq(Mux(summed, contribution_end[:shift] + 1,
                                         ((FRAME_HEADER_BYTES - 1) & (W - 1)) + 1)),
                 c1.len_hdr.eq(result_len_hdr),
                 c1.beats_hdr.eq((payload_bytes + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES + W - 1)) >> shift),
@@ -314,6 +333,10 @@ class Aggregator(wiring.Component):
                 c2.header_short.eq(i1.last & (frame_len < FRAME_HEADER_BYTES)),
                 c2.request_len_ok.eq(i1.last & (frame_len == FRAME_HEADER_BYTES)),
                 c2.csum_total.eq(c1.csum_a + c1.csum_b + c1.csum_c),
+                # DROP_SENDER also for members outside the level, or a level member not below the fan-in.
+                c2.sender_bad.eq(c1.sender_bad | c1.level_outside | (c1.members & ~c1.level).any()),
+                c2.members_full.eq(c1.members == c1.level),
+                c2.member_count.eq(popcount(c1.members)),
                 c2.slot_seen.eq(p.slot_valid.bit_select(c1.slot[:self.slot_bits], 1)
                                 | (commit_q & (commit_slot == c1.slot[:self.slot_bits]))),
                 stale.eq(commit),
@@ -346,13 +369,13 @@ class Aggregator(wiring.Component):
             pre(Disposition.DROP_LENGTH)
         with m.Elif(c2.bad_magic):
             pre(Disposition.DROP_VERSION)
-        with m.Elif(~c2.contribution & ~c2.result_req & ~c2.stats_req):
+        with m.Elif(~c2.summed & ~c2.result_req & ~c2.stats_req):
             pre(Disposition.DROP_OPCODE)
-        with m.Elif(c2.lengths_bad | (~c2.contribution & ~c2.request_len_ok)):
+        with m.Elif(c2.lengths_bad | (~c2.summed & ~c2.request_len_ok)):
             pre(Disposition.DROP_LENGTH)
         with m.Else():
-            # From here on a contribution's frame length is still to be checked beat by beat.
-            m.d.comb += len_pending.eq(c2.contribution)
+            # From here on a contribution's or partial's frame length is still to be checked beat by beat.
+            m.d.comb += len_pending.eq(c2.summed)
             with m.If(c2.stats_req):
                 pre(Disposition.ANSWERED, Action.STATS)
             with m.Elif(c2.fanin_bad):
@@ -384,10 +407,10 @@ class Aggregator(wiring.Component):
                 "key_match": ((entry.job == c2.job) & (entry.round == c2.round) & (entry.clique == c2.clique)
                               & (entry.chunk == c2.chunk)),
                 "shape_match": ((entry.fanin == c2.fanin) & (entry.group == c2.group) & (entry.count == c2.count)
-                                & (entry.exponent == c2.exponent)),
-                "duplicate": (entry.bitmap & c2.sender_bit) != 0,
+                                & (entry.exponent == c2.exponent) & (entry.level == c2.level)),
+                "duplicate": (entry.bitmap & c2.members) != 0,
                 "newer": (c2.job == entry.job) & (round_delta != 0) & ~round_delta[31],
-                "last_member": entry.contributors + 1 == c2.fanin,
+                "last_member": (entry.bitmap | c2.members) == c2.level,
                 "idle": (c2.now - entry.stamp)[:TIME_BITS],
                 "len_meta": length,
                 "beats_meta": (entry.count * ELEMENT_BYTES
@@ -406,27 +429,36 @@ class Aggregator(wiring.Component):
             ]
 
     def _answer(self, p):
-        """The answer's fields. A stored result is the slot's: a result request need not repeat its fan-in,
-        group, count or exponent. Where the frame is dropped these fields are not used."""
+        """The answer's fields. A stored output is the slot's: a result request need not repeat its fan-in,
+        group, count or exponent. The frame that causes the output says where it goes: a partial to its
+        `hop1` (hops moved up one level) when that is set, else the result to the group. Where the frame is
+        dropped these fields are not used."""
         m, W, shift, c3, meta3, ans = p.m, self.data_width, p.shift, p.c3, p.meta3, p.ans
         stored = c3.key_match & meta3.complete
         result_group = Mux(stored, meta3.group, c3.group)
+        up = c3.partial_out
         stats_len = FRAME_HEADER_BYTES + ELEMENT_BYTES * STATS_COUNT
+        # Member sets summed into a slot are disjoint (an overlap is DROP_DUPLICATE): counts add up.
         result_fields = {
-            "opcode": Opcode.RESULT, "fanin": Mux(stored, meta3.fanin, c3.fanin),
+            "opcode": Mux(up, Opcode.PARTIAL, Opcode.RESULT), "fanin": Mux(stored, meta3.fanin, c3.fanin),
             "exponent": Mux(stored, meta3.exponent, c3.exponent),
-            "contributors": Mux(c3.key_match, meta3.contributors + ~meta3.complete, 1),
+            "contributors": Mux(c3.key_match, meta3.contributors + Mux(meta3.complete, 0, c3.member_count),
+                                c3.member_count),
             "round": c3.round, "clique": c3.clique, "chunk": c3.chunk,
             "count": Mux(stored, meta3.count, c3.count), "group": result_group,
-            "bitmap": Mux(c3.key_match, meta3.bitmap | Mux(meta3.complete, 0, c3.sender_bit), c3.sender_bit),
+            "bitmap": Mux(c3.key_match, meta3.bitmap | Mux(meta3.complete, 0, c3.members), c3.members),
             "hdr_slot": c3.slot, "slot": c3.slot,
-            "dst_mac": multicast_mac(0) | result_group[:23], "dst_ip": result_group, "dst_port": self.config.port,
+            "dst_mac": Mux(up, self.config.gateway_mac, multicast_mac(0) | result_group[:23]),
+            "dst_ip": Mux(up, c3.hop1, result_group), "dst_port": self.config.port,
             "out_len": Mux(stored, c3.len_meta, c3.len_hdr), "out_beats": Mux(stored, c3.beats_meta, c3.beats_hdr),
+            "expect": Mux(up, c3.out_expect, 0), "hop1": Mux(up, c3.out_hop1, 0),
+            "hop1_expect": Mux(up, c3.out_hop1_expect, 0),
         }
         stats_fields = {"opcode": Opcode.STATS_REPLY, "count": STATS_COUNT, "dst_mac": c3.eth_src,
                         "dst_ip": c3.ip_src, "dst_port": c3.udp_sport, "out_len": stats_len,
                         "out_beats": (stats_len + W - 1) >> shift}
-        m.d.comb += [ans.rbank.eq(meta3.cur), ans.sender.eq(c3.sender), ans.job.eq(c3.job)]
+        m.d.comb += [ans.rbank.eq(meta3.cur), ans.sender.eq(c3.sender), ans.job.eq(c3.job), ans.v1.eq(c3.v1),
+                     ans.carry_in.eq(c3.partial)]
         for name, value in result_fields.items():
             m.d.comb += getattr(ans, name).eq(Mux(c3.stats_req, stats_fields.get(name, 0), value))
 
@@ -438,7 +470,7 @@ class Aggregator(wiring.Component):
         fresh, reclaim, expire = Signal(), Signal(), Signal()
         lease = self.config.lease
         expired = Const(0) if lease == 0 else c3.idle >= lease
-        complete = Mux(c3.key_match, c3.last_member, c3.fanin == 1)
+        complete = Mux(c3.key_match, c3.last_member, c3.members_full)
         summed = Mux(complete, Action.SUM_RESULT, Action.SUM_SILENT)
 
         def decide(disposition, what=Action.DROP):
@@ -446,7 +478,7 @@ class Aggregator(wiring.Component):
 
         with m.If(~c3.pre_pass):
             decide(c3.pre_disp, c3.pre_action)
-        with m.Elif(~c3.contribution):
+        with m.Elif(~c3.summed):
             with m.If(c3.key_match & meta3.complete):
                 decide(Disposition.ANSWERED, Action.STORED)
             with m.Else():
@@ -500,6 +532,7 @@ class Aggregator(wiring.Component):
                 commit_entry.clique.eq(ans.clique), commit_entry.chunk.eq(ans.chunk),
                 commit_entry.fanin.eq(ans.fanin), commit_entry.group.eq(ans.group),
                 commit_entry.count.eq(ans.count), commit_entry.exponent.eq(ans.exponent),
+                commit_entry.level.eq(c3.level),
                 commit_entry.bitmap.eq(ans.bitmap), commit_entry.contributors.eq(ans.contributors),
                 commit_entry.complete.eq(p.complete), commit_entry.cur.eq(~p.meta3.cur),
                 commit_entry.stamp.eq(c3.now),
@@ -671,11 +704,12 @@ class Aggregator(wiring.Component):
             "ip_ver_ihl": IP_VER_IHL, "ip_len": actx.out_len - ETHERNET_BYTES, "ip_frag": IP_FLAG_DF,
             "ip_ttl": RESULT_TTL, "ip_proto": IP_PROTO_UDP, "ip_csum": actx.ip_csum,
             "ip_src": cfg.ip, "ip_dst": actx.dst_ip, "udp_sport": cfg.port, "udp_dport": actx.dst_port,
-            "udp_len": actx.out_len - ETHERNET_BYTES - IPV4_BYTES, "magic": MAGIC, "version": VERSION,
+            "udp_len": actx.out_len - ETHERNET_BYTES - IPV4_BYTES, "magic": MAGIC,
+            "version": Mux(actx.v1, 1, VERSION),
             "opcode": actx.opcode, "sender": actx.sender, "fanin": actx.fanin, "exponent": actx.exponent,
             "contributors": actx.contributors, "job": actx.job, "round": actx.round, "clique": actx.clique,
             "slot": actx.hdr_slot, "chunk": actx.chunk, "count": actx.count, "group": actx.group,
-            "bitmap": actx.bitmap,
+            "bitmap": actx.bitmap, "expect": actx.expect, "hop1": actx.hop1, "hop1_expect": actx.hop1_expect,
         }
         for name, value in header_values.items():
             if not isinstance(value, Value):
@@ -694,7 +728,7 @@ class Aggregator(wiring.Component):
         stats_beat = payload_beat[:max(1, ceil_log2(-(-STATS_COUNT // lanes)))]
 
         other, out_keep = Signal(8 * W), Signal(W)
-        trailer_lanes, counted_lanes = Signal(lanes), Signal(lanes)
+        trailer_lanes, counted_lanes, carried_lanes = Signal(lanes), Signal(lanes), Signal(lanes)
         with m.If(actx.action == Action.FORWARD):
             m.d.comb += [other.eq(p.a_data), out_keep.eq(p.a_keep)]
         with m.Elif(~p.is_payload):
@@ -709,13 +743,18 @@ class Aggregator(wiring.Component):
                     counter = Signal(32, name=f"counter{lane}")
                     m.d.comb += [counter.eq(lane_counters[lane][stats_beat]),
                                  other[bits].eq(lane_bytes(counter))]
-                trailer = p.with_trailer & (element == actx.count)
+                at_trailer = element == actx.count
+                trailer = p.with_trailer & at_trailer
                 m.d.comb += [
                     trailer_lanes[lane].eq(trailer),
+                    # A partial's own trailer sits where the answer's goes: bit 0 of its status word (the
+                    # lane's last byte) is a level below's overflow flag. It is never counted as an element.
+                    carried_lanes[lane].eq(actx.carry_in & at_trailer & p.a_data[32 * lane + 24]),
                     counted_lanes[lane].eq(element < actx.count),
                     out_keep[4 * lane:4 * lane + 4].eq(Mux((element < actx.count) | trailer, 0xF, 0)),
                 ]
-        p.share(other=other, out_keep=out_keep, trailer_lanes=trailer_lanes, counted_lanes=counted_lanes)
+        p.share(other=other, out_keep=out_keep, trailer_lanes=trailer_lanes, counted_lanes=counted_lanes,
+                carried_lanes=carried_lanes)
 
     def _stage_s(self, p):
         """Stage S: the adder's result and the other sources registered; S writes the sums back and picks
@@ -726,6 +765,7 @@ class Aggregator(wiring.Component):
             "valid", "emit", "last", "user", "end", "bad", "first", "wen"))
         s_sum, s_other, s_keep = Signal(8 * W), Signal(8 * W), Signal(W)
         s_saturated, s_trailer = Signal(lanes), Signal(lanes)
+        s_carried, s_partial_out = Signal(), Signal()
         s_waddr = Signal.like(sum_wr.addr)
         s_use_sum, s_stored, s_summing, s_with_trailer, s_fresh, s_reclaim, s_expire = (
             Signal(name=f"s_{n}") for n in ("use_sum", "stored", "summing", "with_trailer", "fresh", "reclaim",
@@ -738,6 +778,8 @@ class Aggregator(wiring.Component):
                 s_end.eq(p.a_end), s_bad.eq(p.a_bad), s_first.eq(p.a_j == 0), s_sum.eq(p.adder.sum),
                 s_other.eq(p.other), s_keep.eq(p.out_keep), s_trailer.eq(p.trailer_lanes),
                 s_saturated.eq(Mux(p.a_popped & summing & is_payload, p.adder.saturated & p.counted_lanes, 0)),
+                s_carried.eq(p.a_popped & summing & is_payload & p.carried_lanes.any()),
+                s_partial_out.eq(actx.opcode == Opcode.PARTIAL),
                 s_wen.eq(p.a_valid & p.a_popped & summing & is_payload & (payload_beat * lanes < actx.count)),
                 s_waddr.eq((actx.slot * 2 + ~actx.rbank) * self.bank_words + payload_beat),
                 s_use_sum.eq(summing & is_payload), s_stored.eq(actx.action == Action.STORED),
@@ -753,8 +795,10 @@ class Aggregator(wiring.Component):
         slot_overflow = overflow.bit_select(s_slot, 1)
         saturated_beat = Signal()
         saturated_acc = Signal()
+        carried_acc = Signal()
         m.d.comb += saturated_beat.eq(s_saturated.any())
-        overflowed = (~s_fresh & slot_overflow) | saturated_acc | saturated_beat
+        # A carried flag sets the slot's overflow and the status, but `saturations` counts local ones only.
+        overflowed = (~s_fresh & slot_overflow) | saturated_acc | saturated_beat | carried_acc | s_carried
         status = Signal(32)
         m.d.comb += status.eq(Mux(s_stored, slot_overflow, overflowed))
         out_data = Signal(8 * W)
@@ -764,6 +808,7 @@ class Aggregator(wiring.Component):
                                               Mux(s_use_sum, s_sum[bits], s_other[bits])))
         p.share(s_valid=s_valid, s_emit=s_emit, s_last=s_last, s_user=s_user, s_end=s_end, s_bad=s_bad,
                 s_first=s_first, s_keep=s_keep, s_summing=s_summing, s_with_trailer=s_with_trailer,
+                s_carried=s_carried, carried_acc=carried_acc, s_partial_out=s_partial_out,
                 s_reclaim=s_reclaim, s_expire=s_expire, s_disp=s_disp, slot_overflow=slot_overflow,
                 saturated_beat=saturated_beat, saturated_acc=saturated_acc, overflowed=overflowed, out_data=out_data)
 
@@ -781,14 +826,16 @@ class Aggregator(wiring.Component):
                 self.m_axis_tlast.eq(p.s_last), self.m_axis_tuser.eq(p.s_user),
             ]
             with m.If(s_valid):
-                m.d.sync += saturated_acc.eq(Mux(p.s_first, 0, saturated_acc) | saturated_beat)
+                m.d.sync += [saturated_acc.eq(Mux(p.s_first, 0, saturated_acc) | saturated_beat),
+                             p.carried_acc.eq(Mux(p.s_first, 0, p.carried_acc) | p.s_carried)]
             with m.If(s_valid & s_end):
                 good = ~s_bad
                 final = Mux(s_bad, Disposition.DROP_LENGTH, p.s_disp)
                 index = {name: i for i, name in enumerate(COUNTERS)}
                 increments = {
                     "frames_in": 1,
-                    "results_emitted": good & p.s_with_trailer,
+                    "results_emitted": good & p.s_with_trailer & ~p.s_partial_out,
+                    "partials_emitted": good & p.s_with_trailer & p.s_partial_out,
                     "slots_reclaimed": good & p.s_reclaim,
                     "saturations": good & p.s_summing & (saturated_acc | saturated_beat),
                     "leases_expired": good & p.s_expire,

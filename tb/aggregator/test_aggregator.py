@@ -7,10 +7,19 @@ import numpy as np
 from cocotb.triggers import ClockCycles, RisingEdge
 from scapy.layers.l2 import Ether
 
-from inwire.protocol import INT32_MAX, INT32_MIN, INWIRE_PORT, Opcode
+from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, INWIRE_PORT, STATUS_OVERFLOW, Opcode
 from inwire_hdl.aggregator import Aggregator
 from inwire_hdl.cocotb.testbench import TB
-from inwire_hdl.cocotb.traffic import Traffic, malformed, patch
+from inwire_hdl.cocotb.traffic import (
+    ABOVE_IP,
+    Traffic,
+    malformed,
+    patch,
+    tree_child,
+    tree_middle,
+    tree_root,
+    version1,
+)
 
 LOCAL_EXPERIMENTAL_ETHERTYPE = 0x88B5
 
@@ -312,3 +321,95 @@ async def abandoned_cliques_and_idle_gaps_under_backpressure(dut):
         await tb.advance(chooser.choice((1, lease - 1, lease, lease + 3)))
     await tb.check()
     assert tb.model.stats()["leases_expired"] > 0
+
+
+def whole(tb):
+    """The frames the model expects whole, as (opcode, version, ip_dst, status or None)."""
+    def fields(frame):
+        opcode = frame[FRAME_OFFSETS["opcode"]]
+        status = int.from_bytes(frame[-4:], "big") if opcode in (Opcode.RESULT, Opcode.PARTIAL) else None
+        return opcode, frame[FRAME_OFFSETS["version"]], int.from_bytes(frame[30:34], "big"), status
+    return [fields(frame) for aborted, frame in tb.expected if not aborted]
+
+
+@cocotb.test()
+async def tree_root_partial_before_between_and_after_leaves(dut):
+    """The root of a two-level tree: the level below's partial before, between and after the direct
+    members' contributions, overlapping member sets dropped, the partial again answered with the result."""
+    tb, traffic = await start(dut, 19, source_pause=0.2, sink_pause=0.3)
+    for slot, partial_at in enumerate((0, 1, 3)):
+        await tb.send(tree_root(traffic, 3 + 7 * slot, slot=slot, job=60, partial_at=partial_at))
+    await tb.check()
+    stats = tb.model.stats()
+    assert stats["results_emitted"] >= 6 and stats["partials_emitted"] == 0, stats
+    assert stats["drop_duplicate"] >= 4 and stats["accumulated"] >= 11, stats
+
+
+@cocotb.test()
+async def tree_child_partial_up_and_again_after_loss(dut):
+    """A level below the root: its partial goes to hop1 with the hops moved up; a member's retransmission
+    (the partial lost) and a result request naming hop1 get the stored partial, one without it the result.
+    Its own saturation sets the partial's status and counts."""
+    tb, traffic = await start(dut, 20, sink_pause=0.2)
+    await tb.send(tree_child(traffic, 11, slot=1, job=61, saturate=True) + tree_child(traffic, 1, slot=2, job=62))
+    await tb.check()
+    stats = tb.model.stats()
+    assert (stats["partials_emitted"], stats["results_emitted"]) == (6, 2) and stats["saturations"] >= 1, stats
+    partials = [out for out in whole(tb) if out[0] == Opcode.PARTIAL]
+    assert all(ip == ABOVE_IP for _, _, ip, _ in partials) and partials[0][3] == STATUS_OVERFLOW, partials
+
+
+@cocotb.test()
+async def tree_saturation_below_carried_up(dut):
+    """A level below saturated: its partial's trailer flag reaches the root's result (and the partial of a
+    middle level) without counting as a saturation here."""
+    tb, traffic = await start(dut, 21)
+    await tb.send(tree_middle(traffic, 6, slot=0, job=63, saturate=True))
+    await tb.send(tree_root(traffic, 2, slot=1, job=64, partial_at=2, saturate=True))
+    await tb.send(tree_middle(traffic, 5, slot=2, job=65))
+    await tb.check()
+    outputs = whole(tb)
+    assert outputs[0][0] == Opcode.PARTIAL and outputs[0][3] == STATUS_OVERFLOW, outputs
+    assert [status for opcode, _, _, status in outputs if opcode == Opcode.RESULT][0] == STATUS_OVERFLOW
+    assert outputs[-1][0] == Opcode.PARTIAL and outputs[-1][3] == 0, outputs
+
+
+@cocotb.test()
+async def version1_frames_still_work(dut):
+    """Version 1 frames, whatever their tree bytes hold, are a flat clique's members; answers carry the
+    version of the frame that caused them."""
+    tb, traffic = await start(dut, 22, sink_pause=0.2)
+    await tb.send(version1(traffic, 9, slot=0, job=66) + version1(traffic, 1, slot=1, job=67))
+    await tb.check()
+    versions = [version for _, version, _, _ in whole(tb)]
+    assert versions == [1, 1, 1, 1] * 2 and tb.model.stats()["results_emitted"] == 6, versions
+
+
+@cocotb.test()
+async def random_tree_mix_under_backpressure(dut):
+    """Trees at every position, flat cliques, version 1 cliques, foreign and malformed frames, shuffled
+    with each clique's frames kept in order."""
+    tb, traffic = await start(dut, 23, source_pause=0.3, sink_pause=0.4)
+    chooser = random.Random(23)
+    queues = []
+    for slot in range(8):
+        kind = chooser.randrange(5)
+        count, job = chooser.randint(1, 20), 70 + slot
+        if kind == 0:
+            queues.append(tree_root(traffic, count, slot, job, chooser.randint(0, 3), chooser.random() < 0.5))
+        elif kind == 1:
+            queues.append(tree_child(traffic, count, slot, job, chooser.random() < 0.5))
+        elif kind == 2:
+            queues.append(tree_middle(traffic, count, slot, job, chooser.random() < 0.5))
+        elif kind == 3:
+            queues.append(version1(traffic, count, slot, job))
+        else:
+            queues.append(traffic.clique(count, fanin=3, slot=slot, job=job))
+    frames = []
+    while any(queues):
+        if chooser.random() < 0.1:
+            frames.append(chooser.choice(traffic.foreign() + [frame for frame, _ in malformed(traffic)]))
+        queue = chooser.choice([q for q in queues if q])
+        frames.append(queue.pop(0))
+    await tb.send(frames)
+    await tb.check()

@@ -1,17 +1,25 @@
 """Frames for the aggregator testbench: contributions, requests, malformed variants and foreign traffic."""
 
 import random
+from dataclasses import replace
 
 import numpy as np
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Dot1Q, Ether
 
+from inwire.model import Aggregator as Model
 from inwire.packets import build_frames, ipv4_checksums
-from inwire.protocol import FIELDS_BY_NAME, FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
+from inwire.protocol import FIELDS_BY_NAME, FRAME_HEADER_BYTES, FRAME_OFFSETS, INT32_MAX, Opcode
 
 HOST_MAC = 0x02_00_00_00_00_07
 HOST_IP = 0x0A_00_00_07
+BELOW_IP = 0x0A_00_01_01
+"""An aggregator one level below the one under test (played by a model)."""
+LOWEST_IP = 0x0A_00_01_02
+"""An aggregator two levels below (the lowest of a three-level tree)."""
+ABOVE_IP = 0x0A_00_01_03
+"""An aggregator above the one under test: its partials go there."""
 
 
 class Traffic:
@@ -34,6 +42,11 @@ class Traffic:
 
     def contribution(self, elements, **fields):
         return bytes(build_frames(np.asarray(elements, dtype=np.int64), **self.header(**fields))[0])
+
+    def partial(self, elements, status=0, **fields):
+        """A partial built by hand: a contribution holding several members, with a status trailer."""
+        return bytes(build_frames(np.asarray(elements, dtype=np.int64), status=status,
+                                  **self.header(opcode=Opcode.PARTIAL, **fields))[0])
 
     def request(self, opcode=Opcode.RESULT_REQUEST, count=1, **fields):
         """A result or stats request: a bare 128-byte header whose count field still names the vector."""
@@ -109,13 +122,19 @@ def malformed(traffic):
         (variant(count=7), "drop_length"),
         (traffic.request(slot=1, job=9, fanin=2) + bytes(8), "drop_length"),
         (variant(magic=0x4958), "drop_version"),
-        (variant(version=2), "drop_version"),
+        (variant(version=0), "drop_version"),
+        (variant(version=3), "drop_version"),
         (variant(opcode=Opcode.RESULT), "drop_opcode"),
         (variant(opcode=Opcode.STATS_REPLY), "drop_opcode"),
         (variant(opcode=0), "drop_opcode"),
         (variant(fanin=0), "drop_fanin"),
         (variant(fanin=cfg.max_fanin + 1), "drop_fanin"),
         (variant(sender=2), "drop_sender"),
+        # Version 2 member sets: a member outside the level, a level member not below the fan-in.
+        (variant(bitmap=0b100), "drop_sender"),
+        (variant(bitmap=0b10, expect=0b01), "drop_sender"),
+        (variant(expect=0b101), "drop_sender"),
+        (variant(opcode=Opcode.PARTIAL), "drop_length"),
         (traffic.contribution([], fanin=2, slot=1), "drop_count"),
         (traffic.contribution(traffic.elements(cfg.max_elements + 1), fanin=2, slot=1), "drop_count"),
         (variant(group=0xE0_00_00_01), "drop_group"),
@@ -123,3 +142,82 @@ def malformed(traffic):
         (variant(slot=0xFFFF), "drop_slot"),
         (traffic.request(slot=1, job=9, fanin=2, count=6), "drop_no_result"),
     ]
+
+
+def below(config, ip, frames):
+    """The frames a model aggregator at `ip` (otherwise configured as `config`) sends for `frames`: a level
+    below the aggregator under test, whose partials go up to it."""
+    model = Model(replace(config, ip=ip))
+    return [out for frame in frames for out in model.process(frame)]
+
+
+def tree_root(traffic, count, slot, job, partial_at=1, saturate=False):
+    """The aggregator under test as the root of a two-level tree of 5 members: members 0 and 1 reach it in
+    one partial from the level below, 2 to 4 directly. The partial comes in at position `partial_at` among
+    the direct contributions; then a duplicate of member 1, a hand-made partial overlapping member 2, and
+    after completion the partial again (answered with the stored result). `saturate`: the level below
+    saturates, which its partial's trailer carries."""
+    fanin, me = 5, traffic.config.ip
+    vectors = [traffic.elements(count) for _ in range(fanin)]
+    if saturate:
+        vectors[0][:] = vectors[1][:] = INT32_MAX
+    common = dict(fanin=fanin, slot=slot, job=job, round=3, clique=7, chunk=count, group=0xEF_00_00_05)
+    leaves = [traffic.contribution(vectors[s], sender=s, ip_dst=BELOW_IP, expect=0b00011, hop1=me, **common)
+              for s in (0, 1)]
+    (partial,) = below(traffic.config, BELOW_IP, leaves)
+    direct = [traffic.contribution(vectors[s], sender=s, **common) for s in (2, 3, 4)]
+    overlapping = traffic.partial(traffic.elements(count), bitmap=0b01100, sender=3, **common)
+    frames = direct[:partial_at] + [partial, traffic.contribution(vectors[1], sender=1, **common), overlapping]
+    return frames + direct[partial_at:] + [partial, direct[0]]
+
+
+def tree_child(traffic, count, slot, job, saturate=False):
+    """The aggregator under test one level below the root: members 0, 2 and 3 of a clique of 4 send to it
+    (level 0b1101, hop1 the root); it sends the partial up. Then member 2 retransmits (as after a lost
+    partial: the stored partial again), and result requests with and without hop1 (the stored partial, then
+    the stored result). `saturate`: its own sums saturate."""
+    fanin = 4
+    vectors = [traffic.elements(count) for _ in range(fanin)]
+    if saturate:
+        vectors[2][0] = vectors[3][0] = INT32_MAX
+    common = dict(fanin=fanin, slot=slot, job=job, round=9, clique=2, chunk=0, group=0xEF_00_00_06,
+                  expect=0b1101, hop1=ABOVE_IP, hop1_expect=0b1111)
+    leaves = [traffic.contribution(vectors[s], sender=s, **common) for s in (0, 2, 3)]
+    flat = {name: value for name, value in common.items() if name not in ("expect", "hop1", "hop1_expect")}
+    return leaves + [leaves[1], traffic.request(sender=3, count=count, **common),
+                     traffic.request(sender=0, count=count, **flat)]
+
+
+def tree_middle(traffic, count, slot, job, saturate=False):
+    """The aggregator under test in the middle of a three-level tree of 4 members: members 0 and 1 reach it
+    in a partial from the lowest level, member 2 directly (level 0b0111, hop1 the root above); its partial
+    goes to the root with the hops moved up. `saturate`: the lowest level saturates."""
+    fanin, me = 4, traffic.config.ip
+    vectors = [traffic.elements(count) for _ in range(fanin)]
+    if saturate:
+        vectors[0][-1] = vectors[1][-1] = -INT32_MAX
+    common = dict(fanin=fanin, slot=slot, job=job, round=1, clique=1, chunk=0, group=0xEF_00_00_07)
+    lowest = [traffic.contribution(vectors[s], sender=s, ip_dst=LOWEST_IP, expect=0b0011, hop1=me,
+                                   hop1_expect=0b0111, hop2=ABOVE_IP, hop2_expect=0, **common) for s in (0, 1)]
+    (partial,) = below(traffic.config, LOWEST_IP, lowest)
+    direct = traffic.contribution(vectors[2], sender=2, expect=0b0111, hop1=ABOVE_IP, **common)
+    return [partial, direct, partial]
+
+
+def version1(traffic, count, slot, job):
+    """A clique of 3 with version 1 frames whose tree bytes hold garbage (read as 0: sender alone, whole
+    clique, root), one version 2 member, a version 1 retransmission and result request, a version 1 stats
+    request."""
+    fanin = 3
+    common = dict(fanin=fanin, slot=slot, job=job, round=1, clique=0, chunk=0)
+    frames = []
+    for sender in range(fanin):
+        frame = bytearray(traffic.contribution(traffic.elements(count), sender=sender, **common))
+        if sender != 1:
+            patch(frame, version=1, bitmap=0b100 << sender, expect=0xF0, hop1=ABOVE_IP, hop1_expect=1,
+                  hop2=ABOVE_IP, hop2_expect=2)
+        frames.append(bytes(frame))
+    request = bytearray(traffic.request(count=count, **common))
+    stats = bytearray(traffic.request(Opcode.STATS_REQUEST))
+    return frames + [frames[0], bytes(patch(request, version=1, hop1=ABOVE_IP)),
+                     bytes(patch(stats, version=1))]
