@@ -10,7 +10,6 @@ import pytest
 
 from inwire.cli import main
 from inwire.datagram import ip_int
-from inwire.model import Aggregator
 from inwire.stream import StreamConfig, StreamError, clique_routes, load_plan, run_stream
 from inwire.transport import CaptureTransport
 from schedules import ISLANDS, write_schedule
