@@ -203,3 +203,9 @@ def test_two_level_round_through_the_gateware_in_cosimulation(tmp_path, capsys, 
     for city in ("LAX", "NYC"):
         assert {k: v for k, v in report["aggregators"][city].items() if v} == \
             {k: v for k, v in expected[city].items() if v}, city
+
+
+def test_a_tree_city_outside_the_topology_is_refused(tmp_path, capsys):
+    schedule = write_schedule(tmp_path / "odd.json", rounds=[[{**TREE_ROUND[0], "tree": {"SIN": "XYZ", "XYZ": "NYC"}}]])
+    assert main(["stream", "--target", f"pcap:{tmp_path / 'x.pcap'}", "--schedule", str(schedule)]) == 2
+    assert "'XYZ' is not a city of topology 'doublezero9'" in capsys.readouterr().err

@@ -74,8 +74,8 @@ MAX_FRAMES = {"pcap": 1 << 20, "sim": 1 << 17}
 """Most contributions a run may send to an in-process aggregator: the golden model takes ~0.25 ms a frame
 (a million frames: minutes, a capture of ~1 GB), the gateware in co-simulation far longer."""
 _RESULT_FIELDS = AGGREGATION_FIELDS[:[field.name for field in AGGREGATION_FIELDS].index("bitmap") + 1]
-RESULT_HEADER = struct.Struct("!" + "".join({1: "B", 2: "H", 4: "I", 8: "Q"}[field.nbytes].swapcase() if field.signed
-                                            else {1: "B", 2: "H", 4: "I", 8: "Q"}[field.nbytes]
+_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+RESULT_HEADER = struct.Struct("!" + "".join(_CODES[field.nbytes].lower() if field.signed else _CODES[field.nbytes]
                                             for field in _RESULT_FIELDS))
 """A result's header fields from magic to bitmap, in table order."""
 RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
@@ -160,7 +160,7 @@ def load_plan(path):
         topology = load_topology(name)
     except (TopologyError, OSError, ValueError) as error:
         raise StreamError(f"{path}: {error}") from None
-    for city in plan.islands + tuple(agg for cliques in plan.period for _, agg in cliques if agg is not None):
+    for city in plan.islands + tuple(aggregator_cities(plan)):
         if city not in topology.cities:
             raise StreamError(f"{path}: {city!r} is not a city of topology {topology.name!r}")
     if len(plan.period) > 256 or max(len(cliques) for cliques in plan.period) > 256:
