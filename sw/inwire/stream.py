@@ -36,7 +36,7 @@ from .errors import InwireError
 from .packets import build_frames
 from .plan.cost import ScheduleError
 from .plan.jsonfile import read_json
-from .plan.schedule_file import load_schedule_file
+from .plan.schedule_file import load_schedule_file, member_paths
 from .plan.topology import TopologyError, load_topology
 from .protocol import (
     AGGREGATION_FIELDS,
@@ -198,23 +198,14 @@ def clique_routes(members, root, tree, address, where="schedule"):
     """member -> (aggregator city it sends to, the tree fields of its contributions), for one clique whose
     schedule tree is `tree` ({city: up}, docs/schedule.md); `address(city)` is an aggregator's IPv4 address
     as an int. A member's path may climb at most three aggregators: a frame names two above its own."""
-    tree = tree or {}
-    aggregators = {root, *tree.values()}
-
-    def sends_to(member):
-        return member if member in aggregators else tree.get(member, root)
-
-    paths, level = {}, dict.fromkeys(aggregators, 0)
+    paths, level = member_paths(members, root, tree), {}
     for index, member in enumerate(members):
-        path = [sends_to(member)]
-        while path[-1] != root:
-            path.append(tree[path[-1]])
+        path = paths[member]
         if len(path) > 1 + ROUTE_HOPS:
             raise StreamError(f"{where}: {member}'s contribution climbs {len(path)} aggregators "
                               f"({' -> '.join(path)}); a frame names at most {1 + ROUTE_HOPS} levels")
         for city in path:
-            level[city] |= 1 << index
-        paths[member] = path
+            level[city] = level.get(city, 0) | 1 << index
     level[root] = 0  # the whole clique
     routes = {}
     for index, member in enumerate(members):

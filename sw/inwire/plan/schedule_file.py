@@ -4,6 +4,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 
+from ..protocol import ROUTE_HOPS
 from .aggregator import PROFILES
 from .cost import AGGREGATE, EXCHANGES, ScheduleError, wire_bytes
 from .jsonfile import read_json
@@ -105,6 +106,21 @@ def _check_tree(tree, root, members, exchange, at):
             if city is None or city in seen:
                 raise ScheduleError(f"{at}: 'tree' does not lead every city to the aggregator {root!r}")
             seen.add(city)
+
+
+def member_paths(members, root, tree):
+    """member -> the aggregators its contribution climbs, its own level's first and the root last, by a
+    clique's reduction tree (a validated one, or None): a member sends to its own city when that sums,
+    else to tree[city], else to the root."""
+    tree = tree or {}
+    aggregators = {root, *tree.values()}
+    paths = {}
+    for member in members:
+        path = [member if member in aggregators else tree.get(member, root)]
+        while path[-1] != root:
+            path.append(tree[path[-1]])
+        paths[member] = path
+    return paths
 
 
 def parse_schedule(document, source="schedule"):
@@ -247,5 +263,9 @@ def format_plan(plan):
                 if tree:
                     lines.append(f"    summed on the way to {clique.aggregator}: " +
                                  ", ".join(f"{city}->{parent}" for city, parent in sorted(tree.items())))
+                    deepest = max(member_paths(clique.members, clique.aggregator, tree).values(), key=len)
+                    if len(deepest) > 1 + ROUTE_HOPS:
+                        lines.append(f"    {' -> '.join(deepest)} is {len(deepest)} levels: a frame names at most "
+                                     f"{1 + ROUTE_HOPS}, so inwire stream refuses this tree")
     lines.append(f"search: {plan.method}; {plan.evaluations} schedules scored in {plan.wall_s:.1f} s")
     return "\n".join(lines)
