@@ -81,14 +81,23 @@ def stream_json(capsys, *argv):
     return code, json.loads(captured.out), captured.err
 
 
-def golden_counters(schedule, config):
+def golden_counters(schedule, config, cities=("LAX", "NYC")):
     """Each city's counters when the same run goes through one golden model per city, frames routed by
     address: what the chained services must count too."""
     plan = load_plan(schedule)
-    transport = CaptureTransport(None, plan.islands, 64, config.chunk, cities=["LAX", "NYC"])
+    transport = CaptureTransport(None, plan.islands, 64, config.chunk, cities=sorted(cities))
     report = run_stream(plan, config, transport)
     assert report["bit_exact"]
     return report["aggregators"]
+
+
+def assert_counted_as_the_model(by_city, expected):
+    """Every counter of every service as the models counted; over UDP each service also answered the first
+    of the stream's two stats requests."""
+    assert by_city.keys() == expected.keys()
+    for city, counters in by_city.items():
+        assert counters == {**expected[city], "answered": expected[city]["answered"] + 1,
+                            "frames_in": expected[city]["frames_in"] + 1}, city
 
 
 def test_routes_follow_the_tree():
@@ -129,11 +138,32 @@ def test_two_level_round_through_chained_serves(serves, tmp_path, capsys, engine
         return
     assert report["retransmits"] == 0
     expected = golden_counters(schedule, StreamConfig(rounds=4, elements=1000, chunk=128, seed=3, job=21))
-    for city in ("LAX", "NYC"):
-        for counter in ("accumulated", "partials_emitted", "results_emitted", "drop_duplicate", "drop_mismatch"):
-            assert by_city[city][counter] == expected[city][counter], (city, counter)
+    assert_counted_as_the_model(by_city, expected)
     # LAX sums {SIN, TYO, LAX} and sends one partial per chunk up in the tree rounds.
     assert by_city["LAX"]["partials_emitted"] == 2 * chunks and by_city["NYC"]["partials_emitted"] == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("loss", [0.0, 0.05])
+def test_three_levels_through_three_chained_serves(serves, tmp_path, capsys, engine, loss):
+    """SEO sends to TYO, which sends {SEO, TYO} to LAX, which sends {SEO, TYO, LAX} to NYC: SEO's frames
+    name two aggregators above TYO."""
+    three = [{"members": ISLANDS, "aggregator": "NYC", "tree": {"SEO": "TYO", "TYO": "LAX", "LAX": "NYC"}}]
+    schedule = write_schedule(tmp_path / "three.json", rounds=[three])
+    addresses = {"NYC": ROOT, "LAX": CHILD, "TYO": "127.0.0.4"}
+    port = serves(list(addresses.values()), engine)
+    cities = write_map(tmp_path / "aggregators.json", {city: f"{ip}:{port}" for city, ip in addresses.items()})
+    code, report, err = stream_json(capsys, "--target", f"udp:{cities}", "--schedule", str(schedule),
+                                    "--rounds", "2", "--elements", "600", "--loss", str(loss), "--seed", "6",
+                                    "--timeout-ms", "40" if loss else "2000", "--job", "23")
+    assert code == 0 and report["bit_exact"] is True, err
+    if loss:
+        assert report["dropped"] > 0
+        return
+    expected = golden_counters(schedule, StreamConfig(rounds=2, elements=600, seed=6, job=23), addresses)
+    assert {city: counters["partials_emitted"] for city, counters in report["aggregators"].items()} == \
+        {city: counters["partials_emitted"] for city, counters in expected.items()} == {"NYC": 0, "LAX": 6, "TYO": 6}
+    assert_counted_as_the_model(report["aggregators"], expected)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
