@@ -253,3 +253,12 @@ def test_a_planned_tree_too_deep_for_the_frame_is_named_by_the_planner_and_refus
     target = write_map(tmp_path / "aggregators.json", {c: f"127.0.0.{i + 2}:5000" for i, c in enumerate(cities)})
     assert main(["stream", "--target", f"udp:{target}", "--schedule", str(schedule)]) == 2
     assert "a frame names at most 3 levels" in capsys.readouterr().err
+
+
+def test_a_silent_city_is_named(serves, tmp_path, capsys):
+    schedule = write_schedule(tmp_path / "tree.json", rounds=[TREE_ROUND])
+    port = serves([ROOT], "golden")
+    cities = write_map(tmp_path / "aggregators.json", {"NYC": f"{ROOT}:{port}", "LAX": f"{CHILD}:{port}"})
+    assert main(["stream", "--target", f"udp:{cities}", "--schedule", str(schedule), "--timeout-ms", "50"]) == 2
+    err = capsys.readouterr().err
+    assert "no answer from the target (aggregator of LAX): it did not reply to a stats request" in err
