@@ -3,16 +3,26 @@
 Input side (one frame at a time, in order): each accepted beat is registered in stage I0 while its
 bytes of the first 128 are captured into a FRAME_HEADER register. On the beat that ends the header (beat
 128/W - 1, or tlast if earlier) the frame is classified combinationally against the slot table, and a
-context (what to do, the result header fields) is pushed into the context FIFO. Every beat goes into the
+context (what to do, the answer's header fields) is pushed into the context FIFO. Every beat goes into the
 beat FIFO tagged with `first` and `bad` (the frame length is found wrong on this beat or before). At a
-good tlast a contribution commits its slot entry (bitmap, completion, which sum bank is current).
+good tlast a contribution or partial commits its slot entry (level, bitmap, completion, which sum bank is
+current).
+
+Reduction trees (protocol version 2): a contribution or partial holds a set of members (`bitmap`, 0 for
+its sender alone) and names its level (`expect`, 0 for the whole clique); a version 1 frame reads as one
+whose tree fields are all 0. A frame overlapping the members already summed is a duplicate; a slot is
+complete when the members summed make up its level. The frame that completes a slot, or asks for its
+stored output, decides where the output goes: to `hop1` as a partial (its hops moved up one level, the
+status trailer carrying the overflow flag) when that is set, else to the group as the result. A partial's
+own trailer flag is or'ed into the slot's overflow flag as it goes by.
 
 Output side: pops beats in order; a frame starts only when its context is there, which is what makes the
 beat FIFO the header delay line. Stage R loads a beat and reads the slot's sum memory (one word per beat);
 stage A adds with saturation and prepares the beat's other sources (forwarded bytes, the rewritten header,
-stored sums or counters); stage S picks per lane, adds the status trailer and writes the sums to the slot's
-other bank; stage B is the output register. Frames that need more output beats than input beats (trailer
-beat, answers to 128-byte requests) insert beats at stage R while the input keeps filling the beat FIFO.
+stored sums or counters) and picks up a partial's trailer flag; stage S picks per lane, adds the status
+trailer and writes the sums to the slot's other bank; stage B is the output register. Frames that need
+more output beats than input beats (trailer beat, answers to 128-byte requests) insert beats at stage R
+while the input keeps filling the beat FIFO.
 Counters and the per-slot overflow flags are updated as each frame's last beat leaves stage S, so a stats
 reply reads exactly the frames before its request.
 
@@ -316,7 +326,8 @@ class Aggregator(wiring.Component):
             ]
 
     def _classify_lengths(self, p):
-        """C2: the frame length so far, the checksum total; the slot table is read on the same edge."""
+        """C2: the frame length so far, the checksum total, the member checks (outside the level, the whole
+        level, how many); the slot table is read on the same edge."""
         m, i1, c1, c2 = p.m, p.i1, p.c1, p.c2
         # A frame that commits an entry has its tlast at least 128/W ≥ 2 beats ahead of the next frame's
         # header end, so its commit is registered on this edge or earlier and written on the next edge
@@ -408,7 +419,7 @@ class Aggregator(wiring.Component):
                               & (entry.chunk == c2.chunk)),
                 "shape_match": ((entry.fanin == c2.fanin) & (entry.group == c2.group) & (entry.count == c2.count)
                                 & (entry.exponent == c2.exponent) & (entry.level == c2.level)),
-                "duplicate": (entry.bitmap & c2.members) != 0,
+                "duplicate": self._overlaps(entry.bitmap, c2),
                 "newer": (c2.job == entry.job) & (round_delta != 0) & ~round_delta[31],
                 "last_member": (entry.bitmap | c2.members) == c2.level,
                 "idle": (c2.now - entry.stamp)[:TIME_BITS],
@@ -427,6 +438,12 @@ class Aggregator(wiring.Component):
                 *(getattr(c3, name).eq(value) for name, value in checks.items()),
                 p.meta3.eq(Mux(forward, commit_entry, p.meta_rd.data)),
             ]
+
+    @staticmethod
+    def _overlaps(bitmap, c2):
+        """Whether a slot entry's `bitmap` already holds one of the frame's members (DROP_DUPLICATE): any
+        overlap, so that a member's elements are summed at most once per slot, whichever frames carry it."""
+        return (bitmap & c2.members) != 0
 
     def _answer(self, p):
         """The answer's fields. A stored output is the slot's: a result request need not repeat its fan-in,
@@ -506,8 +523,8 @@ class Aggregator(wiring.Component):
         p.share(disp=disp, action=action, fresh=fresh, reclaim=reclaim, expire=expire, complete=complete)
 
     def _commit(self, p):
-        """A contribution's frame length, checked on every beat from the header's end to tlast, and the
-        slot entry it commits at a good tlast."""
+        """A contribution's or partial's frame length, checked on every beat from the header's end to tlast,
+        and the slot entry it commits at a good tlast."""
         m, i3, c3, ans = p.m, p.i3, p.c3, p.ans
         commit, commit_q, commit_slot, commit_entry = p.commit, p.commit_q, p.commit_slot, p.commit_entry
         # C3 holds the frame of the last header end that reached I3.
@@ -719,7 +736,8 @@ class Aggregator(wiring.Component):
 
     def _lane_sources(self, p):
         """Stage A's sources other than the adder, per lane: forwarded bytes, a word of the rewritten
-        header, stored sums or counters; and which lanes hold elements or the status trailer."""
+        header, stored sums or counters; and which lanes hold elements or the status trailer, and where a
+        partial's own trailer carries a set overflow flag."""
         m, W, H, lanes = p.m, self.data_width, self.header_beats, self.lanes
         actx, payload_beat = p.actx, p.payload_beat
         lane_elements = [payload_beat * lanes + lane for lane in range(lanes)]

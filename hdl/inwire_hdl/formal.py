@@ -377,7 +377,12 @@ class Harness(Elaboratable):
         m.d.comb += Assert((waited <= OUTPUT_GAP) | (index == total), "an expected output frame never came")
         self._cover(m, index == self.cover_frames)
 
-    def _drive_aggregate(self, m):
+    def _drive_members(self, m):
+        """`aggregate` with a symbolic set of members in each contribution (its bitmap: not empty, within
+        the clique; the level is the whole clique), so that later frames may overlap earlier ones."""
+        self._drive_aggregate(m, members=True)
+
+    def _drive_aggregate(self, m, members=False):
         W, cfg = self.width, self.config
         count = 1
         length = FRAME_HEADER_BYTES + ELEMENT_BYTES * count
@@ -389,7 +394,8 @@ class Harness(Elaboratable):
         fanin = AnyConst(8)
         slot = AnyConst(16)
         m.d.comb += [Assume((fanin >= 1) & (fanin <= cfg.max_fanin)), Assume(slot < cfg.slots)]
-        frames, senders, elements = [], [], []
+        frames, senders, elements, member_sets = [], [], [], []
+        clique = Cat(*(fanin > member for member in range(cfg.max_fanin)))
         for _ in range(self.frames):
             sender, element = AnyConst(8), AnyConst(32)
             m.d.comb += Assume(sender < fanin)
@@ -397,6 +403,13 @@ class Harness(Elaboratable):
             _set_field(frame_bytes, "fanin", fanin)
             _set_field(frame_bytes, "slot", slot)
             _set_field(frame_bytes, "sender", sender)
+            if members:
+                held = AnyConst(cfg.max_fanin)
+                m.d.comb += [Assume(held != 0), Assume((held & ~clique) == 0)]
+                member_sets.append(Cat(held, Const(0, 64 - cfg.max_fanin)))
+                _set_field(frame_bytes, "bitmap", member_sets[-1])
+            else:
+                member_sets.append((Const(1, 64) << sender[:6])[:64])
             for k in range(4):
                 frame_bytes[FRAME_HEADER_BYTES + k] = element[8 * (3 - k):8 * (4 - k)]
             frames.append((Cat(*frame_bytes), Const(length, 16), Const(beats(length, W), 16)))
@@ -406,16 +419,16 @@ class Harness(Elaboratable):
         # The cover: two results (a completion and an answer to a later contribution) with their last beats.
         self.cover_frames = min(2, self.frames)
 
-        # The golden model's rules for one slot and one key: a new member is summed (saturating) and
-        # completes the slot at the fan-in; a duplicate is dropped; once complete, every contribution is
-        # answered with the stored result.
+        # The golden model's rules for one slot and one key: a frame whose members are all new is summed
+        # (saturating) and completes the slot when the members summed make up the clique; a frame holding
+        # a member already summed is dropped; once complete, every contribution is answered with the
+        # stored result.
         bitmap, total, overflow, complete = Const(0, 64), Const(0, 32), Const(0), Const(0)
         results = []
-        for step, (sender, element) in enumerate(zip(senders, elements, strict=True)):
+        for step, (sender, element, bit) in enumerate(zip(senders, elements, member_sets, strict=True)):
             # Each step's state in named signals: nested expressions would grow with every step.
             state = {name: Signal(width, name=f"ref{step}_{name}") for name, width in (
                 ("bitmap", 64), ("total", 32), ("overflow", 1), ("complete", 1), ("emits", 1), ("count", 7))}
-            bit = (Const(1, 64) << sender[:6])[:64]
             new = ~complete & ((bitmap & bit) == 0)
             added, saturated = _saturating_add(total, element)
             m.d.comb += [
@@ -679,6 +692,12 @@ CONSERVE = ("frames_in = forwarded + accumulated + answered + drops, at every cy
             "accepted tlasts; results <= accumulated + answered")
 DRAINS = ("input idle and output ready: within the drain bound ({bound} cycles) the output is empty and "
           "stat_frames_in equals the frames whose tlast was accepted (idle from any of the first {prefix} cycles)")
+MEMBERS_STATEMENT = (
+    "3 contributions (symbolic fan-in 1..{fanin}, senders, member sets within the clique, int32 elements, "
+    "slot) to one key: a frame holding a member already summed is never summed, so a member's elements are "
+    "summed at most once per slot; a result iff the members summed make up the clique, every later "
+    "contribution answered; sums, bitmap, contributors, overflow flag as the model's; back to back, output "
+    "always ready; one element per slot")
 AGGREGATE_STATEMENT = (
     "{frames} contributions (symbolic fan-in 1..{fanin}, senders, int32 elements, slot) to one key: each member "
     "summed at most once, a result iff the fan-in is reached, every later contribution answered, its "
@@ -743,6 +762,12 @@ def _checks():
               mutants=("corrupt_sum",), deep_mutants=("corrupt_trailer", "stale_memory", "never_answer",
                                                       "drop_second"),
               cover_depth=70, config=SMALLEST, frames=2, steady=True, tag="steady", deep=("real", "cover")),
+        # Three frames, so that an overlapping frame comes between a first one and the one that completes.
+        Check("members_once", MEMBERS_STATEMENT.format(fanin=SMALLEST.max_fanin), "members", ("aggregate",), 64,
+              "bmc", 24, mutants=("sender_overlap",), cover_depth=24, config=SMALLEST, steady=True),
+        Check("members_once", MEMBERS_STATEMENT.format(fanin=SMALLEST.max_fanin), "members", ("aggregate",), 8,
+              "bmc", 72, deep_mutants=("sender_overlap",), cover_depth=72, config=SMALLEST, steady=True,
+              deep=("real", "cover")),
     ]
     # At 8 bytes B is disposed of at step 62 (each frame 17 beats): its runs take minutes, `--deep` only.
     for width, live, idle in ((64, 22, 24), (8, 64, 66)):

@@ -1,11 +1,13 @@
 """Broken aggregators: each formal check must fail on the mutant it is meant to catch.
 
 Most mutants wrap the real `Aggregator` and change what crosses its ports, so they need nothing from the
-inside and stay valid however the inside changes. Three are built from the inside without touching
+inside and stay valid however the inside changes. Four are built from the inside without touching
 aggregator.py: `stale_memory` builds the real aggregator with a sum adder that ignores `base_zero`, so a
 slot's first contribution is added to whatever the sum memory held before (which is zero in simulation,
 and arbitrary in the formal harness); `no_lease` and `lease_early` decide a contribution's disposition
-against another lease than the configuration's (none, one tick less), which no port-level wrapper can do.
+against another lease than the configuration's (none, one tick less), which no port-level wrapper can do;
+`sender_overlap` replaces the aggregator's member-overlap test (`Aggregator._overlaps`) with a test of
+the sender's bit alone.
 
 `MUTANTS` maps a name to a one-line description; `build(name, config, data_width, buffer_beats)` returns the
 gateware.
@@ -39,6 +41,7 @@ MUTANTS = {
     "stale_memory": "a slot's first contribution added to the sum memory's old contents",
     "no_lease": "(inside) leases never expire: an unfinished slot waits for its owner forever",
     "lease_early": "(inside) a lease expires one tick early: idle for lease - 1 ticks is enough",
+    "sender_overlap": "(inside) a frame is a duplicate only when its sender's bit is summed, not any of its members",
 }
 
 
@@ -74,6 +77,15 @@ class LeaseMutant(Aggregator):
             super()._decide(p)
         finally:
             self.config = config
+
+
+class SenderOverlap(Aggregator):
+    """The real aggregator with the version 1 duplicate test: a frame holding several members is summed
+    again when its sender alone is new."""
+
+    @staticmethod
+    def _overlaps(bitmap, c2):
+        return (bitmap & (Const(1, 64) << c2.sender[:6])) != 0
 
 
 class PortMutant(wiring.Component):
@@ -175,6 +187,8 @@ class PortMutant(wiring.Component):
 def build(name, config, data_width, buffer_beats):
     if name == "stale_memory":
         return StaleMemory(config, data_width, buffer_beats=buffer_beats)
+    if name == "sender_overlap":
+        return SenderOverlap(config, data_width, buffer_beats=buffer_beats)
     if name == "no_lease":
         return LeaseMutant(0, config, data_width, buffer_beats)
     if name == "lease_early":

@@ -342,7 +342,7 @@ async def tree_root_partial_before_between_and_after_leaves(dut):
     await tb.check()
     stats = tb.model.stats()
     assert stats["results_emitted"] >= 6 and stats["partials_emitted"] == 0, stats
-    assert stats["drop_duplicate"] >= 4 and stats["accumulated"] >= 11, stats
+    assert stats["drop_duplicate"] >= 4 and stats["drop_mismatch"] >= 2 and stats["accumulated"] >= 11, stats
 
 
 @cocotb.test()
@@ -413,3 +413,21 @@ async def random_tree_mix_under_backpressure(dut):
         frames.append(queue.pop(0))
     await tb.send(frames)
     await tb.check()
+
+
+@cocotb.test()
+async def aborted_partials_on_bad_length(dut):
+    """A completing partial, or a completing contribution whose answer is a partial, found too long or too
+    short (its trailer cut off, one byte over): the answer ends with tuser where the model says, the slot is
+    unchanged, and the good frame completes it afterwards."""
+    tb, traffic = await start(dut, 24, sink_pause=0.2)
+    frames = tree_root(traffic, 16, slot=3, job=68, partial_at=3)
+    direct, partial = frames[:3], frames[3]
+    child = tree_child(traffic, 9, slot=4, job=69)[:3]
+    completing = child[2]
+    await tb.send(direct + [partial + bytes(8), partial[:-4], partial[:-8], partial + bytes(1), partial])
+    await tb.send(child[:2] + [completing + bytes(4), completing[:-4], completing])
+    await tb.check()
+    assert tb.aborted == sum(aborted for aborted, _ in tb.expected) >= 4, tb.aborted
+    stats = tb.model.stats()
+    assert stats["drop_length"] == 6 and (stats["results_emitted"], stats["partials_emitted"]) == (1, 1), stats

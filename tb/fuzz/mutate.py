@@ -1,6 +1,7 @@
 """Random and mutated frames for the aggregator, reproducible from a seed.
 
-A stream mixes well-formed traffic (cliques of contributions, result and stats requests, foreign frames)
+A stream mixes well-formed traffic (cliques of contributions, some of them reduction trees with partials
+from a level below or partials sent up, result and stats requests, foreign frames)
 with mutants of it: bit flips, truncations, extensions, header fields set to the limits of their range or
 of the aggregator's configuration, elements at the int32 limits, and frames of random bytes. Mutants
 mostly keep a valid IPv4 checksum and consistent lengths, so that they reach the checks behind those.
@@ -21,7 +22,7 @@ from inwire.protocol import (
     IPV4_BYTES,
     Opcode,
 )
-from inwire_hdl.cocotb.traffic import Traffic, patch
+from inwire_hdl.cocotb.traffic import ABOVE_IP, BELOW_IP, Traffic, below, patch
 
 MAX_FRAME = 1600
 KINDS = ("good", "foreign", "request", "stats", "bit_flip", "truncate", "extend", "field_limit",
@@ -71,7 +72,10 @@ class Mutator:
             vectors = None
             if rnd.random() < 0.1:
                 vectors = [self.traffic.elements(count, 2**30, INT32_MAX) * rnd.choice((1, -1)) for _ in range(fanin)]
-            self.pending = self.traffic.clique(count, fanin, vectors, **fields)
+            if fanin >= 2 and rnd.random() < 0.2:
+                self.pending = self._tree(count, fanin, vectors, fields)
+            else:
+                self.pending = self.traffic.clique(count, fanin, vectors, **fields)
             # Some members retransmit, some requests ask for the result.
             extra = [rnd.choice(self.pending) for _ in range(rnd.randrange(2))]
             if rnd.random() < 0.3:
@@ -79,6 +83,21 @@ class Mutator:
             self.pending += extra
             rnd.shuffle(self.pending)
         return self.pending.pop()
+
+    def _tree(self, count, fanin, vectors, fields):
+        """A clique as a reduction tree: members 0 .. k - 1 reach the aggregator in one partial from a level
+        below (a model at another address), the others directly; or the aggregator is the level below for
+        members 0 .. k - 1 and sends their partial up."""
+        rnd, traffic = self.random, self.traffic
+        vectors = vectors or [traffic.elements(count) for _ in range(fanin)]
+        k = rnd.randint(1, fanin - 1)
+        if rnd.random() < 0.5:
+            return [traffic.contribution(vectors[s], sender=s, fanin=fanin, expect=(1 << k) - 1, hop1=ABOVE_IP,
+                                         **fields) for s in range(k)]
+        leaves = [traffic.contribution(vectors[s], sender=s, fanin=fanin, ip_dst=BELOW_IP, expect=(1 << k) - 1,
+                                       hop1=self.config.ip, **fields) for s in range(k)]
+        return below(self.config, BELOW_IP, leaves) + [
+            traffic.contribution(vectors[s], sender=s, fanin=fanin, **fields) for s in range(k, fanin)]
 
     def _foreign(self):
         return self.random.choice(self.traffic.foreign())

@@ -14,7 +14,7 @@ from cocotb.triggers import RisingEdge
 from inwire.protocol import FRAME_HEADER_BYTES, Opcode
 
 from .testbench import TB
-from .traffic import Traffic
+from .traffic import ABOVE_IP, BELOW_IP, Traffic, below
 
 
 class BeatMonitor:
@@ -73,7 +73,29 @@ def scenarios(traffic, config):
     requests += [traffic.request(Opcode.RESULT_REQUEST, slot=1, job=3, round=1, fanin=2, count=count)] * 40
     shortest = [traffic.foreign()[0]] * 200
     return {"same_slot_back_to_back": same_slot, "completing_cliques": completing, "foreign": foreign,
-            "shortest_frames": shortest, "result_requests": requests}
+            "shortest_frames": shortest, "result_requests": requests,
+            "partials_completing_at_root": partial_sums(traffic, config, count, root=True),
+            "partials_sent_up": partial_sums(traffic, config, count, root=False)}
+
+
+def partial_sums(traffic, config, count, root, rounds=64):
+    """Two-level trees of 4 members, back to back. `root`: the aggregator is the root and sums member 3's
+    contribution and then the partial (trailer included) of the level below (members 0 to 2), which
+    completes the result: the partial is as long as the result, so no beat is inserted. Otherwise it is the
+    level below for members 0 and 1 and sends their partial up, a trailer beat longer than the completing
+    contribution, as a result is."""
+    frames = []
+    for index in range(rounds):
+        common = dict(fanin=4, slot=index % config.slots, job=4 + root, round=index + 1)
+        vectors = [traffic.elements(count) for _ in range(4)]
+        if root:
+            leaves = [traffic.contribution(vectors[s], sender=s, ip_dst=BELOW_IP, expect=0b0111, hop1=config.ip,
+                                           **common) for s in range(3)]
+            frames += [traffic.contribution(vectors[3], sender=3, **common)] + below(config, BELOW_IP, leaves)
+        else:
+            frames += [traffic.contribution(vectors[s], sender=s, expect=0b0011, hop1=ABOVE_IP, **common)
+                       for s in range(2)]
+    return frames
 
 
 @cocotb.test()

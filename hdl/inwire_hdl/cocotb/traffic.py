@@ -154,9 +154,10 @@ def below(config, ip, frames):
 def tree_root(traffic, count, slot, job, partial_at=1, saturate=False):
     """The aggregator under test as the root of a two-level tree of 5 members: members 0 and 1 reach it in
     one partial from the level below, 2 to 4 directly. The partial comes in at position `partial_at` among
-    the direct contributions; then a duplicate of member 1, a hand-made partial overlapping member 2, and
-    after completion the partial again (answered with the stored result). `saturate`: the level below
-    saturates, which its partial's trailer carries."""
+    the direct contributions; then a duplicate of member 1, a hand-made partial overlapping member 2, member
+    2 naming another level (a mismatch, or the claim when it comes first), and after completion the partial
+    again (answered with the stored result). `saturate`: the level below saturates, which its partial's
+    trailer carries."""
     fanin, me = 5, traffic.config.ip
     vectors = [traffic.elements(count) for _ in range(fanin)]
     if saturate:
@@ -167,7 +168,9 @@ def tree_root(traffic, count, slot, job, partial_at=1, saturate=False):
     (partial,) = below(traffic.config, BELOW_IP, leaves)
     direct = [traffic.contribution(vectors[s], sender=s, **common) for s in (2, 3, 4)]
     overlapping = traffic.partial(traffic.elements(count), bitmap=0b01100, sender=3, **common)
-    frames = direct[:partial_at] + [partial, traffic.contribution(vectors[1], sender=1, **common), overlapping]
+    other_level = traffic.contribution(vectors[2], sender=2, expect=0b00111, **common)
+    frames = direct[:partial_at] + [partial, traffic.contribution(vectors[1], sender=1, **common), overlapping,
+                                    other_level]
     return frames + direct[partial_at:] + [partial, direct[0]]
 
 
