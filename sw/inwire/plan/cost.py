@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from inwire.protocol import ELEMENT_BYTES, FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, WIRE_OVERHEAD_BYTES
+from inwire.protocol import (
+    ELEMENT_BYTES,
+    FRAME_HEADER_BYTES,
+    MAX_ELEMENTS_PER_FRAME,
+    ROUTE_HOPS,
+    WIRE_OVERHEAD_BYTES,
+)
 
 AGGREGATE, ALL_TO_ALL, RING = "aggregate", "all-to-all", "ring"
 EXCHANGES = (AGGREGATE, ALL_TO_ALL, RING)
@@ -252,39 +258,53 @@ class CostModel:
         """Loads of an aggregating clique whose members reach the root along `parent` pointers.
 
         Without in-path reduction every member's vector travels the whole way. With it, a city that
-        aggregates and receives two or more streams (its own island counts) sums them and forwards one.
+        aggregates and receives two or more streams (its own island counts) sums them and forwards one,
+        as long as no member's path climbs more than ROUTE_HOPS + 1 summing levels, the root included
+        (a frame names only ROUTE_HOPS aggregators above the one it reaches; `_cap_levels` chooses which
+        cities stop summing). A city that does not sum forwards its streams unsummed and is not charged.
         Returns the schedule's tree: each summing city to the next summing city toward the root, and
         each member city that does not sum to the summing city its vector meets first, when that is not
         the root (the islands send their contributions there; docs/schedule.md).
         """
         hub, members = clique.aggregator, clique.members
-        depth = {hub: 0}
-
-        def depth_of(city):
-            if city not in depth:
-                depth[city] = depth_of(parent[city]) + 1
-            return depth[city]
-
-        streams = {}
+        depth, own = {hub: 0}, {}
         for member in members:
-            streams[member] = streams.get(member, 0) + 1
+            own[member] = own.get(member, 0) + 1
+            path = []
             city = member
-            while city != hub:
-                depth_of(city)
+            while city not in depth:
+                path.append(city)
                 city = parent[city]
-                streams.setdefault(city, 0)
+            for step in reversed(path):
+                depth[step] = depth[parent[step]] + 1
+        upward = sorted((c for c in depth if c != hub), key=lambda c: (-depth[c], c))  # leaves first
         summing = set()
-        aggregates = set(self.aggregation_cities)
-        for city in sorted((c for c in streams if c != hub), key=lambda c: (-depth[c], c)):
-            sums = self.reduce_in_path and city in aggregates and streams[city] >= 2
-            sent = 1 if sums else streams[city]
-            if sums:
-                summing.add(city)
-                self._charge_aggregator(loads, city, streams[city], 1)
-            loads[self.edge_index[(city, parent[city])]] += sent * self.vector_bits
-            streams[parent[city]] += sent
-        self._charge_aggregator(loads, hub, streams[hub], 1 if self._replicates[hub] else len(members))
-        self._add_down_tree(loads, parent, depth, hub, members, self.vector_bits)
+        if self.reduce_in_path:
+            aggregates = set(self.aggregation_cities)
+            streams = {city: own.get(city, 0) for city in depth}
+            for city in upward:
+                if city in aggregates and streams[city] >= 2:
+                    summing.add(city)
+                streams[parent[city]] += 1 if city in summing else streams[city]
+        down = np.zeros(len(self.capacity_bps))
+        self._add_down_tree(down, parent, depth, hub, members, self.vector_bits)
+
+        def loads_with(summing):
+            """The clique's loads when the cities in `summing` sum, and the streams each city receives."""
+            total = down.copy()
+            streams = {city: own.get(city, 0) for city in depth}
+            for city in upward:
+                sent = 1 if city in summing else streams[city]
+                if city in summing:
+                    self._charge_aggregator(total, city, streams[city], 1)
+                total[self.edge_index[(city, parent[city])]] += sent * self.vector_bits
+                streams[parent[city]] += sent
+            self._charge_aggregator(total, hub, streams[hub], 1 if self._replicates[hub] else len(members))
+            return total, streams
+
+        if summing:
+            summing = self._cap_levels(summing, hub, members, parent, upward, loads_with)
+        loads += loads_with(summing)[0]
         if not self.reduce_in_path:
             return None
         tree = {}
@@ -295,6 +315,44 @@ class CostModel:
             if city in summing or up != hub:
                 tree[city] = up
         return tree
+
+    def _cap_levels(self, summing, hub, members, parent, upward, loads_with):
+        """The summing cities left when no member's path may climb more than ROUTE_HOPS + 1 of them
+        (the root included): while some path is too deep, stop the summing city on a too-deep path whose
+        removal leaves the clique's busiest resource least loaded (then the least total time on all
+        resources, then the fewest streams merged there, then its name).
+
+        Why this rule: a clique's time is its propagation term, which the tree does not change, plus
+        its busiest resource's load; a city that stops summing sends every stream it merged up its link
+        and into the next summing aggregator, so the cost of a drop is where those extra vectors land.
+        One drop at a time, because each drop changes the loads the next choice sees. Only cities on a
+        too-deep path are dropped and none is added back, so every drop shortens a path and the loop
+        ends after at most as many drops as there are summing cities. Greedy, so not always the best
+        subset, but every tree it keeps is one the frame can carry.
+        """
+        limit = ROUTE_HOPS + 1
+        summing = set(summing)
+        while True:
+            levels = {hub: 1}
+            for city in reversed(upward):  # the root side first
+                levels[city] = levels[parent[city]] + (city in summing)
+            candidates = set()
+            for member in members:
+                if levels[member] > limit:
+                    city = member
+                    while city != hub:
+                        if city in summing:
+                            candidates.add(city)
+                        city = parent[city]
+            if not candidates:
+                return summing
+
+            merged = loads_with(summing)[1]
+            costs = []
+            for city in sorted(candidates):
+                seconds = loads_with(summing - {city})[0] / self.capacity_bps
+                costs.append((round(float(seconds.max()), 12), round(float(seconds.sum()), 12), merged[city], city))
+            summing.discard(min(costs)[-1])
 
     def profile(self, clique):
         cached = self._profiles.get(clique)

@@ -4,7 +4,6 @@ import json
 import math
 from dataclasses import dataclass, replace
 
-from ..protocol import ROUTE_HOPS
 from .aggregator import PROFILES
 from .cost import AGGREGATE, EXCHANGES, ScheduleError, wire_bytes
 from .jsonfile import read_json
@@ -263,9 +262,5 @@ def format_plan(plan):
                 if tree:
                     lines.append(f"    summed on the way to {clique.aggregator}: " +
                                  ", ".join(f"{city}->{parent}" for city, parent in sorted(tree.items())))
-                    deepest = max(member_paths(clique.members, clique.aggregator, tree).values(), key=len)
-                    if len(deepest) > 1 + ROUTE_HOPS:
-                        lines.append(f"    {' -> '.join(deepest)} is {len(deepest)} levels: a frame names at most "
-                                     f"{1 + ROUTE_HOPS}, so inwire stream refuses this tree")
     lines.append(f"search: {plan.method}; {plan.evaluations} schedules scored in {plan.wall_s:.1f} s")
     return "\n".join(lines)
