@@ -173,7 +173,8 @@ def up_route(topology, member, first):
 def check_capped(topology, islands, root, aggregator, monkeypatch):
     """Every property a capped tree must have, checked against the uncapped tree and no reduction:
     at most ROUTE_HOPS + 1 summing levels on every member's path (so the stream takes it), links and
-    aggregators loaded exactly as the emitted tree says, and a time between the two."""
+    aggregators loaded exactly as the emitted tree says, and a time between the two (the cap may only
+    take summing away, which here never makes the busiest resource lighter)."""
     clique = Clique(tuple(islands), root)
     capped = CostModel(topology, islands, FULL_FRAMES_MODEL, aggregator=aggregator, reduce_in_path=True)
     plain = CostModel(topology, islands, FULL_FRAMES_MODEL, aggregator=aggregator)

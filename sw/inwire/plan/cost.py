@@ -261,7 +261,7 @@ class CostModel:
         aggregates and receives two or more streams (its own island counts) sums them and forwards one,
         as long as no member's path climbs more than ROUTE_HOPS + 1 summing levels, the root included
         (a frame names only ROUTE_HOPS aggregators above the one it reaches; `_cap_levels` chooses which
-        cities stop summing). A city that does not sum forwards its streams unsummed and is not charged.
+        cities keep summing). A city that does not sum forwards its streams unsummed and is not charged.
         Returns the schedule's tree: each summing city to the next summing city toward the root, and
         each member city that does not sum to the summing city its vector meets first, when that is not
         the root (the islands send their contributions there; docs/schedule.md).
@@ -289,22 +289,17 @@ class CostModel:
         down = np.zeros(len(self.capacity_bps))
         self._add_down_tree(down, parent, depth, hub, members, self.vector_bits)
 
-        def loads_with(summing):
-            """The clique's loads when the cities in `summing` sum, and the streams each city receives."""
-            total = down.copy()
-            streams = {city: own.get(city, 0) for city in depth}
-            for city in upward:
-                sent = 1 if city in summing else streams[city]
-                if city in summing:
-                    self._charge_aggregator(total, city, streams[city], 1)
-                total[self.edge_index[(city, parent[city])]] += sent * self.vector_bits
-                streams[parent[city]] += sent
-            self._charge_aggregator(total, hub, streams[hub], 1 if self._replicates[hub] else len(members))
-            return total, streams
-
         if summing:
-            summing = self._cap_levels(summing, hub, members, parent, upward, loads_with)
-        loads += loads_with(summing)[0]
+            summing = self._cap_levels(summing, hub, members, parent, upward, own, down)
+        loads += down
+        streams = {city: own.get(city, 0) for city in depth}
+        for city in upward:
+            sent = 1 if city in summing else streams[city]
+            if city in summing:
+                self._charge_aggregator(loads, city, streams[city], 1)
+            loads[self.edge_index[(city, parent[city])]] += sent * self.vector_bits
+            streams[parent[city]] += sent
+        self._charge_aggregator(loads, hub, streams[hub], 1 if self._replicates[hub] else len(members))
         if not self.reduce_in_path:
             return None
         tree = {}
@@ -316,43 +311,97 @@ class CostModel:
                 tree[city] = up
         return tree
 
-    def _cap_levels(self, summing, hub, members, parent, upward, loads_with):
-        """The summing cities left when no member's path may climb more than ROUTE_HOPS + 1 of them
-        (the root included): while some path is too deep, stop the summing city on a too-deep path whose
-        removal leaves the clique's busiest resource least loaded (then the least total time on all
-        resources, then the fewest streams merged there, then its name).
+    def _cap_levels(self, summing, hub, members, parent, upward, own, down):
+        """The cities that sum, out of `summing` (every aggregating city with two or more streams), such
+        that no member's path climbs more than ROUTE_HOPS + 1 of them, the root included.
 
-        Why this rule: a clique's time is its propagation term, which the tree does not change, plus
-        its busiest resource's load; a city that stops summing sends every stream it merged up its link
-        and into the next summing aggregator, so the cost of a drop is where those extra vectors land.
-        One drop at a time, because each drop changes the loads the next choice sees. Only cities on a
-        too-deep path are dropped and none is added back, so every drop shortens a path and the loop
-        ends after at most as many drops as there are summing cities. Greedy, so not always the best
-        subset, but every tree it keeps is one the frame can carry.
+        When `summing` already fits it is kept as is. Otherwise the subset with the least busiest
+        resource (then the least total time over all resources) is found by dynamic programming over the
+        tree: a clique's time is its propagation term, which the tree does not change, plus its busiest
+        resource's load, and every resource but the fixed result tree belongs to one city (its uplink and
+        its aggregator), whose load depends only on how many streams it receives and whether it sums. So
+        per city, per summing levels still allowed below it and per streams it sends up, the best subtree
+        is built from its children's; exact for the busiest resource, greedy on the tie-break. A city that
+        stops summing forwards every stream it receives, which its uplink and the next summing aggregator
+        carry; with aggregators at least as fast as the links, the result is never faster than `summing`.
         """
-        limit = ROUTE_HOPS + 1
-        summing = set(summing)
-        while True:
-            levels = {hub: 1}
-            for city in reversed(upward):  # the root side first
-                levels[city] = levels[parent[city]] + (city in summing)
-            candidates = set()
-            for member in members:
-                if levels[member] > limit:
-                    city = member
-                    while city != hub:
-                        if city in summing:
-                            candidates.add(city)
-                        city = parent[city]
-            if not candidates:
-                return summing
+        levels = {hub: 1}
+        for city in reversed(upward):  # the root side first
+            levels[city] = levels[parent[city]] + (city in summing)
+        if max(levels[member] for member in members) <= ROUTE_HOPS + 1:
+            return summing
+        vector, capacity = self.vector_bits, self.capacity_bps
+        children = {}
+        for city in reversed(upward):
+            children.setdefault(parent[city], []).append(city)
 
-            merged = loads_with(summing)[1]
-            costs = []
-            for city in sorted(candidates):
-                seconds = loads_with(summing - {city})[0] / self.capacity_bps
-                costs.append((round(float(seconds.max()), 12), round(float(seconds.sum()), 12), merged[city], city))
-            summing.discard(min(costs)[-1])
+        def charge(city, streams_in, copies_out):
+            """(longest, total) seconds of the aggregator at `city`; nothing where it is ideal."""
+            first = self._aggregator_index.get(city)
+            if first is None:
+                return (0.0, 0.0)
+            times = [streams_in * vector / capacity[first], streams_in * vector / capacity[first + 1],
+                     copies_out * vector / capacity[first + 2]]
+            return (max(times), sum(times))
+
+        def join(a, b):
+            return (max(a[0], b[0]), a[1] + b[1])
+
+        gathered, sending = {}, {}
+
+        def gather(city, budget):
+            """Streams received from the children -> (best cost, streams each child sends)."""
+            key = (city, budget)
+            if key not in gathered:
+                table = {0: ((0.0, 0.0), ())}
+                for child in children.get(city, ()):
+                    options, merged = send(child, budget), {}
+                    for total, (cost, split) in table.items():
+                        for sent, (child_cost, _) in options.items():
+                            trial = join(cost, child_cost)
+                            if total + sent not in merged or trial < merged[total + sent][0]:
+                                merged[total + sent] = (trial, split + (sent,))
+                    table = merged
+                gathered[key] = table
+            return gathered[key]
+
+        def send(city, budget):
+            """Streams sent up by `city` with `budget` summing levels left -> (best cost, how)."""
+            key = (city, budget)
+            if key not in sending:
+                result, link = {}, self.edge_index[(city, parent[city])]
+                ways = [(False, budget)] + ([(True, budget - 1)] if budget and city in summing else [])
+                for sums, below in ways:
+                    for total, (cost, split) in gather(city, below).items():
+                        received = own.get(city, 0) + total
+                        if sums and received < 2:
+                            continue
+                        sent = 1 if sums else received
+                        link_s = sent * vector / capacity[link]
+                        trial = join(cost, (link_s, link_s))
+                        if sums:
+                            trial = join(trial, charge(city, received, 1))
+                        if sent not in result or trial < result[sent][0]:
+                            result[sent] = (trial, (sums, below, split))
+                sending[key] = result
+            return sending[key]
+
+        fixed = (float(np.max(down / capacity)), float(np.sum(down / capacity)))
+        copies = 1 if self._replicates[hub] else len(members)
+        best = None
+        for total, (cost, split) in gather(hub, ROUTE_HOPS).items():
+            trial = join(join(cost, fixed), charge(hub, own.get(hub, 0) + total, copies))
+            if best is None or trial < best[0]:
+                best = (trial, split)
+        chosen, stack = set(), [(hub, ROUTE_HOPS, best[1])]
+        while stack:
+            city, budget, split = stack.pop()
+            for child, sent in zip(children.get(city, ()), split):
+                sums, below, child_split = send(child, budget)[sent][1]
+                if sums:
+                    chosen.add(child)
+                stack.append((child, below, child_split))
+        return chosen
 
     def profile(self, clique):
         cached = self._profiles.get(clique)
