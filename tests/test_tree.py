@@ -10,7 +10,6 @@ import pytest
 
 from inwire.cli import main
 from inwire.datagram import ip_int
-from inwire.plan.schedule_file import member_paths
 from inwire.stream import StreamConfig, StreamError, clique_routes, load_plan, run_stream
 from inwire.transport import CaptureTransport
 from schedules import ISLANDS, write_schedule
@@ -240,19 +239,6 @@ def test_a_tree_city_outside_the_topology_is_refused(tmp_path, capsys):
     schedule = write_schedule(tmp_path / "odd.json", rounds=[[{**TREE_ROUND[0], "tree": {"SIN": "XYZ", "XYZ": "NYC"}}]])
     assert main(["stream", "--target", f"pcap:{tmp_path / 'x.pcap'}", "--schedule", str(schedule)]) == 2
     assert "'XYZ' is not a city of topology 'doublezero9'" in capsys.readouterr().err
-
-
-def test_a_planned_tree_too_deep_for_the_frame_is_named_by_the_planner_and_refused_by_the_stream(tmp_path, capsys):
-    schedule = tmp_path / "global.json"
-    assert main(["schedule", "--reduce-in-path", "--out", str(schedule)]) == 0
-    clique = json.loads(schedule.read_text())["rounds"][0]["cliques"][0]
-    paths = member_paths(clique["members"], clique["aggregator"], clique["tree"])
-    assert max(len(path) for path in paths.values()) > 3, clique["tree"]
-    assert "levels: a frame names at most 3, so inwire stream refuses this tree" in capsys.readouterr().out
-    cities = sorted({city for path in paths.values() for city in path})
-    target = write_map(tmp_path / "aggregators.json", {c: f"127.0.0.{i + 2}:5000" for i, c in enumerate(cities)})
-    assert main(["stream", "--target", f"udp:{target}", "--schedule", str(schedule)]) == 2
-    assert "a frame names at most 3 levels" in capsys.readouterr().err
 
 
 def test_a_silent_city_is_named(serves, tmp_path, capsys):
