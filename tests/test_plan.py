@@ -3,20 +3,23 @@ objective, the new baselines and the schedule file's new keys, each against figu
 
 import json
 import math
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inwire.cli import main
+from inwire.plan import cost
 from inwire.plan.aggregator import PROFILES, AggregatorProfile, load_aggregator
 from inwire.plan.baselines import BASELINE_NAMES, exponential_rounds
 from inwire.plan.cost import AGGREGATE, Clique, CostModel, ScheduleError
 from inwire.plan.mixing import mixing_product, mixing_rate, progress_periods, reach_periods, spectral_radius
-from inwire.plan.schedule_file import load_schedule_file, schedule_document
+from inwire.plan.schedule_file import load_schedule_file, member_paths, schedule_document
 from inwire.plan.search import Evaluator, plan_schedule
 from inwire.plan.topology import TopologyError, load_topology, topology_from_dict
-from inwire.protocol import FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, WIRE_OVERHEAD_BYTES
+from inwire.protocol import FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, ROUTE_HOPS, WIRE_OVERHEAD_BYTES
+from inwire.stream import clique_routes
 
 FULL_FRAMES_MODEL = 1000 * MAX_ELEMENTS_PER_FRAME * 4
 V_MS_AT_1G = 1000 * (FRAME_HEADER_BYTES + WIRE_OVERHEAD_BYTES + 4 * MAX_ELEMENTS_PER_FRAME) * 8 / 1e6
@@ -118,7 +121,8 @@ def test_reduction_tree_loads_by_hand():
     down = {("R", "X"): 1, ("X", "A"): 1, ("X", "B"): 1}  # the result, multicast at X
     assert loads_by_edge(plain, clique) == {**up, **down, ("X", "R"): 2}
     assert loads_by_edge(reduced, clique) == {**up, **down, ("X", "R"): 1}
-    assert reduced.profile(clique).tree == {"X": "R"}
+    # X sums; A and B, which do not, send to it (R's own island sends to R).
+    assert reduced.profile(clique).tree == {"X": "R", "A": "X", "B": "X"}
     assert plain.round_time([clique]) == pytest.approx(22 + 2 * V_MS_AT_1G)
     assert reduced.round_time([clique]) == pytest.approx(22 + V_MS_AT_1G)
     # A city that cannot aggregate forwards both contributions, and sums nothing.
@@ -141,15 +145,104 @@ def test_doublezero9_global_clique_with_reduction():
     plain = CostModel(dz9, islands, 100_000_000)
     reduced = CostModel(dz9, islands, 100_000_000, reduce_in_path=True)
     at_nyc = Clique(islands, "NYC")
-    assert reduced.round_time([at_nyc]) < 0.6 * plain.round_time([at_nyc])
+    assert reduced.round_time([at_nyc]) < 0.7 * plain.round_time([at_nyc])  # 375.8 against 548.4 ms
     tree = reduced.profile(at_nyc).tree
     for city in tree:  # every summing city leads to NYC
         seen = 0
         while city != "NYC":
             city, seen = tree[city], seen + 1
             assert seen < 9
-    # Each link carries at most one vector per direction toward NYC.
-    assert max(reduced.profile(at_nyc).loads_bits) == reduced.vector_bits
+    # Uncapped, each link would carry one vector per direction toward NYC; SIN -> FRA -> AMS -> LON -> NYC
+    # is one summing level too many for a frame, so one city of that chain forwards two vectors unsummed.
+    loads = reduced.profile(at_nyc).loads_bits
+    assert max(loads) == 2 * reduced.vector_bits and np.count_nonzero(loads == max(loads)) == 1
+    assert max(len(p) for p in member_paths(islands, "NYC", tree).values()) == 1 + ROUTE_HOPS
+
+
+# --- the depth a frame can carry ---------------------------------------------------------------------
+
+def up_route(topology, member, first):
+    """The cities a vector from `member` crosses to `first`, on the latency-shortest tree of the root."""
+    route = []
+    for city in reversed(topology.path(first, member)):
+        route.append(city)
+        if city == first:
+            return route
+
+
+def check_capped(topology, islands, root, aggregator, monkeypatch):
+    """Every property a capped tree must have, checked against the uncapped tree and no reduction:
+    at most ROUTE_HOPS + 1 summing levels on every member's path (so the stream takes it), links and
+    aggregators loaded exactly as the emitted tree says, and a time between the two (the cap may only
+    take summing away, which here never makes the busiest resource lighter)."""
+    clique = Clique(tuple(islands), root)
+    capped = CostModel(topology, islands, FULL_FRAMES_MODEL, aggregator=aggregator, reduce_in_path=True)
+    plain = CostModel(topology, islands, FULL_FRAMES_MODEL, aggregator=aggregator)
+    with monkeypatch.context() as patch:
+        patch.setattr(cost, "ROUTE_HOPS", 10 ** 6)
+        uncapped = CostModel(topology, islands, FULL_FRAMES_MODEL, aggregator=aggregator, reduce_in_path=True)
+        uncapped_tree = uncapped.profile(clique).tree
+    assert max(len(p) for p in member_paths(islands, root, uncapped_tree).values()) > 1 + ROUTE_HOPS
+    tree = capped.profile(clique).tree
+    paths = member_paths(islands, root, tree)
+    assert max(len(p) for p in paths.values()) <= 1 + ROUTE_HOPS
+    clique_routes(islands, root, tree, lambda city: 1)  # raises for a path the frame cannot name
+    # Loads rebuilt from the tree alone: each member's vector to its first aggregator, each aggregator's
+    # partial to its parent, and the result down the same multicast tree as without reduction.
+    vector = capped.vector_bits
+    expected = plain.profile(clique).loads_bits.copy()
+    for member in islands:
+        if member != root:
+            expected[[capped.edge_index[hop] for hop in pairwise(up_route(topology, member, root))]] -= vector
+    sending = [(member, paths[member][0]) for member in islands]
+    sending += [(city, up) for city, up in tree.items() if city in {root, *tree.values()}]
+    received = {}
+    for city, to in sending:
+        received[to] = received.get(to, 0) + 1
+        if city != to:
+            expected[[capped.edge_index[hop] for hop in pairwise(up_route(topology, city, to))]] += vector
+    aggregators = capped._aggregator_index
+    for city, first in aggregators.items():
+        expected[first:first + 3] = [received.get(city, 0) * vector] * 2 + [(city in received) * vector]
+    assert np.array_equal(capped.profile(clique).loads_bits, expected)
+    assert (uncapped.clique_time_alone(clique) <= capped.clique_time_alone(clique) + 1e-9
+            <= plain.clique_time_alone(clique) + 2e-9)
+    return capped.clique_time_alone(clique), uncapped.clique_time_alone(clique)
+
+
+def chain():
+    """C0 - C1 - C2 - C3 - C4 - R, 1 ms each, at 1 Gb/s except C2 - C3 and C3 - C4 at 10 Gb/s."""
+    names = ["C0", "C1", "C2", "C3", "C4", "R"]
+    return hand(names, [(a, b, 1, 10 if a in ("C2", "C3") else 1) for a, b in pairwise(names)])
+
+
+def test_a_tree_deeper_than_a_frame_is_capped_where_it_costs_least(monkeypatch):
+    # Uncapped, C1 to C4 all sum: C0's vector climbs five levels. Two must stop; stopping C2 and C3 puts
+    # their extra vectors (2 and 3) on the 10 Gb/s links, which stay below one vector at 1 Gb/s, so the cap
+    # costs nothing here: 10 ms there and back plus one vector on a 1 Gb/s link.
+    islands = ["C0", "C1", "C2", "C3", "C4", "R"]
+    capped_ms, uncapped_ms = check_capped(chain(), islands, "R", "ideal", monkeypatch)
+    assert capped_ms == pytest.approx(uncapped_ms) == pytest.approx(10 + V_MS_AT_1G)
+    model = CostModel(chain(), islands, FULL_FRAMES_MODEL, reduce_in_path=True)
+    assert model.profile(Clique(tuple(islands), "R")).tree == {"C0": "C1", "C1": "C4", "C2": "C4", "C3": "C4",
+                                                               "C4": "R"}
+
+
+@pytest.mark.parametrize("aggregator", ["ideal", "port10g", AggregatorProfile("half", 1, 0.5)],
+                         ids=["ideal", "port10g", "half"])
+def test_every_too_deep_doublezero9_global_tree_is_capped(aggregator, monkeypatch):
+    dz9 = load_topology("doublezero9")
+    islands = dz9.resolve_islands()
+    roots = []
+    for root in islands:
+        with monkeypatch.context() as patch:
+            patch.setattr(cost, "ROUTE_HOPS", 10 ** 6)
+            tree = CostModel(dz9, islands, FULL_FRAMES_MODEL, reduce_in_path=True).profile(Clique(islands, root)).tree
+        if max(len(p) for p in member_paths(islands, root, tree).values()) > 1 + ROUTE_HOPS:
+            roots.append(root)
+    assert {"NYC", "LAX", "LON"} <= set(roots)  # SIN's vector climbs four levels or more to each of them
+    for root in roots:
+        check_capped(dz9, islands, root, aggregator, monkeypatch)
 
 
 # --- routing --------------------------------------------------------------------------------------
@@ -292,6 +385,32 @@ def test_a_tree_that_does_not_reach_the_root_is_rejected(tmp_path):
     path.write_text(json.dumps(document))
     with pytest.raises(ScheduleError, match="does not lead every city to the aggregator 'B'"):
         load_schedule_file(path)
+
+
+@pytest.mark.parametrize("tree, message", [
+    ({"B": "X", "X": "B"}, "gives the aggregator 'B' a parent"),
+    ({"Q": "B"}, "maps 'Q', which is neither a member nor a city that others send to"),
+    ({"A": "X"}, "does not lead every city to the aggregator 'B'"),
+    ({"A": 3}, "must map city names to their parent city"),
+])
+def test_a_malformed_tree_is_rejected(tmp_path, tree, message):
+    document = {"islands": ["A", "B"], "rounds": [{"cliques": [
+        {"members": ["A", "B"], "aggregator": "B", "exchange": "aggregate", "tree": tree}]}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ScheduleError, match=message):
+        load_schedule_file(path)
+
+
+def test_a_tree_is_kept_per_clique(tmp_path):
+    document = {"islands": ["A", "B", "C"], "rounds": [{"cliques": [
+        {"members": ["A", "B", "C"], "aggregator": "C", "tree": {"X": "C", "A": "X", "B": "X"}}]},
+        {"cliques": [{"members": ["A", "C"], "aggregator": "A"}]}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(document))
+    plan = load_schedule_file(path)
+    assert plan.trees == (({"X": "C", "A": "X", "B": "X"},), (None,))
+    assert plan.period == (((("A", "B", "C"), "C"),), ((("A", "C"), "A"),))
 
 
 @pytest.mark.parametrize("argv, message", [

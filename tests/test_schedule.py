@@ -15,10 +15,11 @@ from inwire.plan.aggregator import load_aggregator
 from inwire.plan.baselines import BASELINE_NAMES, lower_bound_ms
 from inwire.plan.cost import ALL_TO_ALL, RING, Clique, CostModel, Schedule, ScheduleError, wire_bytes
 from inwire.plan.mixing import mixing_product, mixing_rate, periods_to_epsilon, time_to_epsilon_ms
-from inwire.plan.schedule_file import load_schedule_file, schedule_document
+from inwire.plan.schedule_file import load_schedule_file, member_paths, schedule_document
 from inwire.plan.search import Evaluator, PlanResult, plan_schedule
 from inwire.plan.topology import generate_topology, load_topology, topology_from_dict
-from inwire.protocol import FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, WIRE_OVERHEAD_BYTES
+from inwire.protocol import FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, ROUTE_HOPS, WIRE_OVERHEAD_BYTES
+from inwire.stream import clique_routes, clique_trees, load_plan
 
 # A model of exactly 1000 full frames, and the time one copy of it takes on a 1 Gb/s link
 # (16.6 ms at 482 elements per frame).
@@ -264,6 +265,20 @@ def test_cli_writes_a_schedule_the_host_can_load(tmp_path, capsys):
     assert loaded.period == tuple(tuple((tuple(c["members"]), c["aggregator"]) for c in r["cliques"])
                                   for r in document["rounds"])
     assert (tmp_path / "map.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("aggregator", ["ideal", "port10g"])
+def test_planned_reduction_trees_fit_in_a_frame(tmp_path, aggregator):
+    # Uncapped, the global clique's tree took SIN's vector through four summing levels (to NYC with ideal
+    # aggregators, to LAX with port10g), which the stream refuses; planned trees now stop at the header's limit.
+    out = tmp_path / "global.json"
+    assert schedule_cli("--reduce-in-path", "--aggregator", aggregator, "--out", str(out)) == 0
+    deepest = 0
+    for _, _, members, root, tree in clique_trees(load_plan(out)):
+        if tree:
+            clique_routes(members, root, tree, lambda city: 1)  # the stream's own check
+            deepest = max(deepest, *(len(path) for path in member_paths(members, root, tree).values()))
+    assert deepest == 1 + ROUTE_HOPS
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -145,3 +145,36 @@ def test_port_in_use_is_one_line_and_exit_2(capsys):
 def test_bad_listen_address_is_one_line_and_exit_2(capsys, listen):
     assert main(["serve", "--listen", listen]) == 2
     assert capsys.readouterr().err.startswith("inwire serve: --listen")
+
+
+def tree_contribution(sender, values, hop1, expect, fanin=3, slot=0, job=7):
+    frame = build_frames(np.asarray(values, dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=sender, fanin=fanin,
+                         job=job, round=1, clique=0, slot=slot, chunk=0, group=GROUP, bitmap=1 << sender,
+                         expect=expect, hop1=hop1)
+    return payload_of(frame[0])
+
+
+@pytest.mark.parametrize("engine", ["golden", "fast"])
+def test_a_partial_goes_up_and_the_result_comes_back_down_to_every_member(server, engine):
+    """Members 0 and 1 send to a child serve whose level is {0, 1}; member 2 sends to the root."""
+    child = server(unicast=True, engine=engine)
+    root = server(unicast=True, engine=engine)
+    root_ip = int.from_bytes(socket.inet_aton(root.address[0]), "big")
+    peers = [("127.0.0.1", 5000), ("127.0.0.1", 5001), ("127.0.0.1", 5002)]
+    assert child.handle(tree_contribution(0, [1, 2], root_ip, 0b011), peers[0]) == []
+    (partial, to), = child.handle(tree_contribution(1, [10, 20], root_ip, 0b011), peers[1])
+    # The partial goes to hop1 at the service's own port (every aggregator of a tree listens on one port).
+    assert to == (root.address[0], child.address[1]) and partial[3] == Opcode.PARTIAL
+    assert child.counters()["partials_emitted"] == 1
+    assert root.handle(tree_contribution(2, [100, 200], 0, 0), peers[2]) == []
+    copies = root.handle(partial, child.address)
+    # The root knows member 2 and the child that sent the partial, not members 0 and 1.
+    assert sorted(to for _, to in copies) == sorted([peers[2], child.address])
+    result = copies[0][0]
+    assert result_elements(result)[1] == [111, 222] and parse_result(result).header["bitmap"] == 0b111
+    # The child relays the result from its parent to the members it learned, and only from its parent.
+    relayed = child.handle(result, (root.address[0], child.address[1]))
+    assert sorted(to for _, to in relayed) == peers[:2] and all(body == result for body, _ in relayed)
+    assert child.counters()["results_relayed"] == 2
+    assert child.handle(result, ("127.0.0.9", child.address[1])) == []
+    assert child.counters()["drop_opcode"] == 1

@@ -13,6 +13,14 @@ time the decision takes it at: slot leases (docs/protocol.md) count in it.
 
 Where multicast is not routable, `unicast=True` sends a result to each member instead, at the address the
 member's contributions came from; a result answering a retransmission goes to the requester only.
+
+Reduction trees: a partial (the output of a level below the root) goes to the next aggregator up, at the
+address the completing frame names (`hop1`) and this service's own port, so the services of a tree share
+one port. With `unicast=True` the root knows only the members and child aggregators that sent to it, so
+it also sends its result to each child that sent it a partial, and a child relays a result that comes
+from its parent (the address it sent that group's partials to) to the members and children it learned
+for the group; a result that answers a child's retransmitted partial reaches that child alone, and it
+relays it to all of its own.
 """
 
 import contextlib
@@ -24,12 +32,12 @@ import sys
 import threading
 import time
 
-from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, set_receive_buffer, socket_drops, wrap
+from .datagram import MAX_DATAGRAM, PAYLOAD_OFFSET, ip_int, ip_str, payload_of, set_receive_buffer, socket_drops, wrap
 from .errors import InwireError
 from .fastpath import FastAggregator, compiled
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field, parse_header
-from .protocol import DROP_COUNTERS, INWIRE_PORT, Disposition, Opcode
+from .protocol import DROP_COUNTERS, FRAME_OFFSETS, INWIRE_PORT, Disposition, Opcode
 
 POLL_S = 0.1
 """Longest a wait for input lasts, so that a stop request is seen promptly."""
@@ -41,8 +49,9 @@ each waits for a retransmission. A 1 KiB datagram costs about 2.3 KiB of buffer 
 Linux default (208 KiB) holds about 90: fewer than 3 islands x 32 in flight. 4 MiB holds 9 x 32 with
 8 KiB datagrams. Above net.core.rmem_max a root process forces it (SO_RCVBUFFORCE)."""
 MULTICAST_TTL = 8
-SERVE_COUNTERS = ("send_errors", "unicast_copies")
-"""Counters of the service itself, beside the model's: sends the kernel refused, unicast result copies."""
+SERVE_COUNTERS = ("send_errors", "unicast_copies", "results_relayed")
+"""Counters of the service itself, beside the model's: sends the kernel refused, unicast result copies
+(including those to child aggregators), results from a parent relayed down (one per copy)."""
 ENGINES = ("fast", "golden")
 BATCH = 64
 """Datagrams read per recvmmsg (with the compiled kernel)."""
@@ -51,6 +60,8 @@ _MEMBER = struct.Struct("!4xB3xI16xI")
 _destination = operator.itemgetter(1)
 _RESULT = struct.Struct("!4xB3xI16xIQ")
 """sender, job, group and bitmap of a result payload."""
+_HOP1 = struct.Struct(f"!{FRAME_OFFSETS['hop1'] - PAYLOAD_OFFSET}xI")
+"""hop1 of a payload: where the partial it completes goes."""
 
 
 class ServeError(InwireError):
@@ -109,6 +120,11 @@ class SoftwareAggregator:
         self.dst_mac = self.config.mac.to_bytes(6, "big")
         self.members = {}
         """(job, group) -> {sender index: (ip, port)}, learned from accepted contributions."""
+        self.children = {}
+        """(job, group) -> {(ip, port)} of the aggregators below that sent accepted partials."""
+        self.parents = {}
+        """(job, group) -> (ip, port) this service sent the group's partials to: the only source whose
+        results it relays."""
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
         self._groups = {}
         self._stop = threading.Event()
@@ -128,17 +144,28 @@ class SoftwareAggregator:
         return int((time.monotonic() - self._started) / LEASE_TICK_S)
 
     def _handle_fast(self, payload, peer, now=None):
+        if self.unicast and len(payload) > 3 and payload[3] == Opcode.RESULT:
+            relay = self._relay(payload, peer)
+            if relay is not None:
+                return relay
         disposition, answer = self.fast.handle(payload, self.ticks() if now is None else now)
         if disposition == Disposition.ACCUMULATED or (disposition == Disposition.ANSWERED
-                                                      and payload[3] == Opcode.CONTRIBUTION):
+                                                      and payload[3] in (Opcode.CONTRIBUTION, Opcode.PARTIAL)):
             sender, job, group = _MEMBER.unpack_from(payload)
             key = (job, group)
-            members = self.members.get(key)
-            if members is None:
-                members = self.members[key] = {}
-            members[sender] = peer
+            if payload[3] == Opcode.PARTIAL:
+                self.children.setdefault(key, set()).add(peer)
+            else:
+                members = self.members.get(key)
+                if members is None:
+                    members = self.members[key] = {}
+                members[sender] = peer
         if answer is None:
             return []
+        if answer[3] == Opcode.PARTIAL:
+            parent = (ip_str(_HOP1.unpack_from(payload)[0]), self.config.port)
+            self.parents[_MEMBER.unpack_from(payload)[1:]] = parent
+            return [(answer, parent)]
         if answer[3] != Opcode.RESULT:
             return [(answer, peer)]
         answered = disposition == Disposition.ANSWERED
@@ -151,6 +178,10 @@ class SoftwareAggregator:
         return [(answer, destination)]
 
     def _handle_golden(self, payload, peer, now=None):
+        if self.unicast and len(payload) > 3 and payload[3] == Opcode.RESULT:
+            relay = self._relay(payload, peer)
+            if relay is not None:
+                return relay
         frame = wrap(payload, peer, self.address, self.dst_mac)
         before = self.model.stats()
         outputs = self.model.process(frame, self.ticks() if now is None else now)
@@ -161,28 +192,51 @@ class SoftwareAggregator:
         sends = []
         for output in outputs:
             body = payload_of(output)
-            if self.unicast and frame_field(output, "opcode") == Opcode.RESULT:
+            opcode = frame_field(output, "opcode")
+            if self.unicast and opcode == Opcode.RESULT:
                 sends.extend(self._unicast_copies(body, peer, answered))
             else:
                 destination = (ip_str(frame_field(output, "ip_dst")), frame_field(output, "udp_dport"))
+                if opcode == Opcode.PARTIAL:
+                    self.parents[_MEMBER.unpack_from(body)[1:]] = destination
                 sends.append((body, destination))
         return sends
 
     def _learn(self, frame, peer):
         """Only frames the model accepted get here, so the header is whole and well-formed."""
         header = parse_header(frame)
-        if header["opcode"] != Opcode.CONTRIBUTION:
-            return
         key = (int(header["job"]), int(header["group"]))
-        self.members.setdefault(key, {})[int(header["sender"])] = peer
+        if header["opcode"] == Opcode.PARTIAL:
+            self.children.setdefault(key, set()).add(peer)
+        elif header["opcode"] == Opcode.CONTRIBUTION:
+            self.members.setdefault(key, {})[int(header["sender"])] = peer
 
     def _unicast_copies(self, body, peer, answered):
         if answered:
             return [(body, peer)]
+        copies = self._copies(body)
+        self.own["unicast_copies"] += len(copies)
+        return copies
+
+    def _copies(self, body):
+        """A result for each member and child aggregator learned for its group."""
         _, job, group, bitmap = _RESULT.unpack_from(body)
         members = self.members.get((job, group), {})
         copies = [(body, address) for sender, address in sorted(members.items()) if bitmap >> sender & 1]
-        self.own["unicast_copies"] += len(copies)
+        copies += [(body, address) for address in sorted(self.children.get((job, group), ()))]
+        return copies
+
+    def _relay(self, payload, peer):
+        """Copies of a result from this group's parent aggregator, for everyone below; None for any other
+        result (the aggregator's decision then counts it)."""
+        if len(payload) < _RESULT.size:
+            return None
+        _, job, group, _ = _RESULT.unpack_from(payload)
+        if self.parents.get((job, group)) != tuple(peer):
+            return None
+        body = bytes(payload)
+        copies = self._copies(body)
+        self.own["results_relayed"] += len(copies)
         return copies
 
     def send(self, sends):

@@ -8,6 +8,12 @@ member's seeded gradient, then the average is applied to the island's model. Los
 recovered by timeout and retransmission (contributions are idempotent; a completed slot answers with its
 stored result). Rounds run in lock step: round r+1 starts when every island has finished round r.
 
+Reduction trees: with one aggregator per city (`--target udp:FILE`, or `sim:` for a schedule with trees),
+each member sends to its own level's aggregator as the clique's schedule tree says (docs/schedule.md):
+bitmap = its own bit, expect = its level (0 at the root), and the hops above with their levels; the
+result comes from the root. A member that misses a result retransmits to the same aggregator, and the
+aggregators walk the loss up the tree (docs/protocol.md). With one aggregator the trees are ignored.
+
 Slots: chunk j of clique c in round r uses slot ((r mod 2) * 2 + (j // W) mod 2) * C * W + c * W + j mod W
 (C cliques at most per round, window W). A member sends chunk j only after it holds the result of chunk
 j - W, so a slot is claimed again (by chunk j + 2W) only once every member holds its previous result; and
@@ -15,6 +21,7 @@ the two round pools keep the last round's results for late retransmissions (Swit
 """
 
 import asyncio
+import struct
 import time
 from dataclasses import dataclass
 
@@ -26,12 +33,13 @@ from .codec import choose_exponent, dequantize, quantize
 from .datagram import PAYLOAD_HEADER_BYTES, ip_int, parse_endpoint, parse_stats_reply, payloads_of
 from .diagnosis import diagnose
 from .errors import InwireError
-from .fastpath import HEADER as RESULT_HEADER
 from .packets import build_frames
 from .plan.cost import ScheduleError
-from .plan.schedule_file import load_schedule_file
+from .plan.jsonfile import read_json
+from .plan.schedule_file import load_schedule_file, member_paths
 from .plan.topology import TopologyError, load_topology
 from .protocol import (
+    AGGREGATION_FIELDS,
     ELEMENT_BYTES,
     ELEMENT_DTYPE,
     INT32_MAX,
@@ -42,6 +50,7 @@ from .protocol import (
     MAX_FANIN,
     MTU_BYTES,
     RESULT_TRAILER_BYTES,
+    ROUTE_HOPS,
     STATUS_OVERFLOW,
     VERSION,
     Opcode,
@@ -64,6 +73,11 @@ received sums and expected bytes, float32 model and its share of the int64 expec
 MAX_FRAMES = {"pcap": 1 << 20, "sim": 1 << 17}
 """Most contributions a run may send to an in-process aggregator: the golden model takes ~0.25 ms a frame
 (a million frames: minutes, a capture of ~1 GB), the gateware in co-simulation far longer."""
+_RESULT_FIELDS = AGGREGATION_FIELDS[:[field.name for field in AGGREGATION_FIELDS].index("bitmap") + 1]
+_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+RESULT_HEADER = struct.Struct("!" + "".join(_CODES[field.nbytes].lower() if field.signed else _CODES[field.nbytes]
+                                            for field in _RESULT_FIELDS))
+"""A result's header fields from magic to bitmap, in table order."""
 RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
 """A result payload without elements: header and status trailer."""
 
@@ -84,6 +98,8 @@ def parse_target(text):
     kind, sep, rest = str(text).partition(":")
     if kind == "udp" and rest.startswith("//"):
         return Target("udp", parse_endpoint(rest[2:], "--target"), text)
+    if kind == "udp" and sep and rest:
+        return Target("udp", load_aggregator_map(rest), text)
     if kind == "pcap" and sep and rest:
         return Target("pcap", rest, text)
     if kind == "sim" and sep:
@@ -93,8 +109,42 @@ def parse_target(text):
             raise StreamError(f"target {text!r}: {error}") from None
     if kind == "iface" and sep and rest:
         return Target("iface", rest, text)
-    raise StreamError(f"target {text!r} is not one of udp://HOST:PORT, pcap:FILE, sim:icarus, sim:verilator, "
-                      f"iface:NAME")
+    raise StreamError(f"target {text!r} is not one of udp://HOST:PORT, udp:FILE, pcap:FILE, sim:icarus, "
+                      f"sim:verilator, iface:NAME")
+
+
+def load_aggregator_map(path):
+    """`udp:FILE`: a JSON object mapping each aggregator city to "IPv4:PORT", as {city: (ip, port)}.
+
+    A partial names the next aggregator by its IPv4 address alone and goes to the port it came from, so
+    every aggregator of the map listens on the same port, each at its own address."""
+    document = read_json(path, "aggregator map", StreamError)
+    where = f"target udp:{path}"
+    if not isinstance(document, dict) or not document:
+        raise StreamError(f"{where}: the file must hold a JSON object mapping each aggregator city to "
+                          f"\"IPv4:PORT\"")
+    aggregators = {}
+    for city, endpoint in document.items():
+        if not isinstance(endpoint, str):
+            raise StreamError(f"{where}: {city!r} maps to {endpoint!r}, not \"IPv4:PORT\"")
+        try:
+            aggregators[city] = parse_endpoint(endpoint, f"{where}: {city!r} at")
+        except ValueError as error:
+            raise StreamError(str(error)) from None
+        if aggregators[city][1] == 0:
+            raise StreamError(f"{where}: {city!r} at {endpoint!r}: port 0 names no aggregator")
+    ports = {port for _, port in aggregators.values()}
+    if len(ports) > 1:
+        raise StreamError(f"{where}: the aggregators listen on ports {', '.join(map(str, sorted(ports)))}; a "
+                          f"partial names only the next aggregator's IPv4 address, so all must share one port "
+                          f"(on one machine: 127.0.0.2, 127.0.0.3, ... on one port)")
+    seen = {}
+    for city, (address, _) in aggregators.items():
+        if address in seen:
+            raise StreamError(f"{where}: {seen[address]!r} and {city!r} are both at {address}; each city's "
+                              f"aggregator needs its own address")
+        seen[address] = city
+    return aggregators
 
 
 def load_plan(path):
@@ -110,7 +160,7 @@ def load_plan(path):
         topology = load_topology(name)
     except (TopologyError, OSError, ValueError) as error:
         raise StreamError(f"{path}: {error}") from None
-    for city in plan.islands + tuple(agg for cliques in plan.period for _, agg in cliques if agg is not None):
+    for city in plan.islands + tuple(aggregator_cities(plan)):
         if city not in topology.cities:
             raise StreamError(f"{path}: {city!r} is not a city of topology {topology.name!r}")
     if len(plan.period) > 256 or max(len(cliques) for cliques in plan.period) > 256:
@@ -120,6 +170,53 @@ def load_plan(path):
             if len(members) > MAX_FANIN:
                 raise StreamError(f"{path}: a clique of {len(members)} islands exceeds fan-in {MAX_FANIN}")
     return plan.with_topology(topology)
+
+
+def clique_trees(plan):
+    """(period round, clique, members, aggregator, tree or None) for every clique of the period."""
+    for p, cliques in enumerate(plan.period):
+        trees = plan.trees[p] if plan.trees else (None,) * len(cliques)
+        for c, ((members, aggregator), tree) in enumerate(zip(cliques, trees)):
+            yield p, c, members, aggregator, tree
+
+
+def aggregator_cities(plan):
+    """Every city that sums for some clique of the schedule: roots and the values of their trees."""
+    cities = set()
+    for _, _, _, aggregator, tree in clique_trees(plan):
+        if aggregator is not None:
+            cities.add(aggregator)
+            cities.update((tree or {}).values())
+    return sorted(cities)
+
+
+def has_trees(plan):
+    return any(tree for *_, tree in clique_trees(plan))
+
+
+def clique_routes(members, root, tree, address, where="schedule"):
+    """member -> (aggregator city it sends to, the tree fields of its contributions), for one clique whose
+    schedule tree is `tree` ({city: up}, docs/schedule.md); `address(city)` is an aggregator's IPv4 address
+    as an int. A member's path may climb at most three aggregators: a frame names two above its own."""
+    paths, level = member_paths(members, root, tree), {}
+    for index, member in enumerate(members):
+        path = paths[member]
+        if len(path) > 1 + ROUTE_HOPS:
+            raise StreamError(f"{where}: {member}'s contribution climbs {len(path)} aggregators "
+                              f"({' -> '.join(path)}); a frame names at most {1 + ROUTE_HOPS} levels")
+        for city in path:
+            level[city] = level.get(city, 0) | 1 << index
+    level[root] = 0  # the whole clique
+    routes = {}
+    for index, member in enumerate(members):
+        path = paths[member]
+        fields = {"bitmap": 1 << index, "expect": level[path[0]]}
+        for hop in range(1, 1 + ROUTE_HOPS):
+            above = path[hop] if hop < len(path) else None
+            fields[f"hop{hop}"] = 0 if above is None else address(above)
+            fields[f"hop{hop}_expect"] = 0 if above is None else level[above]
+        routes[member] = (path[0], fields)
+    return routes
 
 
 def clique_group(period_round, clique):
@@ -184,13 +281,23 @@ class CliqueRound:
     aggregator: str
     group: int
     exponent: int
+    routes: dict = None
+    """member -> (aggregator city, tree fields), with one aggregator per city; None with one aggregator."""
 
 
 class Workload:
     """What every island can compute alone: cliques, exponents, seeded gradients and the sums to expect."""
 
-    def __init__(self, plan, config):
+    def __init__(self, plan, config, addresses=None):
         self.plan, self.config = plan, config
+        self.addresses = addresses
+        """Aggregator city -> IPv4 address (int) when each city has its own; None for one aggregator."""
+        self.routes = {}
+        if addresses is not None:
+            for p, c, members, aggregator, tree in clique_trees(plan):
+                if aggregator is not None:
+                    self.routes[p, c] = clique_routes(members, aggregator, tree, addresses.__getitem__,
+                                                      f"rounds[{p}].cliques[{c}]")
         self.index = {name: i for i, name in enumerate(plan.islands)}
         self.max_cliques = max(len(cliques) for cliques in plan.period)
         self.chunks = -(-config.elements // config.chunk)
@@ -229,7 +336,7 @@ class Workload:
         for c, (members, aggregator) in enumerate(self.plan.period[period_round]):
             if island in members:
                 return CliqueRound(round_, c, members, aggregator, clique_group(period_round, c),
-                                   choose_exponent(GRADIENT_BOUND, len(members)))
+                                   choose_exponent(GRADIENT_BOUND, len(members)), self.routes.get((period_round, c)))
         return None
 
     def slot(self, round_, clique, chunk):
@@ -262,7 +369,7 @@ class Workload:
         full = config.elements // config.chunk
         common = dict(opcode=Opcode.CONTRIBUTION, sender=clique.members.index(island), fanin=len(clique.members),
                       exponent=clique.exponent, job=config.job, round=clique.round, clique=clique.clique,
-                      group=clique.group)
+                      group=clique.group, **(clique.routes[island][1] if clique.routes else {}))
         payloads = []
         for first, count, rows in ((0, config.chunk, full), (full, config.elements - full * config.chunk, 1)):
             if rows == 0 or count == 0:
@@ -298,13 +405,15 @@ class Island:
         self.model = np.zeros(workload.config.elements, dtype=np.float32)
         self.clique = None
         self.prepared = None
+        self.route = ()
+        """(aggregator city,) this round's contributions go to, with one aggregator per city; else ()."""
 
     def transmit(self, payload, tally):
         loss = self.workload.config.loss
         if loss and self.loss_rng.random() < loss:
             tally.dropped += 1
             return
-        self.transport.send(self.name, payload)
+        self.transport.send(self.name, payload, *self.route)
 
     def prepare(self, round_):
         """Everything the round needs that does not depend on the network: the gradient, its payloads, the
@@ -319,6 +428,7 @@ class Island:
         # The bytes a right round receives, compared at once at the end (only sums that fit int32 can be right).
         fits = expected.size == 0 or (expected.min() >= INT32_MIN and expected.max() <= INT32_MAX)
         self.expected_bytes = expected.astype(ELEMENT_DTYPE).tobytes() if fits else None
+        self.route = (clique.routes[self.name][0],) if clique.routes else ()
         self.prepared = (clique, workload.payloads(self.name, clique), expected,
                          (clique.exponent, fanin, (1 << fanin) - 1, fanin))
 
@@ -424,7 +534,8 @@ class Island:
 
 async def stream_async(plan, config, transport, progress=lambda _round: None, target_kind=None):
     """`run_stream` inside a running event loop."""
-    workload = Workload(plan, config)
+    addresses = getattr(transport, "aggregator_addresses", None)
+    workload = Workload(plan, config, addresses)
     islands = {name: Island(name, workload, transport, np.random.default_rng([config.seed, i, 0x10557]))
                for i, name in enumerate(plan.islands)}
     stats_future = None
@@ -440,18 +551,26 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
                 stats_future.set_result(counters)
 
     async def ask_stats():
+        """Counters of every aggregator (city -> counters; one aggregator: None -> counters); None for an
+        aggregator that never answers."""
         nonlocal stats_future
-        stats_future = asyncio.get_running_loop().create_future()
         probe_timeout = max(config.timeout_ms / 1000, 0.3)
-        return await transport.stats(plan.islands[0], stats_future, probe_timeout)
+        counters = {}
+        for city in (sorted(addresses) if addresses else [None]):
+            stats_future = asyncio.get_running_loop().create_future()
+            counters[city] = await transport.stats(plan.islands[0], stats_future, probe_timeout,
+                                                   *(() if city is None else (city,)))
+        return counters
 
     await transport.start(deliver)
     kernel_before = kernel_drops(transport)
     failed_slot = None
     try:
         before = await ask_stats()
-        if before is None:
-            raise StreamError("no answer from the target: it did not reply to a stats request")
+        silent = [city for city, counters in before.items() if counters is None]
+        if silent:
+            which = "" if silent == [None] else f" (aggregator of {', '.join(silent)})"
+            raise StreamError(f"no answer from the target{which}: it did not reply to a stats request")
         reports = []
         for round_ in range(config.rounds):
             workload.forget_before(round_)
@@ -478,7 +597,11 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         kernel_after = kernel_drops(transport)
     finally:
         transport.close()
-    aggregator = None if after is None else {k: after[k] - before.get(k, 0) for k in after}
+    moved = {city: None if after[city] is None else {k: after[city][k] - before[city].get(k, 0)
+                                                     for k in after[city]} for city in after}
+    # Several aggregators (a tree's cities): their counters added up; each city's under "aggregators".
+    aggregator = None if None in moved.values() else {
+        k: sum(counters[k] for counters in moved.values()) for k in next(iter(moved.values()))}
     finished = len(reports) == config.rounds and all(r["finished"] for r in reports)
     wrong = sum(r["wrong"] for r in reports)
     models = np.stack([island.model for island in islands.values()])
@@ -496,6 +619,8 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         "model_spread": float(np.max(models.max(axis=0) - models.min(axis=0))),
         "aggregator": aggregator, "kernel_drops": kernel,
     }
+    if addresses:
+        report["aggregators"] = moved
     largest = max(len(members) for cliques in plan.period for members, _ in cliques)
     report["diagnosis"] = diagnose(report, target_kind, largest, failed_slot, kernel)
     return report

@@ -9,11 +9,13 @@ and can write them to a capture. `inwire.iface.IfaceTransport` sends raw frames 
 
 import asyncio
 import socket
+from dataclasses import replace
 
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
     endpoint_drops,
+    ip_int,
     ip_str,
     island_address,
     payload_of,
@@ -25,8 +27,9 @@ from .datagram import (
 from .fastpath import compiled
 from .model import Aggregator, AggregatorConfig
 from .output import atomic_output
+from .packets import frame_field
 from .pcap import write_frames
-from .protocol import INWIRE_PORT
+from .protocol import INWIRE_PORT, Opcode
 
 PROBE_TRIES = 3
 BATCH = 64
@@ -62,8 +65,12 @@ class UdpTransport:
     SLOT = MAX_DATAGRAM + 1
 
     def __init__(self, targets, sockets=None, multicast_iface=None, multicast_port=INWIRE_PORT, window=32,
-                 chunk=256, batch_io=None):
+                 chunk=256, batch_io=None, aggregators=None):
         self.targets = dict(targets)
+        self.aggregators = dict(aggregators) if aggregators else None
+        """city -> (ip, port) of each city's aggregator (a reduction tree's), or None: the islands' targets."""
+        self.aggregator_addresses = ({city: ip_int(ip) for city, (ip, _) in self.aggregators.items()}
+                                     if self.aggregators else None)
         self.sockets = dict(sockets or {})
         # Sockets handed in may live in another network namespace (the demo's islands), where this
         # process's /proc/net/udp does not see them.
@@ -144,16 +151,18 @@ class UdpTransport:
                 # Refused or not sent (full buffer): lost, and retransmitted after its timeout.
                 self.send_errors += refused + len(messages) - start
 
-    def send(self, island, payload):
+    def send(self, island, payload, city=None):
+        """Send to the island's target, or to `city`'s aggregator."""
+        target = self.targets[island] if city is None else self.aggregators[city]
         pending = self.pending
         if pending is not None and type(payload) is bytes:
             messages = pending.get(island)
             if messages is None:
                 messages = pending[island] = []
-            messages.append((payload, self.targets[island]))
+            messages.append((payload, target))
             return
         try:
-            self.sockets[island].sendto(payload, self.targets[island])
+            self.sockets[island].sendto(payload, target)
         except OSError:
             # A full send buffer or an ICMP error: the datagram is lost, and retransmitted after its timeout.
             self.send_errors += 1
@@ -170,8 +179,8 @@ class UdpTransport:
     def unsubscribe(self, island, group):
         self._membership(island, group, socket.IP_DROP_MEMBERSHIP)
 
-    async def stats(self, island, stats_future, timeout):
-        return await probe_stats(self, island, stats_future, timeout)
+    async def stats(self, island, stats_future, timeout, city=None):
+        return await probe_stats(self, island, stats_future, timeout, city)
 
     def kernel_drops(self):
         """Datagrams the kernel has dropped so far at the islands' sockets and at the aggregator's (when it
@@ -179,7 +188,8 @@ class UdpTransport:
         if not self.namespace_known:
             return {"islands": None, "aggregator": None}
         islands = [socket_drops(sock) for sock in self.readers.values()]
-        aggregator = [endpoint_drops(target) for target in set(self.targets.values())]
+        aggregator = [endpoint_drops(target) for target in
+                      set(self.aggregators.values() if self.aggregators else self.targets.values())]
         return {"islands": None if None in islands else sum(islands),
                 "aggregator": None if None in aggregator else sum(aggregator)}
 
@@ -190,10 +200,10 @@ class UdpTransport:
         self.readers = {}
 
 
-async def probe_stats(transport, island, stats_future, timeout):
-    """Counters of the target, asked from `island`; None when it never answers."""
+async def probe_stats(transport, island, stats_future, timeout, city=None):
+    """Counters of the target (or of `city`'s aggregator), asked from `island`; None when it never answers."""
     for _ in range(PROBE_TRIES):
-        transport.send(island, stats_request())
+        transport.send(island, stats_request(), *(() if city is None else (city,)))
         try:
             return await asyncio.wait_for(asyncio.shield(stats_future), timeout)
         except TimeoutError:
@@ -207,27 +217,54 @@ class CaptureTransport:
 
     For `pcap:` the aggregator is the golden model and the frames are also written to a capture, which
     replays on any aggregator with those addresses and enough slots. For `sim:` it is the gateware itself,
-    in co-simulation (`inwire_hdl.cosim`), built with the slots the run needs."""
+    in co-simulation (`inwire_hdl.cosim`), built with the slots the run needs.
 
-    def __init__(self, path, islands, slots, max_elements, make_aggregator=Aggregator):
+    With `cities` (a schedule with reduction trees) each city gets its own aggregator, built with its own
+    address (the k-th city at the default address + k, 10.73.87.(1+k)); frames go from one to another by
+    destination address, as routers would take them: a partial to the aggregator it names, a result to
+    every island."""
+
+    def __init__(self, path, islands, slots, max_elements, make_aggregator=Aggregator, cities=None):
         self.path = path
         self.hosts = {island: island_address(index) for index, island in enumerate(islands)}
         self.config = AggregatorConfig(mac=PCAP_AGGREGATOR.mac, ip=PCAP_AGGREGATOR.ip,
                                        slots=max(PCAP_AGGREGATOR.slots, slots),
                                        max_elements=max(PCAP_AGGREGATOR.max_elements, max_elements))
-        self.model = make_aggregator(self.config)
+        self.models, self.configs, self.aggregator_addresses, self.model = {}, {}, None, None
+        if cities:
+            self.configs = {city: replace(self.config, ip=self.config.ip + k, mac=self.config.mac + k)
+                            for k, city in enumerate(cities)}
+            self.aggregator_addresses = {city: config.ip for city, config in self.configs.items()}
+            try:
+                for city, config in self.configs.items():
+                    self.models[city] = make_aggregator(config)
+            except BaseException:
+                self.close()
+                raise
+            self.by_address = {config.ip: self.models[city] for city, config in self.configs.items()}
+        else:
+            self.model = make_aggregator(self.config)
         self.frames = []
         self.send_errors = 0
 
     async def start(self, deliver):
         self.deliver, self.loop = deliver, asyncio.get_running_loop()
 
-    def send(self, island, payload):
+    def send(self, island, payload, city=None):
+        config, model = (self.config, self.model) if city is None else (self.configs[city], self.models[city])
         address, mac = self.hosts[island]
-        frame = wrap(payload, (address, INWIRE_PORT), (ip_str(self.config.ip), self.config.port),
-                     self.config.mac.to_bytes(6, "big"), mac.to_bytes(6, "big"))
+        frame = wrap(payload, (address, INWIRE_PORT), (ip_str(config.ip), config.port),
+                     config.mac.to_bytes(6, "big"), mac.to_bytes(6, "big"))
         self.frames.append(frame)
-        for output in self.model.process(frame):
+        self._process(model, frame)
+
+    def _process(self, model, frame):
+        for output in model.process(frame):
+            if frame_field(output, "opcode") == Opcode.PARTIAL:
+                parent = self.by_address.get(frame_field(output, "ip_dst")) if self.models else None
+                if parent is not None:
+                    self._process(parent, output)
+                continue
             # The result is multicast: every island sees it and keeps what belongs to its clique.
             for receiver in self.hosts:
                 self.loop.call_soon(self.deliver, receiver, payload_of(output))
@@ -237,12 +274,13 @@ class CaptureTransport:
 
     unsubscribe = subscribe
 
-    async def stats(self, island, stats_future, timeout):
-        return self.model.stats()
+    async def stats(self, island, stats_future, timeout, city=None):
+        return (self.model if city is None else self.models[city]).stats()
 
     def close(self):
-        if hasattr(self.model, "close"):
-            self.model.close()
+        for model in [self.model, *self.models.values()]:
+            if hasattr(model, "close"):
+                model.close()
 
     def write_capture(self):
         """Write the frames sent to the capture file: once the run is over, whole (a run interrupted before

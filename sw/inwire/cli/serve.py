@@ -3,7 +3,8 @@
 By default the fast path decides on each UDP payload, bit-exact with the golden model; with --golden each
 datagram is wrapped in the frame it would have been on the wire and handed to the model itself; with
 --sim the gateware answers, in co-simulation. Results go to the clique's multicast group (or, with
---unicast, to each member).
+--unicast, to each member); a partial of a reduction tree goes to the next aggregator up, at its address
+and this service's port.
 """
 
 import ipaddress
@@ -23,7 +24,8 @@ def add_arguments(parser):
                         help="log the counters every S seconds")
     parser.add_argument("--unicast", action="store_true",
                         help="send each result to every member's own address instead of the multicast group "
-                             "(where multicast is not routable, e.g. on one machine)")
+                             "(where multicast is not routable, e.g. on one machine); in a reduction tree also to "
+                             "each child aggregator, which relays it to its own members")
     parser.add_argument("--multicast-iface", default=None, metavar="ADDR",
                         help="send multicast results out of the interface with this IPv4 address")
     parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="aggregator slots")

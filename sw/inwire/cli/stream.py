@@ -1,9 +1,11 @@
 """Run one island per city of a schedule against an aggregator, round by round, and check every result
 bit for bit against the sum the islands compute themselves (exit status 1 unless all are bit-exact).
 
-Targets: udp://HOST:PORT (a software aggregator, a board or a relay), pcap:FILE (the golden model, frames
-written to a capture), sim:icarus|verilator[:WIDTH] (the gateware in co-simulation) and iface:NAME (raw
-frames through a NIC, root).
+Targets: udp://HOST:PORT (a software aggregator, a board or a relay), udp:FILE (one aggregator per city,
+FILE a JSON object {"CITY": "IPv4:PORT", ...} on one port: the islands follow the schedule's reduction
+trees), pcap:FILE (the golden model, frames written to a capture), sim:icarus|verilator[:WIDTH] (the
+gateware in co-simulation; one per aggregator city when the schedule has trees) and iface:NAME (raw
+frames through a NIC, root). A target with one aggregator sums every clique flat and ignores the trees.
 """
 
 import json
@@ -11,6 +13,7 @@ import os
 import sys
 
 from .. import progress
+from ..datagram import ip_int
 from ..output import check_writable
 from ..stream import (
     DEFAULT_CHUNK,
@@ -18,8 +21,11 @@ from ..stream import (
     DEFAULT_TIMEOUT_MS,
     DEFAULT_WINDOW,
     StreamConfig,
+    StreamError,
     Workload,
+    aggregator_cities,
     format_report,
+    has_trees,
     load_plan,
     parse_target,
     run_stream,
@@ -28,7 +34,9 @@ from ..stream import (
 
 def add_arguments(parser):
     parser.add_argument("--target", required=True, metavar="TARGET",
-                        help="udp://HOST:PORT, pcap:FILE, sim:icarus|verilator[:WIDTH] or iface:NAME")
+                        help="udp://HOST:PORT, udp:FILE (JSON {\"CITY\": \"IPv4:PORT\", ...}: one aggregator per "
+                             "city, all on one port, for a schedule's reduction trees), pcap:FILE, "
+                             "sim:icarus|verilator[:WIDTH] (one per aggregator city with trees) or iface:NAME")
     parser.add_argument("--schedule", required=True, metavar="FILE", help="schedule JSON (inwire schedule)")
     parser.add_argument("--rounds", type=int, default=4, metavar="N", help="rounds to run")
     parser.add_argument("--elements", type=int, default=1024, metavar="N", help="gradient elements per island")
@@ -51,6 +59,12 @@ def make_transport(target, plan, workload_slots, config):
     """The transport a parsed --target names."""
     from ..transport import CaptureTransport, UdpTransport
 
+    if target.kind == "udp" and isinstance(target.value, dict):
+        # Only the schedule's aggregator cities: the stats are asked of each (a map may name more).
+        aggregators = {city: target.value[city] for city in aggregator_cities(plan)}
+        first = next(iter(aggregators.values()))
+        return UdpTransport({island: first for island in plan.islands}, window=config.window, chunk=config.chunk,
+                            aggregators=aggregators)
     if target.kind == "udp":
         return UdpTransport({island: target.value for island in plan.islands}, window=config.window, chunk=config.chunk)
     if target.kind == "iface":
@@ -62,7 +76,8 @@ def make_transport(target, plan, workload_slots, config):
 
         simulator, width = target.value
         return CaptureTransport(None, plan.islands, workload_slots, config.chunk,
-                                make_aggregator=lambda aggregator: CoSimulation(simulator, width, aggregator))
+                                make_aggregator=lambda aggregator: CoSimulation(simulator, width, aggregator),
+                                cities=aggregator_cities(plan) if has_trees(plan) else None)
     return CaptureTransport(target.value, plan.islands, workload_slots, config.chunk)
 
 
@@ -75,7 +90,21 @@ def run(args):
     config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
                           window=args.window, timeout_ms=args.timeout_ms, chunk=args.chunk, retries=args.retries,
                           job=job)
-    workload = Workload(plan, config)
+    cities = aggregator_cities(plan)
+    if target.kind == "udp" and isinstance(target.value, dict):
+        missing = [city for city in cities if city not in target.value]
+        if missing:
+            raise StreamError(f"target {target.text}: no address for aggregator city {', '.join(missing)} (every "
+                              f"clique's root and tree city needs one)")
+        addresses = {city: ip_int(target.value[city][0]) for city in cities}
+    elif target.kind == "sim" and has_trees(plan):
+        addresses = dict.fromkeys(cities, 0)  # the transport numbers them; here only the routes are checked
+    else:
+        addresses = None
+        if has_trees(plan):
+            print(f"inwire stream: target {target.text} is one aggregator: the schedule's reduction trees are "
+                  f"ignored, every clique is summed there", file=sys.stderr)
+    workload = Workload(plan, config, addresses)
     workload.check_resources(target.kind)
     if target.kind == "pcap":
         check_writable(target.value, "--target pcap:")

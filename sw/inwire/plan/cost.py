@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from inwire.protocol import ELEMENT_BYTES, FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, WIRE_OVERHEAD_BYTES
+from inwire.protocol import (
+    ELEMENT_BYTES,
+    FRAME_HEADER_BYTES,
+    MAX_ELEMENTS_PER_FRAME,
+    ROUTE_HOPS,
+    WIRE_OVERHEAD_BYTES,
+)
 
 AGGREGATE, ALL_TO_ALL, RING = "aggregate", "all-to-all", "ring"
 EXCHANGES = (AGGREGATE, ALL_TO_ALL, RING)
@@ -252,46 +258,150 @@ class CostModel:
         """Loads of an aggregating clique whose members reach the root along `parent` pointers.
 
         Without in-path reduction every member's vector travels the whole way. With it, a city that
-        aggregates and receives two or more streams (its own island counts) sums them and forwards one.
-        Returns the summing cities, each to the next summing city toward the root.
+        aggregates and receives two or more streams (its own island counts) sums them and forwards one,
+        as long as no member's path climbs more than ROUTE_HOPS + 1 summing levels, the root included
+        (a frame names only ROUTE_HOPS aggregators above the one it reaches; `_cap_levels` chooses which
+        cities keep summing). A city that does not sum forwards its streams unsummed and is not charged.
+        Returns the schedule's tree: each summing city to the next summing city toward the root, and
+        each member city that does not sum to the summing city its vector meets first, when that is not
+        the root (the islands send their contributions there; docs/schedule.md).
         """
         hub, members = clique.aggregator, clique.members
-        depth = {hub: 0}
-
-        def depth_of(city):
-            if city not in depth:
-                depth[city] = depth_of(parent[city]) + 1
-            return depth[city]
-
-        streams = {}
+        depth, own = {hub: 0}, {}
         for member in members:
-            streams[member] = streams.get(member, 0) + 1
+            own[member] = own.get(member, 0) + 1
+            path = []
             city = member
-            while city != hub:
-                depth_of(city)
+            while city not in depth:
+                path.append(city)
                 city = parent[city]
-                streams.setdefault(city, 0)
+            for step in reversed(path):
+                depth[step] = depth[parent[step]] + 1
+        upward = sorted((c for c in depth if c != hub), key=lambda c: (-depth[c], c))  # leaves first
         summing = set()
-        aggregates = set(self.aggregation_cities)
-        for city in sorted((c for c in streams if c != hub), key=lambda c: (-depth[c], c)):
-            sums = self.reduce_in_path and city in aggregates and streams[city] >= 2
-            sent = 1 if sums else streams[city]
-            if sums:
-                summing.add(city)
+        if self.reduce_in_path:
+            aggregates = set(self.aggregation_cities)
+            streams = {city: own.get(city, 0) for city in depth}
+            for city in upward:
+                if city in aggregates and streams[city] >= 2:
+                    summing.add(city)
+                streams[parent[city]] += 1 if city in summing else streams[city]
+        down = np.zeros(len(self.capacity_bps))
+        self._add_down_tree(down, parent, depth, hub, members, self.vector_bits)
+
+        if summing:
+            summing = self._cap_levels(summing, hub, members, parent, upward, own, down)
+        loads += down
+        streams = {city: own.get(city, 0) for city in depth}
+        for city in upward:
+            sent = 1 if city in summing else streams[city]
+            if city in summing:
                 self._charge_aggregator(loads, city, streams[city], 1)
             loads[self.edge_index[(city, parent[city])]] += sent * self.vector_bits
             streams[parent[city]] += sent
         self._charge_aggregator(loads, hub, streams[hub], 1 if self._replicates[hub] else len(members))
-        self._add_down_tree(loads, parent, depth, hub, members, self.vector_bits)
         if not self.reduce_in_path:
             return None
         tree = {}
-        for city in sorted(summing):
+        for city in sorted(summing | (set(members) - {hub})):
             up = parent[city]
             while up != hub and up not in summing:
                 up = parent[up]
-            tree[city] = up
+            if city in summing or up != hub:
+                tree[city] = up
         return tree
+
+    def _cap_levels(self, summing, hub, members, parent, upward, own, down):
+        """The cities that sum, out of `summing` (every aggregating city with two or more streams), such
+        that no member's path climbs more than ROUTE_HOPS + 1 of them, the root included.
+
+        When `summing` already fits it is kept as is. Otherwise the subset with the least busiest
+        resource (then the least total time over all resources) is found by dynamic programming over the
+        tree: a clique's time is its propagation term, which the tree does not change, plus its busiest
+        resource's load, and every resource but the fixed result tree belongs to one city (its uplink and
+        its aggregator), whose load depends only on how many streams it receives and whether it sums. So
+        per city, per summing levels still allowed below it and per streams it sends up, the best subtree
+        is built from its children's; exact for the busiest resource, greedy on the tie-break. A city that
+        stops summing forwards every stream it receives, which its uplink and the next summing aggregator
+        carry; with aggregators at least as fast as the links, the result is never faster than `summing`.
+        """
+        levels = {hub: 1}
+        for city in reversed(upward):  # the root side first
+            levels[city] = levels[parent[city]] + (city in summing)
+        if max(levels[member] for member in members) <= ROUTE_HOPS + 1:
+            return summing
+        vector, capacity = self.vector_bits, self.capacity_bps
+        children = {}
+        for city in reversed(upward):
+            children.setdefault(parent[city], []).append(city)
+
+        def charge(city, streams_in, copies_out):
+            """(longest, total) seconds of the aggregator at `city`; nothing where it is ideal."""
+            first = self._aggregator_index.get(city)
+            if first is None:
+                return (0.0, 0.0)
+            times = [streams_in * vector / capacity[first], streams_in * vector / capacity[first + 1],
+                     copies_out * vector / capacity[first + 2]]
+            return (max(times), sum(times))
+
+        def join(a, b):
+            return (max(a[0], b[0]), a[1] + b[1])
+
+        gathered, sending = {}, {}
+
+        def gather(city, budget):
+            """Streams received from the children -> (best cost, streams each child sends)."""
+            key = (city, budget)
+            if key not in gathered:
+                table = {0: ((0.0, 0.0), ())}
+                for child in children.get(city, ()):
+                    options, merged = send(child, budget), {}
+                    for total, (cost, split) in table.items():
+                        for sent, (child_cost, _) in options.items():
+                            trial = join(cost, child_cost)
+                            if total + sent not in merged or trial < merged[total + sent][0]:
+                                merged[total + sent] = (trial, split + (sent,))
+                    table = merged
+                gathered[key] = table
+            return gathered[key]
+
+        def send(city, budget):
+            """Streams sent up by `city` with `budget` summing levels left -> (best cost, how)."""
+            key = (city, budget)
+            if key not in sending:
+                result, link = {}, self.edge_index[(city, parent[city])]
+                ways = [(False, budget)] + ([(True, budget - 1)] if budget and city in summing else [])
+                for sums, below in ways:
+                    for total, (cost, split) in gather(city, below).items():
+                        received = own.get(city, 0) + total
+                        if sums and received < 2:
+                            continue
+                        sent = 1 if sums else received
+                        link_s = sent * vector / capacity[link]
+                        trial = join(cost, (link_s, link_s))
+                        if sums:
+                            trial = join(trial, charge(city, received, 1))
+                        if sent not in result or trial < result[sent][0]:
+                            result[sent] = (trial, (sums, below, split))
+                sending[key] = result
+            return sending[key]
+
+        fixed = (float(np.max(down / capacity)), float(np.sum(down / capacity)))
+        copies = 1 if self._replicates[hub] else len(members)
+        best = None
+        for total, (cost, split) in gather(hub, ROUTE_HOPS).items():
+            trial = join(join(cost, fixed), charge(hub, own.get(hub, 0) + total, copies))
+            if best is None or trial < best[0]:
+                best = (trial, split)
+        chosen, stack = set(), [(hub, ROUTE_HOPS, best[1])]
+        while stack:
+            city, budget, split = stack.pop()
+            for child, sent in zip(children.get(city, ()), split):
+                sums, below, child_split = send(child, budget)[sent][1]
+                if sums:
+                    chosen.add(child)
+                stack.append((child, below, child_split))
+        return chosen
 
     def profile(self, clique):
         cached = self._profiles.get(clique)

@@ -83,12 +83,21 @@ def write_schedule(plan, path):
         handle.write("\n")
 
 
-def _check_tree(tree, root, exchange, at):
-    """A reduction tree maps each summing city to its parent; following parents must reach the root."""
+def _check_tree(tree, root, members, exchange, at):
+    """A reduction tree maps each aggregator below the root to its parent aggregator, and may map a
+    member city that does not aggregate to the aggregator its island sends to; the aggregators are the
+    root and the tree's values, and following parents must reach the root."""
     if exchange != AGGREGATE:
         raise ScheduleError(f"{at}: only an aggregating clique has a reduction tree")
     if not isinstance(tree, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tree.items()):
         raise ScheduleError(f"{at}: 'tree' must map city names to their parent city")
+    if root in tree:
+        raise ScheduleError(f"{at}: 'tree' gives the aggregator {root!r} a parent, but it is the root")
+    aggregators = set(tree.values())
+    for city in tree:
+        if city not in members and city not in aggregators:
+            raise ScheduleError(f"{at}: 'tree' maps {city!r}, which is neither a member nor a city that others "
+                                f"send to")
     for city in tree:
         seen = {city}
         while city != root:
@@ -98,8 +107,24 @@ def _check_tree(tree, root, exchange, at):
             seen.add(city)
 
 
+def member_paths(members, root, tree):
+    """member -> the aggregators its contribution climbs, its own level's first and the root last, by a
+    clique's reduction tree (a validated one, or None): a member sends to its own city when that sums,
+    else to tree[city], else to the root."""
+    tree = tree or {}
+    aggregators = {root, *tree.values()}
+    paths = {}
+    for member in members:
+        path = [member if member in aggregators else tree.get(member, root)]
+        while path[-1] != root:
+            path.append(tree[path[-1]])
+        paths[member] = path
+    return paths
+
+
 def parse_schedule(document, source="schedule"):
-    """Validate a schedule document; returns its rounds as lists of (members, aggregator)."""
+    """Validate a schedule document; returns its rounds as lists of (members, aggregator, tree), tree
+    None where the clique has none."""
     if not isinstance(document, dict):
         raise ScheduleError(f"{source}: the top level must be a JSON object")
     islands = document.get("islands")
@@ -137,9 +162,10 @@ def parse_schedule(document, source="schedule"):
                 raise ScheduleError(f"{at}: an aggregating clique needs an aggregator city")
             if exchange != AGGREGATE and aggregator is not None:
                 raise ScheduleError(f"{at}: a {exchange} clique has no aggregator")
+            tree = clique.get("tree")
             if "tree" in clique:
-                _check_tree(clique["tree"], aggregator, exchange, at)
-            round_cliques.append((tuple(members), aggregator))
+                _check_tree(tree, aggregator, members, exchange, at)
+            round_cliques.append((tuple(members), aggregator, tree))
         parsed.append(round_cliques)
     return parsed
 
@@ -156,6 +182,8 @@ class ScheduleFile:
     period: tuple
     topology: object
     document: dict
+    trees: tuple = ()
+    """Per round of the period, per clique: its reduction tree ({city: parent}) or None."""
 
     def cliques(self, round_):
         return self.period[round_ % len(self.period)]
@@ -172,8 +200,10 @@ def load_schedule_file(path):
     """
     document = read_json(path, "schedule", ScheduleError)
     period = parse_schedule(document, str(path))
-    return ScheduleFile(tuple(document["islands"]), tuple(tuple(cliques) for cliques in period),
-                        document.get("topology"), document)
+    return ScheduleFile(tuple(document["islands"]),
+                        tuple(tuple((members, aggregator) for members, aggregator, _ in cliques) for cliques in period),
+                        document.get("topology"), document,
+                        tuple(tuple(tree for _, _, tree in cliques) for cliques in period))
 
 
 # ---------------------------------------------------------------------------------------------------
