@@ -32,12 +32,12 @@ import sys
 import threading
 import time
 
-from .datagram import MAX_DATAGRAM, PAYLOAD_OFFSET, ip_int, ip_str, payload_of, set_receive_buffer, socket_drops, wrap
+from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, set_receive_buffer, socket_drops, wrap
 from .errors import InwireError
-from .fastpath import FastAggregator, compiled
+from .fastpath import FastAggregator, compiled, next_hop
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field, parse_header
-from .protocol import DROP_COUNTERS, FRAME_OFFSETS, INWIRE_PORT, Disposition, Opcode
+from .protocol import DROP_COUNTERS, INWIRE_PORT, Disposition, Opcode
 
 POLL_S = 0.1
 """Longest a wait for input lasts, so that a stop request is seen promptly."""
@@ -60,8 +60,6 @@ _MEMBER = struct.Struct("!4xB3xI16xI")
 _destination = operator.itemgetter(1)
 _RESULT = struct.Struct("!4xB3xI16xIQ")
 """sender, job, group and bitmap of a result payload."""
-_HOP1 = struct.Struct(f"!{FRAME_OFFSETS['hop1'] - PAYLOAD_OFFSET}xI")
-"""hop1 of a payload: where the partial it completes goes."""
 
 
 class ServeError(InwireError):
@@ -163,7 +161,7 @@ class SoftwareAggregator:
         if answer is None:
             return []
         if answer[3] == Opcode.PARTIAL:
-            parent = (ip_str(_HOP1.unpack_from(payload)[0]), self.config.port)
+            parent = (ip_str(next_hop(payload)), self.config.port)
             self.parents[_MEMBER.unpack_from(payload)[1:]] = parent
             return [(answer, parent)]
         if answer[3] != Opcode.RESULT:
