@@ -24,7 +24,7 @@ def add_arguments(parser):
     parser.add_argument("--core-mhz", type=float, default=31.25,
                         help=f"core clock, {PLL_VCO_HZ / 1e6:g} MHz divided by an integer from 4 to 128")
     parser.add_argument("--out", type=Path, default=Path("build/board"), help="folder for the build")
-    parser.add_argument("--seed", type=int, default=1, help="nextpnr's placement seed")
+    parser.add_argument("--seed", type=int, default=board_build.DEFAULT_SEED, help="nextpnr's placement seed")
 
 
 def run(args):
