@@ -210,25 +210,33 @@ async def reset_in_the_middle_of_a_frame(dut):
     await tb.check()
 
 
+def interleave(chooser, queues, stray, probability):
+    """The queues' frames shuffled together, each queue's kept in order; before a frame, with `probability`,
+    one more from `stray(frames so far)` (foreign, malformed or replayed)."""
+    frames = []
+    while any(queues):
+        if chooser.random() < probability:
+            frames.append(stray(frames))
+        queue = chooser.choice([q for q in queues if q])
+        frames.append(queue.pop(0))
+    return frames
+
 @cocotb.test()
 async def random_mix_under_backpressure(dut):
     tb, traffic = await start(dut, 13, source_pause=0.25, sink_pause=0.5)
     chooser = random.Random(13)
     cliques = [traffic.clique(chooser.randint(1, 48), fanin=chooser.randint(1, 5), slot=slot, job=slot % 2,
                               round=chooser.randint(0, 2**32 - 1)) for slot in range(8)]
-    frames = []
-    while any(cliques):
+
+    def stray(frames):
         roll = chooser.random()
-        if roll < 0.15:
-            frames.append(chooser.choice(traffic.foreign()))
-        elif roll < 0.2:
-            frames.append(chooser.choice(malformed(traffic))[0])
-        elif roll < 0.25 and frames:
-            frames.append(chooser.choice(frames))
-        else:
-            queue = chooser.choice([q for q in cliques if q])
-            frames.append(queue.pop(0))
-    await tb.send(frames)
+        if roll < 0.6:
+            return chooser.choice(traffic.foreign())
+        if roll < 0.8 or not frames:
+            return chooser.choice(malformed(traffic))[0]
+        return chooser.choice(frames)
+
+    await tb.send(interleave(chooser, cliques, stray, 0.25))
     await tb.check()
 
 
@@ -405,13 +413,8 @@ async def random_tree_mix_under_backpressure(dut):
             queues.append(version1(traffic, count, slot, job))
         else:
             queues.append(traffic.clique(count, fanin=3, slot=slot, job=job))
-    frames = []
-    while any(queues):
-        if chooser.random() < 0.1:
-            frames.append(chooser.choice(traffic.foreign() + [frame for frame, _ in malformed(traffic)]))
-        queue = chooser.choice([q for q in queues if q])
-        frames.append(queue.pop(0))
-    await tb.send(frames)
+    strays = traffic.foreign() + [frame for frame, _ in malformed(traffic)]
+    await tb.send(interleave(chooser, queues, lambda _frames: chooser.choice(strays), 0.1))
     await tb.check()
 
 
