@@ -58,7 +58,7 @@ ROUTE_HOPS = 2
 
 AGGREGATION_FIELDS = (
     Field("magic", 2, "0x4957 ('IW'): marks an inwire header"),
-    Field("version", 1, "protocol version, 2 (an aggregator takes 1 too: see VERSION)"),
+    Field("version", 1, "protocol version, 2; aggregators still take version 1 frames (see Versions)"),
     Field("opcode", 1, "contribution, partial, result, result request, stats request or stats reply"),
     Field("sender", 1, "sender's index within its clique, below fanin; in an answer, whose frame caused it"),
     Field("fanin", 1, "number of members in the clique, 1 to the aggregator's maximum"),
