@@ -36,7 +36,7 @@ from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, set_receive_buff
 from .errors import InwireError
 from .fastpath import FastAggregator, compiled, next_hop
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
-from .packets import frame_field, parse_header
+from .packets import frame_field
 from .protocol import DROP_COUNTERS, INWIRE_PORT, Disposition, Opcode
 
 POLL_S = 0.1
@@ -149,15 +149,7 @@ class SoftwareAggregator:
         disposition, answer = self.fast.handle(payload, self.ticks() if now is None else now)
         if disposition == Disposition.ACCUMULATED or (disposition == Disposition.ANSWERED
                                                       and payload[3] in (Opcode.CONTRIBUTION, Opcode.PARTIAL)):
-            sender, job, group = _MEMBER.unpack_from(payload)
-            key = (job, group)
-            if payload[3] == Opcode.PARTIAL:
-                self.children.setdefault(key, set()).add(peer)
-            else:
-                members = self.members.get(key)
-                if members is None:
-                    members = self.members[key] = {}
-                members[sender] = peer
+            self._learn(payload, peer)
         if answer is None:
             return []
         if answer[3] == Opcode.PARTIAL:
@@ -186,7 +178,7 @@ class SoftwareAggregator:
         after = self.model.stats()
         answered = after["answered"] > before["answered"]
         if answered or after["accumulated"] > before["accumulated"]:
-            self._learn(frame, peer)
+            self._learn(payload, peer)
         sends = []
         for output in outputs:
             body = payload_of(output)
@@ -200,14 +192,14 @@ class SoftwareAggregator:
                 sends.append((body, destination))
         return sends
 
-    def _learn(self, frame, peer):
-        """Only frames the model accepted get here, so the header is whole and well-formed."""
-        header = parse_header(frame)
-        key = (int(header["job"]), int(header["group"]))
-        if header["opcode"] == Opcode.PARTIAL:
-            self.children.setdefault(key, set()).add(peer)
-        elif header["opcode"] == Opcode.CONTRIBUTION:
-            self.members.setdefault(key, {})[int(header["sender"])] = peer
+    def _learn(self, payload, peer):
+        """Who sent an accepted contribution or partial (only those get here, so the header is whole), for
+        unicast copies: a member by its index, an aggregator below by its address."""
+        sender, job, group = _MEMBER.unpack_from(payload)
+        if payload[3] == Opcode.PARTIAL:
+            self.children.setdefault((job, group), set()).add(peer)
+        elif payload[3] == Opcode.CONTRIBUTION:
+            self.members.setdefault((job, group), {})[sender] = peer
 
     def _unicast_copies(self, body, peer, answered):
         if answered:
