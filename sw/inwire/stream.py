@@ -21,7 +21,6 @@ the two round pools keep the last round's results for late retransmissions (Swit
 """
 
 import asyncio
-import struct
 import time
 from dataclasses import dataclass
 
@@ -33,13 +32,13 @@ from .codec import choose_exponent, dequantize, quantize
 from .datagram import PAYLOAD_HEADER_BYTES, ip_int, parse_endpoint, parse_stats_reply, payloads_of
 from .diagnosis import diagnose
 from .errors import InwireError
+from .fastpath import HEADER as RESULT_HEADER
 from .packets import build_frames
 from .plan.cost import ScheduleError
 from .plan.jsonfile import read_json
 from .plan.schedule_file import load_schedule_file, member_paths
 from .plan.topology import TopologyError, load_topology
 from .protocol import (
-    AGGREGATION_FIELDS,
     ELEMENT_BYTES,
     ELEMENT_DTYPE,
     INT32_MAX,
@@ -73,11 +72,6 @@ received sums and expected bytes, float32 model and its share of the int64 expec
 MAX_FRAMES = {"pcap": 1 << 20, "sim": 1 << 17}
 """Most contributions a run may send to an in-process aggregator: the golden model takes ~0.25 ms a frame
 (a million frames: minutes, a capture of ~1 GB), the gateware in co-simulation far longer."""
-_RESULT_FIELDS = AGGREGATION_FIELDS[:[field.name for field in AGGREGATION_FIELDS].index("bitmap") + 1]
-_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
-RESULT_HEADER = struct.Struct("!" + "".join(_CODES[field.nbytes].lower() if field.signed else _CODES[field.nbytes]
-                                            for field in _RESULT_FIELDS))
-"""A result's header fields from magic to bitmap, in table order."""
 RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
 """A result payload without elements: header and status trailer."""
 
