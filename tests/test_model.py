@@ -148,7 +148,7 @@ def test_newer_round_reclaims_an_unfinished_slot_and_others_collide():
     aggregator = Aggregator(CONFIG)
     aggregator.process(contribution((5, 5, 5), sender=0, round=4))
     assert disposition_of(aggregator, contribution(sender=1, job=10, round=9))[0] == Disposition.DROP_COLLISION
-    assert disposition_of(aggregator, contribution(sender=1, round=3))[0] == Disposition.DROP_COLLISION
+    assert disposition_of(aggregator, contribution(sender=1, round=3))[0] == Disposition.DROP_STALE
     assert disposition_of(aggregator, contribution(sender=1, round=4, clique=3))[0] == Disposition.DROP_COLLISION
     assert disposition_of(aggregator, contribution((1, 1, 1), sender=1, round=5))[0] == Disposition.ACCUMULATED
     assert aggregator.stats()["slots_reclaimed"] == 1

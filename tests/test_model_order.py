@@ -46,6 +46,7 @@ FAILURES = (
     {"fields": {"elements": np.zeros(CONFIG.max_elements + 1, dtype=np.int64)}},
     {"fields": {"group": 0x0A_00_00_01}},
     {"fields": {"slot": CONFIG.slots}},
+    {"fields": {"hop1": CONFIG.ip}},
 )
 
 
@@ -117,10 +118,10 @@ def result_request(**fields):
     return with_checksum(frame)
 
 
-def _completed(fanin=1):
+def _completed(fanin=1, chunk=0):
     aggregator = Aggregator(CONFIG)
     for sender in range(fanin):
-        aggregator.process(contribution(fanin=fanin, sender=sender))
+        aggregator.process(contribution(fanin=fanin, sender=sender, chunk=chunk))
     return aggregator
 
 
@@ -138,8 +139,11 @@ SLOT_CASES = {
     "mismatch before stored answer": (lambda: _completed(1), lambda: contribution(fanin=1, exponent=-2), 2),
     "mismatch before duplicate": (_started, lambda: contribution(exponent=-2), 2),
     "stored answer before duplicate": (lambda: _completed(1), lambda: contribution(fanin=1), 3),
-    "collision before accumulation": (_started, lambda: contribution(job=10, sender=1), 5),
-    "newer round of the same job reclaims instead of colliding": (_started, lambda: contribution(round=5, sender=1), 6),
+    "stale before collision": (_started, lambda: contribution(round=3, sender=1), 5),
+    "stale before claiming a completed slot": (lambda: _completed(1), lambda: contribution(fanin=1, round=3), 5),
+    "earlier chunk is stale before claiming": (lambda: _completed(1, chunk=16), lambda: contribution(fanin=1), 5),
+    "collision before accumulation": (_started, lambda: contribution(job=10, sender=1), 6),
+    "newer round of the same job reclaims instead of colliding": (_started, lambda: contribution(round=5, sender=1), 7),
 }
 
 

@@ -114,7 +114,13 @@ Slots: the host picks the slot. A slot belongs to (job, round, clique, chunk) fr
 or partial, which also fixes fan-in, group, count, exponent and level (`expect`, 0 meaning the whole
 clique); another level for the same owner is `drop_mismatch`. A contribution to a completed slot with another
 owner claims it afresh; to an unfinished slot with another owner it is a collision, unless it comes from the
-same job and a newer round (32-bit serial-number order), which reclaims the slot. Each frame holds a set of
+same job and a newer round (32-bit serial-number order), which reclaims the slot. Neither may a stale frame:
+one of the owner's job that is older, from an earlier round (serial order, so rounds may wrap) or from the
+same round and clique with an earlier chunk (an offset within the vector, which does not wrap), is
+`drop_stale` while the slot's lease runs, whether the slot is complete or not. A delayed copy of chunk j
+arriving after chunk j + k (k a multiple of the slot pool) completed in its slot would otherwise evict that
+newer result before every member had it. Only one order counts, the owner's job: another job's frame is
+never stale, and a job that restarts its rounds under the same id waits for the lease. Each frame holds a set of
 members (`bitmap`; 0 means its `sender` alone), which must lie within the level, whose members must lie below
 fan-in (else `drop_sender`). Each member is summed once: the slot keeps the union of the member sets summed
 into it, and a frame whose set overlaps it is `drop_duplicate`, counted and never summed, even when only one
@@ -136,8 +142,9 @@ accepted contribution (a claim or a sum; duplicates, drops and result requests d
 `lease` ticks have passed since then, a contribution with any other owner claims the slot afresh (its
 partial sums are lost; its members' retransmissions collide until the new owner completes, then claim it
 again) and counts in `leases_expired`. Before that, another owner collides: a live slot is never taken,
-except by a newer round of its own job, which is checked first. The lease does not touch completed slots:
-their stored result answers retransmissions until any other owner claims them, as above. Time is the
+except by a newer round of its own job, which is checked first. For a completed slot the lease bounds only
+how long older frames of its job are refused as stale; their stored result answers retransmissions until a
+newer or another owner claims them, as above (or, after the lease, any owner). Time is the
 lease timer's: the gateware counts pulses of its `lease_tick` input (a board makes one every millisecond),
 `inwire serve` counts milliseconds. Timer and stamps are {TIME_BITS} bits wide: a slot idle for longer than
 2**{TIME_BITS} ticks counts as idle for that time modulo 2**{TIME_BITS}. `lease` is the aggregator's parameter
@@ -170,6 +177,18 @@ reaches the next aggregator over a direct link), from and to the aggregator's po
 tree listens on the same UDP port, since a hop names only an address), with its route moved up one level:
 `expect` = `hop1_expect`, `hop1` = `hop2`, `hop1_expect` = `hop2_expect`, `hop2` = `hop2_expect` = 0. It
 counts in `partials_emitted`.
+
+Routes are untrusted input like every other field, so an aggregator checks where a frame's route would send
+its partial before anything else about the slot (`drop_route`, in the order above, which leaves every slot
+as it was): `hop1` may not be the aggregator's own address (a partial sent to itself would loop) nor the
+frame's IPv4 source (back down the tree, or back to a forger), and must lie in the aggregator's upstream
+prefix, its parameter `upstream` (default: the /24 of its own address; `inwire serve --upstream`), so that
+a forged frame cannot make it a reflector towards any address; `hop2` must be 0 when `hop1` is, and may be
+neither `hop1` nor the aggregator itself, so the hops strictly climb. A partial's route is then exactly its
+asker's moved up one level, and every output goes either to the group (a result), to `hop1` (a partial) or
+to the requester (a stats reply). No chain of partials can loop: each partial's route is shorter than its
+asker's by one hop and a frame names at most two, so one frame causes at most two partials, one per level
+above the first aggregator.
 
 ## Loss recovery
 

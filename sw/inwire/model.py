@@ -63,6 +63,8 @@ TIME_BITS = 16
 so a slot idle for k * 2**TIME_BITS + t ticks counts as idle for t (65.5 s at LEASE_TICK_S: an abandoned
 slot looks live again for one lease in every 65.5 s). Narrow, so that the gateware's subtraction and
 comparison stay short carry chains."""
+DEFAULT_UPSTREAM_LENGTH = 24
+"""Without a configured upstream prefix an aggregator sends partials only within the /24 of its own address."""
 LEASE_TICK_S = 0.001
 """The tick `inwire serve` counts and a board's prescaler makes: one millisecond."""
 DEFAULT_LEASE = 2000
@@ -83,8 +85,12 @@ class AggregatorConfig:
     gateway_mac: int = GATEWAY_MAC
     """Destination MAC of the partials it sends up a reduction tree: its next-hop router's."""
     lease: int = DEFAULT_LEASE
-    """Ticks without an accepted contribution after which an unfinished slot may be claimed by any owner;
-    0 for no lease (an unfinished slot then waits for its owner, or a newer round of its job, forever)."""
+    """Ticks without an accepted contribution after which an unfinished slot may be claimed by any owner,
+    and a completed one by an older frame of its job; 0 for no lease (an unfinished slot then waits for its
+    owner, or a newer round of its job, forever)."""
+    upstream: tuple = None
+    """(network, prefix length): the only addresses partials may be sent to, the aggregators above this one;
+    None: the /24 of `ip`."""
 
     def __post_init__(self):
         mac_bytes(self.mac)
@@ -97,6 +103,27 @@ class AggregatorConfig:
                 raise TypeError(f"aggregator {name} must be an integer, got {value!r}")
             if not low <= value <= high:
                 raise ValueError(f"aggregator {name} must lie in [{low}, {high}], got {value}")
+        network, length = self.upstream_prefix
+        if not (0 <= network < 2**32 and 0 <= length <= 32) or network & ~_prefix_mask(length) & 0xFFFFFFFF:
+            raise ValueError(f"aggregator upstream must be (network, prefix length) with no host bits set, "
+                             f"got {self.upstream!r}")
+
+    @property
+    def upstream_prefix(self):
+        """(network, prefix length) of the addresses partials may go to."""
+        if self.upstream is None:
+            return self.ip & _prefix_mask(DEFAULT_UPSTREAM_LENGTH), DEFAULT_UPSTREAM_LENGTH
+        network, length = self.upstream
+        return int(network), int(length)
+
+    def is_upstream(self, address):
+        """Whether a partial may be sent to IPv4 `address` (an int)."""
+        network, length = self.upstream_prefix
+        return address & _prefix_mask(length) == network
+
+
+def _prefix_mask(length):
+    return (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
 
 
 @dataclass
@@ -120,6 +147,29 @@ class Slot:
 def round_is_newer(candidate, current):
     """Serial-number comparison of 32-bit rounds, so that round numbers may wrap."""
     return 0 < ((candidate - current) & 0xFFFFFFFF) < 2**31
+
+
+def is_older(key, owner):
+    """Whether a frame of owner key `key` (job, round, clique, chunk) is older than the slot's `owner`: the
+    same job and an earlier round (serial order, so rounds may wrap), or the same round and clique and an
+    earlier chunk (chunks are offsets within one vector and do not wrap)."""
+    job, round_, clique, chunk = key
+    owner_job, owner_round, owner_clique, owner_chunk = owner
+    if job != owner_job:
+        return False
+    if round_ != owner_round:
+        return round_is_newer(owner_round, round_)
+    return clique == owner_clique and chunk < owner_chunk
+
+
+def _route_allowed(config, source, tree):
+    """Where a frame's route may send this aggregator's partial: up, never to itself or back to the frame's
+    source, only within the upstream prefix; and `hop2` only above a `hop1`, distinct from it and from this
+    aggregator. Version 1 frames and a root's frames (every hop 0) have no route to check."""
+    if not tree.hop1:
+        return not tree.hop2
+    return (tree.hop1 != config.ip and tree.hop1 != source and config.is_upstream(tree.hop1)
+            and tree.hop2 != tree.hop1 and tree.hop2 != config.ip)
 
 
 def _lengths_disagree(frame, header):
@@ -160,6 +210,10 @@ FRAME_CHECKS = (
      lambda agg, frame, header: not is_multicast_group(header["group"])),
     (Disposition.DROP_SLOT, "its slot is beyond the aggregator's slots",
      lambda agg, frame, header: header["slot"] >= agg.config.slots),
+    (Disposition.DROP_ROUTE, "its `hop1` is the aggregator's own address, the frame's IPv4 source or outside "
+                             "the aggregator's upstream prefix, or its `hop2` is set while `hop1` is 0, equals "
+                             "`hop1` or is the aggregator's own address",
+     lambda agg, frame, header: not _route_allowed(agg.config, frame_field(frame, "ip_src"), tree_fields(header))),
 )
 """The checks before any slot is looked at, in the order `Aggregator` applies them: (disposition, when,
 test). The first that applies decides; docs/protocol.md lists them from here."""
@@ -172,6 +226,9 @@ SLOT_CHECKS = (
      "it is a contribution or partial with the slot's owner but another fan-in, group, count, exponent or level"),
     (Disposition.ANSWERED, "it is a contribution or partial to its owner's completed slot: the stored output again"),
     (Disposition.DROP_DUPLICATE, "it is a contribution or partial holding a member already summed"),
+    (Disposition.DROP_STALE, "it is a contribution or partial of the slot's owner's job but older, an earlier "
+                             "round (serial order) or the same round and clique and an earlier chunk, while the "
+                             "slot's lease has not run out"),
     (Disposition.DROP_COLLISION, "it is a contribution with another owner while the slot is unfinished, "
                                  "unless from the same job and a newer round (which reclaims the slot) or the "
                                  "slot's lease ran out: no accepted contribution for `lease` ticks (any owner "
@@ -288,7 +345,11 @@ class Aggregator:
                 return Disposition.ANSWERED, [self._output(header, slot)]
             if slot.bitmap & members:
                 return Disposition.DROP_DUPLICATE, []
-        elif slot.key is None or slot.complete:
+        elif slot.key is None:
+            self._claim(slot, header)
+        elif is_older(key, slot.key) and not self.lease_expired(slot):
+            return Disposition.DROP_STALE, []
+        elif slot.complete:
             self._claim(slot, header)
         elif header["job"] == slot.key[0] and round_is_newer(int(header["round"]), slot.key[1]):
             self.counters["slots_reclaimed"] += 1

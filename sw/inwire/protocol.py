@@ -188,6 +188,8 @@ class Disposition(IntEnum):
     DROP_MISMATCH = 16
     DROP_COLLISION = 17
     DROP_NO_RESULT = 18
+    DROP_ROUTE = 19
+    DROP_STALE = 20
 
 
 DISPOSITION_MEANING = {
@@ -218,6 +220,12 @@ DISPOSITION_MEANING = {
     Disposition.DROP_COLLISION: "slot busy with another unfinished job, round, clique or chunk whose lease "
                                 "has not run out",
     Disposition.DROP_NO_RESULT: "result request for a slot with no matching completed result",
+    Disposition.DROP_ROUTE: "its hops would send a partial where none may go: `hop1` is the aggregator itself, "
+                            "the frame's source or outside its upstream prefix, or `hop2` is set without "
+                            "`hop1`, equals `hop1` or is the aggregator itself",
+    Disposition.DROP_STALE: "older than the slot's live owner of the same job (an earlier round, or an earlier "
+                            "chunk of the same round and clique): a delayed copy, never allowed to evict a "
+                            "newer result",
 }
 
 COUNTERS = tuple(disposition.name.lower() for disposition in Disposition) + (
