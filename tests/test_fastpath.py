@@ -391,7 +391,7 @@ class ModelAndFast:
                 [payload_of(frame) for frame in frames],
                 [frame_field(frame, "ip_dst") for frame in frames
                  if frame_field(frame, "opcode") != Opcode.STATS_REPLY])
-        disposition, answer = self.fast.handle(payload, now)
+        disposition, answer = self.fast.handle(payload, now, peer[0])
         answers = [] if answer is None else [bytes(answer)]
         self.sent += answers
         destinations = [_destination(payload, body) for body in answers if body[3] != Opcode.STATS_REPLY]
@@ -536,7 +536,7 @@ def test_fast_path_equals_the_model_on_reduction_tree_traffic(backend, slots, ma
     # The stream reaches what it is meant to: both outputs, stored answers, every drop it aims at.
     for name in ("partials_emitted", "results_emitted", "answered", "saturations", "slots_reclaimed",
                  "drop_duplicate", "drop_mismatch", "drop_sender", "drop_length", "drop_no_result",
-                 "drop_collision"):
+                 "drop_collision", "drop_route"):
         assert counters[name] > 0, name
     versions = {(body[2], body[3]) for body in pair.sent}
     assert {(1, Opcode.RESULT), (2, Opcode.RESULT), (2, Opcode.PARTIAL)} <= versions

@@ -34,8 +34,8 @@ def result_elements(payload):
 def server():
     servers = []
 
-    def make(**options):
-        instance = SoftwareAggregator(("127.0.0.1", 0), log=lambda line: None, **options)
+    def make(host="127.0.0.1", **options):
+        instance = SoftwareAggregator((host, 0), log=lambda line: None, **options)
         servers.append(instance)
         return instance
     yield make
@@ -157,8 +157,8 @@ def tree_contribution(sender, values, hop1, expect, fanin=3, slot=0, job=7):
 @pytest.mark.parametrize("engine", ["golden", "fast"])
 def test_a_partial_goes_up_and_the_result_comes_back_down_to_every_member(server, engine):
     """Members 0 and 1 send to a child serve whose level is {0, 1}; member 2 sends to the root."""
-    child = server(unicast=True, engine=engine)
-    root = server(unicast=True, engine=engine)
+    child = server("127.0.0.2", unicast=True, engine=engine)
+    root = server("127.0.0.3", unicast=True, engine=engine)
     root_ip = int.from_bytes(socket.inet_aton(root.address[0]), "big")
     peers = [("127.0.0.1", 5000), ("127.0.0.1", 5001), ("127.0.0.1", 5002)]
     assert child.handle(tree_contribution(0, [1, 2], root_ip, 0b011), peers[0]) == []

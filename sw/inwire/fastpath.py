@@ -31,7 +31,7 @@ import struct
 
 import numpy as np
 
-from .datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET
+from .datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET, ip_int
 from .model import TIME_BITS
 from .protocol import (
     AGGREGATION_FIELDS,
@@ -66,7 +66,7 @@ _UNSIGNED_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _NAMES = [field.name for field in AGGREGATION_FIELDS]
 
 
-def _struct(first, last):
+def header_struct(first, last):
     """The aggregation header's fields `first` to `last` (included) as one big-endian struct."""
     fields = AGGREGATION_FIELDS[_NAMES.index(first):_NAMES.index(last) + 1]
     return struct.Struct("!" + "".join(_UNSIGNED_CODES[field.nbytes].lower() if field.signed
@@ -77,17 +77,17 @@ def _at(name):
     return FRAME_OFFSETS[name] - PAYLOAD_OFFSET
 
 
-HEADER = _struct("magic", "bitmap")
+HEADER = header_struct("magic", "bitmap")
 """The fields from `magic` to `bitmap`, in table order: an output's fields before its route (`expect` and the
 hops), and all a host reads of a result (`inwire stream` does)."""
-DECISION = _struct("magic", "expect")
+DECISION = header_struct("magic", "expect")
 """The fields a decision reads: HEADER's and `expect`. The hops are read only when a slot's output is made,
 as bytes."""
 VERSION_AT, OPCODE_AT, SENDER_AT = _at("version"), _at("opcode"), _at("sender")
 """The bytes besides the route in which a stored output's answers differ: each carries its asker's."""
 ROUTE_AT, ROUTE_END = _at("expect"), _at("reserved")
 """The route of an output: `expect`, `hop1`, `hop1_expect`, `hop2`, `hop2_expect`."""
-HOP1_AT, HOP1_EXPECT_AT = _at("hop1"), _at("hop1_expect")
+HOP1_AT, HOP1_EXPECT_AT, HOP2_AT, HOP2_EXPECT_AT = _at("hop1"), _at("hop1_expect"), _at("hop2"), _at("hop2_expect")
 _MOVED_UP = ROUTE_END - HOP1_EXPECT_AT
 """A partial's route is its asker's from `hop1_expect` on, moved to `expect`: the fields are laid out so
 that one level up is one copy (expect <- hop1_expect, hop1 <- hop2, hop1_expect <- hop2_expect)."""
@@ -105,12 +105,13 @@ _CONTRIBUTION, _PARTIAL, _RESULT, _RESULT_REQUEST, _STATS_REQUEST = (int(opcode)
     Opcode.CONTRIBUTION, Opcode.PARTIAL, Opcode.RESULT, Opcode.RESULT_REQUEST, Opcode.STATS_REQUEST))
 _V1 = VERSIONS[0]
 (_ACCUMULATED, _ANSWERED, _DROP_COLLISION, _DROP_COUNT, _DROP_DUPLICATE, _DROP_FANIN, _DROP_GROUP,
- _DROP_LENGTH, _DROP_MISMATCH, _DROP_NO_RESULT, _DROP_OPCODE, _DROP_RUNT, _DROP_SENDER, _DROP_SLOT,
- _DROP_VERSION) = (
+ _DROP_LENGTH, _DROP_MISMATCH, _DROP_NO_RESULT, _DROP_OPCODE, _DROP_ROUTE, _DROP_RUNT, _DROP_SENDER, _DROP_SLOT,
+ _DROP_STALE, _DROP_VERSION) = (
     Disposition.ACCUMULATED, Disposition.ANSWERED, Disposition.DROP_COLLISION, Disposition.DROP_COUNT,
     Disposition.DROP_DUPLICATE, Disposition.DROP_FANIN, Disposition.DROP_GROUP, Disposition.DROP_LENGTH,
-    Disposition.DROP_MISMATCH, Disposition.DROP_NO_RESULT, Disposition.DROP_OPCODE, Disposition.DROP_RUNT,
-    Disposition.DROP_SENDER, Disposition.DROP_SLOT, Disposition.DROP_VERSION)
+    Disposition.DROP_MISMATCH, Disposition.DROP_NO_RESULT, Disposition.DROP_OPCODE, Disposition.DROP_ROUTE,
+    Disposition.DROP_RUNT, Disposition.DROP_SENDER, Disposition.DROP_SLOT, Disposition.DROP_STALE,
+    Disposition.DROP_VERSION)
 """Dispositions as module globals: a member looked up on the enum class costs about 150 ns, as much as
 several of a decision's checks."""
 _COUNTER_INDEX = {name: index for index, name in enumerate(COUNTERS)}
@@ -169,18 +170,19 @@ class FastAggregator:
     def slot_key(self, slot):
         return self.keys[slot]
 
-    def handle(self, payload, now=None):
+    def handle(self, payload, now=None, source=0):
         """Disposition and answer (a payload, or None) of one datagram that arrived at `now` (lease ticks;
-        None: no time passed since the previous one); counts it."""
+        None: no time passed since the previous one) from IPv4 address `source` (an int, or a dotted string
+        as a socket gives it, read only when the datagram names a next hop); counts it."""
         if now is not None:
             self.now = now & _TIME_MASK
-        disposition, answer = self._decide(payload)
+        disposition, answer = self._decide(payload, source)
         counts = self.counts
         counts[disposition] += 1
         counts[_FRAMES_IN] += 1
         return disposition, answer
 
-    def _decide(self, payload):
+    def _decide(self, payload, source):
         length = len(payload)
         if length < RUNT_PAYLOAD:
             return _DROP_RUNT, None
@@ -223,6 +225,13 @@ class FastAggregator:
             return _DROP_GROUP, None
         if slot >= config.slots:
             return _DROP_SLOT, None
+        if version != _V1:
+            hop1 = payload[HOP1_AT:HOP1_EXPECT_AT]
+            if hop1 != _NO_HOP:
+                if not self._route_allowed(hop1, payload[HOP2_AT:HOP2_EXPECT_AT], source):
+                    return _DROP_ROUTE, None
+            elif payload[HOP2_AT:HOP2_EXPECT_AT] != _NO_HOP:
+                return _DROP_ROUTE, None
         key = (job, round_, clique, chunk)
         current = self.keys[slot]
         if opcode == _RESULT_REQUEST:
@@ -238,7 +247,15 @@ class FastAggregator:
                 return _ANSWERED, self._answer(slot, payload, version, sender)
             if self.bitmaps[slot] & members:
                 return _DROP_DUPLICATE, None
-        elif current is None or self.results[slot] is not None:
+        elif current is None:
+            self._claim(slot, key, shape)
+        elif (job == current[0]
+              and (0 < ((current[1] - round_) & 0xFFFFFFFF) < 2**31 if round_ != current[1]
+                   else clique == current[2] and chunk < current[3])
+              and not (config.lease and (self.now - self.stamps[slot]) & _TIME_MASK >= config.lease)):
+            # An older frame of the owner's job (a delayed copy) never evicts the slot while its lease runs.
+            return _DROP_STALE, None
+        elif self.results[slot] is not None:
             self._claim(slot, key, shape)
         elif job == current[0] and 0 < ((round_ - current[1]) & 0xFFFFFFFF) < 2**31:
             self.counts[_RECLAIMED] += 1
@@ -261,6 +278,16 @@ class FastAggregator:
         if bitmap != level:
             return _ACCUMULATED, None
         return _ACCUMULATED, self._complete(slot, payload, version, sender, key, shape, bitmap)
+
+    def _route_allowed(self, hop1, hop2, source):
+        """The model's route rule (`model._route_allowed`) on hop1's and hop2's bytes, hop1 not 0."""
+        config = self.config
+        hop1 = int.from_bytes(hop1, "big")
+        hop2 = int.from_bytes(hop2, "big")
+        if isinstance(source, str):
+            source = ip_int(source)
+        return (hop1 != config.ip and hop1 != source and config.is_upstream(hop1)
+                and hop2 != hop1 and hop2 != config.ip)
 
     def _claim(self, slot, key, shape):
         self.keys[slot] = key

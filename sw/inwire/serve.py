@@ -18,26 +18,49 @@ Reduction trees: a partial (the output of a level below the root) goes to the ne
 address the completing frame names (`hop1`) and this service's own port, so the services of a tree share
 one port. With `unicast=True` the root knows only the members and child aggregators that sent to it, so
 it also sends its result to each child that sent it a partial, and a child relays a result that comes
-from its parent (the address it sent that group's partials to) to the members and children it learned
-for the group; a result that answers a child's retransmitted partial reaches that child alone, and it
+from its parent (the address it sent that slot's partial to) to the members and children it learned
+for the slot; a result that answers a child's retransmitted partial reaches that child alone, and it
 relays it to all of its own.
+
+Frames are untrusted, so the service decides where its datagrams may go, beside the model's route rule
+(`drop_route`: never to itself, never back to the sender, only within the upstream prefix):
+- nothing is ever sent to the service's own address and port (with a wildcard listen address: to any
+  address of this machine at its port); such a send is refused and counted (`sends_refused`);
+- each partial sent up earns one relay: a result from that partial's parent for that slot and owner is
+  relayed once, to the slot's members and children other than the parent; any other result goes to the
+  aggregator, which drops it (`drop_opcode`). Relays send no partials, so no set of services can pass a
+  result around for ever;
+- what it learns is kept per slot (the members, children and parent of the slot's current owner), so its
+  tables are bounded by the slots, whatever the traffic;
+- a stats reply is larger than its request, so it answers only requesters on this machine or within
+  `stats_from` (default: the upstream prefix), and counts the others (`stats_refused`).
 """
 
 import contextlib
+import ipaddress
 import operator
 import select
 import socket
-import struct
 import sys
 import threading
 import time
 
-from .datagram import MAX_DATAGRAM, ip_int, ip_str, payload_of, set_receive_buffer, socket_drops, wrap
+from .datagram import (
+    MAX_DATAGRAM,
+    PAYLOAD_HEADER_BYTES,
+    PAYLOAD_OFFSET,
+    ip_int,
+    ip_str,
+    payload_of,
+    set_receive_buffer,
+    socket_drops,
+    wrap,
+)
 from .errors import InwireError
-from .fastpath import FastAggregator, compiled, next_hop
+from .fastpath import SENDER_AT, FastAggregator, compiled, header_struct, next_hop
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field
-from .protocol import DROP_COUNTERS, INWIRE_PORT, Disposition, Opcode
+from .protocol import DROP_COUNTERS, FRAME_OFFSETS, INWIRE_PORT, Disposition, Opcode
 
 POLL_S = 0.1
 """Longest a wait for input lasts, so that a stop request is seen promptly."""
@@ -49,17 +72,35 @@ each waits for a retransmission. A 1 KiB datagram costs about 2.3 KiB of buffer 
 Linux default (208 KiB) holds about 90: fewer than 3 islands x 32 in flight. 4 MiB holds 9 x 32 with
 8 KiB datagrams. Above net.core.rmem_max a root process forces it (SO_RCVBUFFORCE)."""
 MULTICAST_TTL = 8
-SERVE_COUNTERS = ("send_errors", "unicast_copies", "results_relayed")
+SERVE_COUNTERS = ("send_errors", "unicast_copies", "results_relayed", "sends_refused", "stats_refused")
 """Counters of the service itself, beside the model's: sends the kernel refused, unicast result copies
-(including those to child aggregators), results from a parent relayed down (one per copy)."""
+(including those to child aggregators), results from a parent relayed down (one per copy), datagrams that
+would have gone to the service itself, stats requests from elsewhere."""
 ENGINES = ("fast", "golden")
 BATCH = 64
 """Datagrams read per recvmmsg (with the compiled kernel)."""
-_MEMBER = struct.Struct("!4xB3xI16xI")
-"""sender, job and group of a payload: who a unicast result copy goes to."""
+_OWNER = header_struct("sender", "chunk")
+"""sender, fanin, exponent, contributors, job, round, clique, slot and chunk of a payload, at SENDER_AT."""
+_BITMAP = header_struct("bitmap", "bitmap")
+_BITMAP_AT = FRAME_OFFSETS["bitmap"] - PAYLOAD_OFFSET
 _destination = operator.itemgetter(1)
-_RESULT = struct.Struct("!4xB3xI16xIQ")
-"""sender, job, group and bitmap of a result payload."""
+LOCAL_CACHE = 256
+"""Addresses remembered as local or not (wildcard listen address only); the cache starts over when full."""
+
+
+def parse_prefix(text, option="--upstream"):
+    """'A.B.C.D/N' as (network, length), host bits not allowed; one line naming `option` otherwise."""
+    try:
+        network = ipaddress.IPv4Network(text, strict=True)
+    except ValueError as error:
+        raise ServeError(f"{option} {text!r}: {error}; give an IPv4 prefix such as 10.0.0.0/24") from None
+    return int(network.network_address), network.prefixlen
+
+
+def _owner(payload):
+    """(slot, (job, round, clique, chunk), sender) of a payload whose header is whole."""
+    sender, _, _, _, job, round_, clique, slot, chunk = _OWNER.unpack_from(payload, SENDER_AT)
+    return slot, (job, round_, clique, chunk), sender
 
 
 class ServeError(InwireError):
@@ -71,14 +112,17 @@ class SoftwareAggregator:
 
     `handle(payload, peer, now)` is the whole decision (returns the datagrams to send; `now` is the arrival
     time in lease ticks, the service's clock `ticks()` when None); `serve()` is the receive loop around it,
-    which runs until `stop()`. `lease` is the slot lease in ticks (milliseconds; 0 for none). `engine` is
+    which runs until `stop()`. `lease` is the slot lease in ticks (milliseconds; 0 for none). `upstream`
+    ((network, length), or 'A.B.C.D/N') is where partials may go (default: the /24 of the listen address),
+    `stats_from` who besides this machine may ask for the counters (default: `upstream`). `engine` is
     "fast" (default) or "golden"; `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a
     co-simulation) implies "golden".
     """
 
     def __init__(self, listen=("127.0.0.1", INWIRE_PORT), unicast=False, slots=DEFAULT_SLOTS,
                  max_elements=DEFAULT_MAX_ELEMENTS, multicast_iface=None, log=None, make_aggregator=None,
-                 engine=None, backend=None, receive_buffer=DEFAULT_RECEIVE_BUFFER, lease=DEFAULT_LEASE):
+                 engine=None, backend=None, receive_buffer=DEFAULT_RECEIVE_BUFFER, lease=DEFAULT_LEASE,
+                 upstream=None, stats_from=None):
         engine = engine or ("golden" if make_aggregator is not None else "fast")
         if engine not in ENGINES:
             raise ServeError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -101,8 +145,16 @@ class SoftwareAggregator:
         if multicast_iface:
             self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(multicast_iface))
         self.address = self.sock.getsockname()
+        if isinstance(upstream, str):
+            upstream = parse_prefix(upstream)
         self.config = AggregatorConfig(ip=ip_int(self.address[0]), port=self.address[1], slots=slots,
-                                       max_elements=max_elements, lease=lease)
+                                       max_elements=max_elements, lease=lease, upstream=upstream)
+        if isinstance(stats_from, str):
+            stats_from = parse_prefix(stats_from, "--stats-from")
+        network, length = stats_from or self.config.upstream_prefix
+        self.stats_from = ipaddress.IPv4Network((network, length))
+        self.wildcard = self.address[0] == "0.0.0.0"
+        self._local = {}
         self._started = time.monotonic()
         if engine == "fast":
             self.model = None
@@ -116,13 +168,12 @@ class SoftwareAggregator:
             self.handle = self._handle_golden
             self.batch_io = False
         self.dst_mac = self.config.mac.to_bytes(6, "big")
-        self.members = {}
-        """(job, group) -> {sender index: (ip, port)}, learned from accepted contributions."""
-        self.children = {}
-        """(job, group) -> {(ip, port)} of the aggregators below that sent accepted partials."""
+        self.learned = {}
+        """slot -> (owner key, {sender index: (ip, port)} of members, {(ip, port)} of child aggregators),
+        learned from the accepted contributions and partials of the slot's current owner."""
         self.parents = {}
-        """(job, group) -> (ip, port) this service sent the group's partials to: the only source whose
-        results it relays."""
+        """slot -> (owner key, (ip, port)) of the partial this service last sent up for the slot: the one
+        result it may relay next."""
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
         self._groups = {}
         self._stop = threading.Event()
@@ -141,37 +192,51 @@ class SoftwareAggregator:
         """Milliseconds since the service started: the arrival time of a datagram read now."""
         return int((time.monotonic() - self._started) / LEASE_TICK_S)
 
+    def _refused_before_deciding(self, payload, peer):
+        """Datagrams the service itself answers or refuses before the aggregator decides: a result (relayed
+        or refused) with `unicast`, a stats request from elsewhere, anything from its own address. None
+        when the aggregator decides."""
+        opcode = payload[3]
+        if opcode == Opcode.RESULT:
+            return self._relay(payload, peer) if self.unicast else None
+        if opcode == Opcode.STATS_REQUEST and not self._may_ask_stats(peer[0]):
+            self.own["stats_refused"] += 1
+            return []
+        return None
+
+    def _may_ask_stats(self, host):
+        address = ipaddress.IPv4Address(host)
+        return address.is_loopback or address in self.stats_from
+
     def _handle_fast(self, payload, peer, now=None):
-        if self.unicast and len(payload) > 3 and payload[3] == Opcode.RESULT:
-            relay = self._relay(payload, peer)
-            if relay is not None:
-                return relay
-        disposition, answer = self.fast.handle(payload, self.ticks() if now is None else now)
+        if len(payload) > 3 and payload[3] in _SERVICE_OPCODES:
+            refused = self._refused_before_deciding(payload, peer)
+            if refused is not None:
+                return refused
+        disposition, answer = self.fast.handle(payload, self.ticks() if now is None else now, peer[0])
         if disposition == Disposition.ACCUMULATED or (disposition == Disposition.ANSWERED
                                                       and payload[3] in (Opcode.CONTRIBUTION, Opcode.PARTIAL)):
             self._learn(payload, peer)
         if answer is None:
             return []
         if answer[3] == Opcode.PARTIAL:
-            parent = (ip_str(next_hop(payload)), self.config.port)
-            self.parents[_MEMBER.unpack_from(payload)[1:]] = parent
-            return [(answer, parent)]
+            return self._partial(answer, (ip_str(next_hop(payload)), self.config.port))
         if answer[3] != Opcode.RESULT:
-            return [(answer, peer)]
+            return self._unless_own([(answer, peer)])
         answered = disposition == Disposition.ANSWERED
         if self.unicast:
             return self._unicast_copies(answer, peer, answered)
-        group = _RESULT.unpack_from(answer)[2]
+        group = int.from_bytes(answer[_GROUP_AT:_GROUP_AT + 4], "big")
         destination = self._groups.get(group)
         if destination is None:
             destination = self._groups[group] = (ip_str(group), self.config.port)
         return [(answer, destination)]
 
     def _handle_golden(self, payload, peer, now=None):
-        if self.unicast and len(payload) > 3 and payload[3] == Opcode.RESULT:
-            relay = self._relay(payload, peer)
-            if relay is not None:
-                return relay
+        if len(payload) > 3 and payload[3] in _SERVICE_OPCODES:
+            refused = self._refused_before_deciding(payload, peer)
+            if refused is not None:
+                return refused
         frame = wrap(payload, peer, self.address, self.dst_mac)
         before = self.model.stats()
         outputs = self.model.process(frame, self.ticks() if now is None else now)
@@ -185,49 +250,91 @@ class SoftwareAggregator:
             opcode = frame_field(output, "opcode")
             if self.unicast and opcode == Opcode.RESULT:
                 sends.extend(self._unicast_copies(body, peer, answered))
+            elif opcode == Opcode.PARTIAL:
+                sends.extend(self._partial(body, (ip_str(frame_field(output, "ip_dst")),
+                                                  frame_field(output, "udp_dport"))))
             else:
                 destination = (ip_str(frame_field(output, "ip_dst")), frame_field(output, "udp_dport"))
-                if opcode == Opcode.PARTIAL:
-                    self.parents[_MEMBER.unpack_from(body)[1:]] = destination
-                sends.append((body, destination))
+                sends.extend(self._unless_own([(body, destination)]) if opcode == Opcode.STATS_REPLY
+                             else [(body, destination)])
         return sends
+
+    def _partial(self, body, parent):
+        """Send a partial to `parent` (never to this service) and earn the one relay of its result."""
+        if self._is_own(parent):
+            self.own["sends_refused"] += 1
+            return []
+        slot, key, _ = _owner(body)
+        self.parents[slot] = (key, parent)
+        return [(body, parent)]
 
     def _learn(self, payload, peer):
         """Who sent an accepted contribution or partial (only those get here, so the header is whole), for
-        unicast copies: a member by its index, an aggregator below by its address."""
-        sender, job, group = _MEMBER.unpack_from(payload)
+        unicast copies: a member by its index, an aggregator below by its address; per slot, for its
+        current owner."""
+        if payload[3] not in (Opcode.CONTRIBUTION, Opcode.PARTIAL):
+            return
+        slot, key, sender = _owner(payload)
+        entry = self.learned.get(slot)
+        if entry is None or entry[0] != key:
+            entry = self.learned[slot] = (key, {}, set())
         if payload[3] == Opcode.PARTIAL:
-            self.children.setdefault((job, group), set()).add(peer)
-        elif payload[3] == Opcode.CONTRIBUTION:
-            self.members.setdefault((job, group), {})[sender] = peer
+            entry[2].add(peer)
+        else:
+            entry[1][sender] = peer
 
     def _unicast_copies(self, body, peer, answered):
         if answered:
-            return [(body, peer)]
+            return self._unless_own([(body, peer)])
         copies = self._copies(body)
         self.own["unicast_copies"] += len(copies)
         return copies
 
-    def _copies(self, body):
-        """A result for each member and child aggregator learned for its group."""
-        _, job, group, bitmap = _RESULT.unpack_from(body)
-        members = self.members.get((job, group), {})
-        copies = [(body, address) for sender, address in sorted(members.items()) if bitmap >> sender & 1]
-        copies += [(body, address) for address in sorted(self.children.get((job, group), ()))]
-        return copies
+    def _copies(self, body, parent=None):
+        """A result for each member and child aggregator learned for its slot's owner, except `parent`
+        (where a relayed result came from) and this service."""
+        slot, key, _ = _owner(body)
+        entry = self.learned.get(slot)
+        if entry is None or entry[0] != key:
+            return []
+        bitmap, = _BITMAP.unpack_from(body, _BITMAP_AT)
+        addresses = [address for sender, address in sorted(entry[1].items()) if bitmap >> sender & 1]
+        addresses += sorted(entry[2])
+        return self._unless_own([(body, address) for address in addresses if address != parent])
 
     def _relay(self, payload, peer):
-        """Copies of a result from this group's parent aggregator, for everyone below; None for any other
-        result (the aggregator's decision then counts it)."""
-        if len(payload) < _RESULT.size:
+        """Copies of a result for everyone below, when it answers the partial this service last sent up for
+        its slot, from the parent it went to: once per partial sent. None for any other result (the aggregator's
+        decision then counts it, as `drop_opcode`)."""
+        if len(payload) < PAYLOAD_HEADER_BYTES:
             return None
-        _, job, group, _ = _RESULT.unpack_from(payload)
-        if self.parents.get((job, group)) != tuple(peer):
+        slot, key, _ = _owner(payload)
+        peer = tuple(peer)
+        if self.parents.get(slot) != (key, peer):
             return None
-        body = bytes(payload)
-        copies = self._copies(body)
+        del self.parents[slot]
+        copies = self._copies(bytes(payload), parent=peer)
         self.own["results_relayed"] += len(copies)
         return copies
+
+    def _unless_own(self, sends):
+        """`sends` without those addressed to this service, which are counted."""
+        kept = [send for send in sends if not self._is_own(send[1])]
+        self.own["sends_refused"] += len(sends) - len(kept)
+        return kept
+
+    def _is_own(self, destination):
+        """Whether a datagram to `destination` (ip, port) would come back to this service."""
+        if tuple(destination) == self.address:
+            return True
+        if not self.wildcard or destination[1] != self.address[1]:
+            return False
+        local = self._local.get(destination[0])
+        if local is None:
+            if len(self._local) >= LOCAL_CACHE:
+                self._local.clear()
+            local = self._local[destination[0]] = _is_local_address(destination[0])
+        return local
 
     def send(self, sends):
         sock = self.sock
@@ -344,6 +451,23 @@ class SoftwareAggregator:
         self.sock.close()
         if hasattr(self.model, "close"):
             self.model.close()
+
+
+def _is_local_address(host):
+    """Whether IPv4 `host` is an address of this machine: only a local address can be bound."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.bind((host, 0))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+_SERVICE_OPCODES = frozenset((int(Opcode.RESULT), int(Opcode.STATS_REQUEST)))
+"""Opcodes that the service itself looks at before the aggregator."""
+_GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
 
 
 @contextlib.contextmanager
