@@ -10,7 +10,7 @@ and this service's port.
 import ipaddress
 import signal
 
-from ..datagram import parse_endpoint
+from ..datagram import ip_str, parse_endpoint
 from ..model import DEFAULT_LEASE
 from ..protocol import INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME
 from ..serve import DEFAULT_MAX_ELEMENTS, DEFAULT_RECEIVE_BUFFER, DEFAULT_SLOTS, SoftwareAggregator
@@ -34,6 +34,13 @@ def add_arguments(parser):
     parser.add_argument("--lease", type=int, default=DEFAULT_LEASE, metavar="MS",
                         help="milliseconds without an accepted contribution after which an unfinished slot may be "
                              "claimed by another job (0: never)")
+    parser.add_argument("--upstream", default=None, metavar="PREFIX",
+                        help="IPv4 prefix (A.B.C.D/N) of the aggregators above this one: the only addresses a "
+                             "partial of a reduction tree may be sent to, whatever a frame names (default: the /24 "
+                             "of the --listen address)")
+    parser.add_argument("--stats-from", default=None, metavar="PREFIX",
+                        help="IPv4 prefix whose hosts may ask for the counters besides this machine (a stats "
+                             "reply is larger than its request; default: --upstream)")
     parser.add_argument("--sim", type=simulator, default=None, metavar="SIMULATOR[:WIDTH]",
                         help="answer with the gateware in co-simulation (icarus or verilator, width 8 to 64) "
                              "instead of the golden model")
@@ -72,7 +79,8 @@ def run(args):
         sim, width = args.sim
         kwargs["make_aggregator"] = lambda config: CoSimulation(sim, width, config)
     server = SoftwareAggregator(listen, unicast=args.unicast, slots=args.slots, max_elements=args.max_elements,
-                                multicast_iface=args.multicast_iface, lease=args.lease, **kwargs)
+                                multicast_iface=args.multicast_iface, lease=args.lease, upstream=args.upstream,
+                                stats_from=args.stats_from, **kwargs)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: server.stop())
     host, port = server.address
@@ -80,7 +88,8 @@ def run(args):
     engine = f"the gateware in {args.sim[0]} at width {args.sim[1]}" if args.sim else server.description
     server.log(f"inwire serve: listening on udp://{host}:{port}, {server.config.slots} slots of up to "
                f"{server.config.max_elements} elements, {engine}, results by {mode}, receive buffer "
-               f"{server.receive_buffer} bytes")
+               f"{server.receive_buffer} bytes, partials only to {ip_str(server.config.upstream_prefix[0])}/"
+               f"{server.config.upstream_prefix[1]}")
     if server.receive_buffer < args.receive_buffer:
         # Linux grants up to twice net.core.rmem_max without privileges; islands x window must fit.
         server.log(f"inwire serve: warning: receive buffer {server.receive_buffer} bytes, asked for "
