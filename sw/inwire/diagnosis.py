@@ -8,7 +8,8 @@ names each counter that moved and what to do about it, one line per cause.
 
 from .protocol import DISPOSITION_MEANING, Disposition
 
-EXPLAINED = ("drop_count", "drop_slot", "drop_collision", "drop_fanin", "drop_ip_fragment")
+EXPLAINED = ("drop_count", "drop_slot", "drop_collision", "drop_fanin", "drop_ip_fragment", "drop_stale",
+             "drop_route")
 """Drop counters with a cause of their own below; any other drop counter that moved is named with its
 meaning from the protocol ..."""
 EXPECTED = ("drop_duplicate", "drop_no_result")
@@ -50,6 +51,15 @@ def diagnose(report, target_kind, largest_clique, failed_slot=None, kernel=None)
         lines.append(f"collision with another job on {where}: the aggregator dropped {moved['drop_collision']} "
                      f"contributions as drop_collision, because another job's unfinished round holds them; "
                      f"run again once that job has finished or been reclaimed, or use another aggregator")
+    if "drop_stale" in moved:
+        lines.append(f"the aggregator refused {moved['drop_stale']} stale duplicates (drop_stale): delayed or "
+                     f"duplicated copies of earlier chunks or rounds that arrived after their slot had moved on; "
+                     f"they never evict a newer result, so they only cost bandwidth; a network that delays "
+                     f"datagrams this much may need a larger --timeout-ms")
+    if "drop_route" in moved:
+        lines.append(f"the aggregator refused {moved['drop_route']} frames as drop_route: the schedule's tree "
+                     f"names a next aggregator that is this one, the sender, or outside its upstream prefix; "
+                     f"start inwire serve with --upstream covering the tree's aggregators")
     if "drop_fanin" in moved:
         lines.append(f"the aggregator dropped {moved['drop_fanin']} contributions as drop_fanin: a clique of "
                      f"the schedule is larger than its maximum fan-in")
