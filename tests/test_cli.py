@@ -58,7 +58,7 @@ def test_decode_shows_members_routes_and_a_partial_s_trailer(tmp_path, capsys):
     (hops moved up, the carried overflow in its trailer); a version 1 contribution shows no tree fields, as
     an aggregator reads none; a result request's count names the slot, it has no elements."""
     tree = dict(ip_dst=CONFIG.ip, fanin=4, group=0xEF000003, slot=2, job=4, round=1, expect=0b0111,
-                hop1=0x0A000009, hop1_expect=0b1111, hop2=0x0A00000A, hop2_expect=0)
+                hop1=0x0A495709, hop1_expect=0b1111, hop2=0x0A49570A, hop2_expect=0)
     aggregator = Aggregator(CONFIG)
     below = build_frames(np.array([[2**31 - 1, 1]]), status=1, opcode=Opcode.PARTIAL, sender=1, bitmap=0b0110,
                          **tree)[0].tobytes()
@@ -72,12 +72,12 @@ def test_decode_shows_members_routes_and_a_partial_s_trailer(tmp_path, capsys):
     write_frames(capture, [below, leaf, partial, version_1, request])
     assert main(["decode", str(capture)]) == 0
     below, leaf, partial, version_1, request = (json.loads(line) for line in capsys.readouterr().out.splitlines())
-    route = {"expect": 0b0111, "hop1": "10.0.0.9", "hop1_expect": 0b1111, "hop2": "10.0.0.10", "hop2_expect": 0}
+    route = {"expect": 0b0111, "hop1": "10.73.87.9", "hop1_expect": 0b1111, "hop2": "10.73.87.10", "hop2_expect": 0}
     assert below["kind"] == "partial" and below["overflow"] is True and below["bitmap"] == 0b0110
     assert {key: leaf[key] for key in ("version", "bitmap", *route)} == {"version": 2, "bitmap": 0, **route}
     assert {key: partial[key] for key in ("kind", "bitmap", "contributors", "overflow", "elements", *route)} == {
         "kind": "partial", "bitmap": 0b0111, "contributors": 3, "overflow": True, "elements": [2**31 - 1, 2],
-        "expect": 0b1111, "hop1": "10.0.0.10", "hop1_expect": 0, "hop2": "0.0.0.0", "hop2_expect": 0}
+        "expect": 0b1111, "hop1": "10.73.87.10", "hop1_expect": 0, "hop2": "0.0.0.0", "hop2_expect": 0}
     assert version_1["version"] == 1 and not set(route) & set(version_1) and "bitmap" not in version_1
     assert request["kind"] == "result_request" and request["count"] == 2 and request["elements"] == []
 

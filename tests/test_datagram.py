@@ -51,7 +51,7 @@ def test_results_of_both_versions_and_partials_are_read():
         result = parse_result(_result([[1, -2], [INT32_MAX, 4]], version=version))
         assert int(result.header["version"]) == version
         assert result.elements.tolist() == [INT32_MAX, 2] and result.overflow
-    partial = _result([[1, -2], [3, 4]], hop1=0x0A000002)
+    partial = _result([[1, -2], [3, 4]], hop1=0x0A495702)
     assert parse_result(partial) is None
     read = parse_result(partial, opcode=Opcode.PARTIAL)
     assert read.elements.tolist() == [4, 2] and int(read.header["bitmap"]) == 0b11
