@@ -14,10 +14,9 @@ bitmap = its own bit, expect = its level (0 at the root), and the hops above wit
 result comes from the root. A member that misses a result retransmits to the same aggregator, and the
 aggregators walk the loss up the tree (docs/protocol.md). With one aggregator the trees are ignored.
 
-Slots: chunk j of clique c in round r uses slot ((r mod 2) * 2 + (j // W) mod 2) * C * W + c * W + j mod W
-(C cliques at most per round, window W). A member sends chunk j only after it holds the result of chunk
-j - W, so a slot is claimed again (by chunk j + 2W) only once every member holds its previous result; and
-the two round pools keep the last round's results for late retransmissions (SwitchML's shadow copy).
+What a member does for one round (slots, payloads, the window, retransmission, reading results) is
+`inwire.client`'s, the one member client that the torch integration uses too; this module adds the
+workload (seeded gradients, the sums to expect), the rounds in lock step, the transports and the report.
 """
 
 import asyncio
@@ -28,12 +27,12 @@ import numpy as np
 
 from inwire_hdl import parse_simulator
 
+from . import client
+from .client import MemberSum, clique_group
 from .codec import choose_exponent, dequantize, quantize
-from .datagram import PAYLOAD_HEADER_BYTES, ip_int, parse_endpoint, parse_stats_reply, payloads_of
+from .datagram import parse_endpoint, parse_stats_reply
 from .diagnosis import diagnose
 from .errors import InwireError
-from .fastpath import HEADER as RESULT_HEADER
-from .packets import build_frames
 from .plan.cost import ScheduleError
 from .plan.jsonfile import read_json
 from .plan.schedule_file import load_schedule_file, member_paths
@@ -44,26 +43,20 @@ from .protocol import (
     INT32_MAX,
     INT32_MIN,
     JUMBO_ELEMENTS_PER_FRAME,
-    MAGIC,
     MAX_ELEMENTS_PER_FRAME,
     MAX_FANIN,
     MTU_BYTES,
-    RESULT_TRAILER_BYTES,
     ROUTE_HOPS,
-    STATUS_OVERFLOW,
-    VERSION,
     Opcode,
 )
 
 GRADIENT_BOUND = 1.0
 """Seeded gradients lie in [-1, 1): every member knows this bound, so all pick the same exponent."""
 LEARNING_RATE = 0.1
-GROUP_PREFIX = ip_int("239.73.0.0")
-"""Clique c of schedule round p multicasts to 239.73.p.c."""
-DEFAULT_CHUNK = 256
-DEFAULT_WINDOW = 4
-DEFAULT_TIMEOUT_MS = 200
-DEFAULT_RETRIES = 25
+DEFAULT_CHUNK = client.DEFAULT_CHUNK
+DEFAULT_WINDOW = client.DEFAULT_WINDOW
+DEFAULT_TIMEOUT_MS = 1000 * client.DEFAULT_TIMEOUT_S
+DEFAULT_RETRIES = client.DEFAULT_RETRIES
 MAX_ELEMENTS = 1 << 26
 """Largest --elements: 256 MiB of int32 per island (the chunk offset field would take up to 2**32)."""
 BYTES_PER_ELEMENT = 32
@@ -72,8 +65,6 @@ received sums and expected bytes, float32 model and its share of the int64 expec
 MAX_FRAMES = {"pcap": 1 << 20, "sim": 1 << 17}
 """Most contributions a run may send to an in-process aggregator: the golden model takes ~0.25 ms a frame
 (a million frames: minutes, a capture of ~1 GB), the gateware in co-simulation far longer."""
-RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
-"""A result payload without elements: header and status trailer."""
 
 
 class StreamError(InwireError):
@@ -213,10 +204,6 @@ def clique_routes(members, root, tree, address, where="schedule"):
     return routes
 
 
-def clique_group(period_round, clique):
-    return GROUP_PREFIX | (period_round << 8) | clique
-
-
 @dataclass
 class StreamConfig:
     rounds: int = 4
@@ -323,7 +310,7 @@ class Workload:
 
     @property
     def slots_needed(self):
-        return 4 * self.max_cliques * self.config.window
+        return client.slots_needed(self.max_cliques, self.config.window)
 
     def clique_of(self, island, round_):
         period_round = round_ % len(self.plan.period)
@@ -334,9 +321,7 @@ class Workload:
         return None
 
     def slot(self, round_, clique, chunk):
-        window = self.config.window
-        pool = (round_ % 2) * 2 + (chunk // window) % 2
-        return pool * self.max_cliques * window + clique * window + chunk % window
+        return client.slot(round_, clique, chunk, self.config.window, self.max_cliques)
 
     def gradient(self, island, round_):
         rng = np.random.default_rng([self.config.seed, self.index[island], round_])
@@ -357,23 +342,16 @@ class Workload:
     def forget_before(self, round_):
         self._cache = {key: value for key, value in self._cache.items() if key[0] >= round_}
 
+    def key(self, clique):
+        """What every member of `clique` agrees on for its sum."""
+        return client.CliqueKey(self.config.job, clique.round, clique.clique, clique.group, len(clique.members),
+                                clique.exponent, self.max_cliques)
+
     def payloads(self, island, clique):
         """UDP payloads of the island's contributions for the round, one per chunk, built in bulk."""
-        config, q = self.config, self.contribution(island, clique)
-        full = config.elements // config.chunk
-        common = dict(opcode=Opcode.CONTRIBUTION, sender=clique.members.index(island), fanin=len(clique.members),
-                      exponent=clique.exponent, job=config.job, round=clique.round, clique=clique.clique,
-                      group=clique.group, **(clique.routes[island][1] if clique.routes else {}))
-        payloads = []
-        for first, count, rows in ((0, config.chunk, full), (full, config.elements - full * config.chunk, 1)):
-            if rows == 0 or count == 0:
-                continue
-            chunks = np.arange(first, first + rows)
-            frames = build_frames(q[first * config.chunk:(first + rows) * config.chunk].reshape(rows, count),
-                                  chunk=chunks * config.chunk,
-                                  slot=[self.slot(clique.round, clique.clique, int(j)) for j in chunks], **common)
-            payloads.extend(payloads_of(frames))
-        return payloads
+        return client.contributions(self.contribution(island, clique), clique.members.index(island), self.key(clique),
+                                    self.config.chunk, self.config.window,
+                                    clique.routes[island][1] if clique.routes else None)
 
 
 @dataclass
@@ -387,17 +365,17 @@ class RoundTally:
 
 
 class Island:
-    """One island: its socket (through the transport), its round state and its model.
+    """One island: its socket (through the transport), its round state (a `client.MemberSum`) and its model.
 
-    A result is read with one struct unpack; its elements are copied straight into the round's buffer and
-    its header fields are checked on the spot; the elements are compared with the expected sum once per
-    round, when every chunk is in (`finish_round`)."""
+    A result's elements are copied straight into the round's buffer and its header fields are checked on the
+    spot (`MemberSum.on_result`); the elements are compared with the expected sum once per round, when every
+    chunk is in (`finish_round`)."""
 
     def __init__(self, name, workload, transport, loss_rng):
         self.name, self.workload, self.transport = name, workload, transport
         self.loss_rng = loss_rng
         self.model = np.zeros(workload.config.elements, dtype=np.float32)
-        self.clique = None
+        self.sum = None
         self.prepared = None
         self.route = ()
         """(aggregator city,) this round's contributions go to, with one aggregator per city; else ()."""
@@ -417,112 +395,72 @@ class Island:
         if clique is None:
             self.prepared = None
             return
-        fanin = len(clique.members)
         expected = workload.expected_sum(clique)
         # The bytes a right round receives, compared at once at the end (only sums that fit int32 can be right).
         fits = expected.size == 0 or (expected.min() >= INT32_MIN and expected.max() <= INT32_MAX)
         self.expected_bytes = expected.astype(ELEMENT_DTYPE).tobytes() if fits else None
         self.route = (clique.routes[self.name][0],) if clique.routes else ()
-        self.prepared = (clique, workload.payloads(self.name, clique), expected,
-                         (clique.exponent, fanin, (1 << fanin) - 1, fanin))
+        self.prepared = (clique, workload.payloads(self.name, clique), expected)
 
     async def run_round(self, round_, tally):
         config = self.workload.config
         if self.prepared is None:
             return
-        clique, self.payloads, expected, self.expected_header = self.prepared
+        clique, payloads, expected = self.prepared
         self.prepared = None
-        self.clique, self.tally = clique, tally
-        self.key = (config.job, clique.round, clique.clique)
+        self.tally = tally
+        member_sum = MemberSum(payloads, self.workload.key(clique), config.elements, config.chunk, config.window,
+                               config.timeout_ms / 1000, config.retries)
         self.transport.subscribe(self.name, clique.group)
-        self.received = bytearray(ELEMENT_BYTES * config.elements)
-        self.wrong_chunks = set()
-        self.done = bytearray(len(self.payloads))
-        self.remaining = len(self.payloads)
-        self.deadline, self.tries, self.next = {}, {}, 0
         self.finished = asyncio.Event()
         self.loop = loop = asyncio.get_running_loop()
+        self.sum = member_sum
         timeout = config.timeout_ms / 1000
-        self._send_window(loop)
+        for payload in member_sum.start(loop.time()):
+            self.transmit(payload, tally)
         try:
-            while self.remaining:
+            while not member_sum.done:
                 try:
                     await asyncio.wait_for(self.finished.wait(), timeout / 4)
                 except TimeoutError:
                     pass
-                now = loop.time()
-                for chunk, deadline in list(self.deadline.items()):
-                    if now < deadline:
-                        continue
-                    if self.tries[chunk] > config.retries:
-                        tally.failure = (f"round {round_}: {self.name} got no result for chunk {chunk} after "
-                                         f"{config.retries} retransmissions")
-                        tally.failed_slot = self.workload.slot(round_, clique.clique, chunk)
-                        return
-                    self.tries[chunk] += 1
-                    tally.retransmits += 1
-                    self.deadline[chunk] = now + timeout
-                    self.transmit(self.payloads[chunk], tally)
+                for payload in member_sum.due(loop.time()):
+                    self.transmit(payload, tally)
+                if member_sum.failed_chunk is not None:
+                    chunk = member_sum.failed_chunk
+                    tally.failure = (f"round {round_}: {self.name} got no result for chunk {chunk} after "
+                                     f"{config.retries} retransmissions")
+                    tally.failed_slot = self.workload.slot(round_, clique.clique, chunk)
+                    return
         finally:
-            self.clique = None
+            self.sum = None
+            tally.retransmits += member_sum.retransmits
+            tally.checked += member_sum.checked
             self.transport.unsubscribe(self.name, clique.group)
-        sums = self.finish_round(expected)
+        sums = self.finish_round(member_sum, expected)
         average = dequantize(sums, clique.exponent, len(clique.members))
         self.model -= np.float32(LEARNING_RATE) * average
 
-    def finish_round(self, expected):
-        """Compare the round's elements with the expected sum; count each wrong result once; the sums."""
-        sums = np.frombuffer(self.received, dtype=ELEMENT_DTYPE)
+    def finish_round(self, member_sum, expected):
+        """Compare the round's elements with the expected sum; count each wrong result once (a saturated
+        one is wrong: the seeded gradients fit); the sums."""
+        sums = member_sum.sums()
+        wrong = member_sum.wrong_chunks | member_sum.overflowed_chunks
         # One comparison of the round's bytes; element by element only to find which chunks are wrong.
-        if self.expected_bytes is None or self.received != self.expected_bytes:
+        if self.expected_bytes is None or member_sum.received != self.expected_bytes:
             differ = np.flatnonzero(sums.astype(np.int64) != expected)
-            self.wrong_chunks.update((differ // self.workload.config.chunk).tolist())
-        self.tally.wrong += len(self.wrong_chunks)
+            wrong.update((differ // self.workload.config.chunk).tolist())
+        self.tally.wrong += len(wrong)
         return sums
-
-    def _send_window(self, loop):
-        config = self.workload.config
-        window, payloads, done = config.window, self.payloads, self.done
-        chunk, end = self.next, len(payloads)
-        if chunk < end and (chunk < window or done[chunk - window]):
-            deadline = loop.time() + config.timeout_ms / 1000
-            while chunk < end and (chunk < window or done[chunk - window]):
-                self.tries[chunk] = 0
-                self.deadline[chunk] = deadline
-                self.transmit(payloads[chunk], self.tally)
-                chunk += 1
-            self.next = chunk
 
     def on_result(self, payload):
         """A result payload (bytes or a view valid only during the call) for this island, or not."""
-        if self.clique is None or len(payload) < RESULT_MIN_BYTES:
+        member_sum = self.sum
+        if member_sum is None:
             return
-        (magic, version, opcode, _, fanin, exponent, contributors, job, round_, clique, _, offset, count, _, _,
-         bitmap) = RESULT_HEADER.unpack_from(payload)
-        if (magic != MAGIC or version != VERSION or opcode != Opcode.RESULT
-                or len(payload) != RESULT_MIN_BYTES + ELEMENT_BYTES * count):
-            return
-        if (job, round_, clique) != self.key:
-            return
-        config = self.workload.config
-        chunk, partial = divmod(offset, config.chunk)
-        if partial or chunk not in self.deadline:
-            return
-        want = min(config.chunk, config.elements - offset)
-        self.tally.checked += 1
-        status = int.from_bytes(payload[-RESULT_TRAILER_BYTES:], "big")
-        if (count != want or (exponent, fanin, bitmap, contributors) != self.expected_header
-                or status & STATUS_OVERFLOW):
-            self.wrong_chunks.add(chunk)
-        got = min(count, want)
-        start = ELEMENT_BYTES * offset
-        self.received[start:start + ELEMENT_BYTES * got] = payload[PAYLOAD_HEADER_BYTES:
-                                                                   PAYLOAD_HEADER_BYTES + ELEMENT_BYTES * got]
-        del self.deadline[chunk]
-        self.done[chunk] = 1
-        self.remaining -= 1
-        self._send_window(self.loop)
-        if not self.remaining:
+        for freed in member_sum.on_result(payload, self.loop.time()):
+            self.transmit(freed, self.tally)
+        if member_sum.done:
             self.finished.set()
 
 

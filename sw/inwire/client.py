@@ -1,0 +1,342 @@
+"""One member of a clique: everything an island does to sum one vector through inwire, written once.
+
+`inwire stream`'s islands and the torch integration (`inwire.train.averaging`: the model averager and the
+DDP communication hook) are thin users of this module, as SwitchML's client library is of its core:
+
+- `slot` and `SLOT_POOLS`: which aggregator slot chunk j of clique c in round r uses. Four pools: two
+  alternate between rounds (the last round's results stay for late retransmissions, SwitchML's shadow copy)
+  and, within a round, two alternate between windows: a member sends chunk j only once it holds chunk
+  j - W's result, so chunk j + 2W claims a slot again only after every member holds its previous result.
+  Any vector length works with 4 x cliques x W slots.
+- `contributions`: the UDP payloads of one member's quantized vector, one per chunk, with its clique's
+  fields and its place in a reduction tree (bitmap, level, hops).
+- `MemberSum`: the member's side of one sum, without I/O: a bounded window of chunks in flight that
+  refills as results arrive, timeouts and retransmission, every result read and checked (owner, chunk,
+  count, header, status), the sums gathered in place. A driver feeds it time and datagrams and sends what
+  it returns: the stream's asyncio islands do, over any transport; `UdpMember` does over a blocking socket.
+- `UdpMember`: one island's socket to its aggregators (one address, or one per city for reduction trees),
+  bound to the local address that routes to them (never 127.0.0.1 unless the aggregator is there), its
+  receive buffer sized for the window; `sum` runs one `MemberSum` to its end, `average` adds the codec's
+  shared exponent and the overflow re-send at twice the bound (`inwire.train.codec_average`).
+"""
+
+import select
+import socket
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .datagram import PAYLOAD_HEADER_BYTES, ip_int, payloads_of, set_receive_buffer, socket_drops
+from .errors import InwireError
+from .fastpath import HEADER as RESULT_HEADER
+from .packets import build_frames
+from .protocol import (
+    ELEMENT_BYTES,
+    ELEMENT_DTYPE,
+    MAGIC,
+    RESULT_TRAILER_BYTES,
+    STATUS_OVERFLOW,
+    VERSION,
+    Opcode,
+)
+from .train.codec_average import ATTEMPTS, AveragingError, decode, encode
+
+SLOT_POOLS = 4
+DEFAULT_CHUNK = 256
+DEFAULT_WINDOW = 4
+DEFAULT_TIMEOUT_S = 0.2
+DEFAULT_RETRIES = 25
+GROUP_PREFIX = ip_int("239.73.0.0")
+"""Clique c of schedule round p multicasts to 239.73.p.c."""
+RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
+"""A result payload without elements: header and status trailer."""
+KERNEL_BYTES_PER_DATAGRAM = 1280
+"""What the kernel charges a socket's receive buffer per datagram beyond its payload (about 1.2 KiB)."""
+
+
+class ClientError(InwireError):
+    """A sum could not finish; the message says which chunk, of which clique, and what was tried."""
+
+
+def slots_needed(max_cliques, window):
+    """Slots the schedule needs at an aggregator: every pool of every clique of a round, a window each."""
+    return SLOT_POOLS * max_cliques * window
+
+
+def slot(round_, clique, chunk, window, max_cliques):
+    """The slot of chunk `chunk` of clique `clique` in round `round_` (see the module's docstring)."""
+    pool = (round_ % 2) * 2 + (chunk // window) % 2
+    return pool * max_cliques * window + clique * window + chunk % window
+
+
+def clique_group(period_round, clique):
+    return GROUP_PREFIX | (period_round << 8) | clique
+
+
+@dataclass(frozen=True)
+class CliqueKey:
+    """What every member of a clique agrees on for one sum."""
+    job: int
+    round: int
+    clique: int
+    group: int
+    fanin: int
+    exponent: int
+    max_cliques: int = 1
+    """Most cliques in a round of the schedule: the slot layout's stride."""
+
+
+def contributions(quantized, member, key, chunk, window, route=None):
+    """UDP payloads of member `member`'s int32 vector `quantized`, one per chunk of `chunk` elements, with the
+    clique's fields `key` and, in a reduction tree, the member's `route` fields (bitmap, expect, hops)."""
+    quantized = np.asarray(quantized, dtype=np.int32)
+    elements = len(quantized)
+    full = elements // chunk
+    common = dict(opcode=Opcode.CONTRIBUTION, sender=member, fanin=key.fanin, exponent=key.exponent, job=key.job,
+                  round=key.round, clique=key.clique, group=key.group, **(route or {}))
+    payloads = []
+    for first, count, rows in ((0, chunk, full), (full, elements - full * chunk, 1)):
+        if rows == 0 or count == 0:
+            continue
+        chunks = np.arange(first, first + rows)
+        frames = build_frames(quantized[first * chunk:(first + rows) * chunk].reshape(rows, count),
+                              chunk=chunks * chunk,
+                              slot=[slot(key.round, key.clique, int(j), window, key.max_cliques) for j in chunks],
+                              **common)
+        payloads.extend(payloads_of(frames))
+    return payloads
+
+
+@dataclass
+class MemberSum:
+    """One member's side of one clique sum, without I/O.
+
+    `start(now)` returns the first window of payloads to send; `on_result(payload, now)` takes any datagram
+    (ignoring what is not a result of this sum) and returns the payloads the window frees; `due(now)` returns
+    the retransmissions due by `now`, and sets `failed_chunk` once a chunk has run out of retries. `done`
+    when every chunk's result is in: `received` holds the sums as big-endian int32 bytes, `overflow` whether
+    any result saturated (`overflowed_chunks`: which), `wrong_chunks` those whose result did not say what
+    the clique expects (members, count, exponent, fan-in). Times are in seconds on any monotonic clock."""
+    payloads: list
+    key: CliqueKey
+    elements: int
+    chunk: int = DEFAULT_CHUNK
+    window: int = DEFAULT_WINDOW
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    retries: int = DEFAULT_RETRIES
+    retransmits: int = 0
+    checked: int = 0
+    failed_chunk: int = None
+    wrong_chunks: set = field(default_factory=set)
+    overflowed_chunks: set = field(default_factory=set)
+
+    def __post_init__(self):
+        self.received = bytearray(ELEMENT_BYTES * self.elements)
+        self.done_chunks = bytearray(len(self.payloads))
+        self.remaining = len(self.payloads)
+        self.deadline, self.tries, self.next = {}, {}, 0
+        fanin = self.key.fanin
+        self.expected_header = (self.key.exponent, fanin, (1 << fanin) - 1, fanin)
+        self.owner = (self.key.job, self.key.round, self.key.clique)
+
+    @property
+    def done(self):
+        return self.remaining == 0
+
+    @property
+    def overflow(self):
+        return bool(self.overflowed_chunks)
+
+    def sums(self):
+        """The sums as int32 (valid once `done`)."""
+        return np.frombuffer(self.received, dtype=ELEMENT_DTYPE)
+
+    def start(self, now):
+        return self._refill(now)
+
+    def _refill(self, now):
+        window, payloads, done = self.window, self.payloads, self.done_chunks
+        chunk, end = self.next, len(payloads)
+        sends = []
+        if chunk < end and (chunk < window or done[chunk - window]):
+            deadline = now + self.timeout_s
+            while chunk < end and (chunk < window or done[chunk - window]):
+                self.tries[chunk] = 0
+                self.deadline[chunk] = deadline
+                sends.append(payloads[chunk])
+                chunk += 1
+            self.next = chunk
+        return sends
+
+    def next_deadline(self):
+        return min(self.deadline.values(), default=None)
+
+    def due(self, now):
+        sends = []
+        for chunk, deadline in list(self.deadline.items()):
+            if now < deadline:
+                continue
+            if self.tries[chunk] >= self.retries:
+                self.failed_chunk = chunk
+                return sends
+            self.tries[chunk] += 1
+            self.retransmits += 1
+            self.deadline[chunk] = now + self.timeout_s
+            sends.append(self.payloads[chunk])
+        return sends
+
+    def on_result(self, payload, now):
+        """A datagram (bytes, or a view valid only during the call); the payloads it lets out."""
+        if len(payload) < RESULT_MIN_BYTES:
+            return ()
+        (magic, version, opcode, _, fanin, exponent, contributors, job, round_, clique, _, offset, count, _, _,
+         bitmap) = RESULT_HEADER.unpack_from(payload)
+        if (magic != MAGIC or version != VERSION or opcode != Opcode.RESULT
+                or len(payload) != RESULT_MIN_BYTES + ELEMENT_BYTES * count):
+            return ()
+        if (job, round_, clique) != self.owner:
+            return ()
+        chunk, partial = divmod(offset, self.chunk)
+        if partial or chunk not in self.deadline:
+            return ()
+        want = min(self.chunk, self.elements - offset)
+        self.checked += 1
+        if int.from_bytes(payload[-RESULT_TRAILER_BYTES:], "big") & STATUS_OVERFLOW:
+            self.overflowed_chunks.add(chunk)
+        if count != want or (exponent, fanin, bitmap, contributors) != self.expected_header:
+            self.wrong_chunks.add(chunk)
+        got = min(count, want)
+        start = ELEMENT_BYTES * offset
+        self.received[start:start + ELEMENT_BYTES * got] = payload[PAYLOAD_HEADER_BYTES:
+                                                                   PAYLOAD_HEADER_BYTES + ELEMENT_BYTES * got]
+        del self.deadline[chunk]
+        self.done_chunks[chunk] = 1
+        self.remaining -= 1
+        return self._refill(now)
+
+
+def local_address_towards(address):
+    """The local IPv4 address the kernel sends from to reach `address` (host, port): a connected UDP
+    socket's own address (no datagram is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(tuple(address))
+        return probe.getsockname()[0]
+
+
+class UdpMember:
+    """One island's link to inwire over a blocking UDP socket.
+
+    `aggregators` is one aggregator's (host, port), or a dict city -> (host, port) (every city on one port,
+    as reduction trees need, `inwire stream --target udp:FILE`); `route(city)` picks the member's. The socket
+    binds `bind` if given, else the local address that routes to the (first) aggregator, port 0; with
+    `multicast`, results are received on the group's port (joined per sum), else the aggregator sends each
+    member its copy (`inwire serve --unicast`). Its receive buffer holds the window's results of every clique
+    it takes part in."""
+
+    def __init__(self, aggregators, job=1, chunk=DEFAULT_CHUNK, window=DEFAULT_WINDOW, timeout_s=DEFAULT_TIMEOUT_S,
+                 retries=DEFAULT_RETRIES, deadline_s=30.0, bind=None, multicast=False):
+        if not (chunk >= 1 and window >= 1 and timeout_s > 0 and retries >= 1 and deadline_s > 0):
+            raise ValueError("chunk, window, timeout_s, retries and deadline_s must be positive")
+        self.aggregators = dict(aggregators) if isinstance(aggregators, dict) else {None: tuple(aggregators)}
+        self.job, self.chunk, self.window = job, chunk, window
+        self.timeout_s, self.retries, self.deadline_s = timeout_s, retries, deadline_s
+        first = next(iter(self.aggregators.values()))
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            self.socket.bind(tuple(bind) if bind else (local_address_towards(first), 0))
+        except OSError as error:
+            self.socket.close()
+            raise ClientError(f"cannot bind an island socket towards {first[0]}:{first[1]}: {error.strerror}") \
+                from None
+        set_receive_buffer(self.socket, max(1 << 18, 4 * window * (RESULT_MIN_BYTES + ELEMENT_BYTES * chunk
+                                                                    + KERNEL_BYTES_PER_DATAGRAM)))
+        self.multicast = multicast
+        self.listener = None
+        if multicast:
+            self.listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.bind(("0.0.0.0", first[1]))
+        self.retransmits = 0
+
+    @property
+    def address(self):
+        return self.socket.getsockname()
+
+    def close(self):
+        self.socket.close()
+        if self.listener is not None:
+            self.listener.close()
+
+    def kernel_drops(self):
+        """Datagrams the kernel dropped at this island's socket (receive buffer full), where the OS says."""
+        return socket_drops(self.socket)
+
+    def sum(self, key, member, quantized, city=None, route=None, members=None):
+        """The clique's int32 sums of every member's `quantized` vector, and the overflow flag: this member is
+        number `member`, sending to the aggregator of `city` with tree fields `route`. `members` (names, for
+        messages) says who the others are."""
+        destination = self.aggregators.get(city) or next(iter(self.aggregators.values()))
+        payloads = contributions(quantized, member, key, self.chunk, self.window, route)
+        run = MemberSum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries)
+        sockets = [self.socket] if self.listener is None else [self.socket, self.listener]
+        membership = None
+        if self.listener is not None:
+            membership = key.group.to_bytes(4, "big") + socket.inet_aton(self.address[0])
+            self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+        buffer = bytearray(65536)
+        view = memoryview(buffer)
+        send = self.socket.sendto
+        began = time.monotonic()
+        try:
+            for payload in run.start(began):
+                send(payload, destination)
+            while not run.done:
+                now = time.monotonic()
+                for payload in run.due(now):
+                    send(payload, destination)
+                if run.failed_chunk is not None or now - began > self.deadline_s:
+                    raise ClientError(self._failure(run, key, members, now - began))
+                wait = max(0.0, min(run.next_deadline() or now, began + self.deadline_s) - now)
+                for ready in select.select(sockets, [], [], wait)[0]:
+                    while True:
+                        try:
+                            size = ready.recv_into(buffer, 65536, socket.MSG_DONTWAIT)
+                        except BlockingIOError:
+                            break
+                        for payload in run.on_result(view[:size], time.monotonic()):
+                            send(payload, destination)
+        finally:
+            if membership is not None:
+                self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, membership)
+            self.retransmits += run.retransmits
+        if run.wrong_chunks:
+            raise ClientError(f"round {key.round}, clique {key.clique}: results of chunks "
+                              f"{sorted(run.wrong_chunks)[:5]} do not hold the whole clique of {key.fanin} at "
+                              f"exponent {key.exponent} (another job's traffic in these slots?)")
+        return run.sums().astype(np.int64), run.overflow
+
+    def _failure(self, run, key, members, elapsed):
+        chunk = run.failed_chunk if run.failed_chunk is not None else min(run.deadline, default=0)
+        others = f" ({', '.join(members)})" if members else ""
+        drops = self.kernel_drops()
+        dropped = f"; the kernel dropped {drops} datagrams at this island's socket" if drops else ""
+        return (f"round {key.round}, clique {key.clique}{others}: no result for chunk {chunk} of "
+                f"{len(run.payloads)} after {run.tries.get(chunk, 0)} retransmissions in {elapsed:.1f} s: a member "
+                f"of the clique never contributed it, or the aggregator's results do not reach "
+                f"{self.address[0]}{dropped}")
+
+    def average(self, key, member, vector, bound, city=None, route=None, members=None):
+        """The clique's average of float32 `vector`: quantized at the exponent every member derives from
+        `bound` (`key.exponent` is ignored), re-sent at a raised bound when a sum saturates or a member's
+        values do not fit (`codec_average`). Returns (average, the bound that worked)."""
+        for attempt in range(ATTEMPTS):
+            exponent, elements = encode(vector, bound, key.fanin)
+            attempt_key = CliqueKey(key.job, key.round * ATTEMPTS + attempt, key.clique, key.group, key.fanin,
+                                    exponent, key.max_cliques)
+            sums, overflow = self.sum(attempt_key, member, elements, city, route, members)
+            average, bound = decode(sums, overflow, exponent, key.fanin, bound)
+            if average is not None:
+                return average, bound
+        raise AveragingError(f"round {key.round}: sums still overflow at a bound of {bound}")
+
