@@ -31,11 +31,13 @@ from .datagram import PAYLOAD_HEADER_BYTES, ip_int, payloads_of, set_receive_buf
 from .errors import InwireError
 from .fastpath import HEADER as RESULT_HEADER
 from .packets import build_frames
+from .plan.schedule_file import member_paths
 from .protocol import (
     ELEMENT_BYTES,
     ELEMENT_DTYPE,
     MAGIC,
     RESULT_TRAILER_BYTES,
+    ROUTE_HOPS,
     STATUS_OVERFLOW,
     VERSION,
     Opcode,
@@ -59,6 +61,10 @@ class ClientError(InwireError):
     """A sum could not finish; the message says which chunk, of which clique, and what was tried."""
 
 
+class RouteError(InwireError):
+    """A clique's reduction tree cannot be carried by a frame; the message names the member and its path."""
+
+
 def slots_needed(max_cliques, window):
     """Slots the schedule needs at an aggregator: every pool of every clique of a round, a window each."""
     return SLOT_POOLS * max_cliques * window
@@ -72,6 +78,31 @@ def slot(round_, clique, chunk, window, max_cliques):
 
 def clique_group(period_round, clique):
     return GROUP_PREFIX | (period_round << 8) | clique
+
+
+def clique_routes(members, root, tree, address, where="schedule"):
+    """member -> (aggregator city it sends to, the tree fields of its contributions), for one clique whose
+    schedule tree is `tree` ({city: up}, docs/schedule.md); `address(city)` is an aggregator's IPv4 address
+    as an int. A member's path may climb at most three aggregators: a frame names two above its own."""
+    paths, level = member_paths(members, root, tree), {}
+    for index, member in enumerate(members):
+        path = paths[member]
+        if len(path) > 1 + ROUTE_HOPS:
+            raise RouteError(f"{where}: {member}'s contribution climbs {len(path)} aggregators "
+                              f"({' -> '.join(path)}); a frame names at most {1 + ROUTE_HOPS} levels")
+        for city in path:
+            level[city] = level.get(city, 0) | 1 << index
+    level[root] = 0  # the whole clique
+    routes = {}
+    for index, member in enumerate(members):
+        path = paths[member]
+        fields = {"bitmap": 1 << index, "expect": level[path[0]]}
+        for hop in range(1, 1 + ROUTE_HOPS):
+            above = path[hop] if hop < len(path) else None
+            fields[f"hop{hop}"] = 0 if above is None else address(above)
+            fields[f"hop{hop}_expect"] = 0 if above is None else level[above]
+        routes[member] = (path[0], fields)
+    return routes
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,14 @@ import numpy as np
 from inwire_hdl import parse_simulator
 
 from . import client
-from .client import MemberSum, clique_group
+from .client import MemberSum, RouteError, clique_group
 from .codec import choose_exponent, dequantize, quantize
 from .datagram import parse_endpoint, parse_stats_reply
 from .diagnosis import diagnose
 from .errors import InwireError
 from .plan.cost import ScheduleError
 from .plan.jsonfile import read_json
-from .plan.schedule_file import load_schedule_file, member_paths
+from .plan.schedule_file import load_schedule_file
 from .plan.topology import TopologyError, load_topology
 from .protocol import (
     ELEMENT_BYTES,
@@ -46,7 +46,6 @@ from .protocol import (
     MAX_ELEMENTS_PER_FRAME,
     MAX_FANIN,
     MTU_BYTES,
-    ROUTE_HOPS,
     Opcode,
 )
 
@@ -180,28 +179,11 @@ def has_trees(plan):
 
 
 def clique_routes(members, root, tree, address, where="schedule"):
-    """member -> (aggregator city it sends to, the tree fields of its contributions), for one clique whose
-    schedule tree is `tree` ({city: up}, docs/schedule.md); `address(city)` is an aggregator's IPv4 address
-    as an int. A member's path may climb at most three aggregators: a frame names two above its own."""
-    paths, level = member_paths(members, root, tree), {}
-    for index, member in enumerate(members):
-        path = paths[member]
-        if len(path) > 1 + ROUTE_HOPS:
-            raise StreamError(f"{where}: {member}'s contribution climbs {len(path)} aggregators "
-                              f"({' -> '.join(path)}); a frame names at most {1 + ROUTE_HOPS} levels")
-        for city in path:
-            level[city] = level.get(city, 0) | 1 << index
-    level[root] = 0  # the whole clique
-    routes = {}
-    for index, member in enumerate(members):
-        path = paths[member]
-        fields = {"bitmap": 1 << index, "expect": level[path[0]]}
-        for hop in range(1, 1 + ROUTE_HOPS):
-            above = path[hop] if hop < len(path) else None
-            fields[f"hop{hop}"] = 0 if above is None else address(above)
-            fields[f"hop{hop}_expect"] = 0 if above is None else level[above]
-        routes[member] = (path[0], fields)
-    return routes
+    """`client.clique_routes`, a path too deep for a frame refused as a StreamError."""
+    try:
+        return client.clique_routes(members, root, tree, address, where)
+    except RouteError as error:
+        raise StreamError(str(error)) from None
 
 
 @dataclass
