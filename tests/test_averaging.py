@@ -8,9 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from inwire.client import ClientError  # noqa: E402
 from inwire.codec import choose_exponent, dequantize, quantize  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
-from inwire.train.averaging import AveragingError, CliqueAverager, OuterOptimizer, UdpCliqueExchange  # noqa: E402
+from inwire.train.averaging import CliqueAverager, InwireExchange, OuterOptimizer  # noqa: E402
 from inwire.train.codec_average import clique_average  # noqa: E402
 
 ROUNDS = [[(("A", "B", "C"), "LON"), (("D",), None)], [(("A", "D"), "FRA"), (("B", "C"), "AMS")]]
@@ -28,7 +29,7 @@ def run_islands(aggregator, models, steps, period=1, bound=16.0, chunk=64, outer
     errors = []
 
     def island(name, model):
-        exchange = UdpCliqueExchange(aggregator.address, bound=bound, chunk=chunk, slots=64, deadline_s=10)
+        exchange = InwireExchange(aggregator.address, bound=bound, chunk=chunk, deadline_s=10)
         averager = CliqueAverager(period, island=name, rounds=ROUNDS, exchange=exchange, outer=outer)
         try:
             for _ in range(steps):
@@ -146,7 +147,7 @@ def test_parameter_groups_are_accepted_like_torch_averagers():
     model = torch.nn.Linear(3, 1)
 
     class Echo:
-        def average(self, round_index, clique_index, members, me, vector):
+        def average(self, round_index, clique_index, members, me, vector, **route):
             return np.full_like(vector, 2.0)
 
     averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo())
@@ -161,9 +162,9 @@ def test_averager_refuses_a_schedule_without_its_island():
 
 
 def test_unanswered_round_fails_with_a_clear_error():
-    silent = UdpCliqueExchange(("127.0.0.1", 9), timeout_s=0.05, deadline_s=0.3)
+    silent = InwireExchange(("127.0.0.1", 9), timeout_s=0.05, deadline_s=0.3)
     try:
-        with pytest.raises(AveragingError, match="unanswered"):
+        with pytest.raises(ClientError, match="no result for chunk 0 of 1 .* a member of the clique never contributed"):
             silent.average(0, 0, ["A", "B"], 0, np.zeros(10, dtype=np.float32))
     finally:
         silent.close()

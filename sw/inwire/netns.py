@@ -132,14 +132,16 @@ class Lab:
             _ip("-n", namespace, "link", "set", "lo", "up")
             _ip("-n", namespace, "route", "add", "239.0.0.0/8", "dev", "eth0")
 
-    def start_aggregator(self, slots):
-        """`inwire serve` in the aggregator's namespace, multicasting results onto the bridge."""
+    def start_aggregator(self, slots, unicast=False):
+        """`inwire serve` in the aggregator's namespace, multicasting results onto the bridge (with
+        `unicast`, sending each member its copy)."""
         environment = dict(os.environ)
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         environment["PYTHONPATH"] = package_root + os.pathsep + environment.get("PYTHONPATH", "")
         self.service = subprocess.Popen(
             ["ip", "netns", "exec", self.aggregator, sys.executable, "-m", "inwire", "serve",
-             "--listen", f"{AGGREGATOR_IP}:{INWIRE_PORT}", "--multicast-iface", AGGREGATOR_IP, "--slots", str(slots)],
+             "--listen", f"{AGGREGATOR_IP}:{INWIRE_PORT}", "--multicast-iface", AGGREGATOR_IP, "--slots", str(slots),
+             *(["--unicast"] if unicast else [])],
             stderr=subprocess.PIPE, text=True, env=environment)
         ready, _, _ = select.select([self.service.stderr], [], [], STARTUP_TIMEOUT_S)
         line = self.service.stderr.readline() if ready else ""

@@ -5,109 +5,96 @@
 `process_group`) plus where the island sits in the schedule, and `average_parameters(params)` after every
 optimizer step. Every `period` steps after the warmup, the island averages with its clique of the current
 schedule round. An island may be a torch.distributed job (a torchrun launch, gloo or NCCL): rank 0 of its
-group exchanges with inwire and broadcasts the average inside the group; the group keeps its own
-all-reduce for gradients. Optionally the average feeds a DiLoCo-style outer optimizer (`outer.py`).
+group exchanges with inwire and broadcasts the average inside the group, on the group's device; the group
+keeps its own all-reduce for gradients. Optionally the average feeds a DiLoCo-style outer optimizer: any
+`torch.optim.Optimizer` built on the anchor parameters (`anchor_parameters`), as torchft's DiLoCo takes one.
 
-`UdpCliqueExchange` carries one averaging over UDP to a software aggregator or a board: the vector is
-quantized with the codec at an exponent every member derives from the shared bound, cut into chunks, sent,
-and the results are awaited with timeout and retransmission. If a result comes back with its overflow flag
-set, every member of the clique sees the same flag and all of them send again at twice the bound. A
-member whose values do not fit int32 at all at the agreed exponent says so in one extra element at the
-end of the vector, the number of bound doublings it needs; the sum of these tells every member how far
-to raise the bound for the next attempt. `codec_average` holds that arithmetic, shared with the study.
+`InwireExchange` carries one island's averagings along the whole schedule through the one member client
+(`inwire.client.UdpMember`): each clique at its aggregator city (a city -> address map, as `inwire stream
+--target udp:FILE`, or one aggregator for everything), along its reduction tree when it has one. A clique the
+schedule exchanges all-to-all (it names no aggregator city) is summed in-network all the same, at the
+aggregator of its first member's city when the map has one, else at the map's first aggregator: an island
+that reaches an aggregator needs no other path to its peers. Parameters anywhere (CPU or CUDA) are staged
+through one reusable host buffer (pinned where CUDA is present).
 """
-
-import ipaddress
-import select
-import socket
-import time
 
 import numpy as np
 import torch
-from torch.nn.utils import parameters_to_vector
 
-from ..datagram import PAYLOAD_HEADER_BYTES, parse_result, payload_of, set_receive_buffer
-from ..packets import build_frames
+from ..client import DEFAULT_CHUNK, DEFAULT_WINDOW, ClientError, CliqueKey, UdpMember, clique_group, clique_routes
+from ..datagram import ip_int
 from ..protocol import MAX_FANIN
-from .codec_average import ATTEMPTS, AveragingError, decode, encode
+from .codec_average import AveragingError
 from .outer import OuterOptimizer
 
-__all__ = ["AveragingError", "CliqueAverager", "OuterOptimizer", "UdpCliqueExchange"]
-GROUP_BASE = int(ipaddress.IPv4Address("239.74.0.0"))
+__all__ = ["AveragingError", "CliqueAverager", "InwireExchange", "OuterOptimizer", "UdpCliqueExchange",
+           "anchor_parameters"]
 
 
-class UdpCliqueExchange:
-    """One island's link to an aggregator at `target` (host, port); it receives results on its own socket."""
+def _schedule_rounds(schedule):
+    """(period: rounds of (members, aggregator), trees: per round per clique a tree or None) of a loaded
+    schedule file (`load_schedule_file`) or of a plain list of rounds."""
+    period = getattr(schedule, "period", schedule)
+    trees = getattr(schedule, "trees", ()) or tuple((None,) * len(cliques) for cliques in period)
+    return [[(tuple(members), aggregator) for members, aggregator in cliques] for cliques in period], trees
 
-    def __init__(self, target, job=1, bound=16.0, chunk=256, slots=256, timeout_s=0.2, deadline_s=30.0,
-                 bind=("127.0.0.1", 0)):
-        if chunk < 1 or bound <= 0 or timeout_s <= 0 or deadline_s <= 0:
-            raise ValueError("chunk, bound, timeout_s and deadline_s must be positive")
-        self.target, self.job, self.bound, self.chunk, self.slots = target, job, bound, chunk, slots
-        self.timeout_s, self.deadline_s = timeout_s, deadline_s
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.socket.bind(bind)
-        # Every chunk is sent at once, so up to slots / 2 results come back in a burst: room for all of them
-        # (about 1.3 KiB of kernel overhead each), or the ones beyond the default buffer wait for a resend.
-        set_receive_buffer(self.socket, max(1 << 18, (slots // 2) * (PAYLOAD_HEADER_BYTES + 4 * chunk + 4 + 1280)))
+
+class InwireExchange:
+    """One island's link to inwire for averaging: a `UdpMember` and the codec's shared bound.
+
+    `aggregators`: one aggregator's (host, port), or {city: (host, port)} (all on one port) for per-city
+    aggregators and reduction trees. `bound`: every member's first guess of the largest magnitude it sends
+    (sums are re-sent at a raised bound when it is too small). The other keywords go to `UdpMember`."""
+
+    def __init__(self, aggregators, job=1, bound=16.0, chunk=DEFAULT_CHUNK, window=DEFAULT_WINDOW, timeout_s=0.2,
+                 deadline_s=30.0, bind=None, multicast=False, retries=25):
+        if not bound > 0:
+            raise ValueError(f"bound must be positive, got {bound}")
+        self.bound = bound
+        self.client = UdpMember(aggregators, job=job, chunk=chunk, window=window, timeout_s=timeout_s,
+                                retries=retries, deadline_s=deadline_s, bind=bind, multicast=multicast)
+        self.cities = {city: ip_int(host) for city, (host, _) in self.client.aggregators.items() if city is not None}
 
     def close(self):
-        self.socket.close()
+        self.client.close()
 
-    def average(self, round_index, clique_index, members, me, vector):
-        """The clique's average of `vector` (float32), `me` being this island's index in `members`."""
+    def average(self, round_index, clique_index, members, me, vector, aggregator=None, tree=None, max_cliques=1,
+                period_round=0):
+        """The clique's average of float32 `vector`, `me` being this island's index in `members`; the clique
+        sums at city `aggregator` along `tree` when this exchange has per-city aggregators."""
         fanin = len(members)
-        if not 1 <= fanin <= MAX_FANIN or not 0 <= me < fanin:
+        if not 2 <= fanin <= MAX_FANIN or not 0 <= me < fanin:
             raise ValueError(f"member {me} of a clique of {fanin} is not a valid clique position")
-        chunks = -(-(len(vector) + 1) // self.chunk)
-        if 2 * (clique_index + 1) * chunks > self.slots:
-            raise AveragingError(f"{chunks} chunks of clique {clique_index} need more than the aggregator's "
-                                 f"{self.slots} slots; raise the chunk size")
-        bound = self.bound
-        for attempt in range(ATTEMPTS):
-            exponent, elements = encode(vector, bound, fanin)
-            sums, overflow = self._sum(round_index * ATTEMPTS + attempt, round_index % 2, clique_index, fanin,
-                                       me, exponent, elements)
-            average, bound = decode(sums, overflow, exponent, fanin, bound)
-            if average is not None:
-                return average
-        raise AveragingError(f"round {round_index}: sums still overflow at a bound of {bound}")
+        city, route = self._route(members, me, aggregator, tree)
+        group = clique_group(period_round % 256, clique_index % 256)
+        key = CliqueKey(self.client.job, round_index, clique_index, group, fanin, 0, max_cliques)
+        # Every averaging starts from the shared bound: a bound one member raised before would give it
+        # another exponent than the rest of this clique.
+        average, _ = self.client.average(key, me, vector, self.bound, city, route, members)
+        return average
 
-    def _sum(self, protocol_round, pool, clique_index, fanin, me, exponent, elements):
-        chunks = -(-len(elements) // self.chunk)
-        base = (pool * (self.slots // 2)) + clique_index * chunks
-        group = GROUP_BASE | (protocol_round % 256) << 8 | clique_index % 256
-        payloads = {}
-        for index in range(chunks):
-            piece = elements[index * self.chunk:(index + 1) * self.chunk]
-            frame = build_frames(piece, job=self.job, round=protocol_round, clique=clique_index, slot=base + index,
-                                 chunk=index * self.chunk, sender=me, fanin=fanin, exponent=exponent, group=group)
-            payloads[index * self.chunk] = payload_of(frame[0])
-        sums = np.zeros(len(elements), dtype=np.int64)
-        overflow = False
-        deadline = time.monotonic() + self.deadline_s
-        while payloads:
-            if time.monotonic() > deadline:
-                raise AveragingError(f"round {protocol_round // ATTEMPTS}, clique {clique_index}: "
-                                     f"{len(payloads)} chunks unanswered after {self.deadline_s} s")
-            for payload in payloads.values():
-                self.socket.sendto(payload, self.target)
-            resend_at = time.monotonic() + self.timeout_s
-            while payloads and (wait := resend_at - time.monotonic()) > 0:
-                if not select.select([self.socket], [], [], wait)[0]:
-                    break
-                result = parse_result(self.socket.recv(65535))
-                if result is None:
-                    continue
-                header = result.header
-                if (header["job"] != self.job or header["round"] != protocol_round
-                        or header["clique"] != clique_index or int(header["chunk"]) not in payloads):
-                    continue
-                offset = int(header["chunk"])
-                sums[offset:offset + len(result.elements)] = result.elements
-                overflow |= result.overflow
-                del payloads[offset]
-        return sums, overflow
+    def _route(self, members, me, aggregator, tree):
+        """(aggregator city, tree fields) of this member's contributions; (None, None) with one aggregator."""
+        if not self.cities:
+            return None, None
+        root = aggregator if aggregator in self.cities else (
+            members[0] if members[0] in self.cities else next(iter(self.cities)))
+        missing = sorted({root, *(tree or {}).values()} - set(self.cities))
+        if missing:
+            raise AveragingError(f"no aggregator address for {', '.join(missing)} (the schedule's tree sums there)")
+        routes = clique_routes(tuple(members), root, tree if root == aggregator else None, self.cities.__getitem__)
+        return routes[members[me]]
+
+
+UdpCliqueExchange = InwireExchange
+"""The exchange's earlier name."""
+
+
+def anchor_parameters(model_or_params):
+    """Detached float32 copies of the parameters, on their own devices: what an outer optimizer is built
+    on (`torch.optim.SGD(anchor_parameters(model), lr=0.7, momentum=0.9, nesterov=True)`)."""
+    params = model_or_params.parameters() if hasattr(model_or_params, "parameters") else model_or_params
+    return [p.detach().to(torch.float32).clone() for p in _flat_parameters(params)]
 
 
 def _flat_parameters(params):
@@ -118,35 +105,40 @@ def _flat_parameters(params):
     return params
 
 
-def _load(params, vector):
-    """Copy a flat vector into the parameters in place, so optimizers and DDP keep their references."""
-    offset = 0
-    for p in params:
-        p.copy_(torch.from_numpy(vector[offset:offset + p.numel()]).view_as(p).to(p.dtype))
-        offset += p.numel()
-
-
 class CliqueAverager:
     """Every `period` steps after `warmup_steps`, average parameters with this island's current clique.
 
     Same call shape as PyTorch's `PeriodicModelAverager(period, warmup_steps, process_group)`, plus keywords:
-    `island` (its name in the schedule), `rounds` (the schedule's rounds of (members, aggregator)),
-    `exchange` (a `UdpCliqueExchange`; needed on the group's rank 0 only) and `outer` (an `OuterOptimizer`;
-    the default is plain averaging). One difference: PyTorch averages at the first call after the warmup;
-    this averager after `period` steps, so a sync never comes before any local step.
+    `island` (its name in the schedule), `schedule` (a loaded schedule file, `load_schedule_file`, which
+    brings each clique's aggregator city and tree; or a plain list of rounds of (members, aggregator)),
+    `exchange` (an `InwireExchange`; needed on the group's rank 0 only) and the outer step, one of
+    `outer_optimizer` (a `torch.optim.Optimizer` built on `anchor_parameters(model)`) or `outer` (the
+    numpy `OuterOptimizer` the study uses); neither: plain averaging. `rounds` is the earlier name of
+    `schedule`. One difference: PyTorch averages at the first call after the warmup; this averager after
+    `period` steps, so a sync never comes before any local step.
     `process_group`: the island's own group; None means the default group if torch.distributed is
     initialized, else a single-process island. Its rank 0 exchanges and broadcasts the average.
+    `state_dict()` / `load_state_dict()` carry the step count, the rotation's position, the anchor and the
+    outer state, so a resumed job continues the same rotation bit for bit.
     """
 
-    def __init__(self, period, warmup_steps=0, process_group=None, *, island, rounds, exchange=None, outer=None):
-        named = {member for cliques in rounds for members, _ in cliques for member in members}
+    def __init__(self, period, warmup_steps=0, process_group=None, *, island, schedule=None, rounds=None,
+                 exchange=None, outer=None, outer_optimizer=None):
+        if (schedule is None) == (rounds is None):
+            raise ValueError("give the schedule (schedule=, or its earlier name rounds=) once")
+        self.rounds, self.trees = _schedule_rounds(schedule if schedule is not None else rounds)
+        named = {member for cliques in self.rounds for members, _ in cliques for member in members}
         if island not in named:
             raise ValueError(f"the schedule does not name island {island!r}; it names {', '.join(sorted(named))}")
         if period < 1 or warmup_steps < 0:
             raise ValueError(f"period must be at least 1 and warmup_steps not negative, got {period}, {warmup_steps}")
-        self.island, self.rounds, self.exchange = island, rounds, exchange
+        if outer is not None and outer_optimizer is not None:
+            raise ValueError("give one outer step: outer (numpy) or outer_optimizer (torch)")
+        self.island, self.exchange = island, exchange
         self.period, self.warmup_steps = period, warmup_steps
         self.outer = outer or OuterOptimizer()
+        self.outer_optimizer = outer_optimizer
+        self.max_cliques = max(len(cliques) for cliques in self.rounds)
         self.group = process_group
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.distributed = distributed
@@ -158,13 +150,26 @@ class CliqueAverager:
         self.step = 0
         self.rounds_done = 0
         self.anchor = self.buffer = None
+        self.host = None
+        """The reusable host buffer parameters are staged through (pinned where CUDA is present)."""
         self.last = None
         """(round index, members, vector sent, average received) of the latest averaging, for logs and checks."""
 
+    def _stage(self, params):
+        """The parameters as one float32 numpy vector in the host buffer (copied, whatever their device)."""
+        total = sum(p.numel() for p in params)
+        if self.host is None or self.host.numel() != total:
+            self.host = torch.empty(total, dtype=torch.float32, pin_memory=torch.cuda.is_available())
+        offset = 0
+        for p in params:
+            self.host[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+            offset += p.numel()
+        return self.host.numpy()
+
     def set_anchor(self, params):
-        """Start the outer optimizer from these parameters (else from those at the first call)."""
+        """Start the outer step from these parameters (else from those at the first call)."""
         with torch.no_grad():
-            self.anchor = parameters_to_vector(_flat_parameters(params)).detach().to(torch.float32).numpy().copy()
+            self.anchor = self._stage(_flat_parameters(params)).copy()
 
     def average_parameters(self, params):
         """Call after each optimizer step; returns the clique it averaged with, or None."""
@@ -176,39 +181,91 @@ class CliqueAverager:
             return None
         round_index = self.rounds_done
         self.rounds_done += 1
-        cliques = self.rounds[round_index % len(self.rounds)]
-        for clique_index, (members, _aggregator) in enumerate(cliques):
+        period_round = round_index % len(self.rounds)
+        for clique_index, (members, aggregator) in enumerate(self.rounds[period_round]):
             if self.island in members and len(members) > 1:
                 members = list(members)
+                tree = self.trees[period_round][clique_index] if self.trees else None
                 with torch.no_grad():
-                    flat = parameters_to_vector(params).detach().to(torch.float32).numpy().copy()
-                    average = self._average(round_index, clique_index, members, flat)
+                    flat = self._stage(params).copy()
+                    average = self._average(round_index, clique_index, members, flat, aggregator, tree, period_round,
+                                            params[0].device)
                     self.last = (round_index, members, flat, average)
-                    updated, self.buffer = self.outer.step(self.anchor, self.buffer, average)
-                    self.anchor = updated
-                    _load(params, updated)
+                    self.anchor = self._outer_step(average)
+                    _load(params, self.anchor)
                 return members
         return None
 
-    def _average(self, round_index, clique_index, members, flat):
-        """Rank 0 asks inwire; with a process group it broadcasts the average (or its failure) to the others."""
+    def _outer_step(self, average):
+        if self.outer_optimizer is None:
+            updated, self.buffer = self.outer.step(self.anchor, self.buffer, average)
+            return updated
+        # The outer gradient is anchor - average, on the optimizer's own parameters (the anchor).
+        anchors = [p for group in self.outer_optimizer.param_groups for p in group["params"]]
+        offset = 0
+        for p in anchors:
+            piece = torch.from_numpy(average[offset:offset + p.numel()]).view_as(p).to(p.device, p.dtype)
+            p.grad = p.detach() - piece
+            offset += p.numel()
+        if offset != len(average):
+            raise ValueError(f"the outer optimizer holds {offset} parameters, the model {len(average)}; build it "
+                             f"on anchor_parameters(model)")
+        self.outer_optimizer.step()
+        self.outer_optimizer.zero_grad(set_to_none=True)
+        return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in anchors]).numpy()
+
+    def _average(self, round_index, clique_index, members, flat, aggregator, tree, period_round, device):
+        """Rank 0 asks inwire; with a process group it broadcasts the average (or its failure) to the others,
+        in tensors on the group's device (NCCL takes only CUDA tensors)."""
         error = average = None
         if self.rank == 0:
             try:
                 average = self.exchange.average(round_index, clique_index, members, members.index(self.island),
-                                                flat)
-            except (AveragingError, OSError, ValueError) as failure:
+                                                flat, aggregator=aggregator, tree=tree, max_cliques=self.max_cliques,
+                                                period_round=period_round)
+            except (AveragingError, ClientError, OSError, ValueError) as failure:
                 error = failure
         if not self.distributed:
             if error is not None:
                 raise error
             return average
+        if torch.distributed.get_backend(self.group) != "nccl":
+            device = torch.device("cpu")
         # A status first, so that the other ranks raise instead of waiting for a vector that never comes.
-        status = torch.tensor([0 if error is None else 1], dtype=torch.int32)
+        status = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=device)
         torch.distributed.broadcast(status, src=self.source, group=self.group)
-        if int(status) != 0:
+        if int(status.item()) != 0:
             raise error if error is not None else AveragingError(
                 f"round {round_index}: rank 0 of island {self.island} could not average with its clique")
-        carrier = torch.from_numpy(average.copy()) if average is not None else torch.empty(len(flat))
+        carrier = (torch.from_numpy(np.ascontiguousarray(average)) if average is not None
+                   else torch.empty(len(flat), dtype=torch.float32)).to(device)
         torch.distributed.broadcast(carrier, src=self.source, group=self.group)
-        return carrier.numpy()
+        return carrier.cpu().numpy()
+
+    def state_dict(self):
+        """What a resumed job needs to continue the same rotation bit for bit."""
+        state = {"step": self.step, "rounds_done": self.rounds_done,
+                 "anchor": None if self.anchor is None else torch.from_numpy(self.anchor.copy()),
+                 "buffer": None if self.buffer is None else torch.from_numpy(np.array(self.buffer))}
+        if self.outer_optimizer is not None:
+            state["outer_optimizer"] = self.outer_optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state):
+        self.step, self.rounds_done = int(state["step"]), int(state["rounds_done"])
+        self.anchor = None if state["anchor"] is None else state["anchor"].numpy().astype(np.float32).copy()
+        self.buffer = None if state["buffer"] is None else state["buffer"].numpy().astype(np.float32).copy()
+        if self.outer_optimizer is not None:
+            self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+            if self.anchor is not None:
+                # An optimizer's state holds its momentum, not its parameters: the anchor is put back here.
+                with torch.no_grad():
+                    _load([p for group in self.outer_optimizer.param_groups for p in group["params"]], self.anchor)
+
+
+def _load(params, vector):
+    """Copy a flat vector into the parameters in place, so optimizers and DDP keep their references."""
+    offset = 0
+    for p in params:
+        p.copy_(torch.from_numpy(vector[offset:offset + p.numel()]).view_as(p).to(p.device, p.dtype))
+        offset += p.numel()

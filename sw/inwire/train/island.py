@@ -24,7 +24,9 @@ def parse_arguments(argv):
     parser = argparse.ArgumentParser(prog="python -m inwire.train.island", description=__doc__.split("\n")[0])
     parser.add_argument("--island", required=True, help="this island's name in the schedule")
     parser.add_argument("--schedule", required=True, help="schedule file (inwire schedule --out)")
-    parser.add_argument("--server", required=True, help="the aggregator, HOST:PORT")
+    parser.add_argument("--server", required=True,
+                        help="the aggregator, HOST:PORT, or a JSON file mapping each aggregator city to "
+                             "\"IPv4:PORT\" (as inwire stream --target udp:FILE) for per-city aggregators and trees")
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--period", type=int, default=10)
@@ -41,13 +43,23 @@ def parse_arguments(argv):
     return parser.parse_args(argv)
 
 
+def aggregators_of(server):
+    """--server: HOST:PORT, or an aggregator map file ({city: "IPv4:PORT"})."""
+    from ..datagram import parse_endpoint
+    from ..stream import load_aggregator_map
+
+    if pathlib.Path(server).is_file():
+        return load_aggregator_map(server)
+    return parse_endpoint(server, "--server")
+
+
 def main(argv=None):
     args = parse_arguments(argv)
     import torch
     import torch.distributed as dist
 
     from ..plan.schedule_file import load_schedule_file
-    from .averaging import CliqueAverager, OuterOptimizer, UdpCliqueExchange
+    from .averaging import CliqueAverager, InwireExchange, OuterOptimizer
     from .training import split_data
 
     torch.set_num_threads(1)
@@ -58,7 +70,7 @@ def main(argv=None):
     exchange = None
     try:
         schedule = load_schedule_file(args.schedule)
-        rounds, islands = schedule.period, list(schedule.islands)
+        islands = list(schedule.islands)
         alpha = None if args.alpha == "iid" else float(args.alpha)
         shards, (test_x, test_y) = split_data(alpha, args.seed, len(islands))
         train_x, train_y = shards[islands.index(args.island)]
@@ -73,11 +85,10 @@ def main(argv=None):
         loss_function = torch.nn.CrossEntropyLoss()
         generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
         if rank == 0:
-            host, port = args.server.rsplit(":", 1)
             # Half the group's timeout: rank 0 gives up on inwire while the other ranks still wait in the
             # status broadcast, so that they hear why instead of timing out on their own.
-            exchange = UdpCliqueExchange((host, int(port)), job=args.job, deadline_s=args.timeout / 2)
-        averager = CliqueAverager(args.period, island=args.island, rounds=rounds, exchange=exchange,
+            exchange = InwireExchange(aggregators_of(args.server), job=args.job, deadline_s=args.timeout / 2)
+        averager = CliqueAverager(args.period, island=args.island, schedule=schedule, exchange=exchange,
                                   outer=OuterOptimizer(args.outer_lr, args.outer_momentum))
         log = {"round": [], "members": [], "sent": [], "average": [], "after": []}
         for _step in range(args.steps):

@@ -1,0 +1,250 @@
+"""The one member client (`inwire.client`) as the torch averager uses it: any vector length with the default
+slots, the schedule's aggregator cities and reduction trees, islands on their own (non-loopback) addresses,
+and a differential test of the client's reading of results against the golden model."""
+
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from inwire.client import CliqueKey, MemberSum, contributions, slot, slots_needed
+from inwire.datagram import payload_of, wrap
+from inwire.model import Aggregator, AggregatorConfig
+from inwire.netns import AGGREGATOR_IP, Lab, inside, unavailable_reason
+from inwire.serve import SoftwareAggregator, serving_in_thread
+from inwire.train.codec_average import clique_average
+
+torch = pytest.importorskip("torch")
+
+from inwire.train.averaging import CliqueAverager, InwireExchange, anchor_parameters  # noqa: E402
+
+
+def flat(model):
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().copy()
+
+
+def models_for(names, size, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    models = {}
+    for name in names:
+        model = torch.nn.Linear(size, 1, bias=False)
+        with torch.no_grad():
+            model.weight.copy_(torch.randn(model.weight.shape, generator=generator))
+        models[name] = model
+    return models
+
+
+def run_islands(models, make_exchange, schedule, steps=1, namespaces=None, **averager):
+    """Each island in its own thread (inside its namespace when given) averaging `steps` times."""
+    errors = []
+
+    def island(name, model):
+        try:
+            if namespaces:
+                with inside(namespaces[name]):
+                    exchange = make_exchange(name)
+            else:
+                exchange = make_exchange(name)
+            try:
+                run = CliqueAverager(1, island=name, schedule=schedule, exchange=exchange, **averager.get(name, {}))
+                for _ in range(steps):
+                    run.average_parameters(model.parameters())
+            finally:
+                exchange.close()
+        except Exception as error:  # reported below
+            errors.append((name, error))
+
+    threads = [threading.Thread(target=island, args=item) for item in models.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+
+
+def test_a_million_parameters_average_with_the_default_slots_and_chunks():
+    """1,059,850 parameters (4,141 chunks) through `inwire serve` with its defaults: the window refills as
+    results arrive, so the slots needed do not grow with the vector."""
+    names = ("A", "B", "C")
+    models = models_for(names, 1_059_850, seed=1)
+    before = [flat(models[name]) for name in names]
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        run_islands(models, lambda name: InwireExchange(server.address, deadline_s=120), [[(names, "LON")]])
+        counters = server.counters()
+    average = clique_average(before)
+    for name in names:
+        assert np.array_equal(flat(models[name]), average), name
+    assert counters["drop_slot"] == 0 and counters["drop_collision"] == 0
+
+
+def test_the_schedule_s_cities_and_tree_are_followed():
+    """Round 0: A, B, C sum along a tree (B's city TYO sums A's and its own, then sends up to LAX, the
+    root, where C sends); round 1: A and C at TYO, B alone. Every clique sums at its own city's
+    service, every average is the codec's."""
+    from inwire.plan.schedule_file import ScheduleFile
+
+    tyo = SoftwareAggregator(("127.0.0.2", 0), unicast=True, log=lambda line: None)
+    port = tyo.address[1]
+    services = {"TYO": tyo, "LAX": SoftwareAggregator(("127.0.0.3", port), unicast=True, log=lambda line: None)}
+    aggregators = {city: service.address for city, service in services.items()}
+    schedule = ScheduleFile(islands=("A", "B", "C"), topology=None, document={},
+                            period=(((("A", "B", "C"), "LAX"),), ((("A", "C"), "TYO"), (("B",), None))),
+                            trees=(({"TYO": "LAX", "A": "TYO", "B": "TYO"},), (None, None)))
+    names = ("A", "B", "C")
+    models = models_for(names, 3000, seed=2)
+    before = {name: flat(models[name]) for name in names}
+    with serving_in_thread(services["TYO"]), serving_in_thread(services["LAX"]):
+        run_islands(models, lambda name: InwireExchange(aggregators), schedule, steps=2)
+        counters = {city: service.counters() for city, service in services.items()}
+    average = clique_average([before[name] for name in names])
+    pair = clique_average([average, average])
+    assert np.array_equal(flat(models["A"]), pair) and np.array_equal(flat(models["C"]), pair)
+    assert np.array_equal(flat(models["B"]), average)
+    chunks = -(-3001 // 256)
+    # TYO: A's and B's chunks in round 0 (one partial each up), A's and C's in round 1; LAX: C's and the partials.
+    assert counters["TYO"]["partials_emitted"] == chunks and counters["LAX"]["accumulated"] == 2 * chunks
+    assert counters["TYO"]["results_emitted"] == chunks and counters["TYO"]["accumulated"] == 4 * chunks
+
+
+def test_the_outer_optimizer_is_any_torch_optimizer_and_resumes_bit_for_bit():
+    """torchft's DiLoCo shape: SGD with Nesterov momentum on the anchor parameters. Three averagings in one
+    go equal two, a state_dict round trip through new objects, and one more."""
+    names = ("A", "B")
+    schedule = [[(names, "LON")]]
+
+    def averagers_for(models):
+        outers = {name: torch.optim.SGD(anchor_parameters(models[name]), lr=0.7, momentum=0.9, nesterov=True)
+                  for name in names}
+        return {name: {"outer_optimizer": outers[name]} for name in names}
+
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        straight = models_for(names, 700, seed=3)
+        run_islands(straight, lambda name: InwireExchange(server.address, job=1), schedule, steps=3,
+                    **averagers_for(straight))
+
+        resumed = models_for(names, 700, seed=3)
+        states = {}
+        options = averagers_for(resumed)
+        threads_errors = []
+
+        def first_part(name):
+            try:
+                exchange = InwireExchange(server.address, job=2)
+                run = CliqueAverager(1, island=name, schedule=schedule, exchange=exchange, **options[name])
+                for _ in range(2):
+                    run.average_parameters(resumed[name].parameters())
+                states[name] = run.state_dict()
+                exchange.close()
+            except Exception as error:
+                threads_errors.append(error)
+
+        threads = [threading.Thread(target=first_part, args=(name,)) for name in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not threads_errors, threads_errors
+        fresh = averagers_for(resumed)
+
+        def second_part(name):
+            try:
+                exchange = InwireExchange(server.address, job=2)
+                run = CliqueAverager(1, island=name, schedule=schedule, exchange=exchange, **fresh[name])
+                run.load_state_dict(states[name])
+                run.average_parameters(resumed[name].parameters())
+                exchange.close()
+            except Exception as error:
+                threads_errors.append(error)
+
+        threads = [threading.Thread(target=second_part, args=(name,)) for name in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not threads_errors, threads_errors
+    for name in names:
+        assert np.array_equal(flat(straight[name]), flat(resumed[name])), name
+
+
+def test_parameters_on_another_device_are_staged_through_the_host_buffer():
+    """No GPU here: parameters of another dtype stand in for the device path; the averager stages them
+    through its float32 host buffer and loads the average back in their own dtype and device."""
+    names = ("A", "B")
+    models = {name: model.to(torch.float64) for name, model in models_for(names, 500, seed=4).items()}
+    before = [flat(models[name]).astype(np.float32) for name in names]
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        run_islands(models, lambda name: InwireExchange(server.address), [[(names, "LON")]])
+    average = clique_average(before)
+    for name in names:
+        assert models[name].weight.dtype == torch.float64
+        assert np.array_equal(flat(models[name]).astype(np.float32), average)
+
+
+REASON = unavailable_reason()
+
+
+@pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
+@pytest.mark.parametrize("unicast", [True, False], ids=["unicast", "multicast"])
+def test_islands_in_their_own_namespaces_reach_an_aggregator_in_another(unicast):
+    """Each island's socket binds the address that routes to the aggregator (10.77.0.1x, not loopback)."""
+    names = ("A", "B", "C")
+    models = models_for(names, 2000, seed=5)
+    before = [flat(models[name]) for name in names]
+    with Lab(names) as lab:
+        target = lab.start_aggregator(slots=256, unicast=unicast)
+        bound = {}
+
+        def make(name):
+            exchange = InwireExchange(target, multicast=not unicast, deadline_s=20)
+            bound[name] = exchange.client.address[0]
+            return exchange
+        run_islands(models, make, [[(names, "NYC")]], namespaces=lab.namespaces)
+        final = lab.stop_aggregator()
+    assert bound == lab.addresses and AGGREGATOR_IP not in bound.values()
+    average = clique_average(before)
+    assert all(np.array_equal(flat(models[name]), average) for name in names)
+    assert ("unicast_copies" in final) == unicast
+
+
+def test_the_client_reads_what_the_model_answers():
+    """Random cliques, chunk sizes, windows and vector lengths: every member's `MemberSum`, fed by the
+    golden model (with duplicated, reordered and lost answers), ends with the model's sums, and sends only
+    what its window allows."""
+    rnd = random.Random(8)
+    config = AggregatorConfig(slots=slots_needed(3, 5), max_elements=64)
+    address = ("10.73.87.1", config.port)
+    for trial in range(25):
+        fanin, chunk, window = rnd.randint(2, 5), rnd.choice((1, 7, 64)), rnd.randint(1, 5)
+        elements = rnd.randint(1, 400)
+        clique = rnd.randrange(3)
+        key = CliqueKey(job=trial, round=rnd.randrange(1000), clique=clique, group=0xEF000001, fanin=fanin,
+                        exponent=-rnd.randrange(4), max_cliques=3)
+        rng = np.random.default_rng(trial)
+        vectors = rng.integers(-2**20, 2**20, (fanin, elements)).astype(np.int32)
+        model = Aggregator(config)
+        runs = [MemberSum(contributions(vectors[m], m, key, chunk, window), key, elements, chunk, window)
+                for m in range(fanin)]
+        queue = [(m, p) for m, run in enumerate(runs) for p in run.start(0.0)]
+        now = 0.0
+        while not all(run.done for run in runs):
+            if not queue:
+                now += 1.0
+                queue = [(m, p) for m, run in enumerate(runs) for p in run.due(now)]
+                continue
+            member, payload = queue.pop(rnd.randrange(len(queue)))
+            assert len(runs[member].deadline) <= window
+            for frame in model.process(wrap(payload, ("10.0.0.9", 4000 + member), address, bytes(6))):
+                answer = payload_of(frame)
+                for receiver in range(fanin):
+                    if rnd.random() < 0.1:
+                        continue  # lost on the way to this member
+                    copies = 2 if rnd.random() < 0.1 else 1
+                    for _ in range(copies):
+                        queue += [(receiver, p) for p in runs[receiver].on_result(answer, now)]
+        expected = vectors.astype(np.int64).sum(axis=0)
+        for run in runs:
+            assert np.array_equal(run.sums().astype(np.int64), expected)
+            assert not run.wrong_chunks and not run.overflow and run.failed_chunk is None
+        used = {slot(key.round, clique, j, window, 3) for j in range(-(-elements // chunk))}
+        assert max(used) < config.slots
