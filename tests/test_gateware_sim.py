@@ -59,11 +59,27 @@ def test_verilog_command_output_lints(tmp_path, width):
     assert lint.returncode == 0, lint.stderr[-2000:]
 
 
-def test_verilog_command_rejects_bad_parameters(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "inwire.cli", "verilog", "--max-fanin", "65",
+@pytest.mark.parametrize(("option", "message"), [
+    (["--max-fanin", "65"], "--max-fanin must lie in [1, 64], got 65"),
+    (["--upstream", "10.73.87.1/24"], "--upstream '10.73.87.1/24': 10.73.87.1/24 has host bits set"),
+])
+def test_verilog_command_rejects_bad_parameters(tmp_path, option, message):
+    result = subprocess.run([sys.executable, "-m", "inwire.cli", "verilog", *option,
                              "-o", str(tmp_path / "agg.v")], capture_output=True, text=True, check=False)
     assert result.returncode == 2
-    assert "--max-fanin must lie in [1, 64], got 65" in result.stderr and "Traceback" not in result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_verilog_command_takes_the_upstream_prefix(tmp_path):
+    """--upstream reaches the gateware: the route check compares hop1 with another network."""
+    texts = []
+    for option in ([], ["--upstream", "10.0.1.0/24"]):
+        target = tmp_path / f"agg{len(texts)}.v"
+        result = subprocess.run([sys.executable, "-m", "inwire.cli", "verilog", "--slots", "2", "--elements", "4",
+                                 *option, "-o", str(target)], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stderr
+        texts.append(target.read_text())
+    assert texts[0] != texts[1]
 
 
 def test_replay_command_round_trip(tmp_path):
@@ -129,6 +145,30 @@ def test_replay_and_cosimulation_take_arrival_times():
     gateware = CoSimulation("icarus", 8, config)
     try:
         assert [gateware.process(frame, now) for frame, now in zip(frames, times, strict=True)] == expected
+        assert gateware.stats() == model.stats()
+    finally:
+        gateware.close()
+
+
+def test_cosimulation_takes_the_upstream_prefix():
+    """The co-simulation builds the gateware with the configuration's upstream prefix: with 10.0.1.0/24 a
+    partial goes to an address there and not to one in the /24 of the aggregator's own address."""
+    if shutil.which("iverilog") is None:
+        pytest.fail("iverilog is not on PATH (run `make setup`)")
+    from inwire.model import Aggregator as Model
+    from inwire_hdl.cocotb.traffic import ABOVE_IP, OUTSIDE_IP, Traffic
+    from inwire_hdl.cosim import CoSimulation
+
+    config = AggregatorConfig(slots=2, max_elements=4, upstream=(OUTSIDE_IP & ~0xFF, 24))
+    traffic = Traffic(config, seed=23)
+    frames = [traffic.contribution(traffic.elements(3), slot=slot, hop1=hop1)
+              for slot, hop1 in ((0, OUTSIDE_IP), (1, ABOVE_IP))]
+    model = Model(config)
+    expected = [model.process(frame) for frame in frames]
+    assert [len(answer) for answer in expected] == [1, 0] and model.stats()["drop_route"] == 1
+    gateware = CoSimulation("icarus", 8, config)
+    try:
+        assert [gateware.process(frame) for frame in frames] == expected
         assert gateware.stats() == model.stats()
     finally:
         gateware.close()

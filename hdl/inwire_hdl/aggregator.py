@@ -14,7 +14,11 @@ whose tree fields are all 0. A frame overlapping the members already summed is a
 complete when the members summed make up its level. The frame that completes a slot, or asks for its
 stored output, decides where the output goes: to `hop1` as a partial (its hops moved up one level, the
 status trailer carrying the overflow flag) when that is set, else to the group as the result. A partial's
-own trailer flag is or'ed into the slot's overflow flag as it goes by.
+own trailer flag is or'ed into the slot's overflow flag as it goes by. Hops that would send a partial to
+this aggregator, back to the frame's source or outside the upstream prefix (`config.upstream_prefix`)
+are dropped before the slot table (DROP_ROUTE); a frame older than its job's owner of the slot (an
+earlier round, or an earlier chunk of the same round and clique) is dropped (DROP_STALE) until the
+slot's lease runs out, whether the slot is complete or not.
 
 Output side: pops beats in order; a frame starts only when its context is there, which is what makes the
 beat FIFO the header delay line. Stage R loads a beat and reads the slot's sum memory (one word per beat);
@@ -81,7 +85,7 @@ class Action(enum.IntEnum):
 
 def context_layout(slot_bits, beat_bits, sum_addr_bits):
     return data.StructLayout({
-        "action": 3, "disp": 5, "slot": slot_bits, "rbank": 1, "fresh": 1, "reclaim": 1, "expire": 1,
+        "action": 3, "disp": Disposition, "slot": slot_bits, "rbank": 1, "fresh": 1, "reclaim": 1, "expire": 1,
         "opcode": 8, "sender": 8, "fanin": 8, "exponent": 8, "contributors": 8,
         "job": 32, "round": 32, "clique": 16, "chunk": 32, "count": 16, "group": 32, "bitmap": 64,
         "hdr_slot": 16, "dst_mac": 48, "dst_ip": 32, "dst_port": 16, "out_len": 16, "out_beats": beat_bits,
@@ -247,8 +251,9 @@ class Aggregator(wiring.Component):
                 "level_outside", "members_full", "result_req", "stats_req",
                 "lengths_bad", "fanin_bad", "sender_bad", "count_bad", "group_bad", "slot_bad",
                 "runt", "header_short", "request_len_ok", "len_pending", "pre_pass",
-                "slot_seen", "meta_valid", "key_match", "shape_match", "duplicate", "newer", "last_member")},
-            "pre_disp": 5, "pre_action": 3, "csum_a": 18, "csum_b": 18, "csum_c": 17, "csum_total": 20,
+                "route_bad", "slot_seen", "meta_valid", "key_match", "shape_match", "duplicate", "newer", "older",
+                "last_member")},
+            "pre_disp": Disposition, "pre_action": 3, "csum_a": 18, "csum_b": 18, "csum_c": 17, "csum_total": 20,
             "slot": 16, "job": 32, "round": 32, "clique": 16, "chunk": 32, "fanin": 8, "group": 32,
             "count": 16, "exponent": 8, "sender": 8, "members": 64, "level": 64, "member_count": 7,
             "hop1": 32, "out_expect": 64, "out_hop1": 32, "out_hop1_expect": 64, "eth_src": 48, "ip_src": 32,
@@ -277,6 +282,15 @@ class Aggregator(wiring.Component):
         sender_bit = Const(1, 64) << sender[:6]
         clique = Cat(*(fanin > member for member in range(64)))
         hop1 = Mux(v1, 0, f("hop1"))
+        # Where the frame's hops may send this level's partial (the model's `_route_allowed`): up, never to
+        # this aggregator or back to the frame's source, only within the upstream prefix; `hop2` only above
+        # a `hop1` and distinct from it and from this aggregator. A version 1 frame has no route to check.
+        hop1_raw, hop2_raw = f("hop1"), f("hop2")
+        network, length = cfg.upstream_prefix
+        upstream_mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
+        route_bad = ~v1 & Mux(hop1_raw == 0, hop2_raw != 0,
+                              (hop1_raw == cfg.ip) | (hop1_raw == f("ip_src")) | ((hop1_raw & upstream_mask) != network)
+                              | (hop2_raw == hop1_raw) | (hop2_raw == cfg.ip))
         # Lengths as one adder each (constants folded), the opcode choosing between results; a partial's
         # frame carries its status trailer as one more word after the elements.
         payload_bytes = count * ELEMENT_BYTES
@@ -300,8 +314,8 @@ class Aggregator(wiring.Component):
                 c1.members.eq(Mux(v1 | (bitmap == 0), sender_bit, bitmap)),
                 c1.level.eq(Mux(v1 | (expect == 0), clique, expect)),
                 c1.level_outside.eq(~v1 & (expect & ~clique).any()),
-                c1.hop1.eq(hop1), c1.partial_out.eq(hop1 != 0), c1.out_expect.eq(f("hop1_expect")),
-                c1.out_hop1.eq(f("hop2")), c1.out_hop1_expect.eq(f("hop2_expect")),
+                c1.hop1.eq(hop1), c1.partial_out.eq(hop1 != 0), c1.route_bad.eq(route_bad),
+                c1.out_expect.eq(f("hop1_expect")), c1.out_hop1.eq(hop2_raw), c1.out_hop1_expect.eq(f("hop2_expect")),
                 c1.result_req.eq(opcode == Opcode.RESULT_REQUEST),
                 c1.stats_req.eq(opcode == Opcode.STATS_REQUEST),
                 c1.lengths_bad.eq(~Mux(summed, contribution_lengths_ok, request_lengths_ok)),
@@ -360,7 +374,7 @@ class Aggregator(wiring.Component):
         m, c2 = p.m, p.c2
         once = c2.csum_total[:16] + c2.csum_total[16:]
         csum_ok = Mux(once[16], once[:16] == 0xFFFE, once[:16] == 0xFFFF)
-        pre_disp, pre_action, pre_pass = Signal(5), Signal(Action), Signal()
+        pre_disp, pre_action, pre_pass = Signal(Disposition), Signal(Action), Signal()
         len_pending = Signal()
 
         def pre(disposition, action=Action.DROP):
@@ -399,6 +413,8 @@ class Aggregator(wiring.Component):
                 pre(Disposition.DROP_GROUP)
             with m.Elif(c2.slot_bad):
                 pre(Disposition.DROP_SLOT)
+            with m.Elif(c2.route_bad):
+                pre(Disposition.DROP_ROUTE)
             with m.Else():
                 m.d.comb += pre_pass.eq(1)
         p.share(pre_disp=pre_disp, pre_action=pre_action, pre_pass=pre_pass, len_pending=len_pending)
@@ -414,13 +430,18 @@ class Aggregator(wiring.Component):
             round_delta = Signal(32)
             m.d.comb += round_delta.eq(c2.round - entry.round)
             length = entry.count * ELEMENT_BYTES + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES)
+            same_job = entry.job == c2.job
+            # The model's `is_older`: an earlier round (serial order), or the same round and clique and an
+            # earlier chunk.
+            earlier_chunk = (entry.round == c2.round) & (entry.clique == c2.clique) & (c2.chunk < entry.chunk)
             return {
                 "key_match": ((entry.job == c2.job) & (entry.round == c2.round) & (entry.clique == c2.clique)
                               & (entry.chunk == c2.chunk)),
                 "shape_match": ((entry.fanin == c2.fanin) & (entry.group == c2.group) & (entry.count == c2.count)
                                 & (entry.exponent == c2.exponent) & (entry.level == c2.level)),
                 "duplicate": self._overlaps(entry.bitmap, c2),
-                "newer": (c2.job == entry.job) & (round_delta != 0) & ~round_delta[31],
+                "newer": same_job & (round_delta != 0) & ~round_delta[31],
+                "older": same_job & ((round_delta[31] & (round_delta[:31] != 0)) | earlier_chunk),
                 "last_member": (entry.bitmap | c2.members) == c2.level,
                 "idle": (c2.now - entry.stamp)[:TIME_BITS],
                 "len_meta": length,
@@ -482,7 +503,7 @@ class Aggregator(wiring.Component):
     def _decide(self, p):
         """I3: the disposition of the frame whose header ends here."""
         m, c3, meta3 = p.m, p.c3, p.meta3
-        disp = Signal(5)
+        disp = Signal(Disposition)
         action = Signal(Action)
         fresh, reclaim, expire = Signal(), Signal(), Signal()
         lease = self.config.lease
@@ -509,7 +530,13 @@ class Aggregator(wiring.Component):
                 decide(Disposition.DROP_DUPLICATE)
             with m.Else():
                 decide(Disposition.ACCUMULATED, summed)
-        with m.Elif(~c3.meta_valid | meta3.complete):
+        with m.Elif(~c3.meta_valid):
+            m.d.comb += fresh.eq(1)
+            decide(Disposition.ACCUMULATED, summed)
+        with m.Elif(c3.older & ~expired):
+            # A delayed copy never evicts its job's newer owner, finished or not, while the lease runs.
+            decide(Disposition.DROP_STALE)
+        with m.Elif(meta3.complete):
             m.d.comb += fresh.eq(1)
             decide(Disposition.ACCUMULATED, summed)
         with m.Elif(c3.newer):
@@ -789,7 +816,7 @@ class Aggregator(wiring.Component):
             Signal(name=f"s_{n}") for n in ("use_sum", "stored", "summing", "with_trailer", "fresh", "reclaim",
                                             "expire"))
         s_slot = Signal(self.slot_bits)
-        s_disp = Signal(5)
+        s_disp = Signal(Disposition)
         with m.If(p.advance):
             m.d.sync += [
                 s_valid.eq(p.a_valid), s_emit.eq(p.a_emit), s_last.eq(p.a_last), s_user.eq(p.a_user),

@@ -28,7 +28,11 @@ STALL_LIMIT = 10_000
 
 
 def tb_config():
-    return AggregatorConfig(**json.loads(os.environ.get(CONFIG_ENV, "{}")))
+    fields = json.loads(os.environ.get(CONFIG_ENV, "{}"))
+    if fields.get("upstream") is not None:
+        # JSON made the (network, prefix length) pair a list; the configuration is hashable with a tuple.
+        fields["upstream"] = tuple(fields["upstream"])
+    return AggregatorConfig(**fields)
 
 
 def random_pauses(probability, seed):

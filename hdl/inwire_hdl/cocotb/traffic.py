@@ -9,17 +9,23 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Dot1Q, Ether
 
 from inwire.model import Aggregator as Model
+from inwire.model import AggregatorConfig
 from inwire.packets import build_frames, ipv4_checksums
 from inwire.protocol import FIELDS_BY_NAME, FRAME_HEADER_BYTES, FRAME_OFFSETS, INT32_MAX, Opcode
 
 HOST_MAC = 0x02_00_00_00_00_07
 HOST_IP = 0x0A_00_00_07
-BELOW_IP = 0x0A_00_01_01
+_UPSTREAM = AggregatorConfig().upstream_prefix[0]
+# The other aggregators of a tree lie in the default upstream prefix (the /24 of the default address), so
+# that partials may go between them.
+BELOW_IP = _UPSTREAM + 2
 """An aggregator one level below the one under test (played by a model)."""
-LOWEST_IP = 0x0A_00_01_02
+LOWEST_IP = _UPSTREAM + 3
 """An aggregator two levels below (the lowest of a three-level tree)."""
-ABOVE_IP = 0x0A_00_01_03
+ABOVE_IP = _UPSTREAM + 4
 """An aggregator above the one under test: its partials go there."""
+OUTSIDE_IP = 0x0A_00_01_03
+"""An address outside the default upstream prefix: no partial may go there."""
 
 
 class Traffic:

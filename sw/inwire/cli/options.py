@@ -21,8 +21,8 @@ def positive_float(text):
 
 
 def gateware_size(parser, widths, sized_by=None):
-    """--width, --slots, --elements, --max-fanin and --lease of a gateware build, defaults from the golden
-    model or, with `sized_by` (e.g. "the capture"), left to the command to derive from it."""
+    """--width, --slots, --elements, --max-fanin, --lease and --upstream of a gateware build, defaults from the
+    golden model or, with `sized_by` (e.g. "the capture"), left to the command to derive from it."""
     from inwire.model import AggregatorConfig
 
     defaults = AggregatorConfig()
@@ -41,6 +41,9 @@ def gateware_size(parser, widths, sized_by=None):
     parser.add_argument("--lease", type=int, default=defaults.lease, metavar="TICKS",
                         help="lease_tick pulses (a board makes one per millisecond) without an accepted contribution "
                              "after which an unfinished slot may be claimed by another job (0: never)")
+    parser.add_argument("--upstream", default=None, metavar="PREFIX",
+                        help="IPv4 prefix (A.B.C.D/N) of the aggregators above this one: the only addresses the "
+                             "gateware sends a partial to, whatever a frame names (default: the /24 of its address)")
 
 
 MAX_SUM_WORDS = 1 << 16
@@ -64,8 +67,13 @@ def gateware_config(args):
     if args.slots * args.elements > MAX_SUM_WORDS:
         raise ValueError(f"--slots {args.slots} x --elements {args.elements} = {args.slots * args.elements:,} sum "
                          f"words, more than the {MAX_SUM_WORDS:,} a generated core may hold; lower one of them")
+    upstream = None
+    if args.upstream is not None:
+        from inwire.serve import parse_prefix
+
+        upstream = parse_prefix(args.upstream)
     try:
         return AggregatorConfig(slots=args.slots, max_elements=args.elements, max_fanin=args.max_fanin,
-                                lease=args.lease)
+                                lease=args.lease, upstream=upstream)
     except TypeError as error:
         raise ValueError(str(error)) from None
