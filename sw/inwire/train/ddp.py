@@ -1,0 +1,84 @@
+"""A DistributedDataParallel communication hook that sums gradients across islands through inwire.
+
+Synchronous data parallelism across islands, SwitchML's use case, in the shape DDP users know:
+
+    state = InwireHookState(exchange, island="LON", islands=["LON", "NYC", "SIN"])   # exchange: rank 0 only
+    ddp_model.register_comm_hook(state, inwire_hook)
+
+Each gradient bucket is first averaged inside the island on the island's own backend (gloo or NCCL, the
+process group DDP runs on), then its rank 0 averages the island means across islands through the
+aggregator, as one clique of every island (the global clique, or the tree the schedule gives it through
+`aggregator` and `tree`), with the codec's shared exponent and its overflow re-send; the result is broadcast
+back inside the island and the future returns it. Every island gets the same bits: the codec's average of
+the island means (`codec_average.clique_average`). The hook blocks until the bucket is summed, so buckets are
+summed one after the other; a bucket's sum is named by the step and the bucket's index (round and clique
+fields), so islands whose buckets become ready in another order still meet in the same slots. Every island
+must build the same buckets (the same model and `bucket_cap_mb`), as every rank of one DDP job does.
+"""
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..client import ClientError
+from .codec_average import AveragingError
+
+
+class InwireHookState:
+    """What `inwire_hook` needs: rank 0's `exchange` (an `InwireExchange`; None on the other ranks), this
+    island's name and every island's (the global clique, in one order on every island), the island's
+    process group (None: the default group), and the clique's aggregator city and tree when the exchange
+    has per-city aggregators. `buckets` bounds the buckets of the model (the slot layout's stride: 4 x
+    buckets x the exchange's window slots at the aggregator; DDP's default 25 MB buckets give one per 25 MB
+    of gradients)."""
+
+    def __init__(self, exchange, island, islands, process_group=None, aggregator=None, tree=None, buckets=16):
+        islands = list(islands)
+        if island not in islands:
+            raise ValueError(f"island {island!r} is not one of {', '.join(islands)}")
+        self.exchange, self.island, self.islands = exchange, island, islands
+        self.group = process_group
+        self.aggregator, self.tree = aggregator, tree
+        self.step = 0
+        self.buckets = buckets
+        if dist.get_rank(process_group) == 0 and exchange is None:
+            raise ValueError("the island's rank 0 needs an exchange to reach inwire")
+
+
+def inwire_hook(state, bucket):
+    """DDP communication hook: the bucket's gradients averaged over every rank of every island."""
+    tensor = bucket.buffer()
+    group = state.group
+    world = dist.get_world_size(group)
+    dist.all_reduce(tensor, group=group)
+    tensor.div_(world)
+    index = bucket.index()
+    if index >= state.buckets:
+        raise ValueError(f"bucket {index} of a model with more than the {state.buckets} buckets the hook's state "
+                         f"allows; raise InwireHookState(buckets=) or DDP's bucket_cap_mb")
+    error = None
+    if dist.get_rank(group) == 0:
+        host = tensor.detach().to("cpu", torch.float32).numpy()
+        try:
+            average = state.exchange.average(state.step, index, state.islands, state.islands.index(state.island),
+                                             host, aggregator=state.aggregator, tree=state.tree,
+                                             max_cliques=state.buckets)
+            tensor.copy_(torch.from_numpy(np.ascontiguousarray(average)).to(tensor.device, tensor.dtype))
+        except (AveragingError, ClientError, OSError, ValueError) as failure:
+            error = failure
+    if world > 1:
+        device = tensor.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        status = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=device)
+        dist.broadcast(status, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
+        if int(status.item()) != 0 and error is None:
+            error = AveragingError(f"step {state.step}, bucket {index}: rank 0 of island {state.island} could not "
+                                   f"sum it across islands")
+        if error is None:
+            dist.broadcast(tensor, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
+    if error is not None:
+        raise error
+    if bucket.is_last():
+        state.step += 1
+    future = torch.futures.Future()
+    future.set_result(tensor)
+    return future

@@ -1,0 +1,93 @@
+"""The DDP communication hook: islands as separate DistributedDataParallel jobs whose gradient buckets are
+averaged across islands through `inwire serve`; every rank of every island ends with the codec's average of
+the island means, bit for bit."""
+
+import multiprocessing
+import pathlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
+from inwire.train.codec_average import clique_average  # noqa: E402
+
+ISLANDS = ("LON", "NYC", "SIN")
+STEPS = 3
+
+
+def build_model():
+    torch.manual_seed(0)
+    # Small buckets: several per step, so bucket indices and the step counter both name sums.
+    return torch.nn.Sequential(torch.nn.Linear(40, 300), torch.nn.ReLU(), torch.nn.Linear(300, 40),
+                               torch.nn.ReLU(), torch.nn.Linear(40, 5))
+
+
+def batch(island, step):
+    generator = torch.Generator().manual_seed(1000 * ISLANDS.index(island) + step)
+    return torch.randn(16, 40, generator=generator), torch.randint(5, (16,), generator=generator)
+
+
+def island_process(island, address, folder, out):
+    """One island: a one-rank gloo job running DDP with the hook (recorded: what each bucket held before and
+    after); writes the records and the final parameters."""
+    import torch.distributed as dist
+
+    from inwire.train.averaging import InwireExchange
+    from inwire.train.ddp import InwireHookState, inwire_hook
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(str(pathlib.Path(folder) / f"{island}.store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    exchange = InwireExchange(tuple(address), deadline_s=30)
+    records = {}
+
+    def recording_hook(state, bucket):
+        step, before = state.step, bucket.buffer().clone().numpy()
+        future = inwire_hook(state, bucket)
+        records[f"{step}-{bucket.index()}-before"] = before
+        records[f"{step}-{bucket.index()}-after"] = future.value().numpy().copy()
+        return future
+
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(build_model(), bucket_cap_mb=0.02)
+        model.register_comm_hook(InwireHookState(exchange, island, ISLANDS), recording_hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(STEPS):
+            inputs, labels = batch(island, step)
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+            optimizer.step()
+        records["parameters"] = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
+        np.savez(out, **records)
+    finally:
+        exchange.close()
+        dist.destroy_process_group()
+
+
+def test_every_island_steps_with_the_codec_average_of_the_island_gradients(tmp_path):
+    """Each bucket of each step leaves every island as the codec's average of what the islands put in; so
+    the islands, started alike, stay bit-identical while their data differ."""
+    context = multiprocessing.get_context("spawn")
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        processes = [context.Process(target=island_process, args=(island, server.address, str(tmp_path),
+                                                                  str(tmp_path / f"{island}.npz")))
+                     for island in ISLANDS]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(timeout=180)
+        assert all(process.exitcode == 0 for process in processes), [p.exitcode for p in processes]
+    got = {island: dict(np.load(tmp_path / f"{island}.npz")) for island in ISLANDS}
+    sums = sorted(key[:-len("-before")] for key in got["LON"] if key.endswith("-before"))
+    assert len(sums) > STEPS  # several buckets a step
+    for name in sums:
+        assert {tuple(sorted(k for k in got[i] if k.startswith(name))) for i in ISLANDS} == {(f"{name}-after",
+                                                                                               f"{name}-before")}
+        average = clique_average([got[island][f"{name}-before"] for island in ISLANDS])
+        for island in ISLANDS:
+            assert np.array_equal(got[island][f"{name}-after"], average), (island, name)
+    assert not np.array_equal(got["LON"]["0-0-before"], got["NYC"]["0-0-before"])
+    for island in ISLANDS:
+        assert np.array_equal(got[island]["parameters"], got["LON"]["parameters"])
