@@ -10,6 +10,7 @@ pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 from inwire.train.dist import DistributedRunError, check_bit_exact, launch_islands, run_dist  # noqa: E402
+from inwire.train.island import digest  # noqa: E402
 
 ISLANDS = ("LON", "NYC", "SIN")
 
@@ -38,8 +39,10 @@ def test_the_check_catches_one_rank_off_by_one_ulp(small_run, tmp_path):
     shutil.copytree(small_run["out_dir"], copy)
     path = copy / "NYC-rank1.npz"
     log = dict(np.load(path))
-    log["average"] = log["average"].copy()
-    log["average"][0, 3] = np.nextafter(log["average"][0, 3], np.float32(9))
+    average = dict(np.load(copy / "NYC-rank0.npz"))["average"][0].copy()
+    average[3] = np.nextafter(average[3], np.float32(9))
+    log["average_sha"] = log["average_sha"].copy()
+    log["average_sha"][0] = digest(average)
     np.savez(path, **log)
     bit_exact, _, problems = check_bit_exact(copy, ISLANDS)
     assert not bit_exact and problems == ["NYC rank 1: average differs from rank 0"]
@@ -62,3 +65,16 @@ def test_an_unreachable_aggregator_fails_in_bounded_time(tmp_path):
     assert "[rank0]: " in str(failure.value) and "no result for chunk" in str(failure.value)
     assert "[rank1]: inwire.train.codec_average.AveragingError: round 0: rank 0 of island LON could not average" \
         in str(failure.value)
+
+
+def test_torchrun_islands_sum_along_a_tree_of_chained_services(tmp_path):
+    """The global clique LON -> NYC -> SIN: NYC's service sums LON's and its own and sends the partial to
+    SIN's, the root; 2 ranks per island, bit-exact at every averaging."""
+    report = run_dist(ISLANDS, nproc=2, steps=10, period=5, strategy="tree", hidden=200, out_dir=tmp_path,
+                      timeout_s=240)
+    assert report["bit_exact"], report["problems"]
+    assert report["averagings_checked"] == 2 * len(ISLANDS)
+    counters = report["aggregator_counters"]
+    assert sorted(counters) == ["NYC", "SIN"]
+    assert counters["NYC"]["partials_emitted"] > 0 and counters["SIN"]["results_emitted"] > 0
+    assert "partials_emitted" not in counters["SIN"]

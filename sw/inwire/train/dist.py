@@ -1,7 +1,8 @@
 """Islands as torchrun jobs averaging through an inwire aggregator on this machine (`make train-dist`).
 
-Starts the software aggregator (the golden model, or the co-simulated gateware with `--sim`) unless
-`--server` names one already up, writes the schedule, launches one `torchrun --standalone --nproc-per-node N`
+Starts the software aggregators (the fast path, the golden model with `--golden`, or the co-simulated
+gateware with `--sim`), one per city the schedule sums at, unless `--server` names one already up, writes
+the schedule, launches one `torchrun --standalone --nproc-per-node N`
 per island (each its own rendezvous on a free port; gloo inside), waits with a deadline, and checks the
 outcome: at every averaging, every rank of every member holds exactly the codec's quantized average of what
 the members sent, which `codec_average.clique_average` computes independently of the aggregator. Prints
@@ -14,6 +15,7 @@ aggregator's HOST:PORT (`--server`) and the same schedule file.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -37,15 +39,25 @@ class DistributedRunError(RuntimeError):
     """The distributed run failed or did not finish in time; the message says which island and why."""
 
 
+STRATEGIES = ("schedule", "gossip", "tree")
+
+
 def schedule_for(topology_name, islands, strategy, model_bytes):
-    """A schedule document for the islands: the planner's choice, or rotating pairs (`gossip`)."""
+    """A schedule document for the islands: the planner's choice, rotating pairs (`gossip`), or the global
+    clique summed along a chain of aggregators (`tree`: the first island's contribution is summed at the
+    second's city, which sends its partial on to the third's, and so on to the last, the root)."""
     from .training import gossip_rounds
 
+    if strategy == "tree":
+        islands = list(islands)
+        tree = {islands[i]: islands[i + 1] for i in range(len(islands) - 1)}
+        return {"islands": islands, "rounds": [{"cliques": [{"members": islands, "aggregator": islands[-1],
+                                                             "tree": tree}], "time_ms": 1.0}]}
     topology = load_topology(topology_name)
     if strategy == "schedule":
         return schedule_document(plan_schedule(topology, list(islands), model_bytes=model_bytes))
     if strategy != "gossip":
-        raise ValueError(f"strategy must be schedule or gossip, got {strategy!r}")
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     schedule = Evaluator(CostModel(topology, islands, model_bytes), 1e-3).evaluate(gossip_rounds(list(islands)))
     rounds = [{"cliques": [{"members": list(c.members), "aggregator": c.aggregator, "exchange": c.exchange}
                            for c in cliques if len(c.members) > 1], "time_ms": duration}
@@ -54,9 +66,12 @@ def schedule_for(topology_name, islands, strategy, model_bytes):
 
 
 def check_bit_exact(out_dir, islands, bound=16.0, plain=True):
-    """Compare every rank's logged averages with clique_average of the members' sent vectors.
+    """Compare every rank's logged averages with clique_average of the members' sent vectors: rank 0's
+    vectors directly, every rank's digests with rank 0's and with the expected average's.
 
     Returns (bit_exact, averagings checked, list of mismatches)."""
+    from .island import digest
+
     logs = {}
     for island in islands:
         ranks = sorted(pathlib.Path(out_dir).glob(f"{island}-rank*.npz"))
@@ -66,26 +81,29 @@ def check_bit_exact(out_dir, islands, bound=16.0, plain=True):
     problems, checked = [], 0
     sent = {}
     for island, ranks in logs.items():
+        first = ranks[0]
         for rank, log in enumerate(ranks):
-            for key in ("round", "sent", "average", "after"):
-                if not np.array_equal(log[key], ranks[0][key]):
-                    problems.append(f"{island} rank {rank}: {key} differs from rank 0")
-        for i, round_index in enumerate(ranks[0]["round"]):
-            sent[(int(round_index), island)] = (str(ranks[0]["members"][i]), ranks[0]["sent"][i])
+            for key in ("round", "members", "sent_sha", "average_sha", "after_sha"):
+                if not np.array_equal(log[key], first[key]):
+                    problems.append(f"{island} rank {rank}: {key.removesuffix('_sha')} differs from rank 0")
+        for i, round_index in enumerate(first["round"]):
+            if digest(first["sent"][i]) != first["sent_sha"][i]:
+                problems.append(f"{island} round {round_index}: rank 0's sent vector does not match its digest")
+            sent[(int(round_index), island)] = first["sent"][i]
     for island, ranks in logs.items():
         log = ranks[0]
         for i, round_index in enumerate(log["round"]):
             members = str(log["members"][i]).split(",")
             try:
-                vectors = [sent[(int(round_index), member)][1] for member in members]
+                vectors = [sent[(int(round_index), member)] for member in members]
             except KeyError:
                 problems.append(f"{island} round {round_index}: a member of {members} did not log the round")
                 continue
             expected = clique_average(vectors, bound)
             checked += 1
-            if not np.array_equal(log["average"][i], expected):
+            if not np.array_equal(log["average"][i], expected) or log["average_sha"][i] != digest(expected):
                 problems.append(f"{island} round {round_index}: average differs from the codec's")
-            if plain and not np.array_equal(log["after"][i], expected):
+            if plain and log["after_sha"][i] != digest(expected):
                 problems.append(f"{island} round {round_index}: parameters after averaging are not the average")
     return not problems and checked > 0, checked, problems
 
@@ -128,7 +146,7 @@ def _stop(processes):
 
 
 def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s,
-                   outer_lr=1.0, outer_momentum=0.0):
+                   outer_lr=1.0, outer_momentum=0.0, hidden=32):
     """Run one torchrun per island and wait for all; raises DistributedRunError on failure or timeout."""
     processes, logs = [], {}
     try:
@@ -138,7 +156,7 @@ def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period
                        "-m", "inwire.train.island", "--island", island, "--schedule", str(schedule_path),
                        "--server", server, "--out-dir", str(out_dir), "--steps", str(steps),
                        "--period", str(period), "--seed", str(seed), "--alpha", alpha,
-                       "--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum),
+                       "--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum), "--hidden", str(hidden),
                        "--timeout", str(max(5.0, timeout_s / 4))]
             with open(logs[island], "w") as log:
                 # A session per island, so that its torchrun and every rank can be stopped together.
@@ -169,8 +187,12 @@ def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period
 
 def run_dist(islands=("LON", "NYC", "SIN"), nproc=2, steps=40, period=10, seed=0, alpha="0.3", strategy="schedule",
              topology="doublezero9", model_mb=100.0, server=None, sim=(), out_dir=None, timeout_s=300.0,
-             outer_lr=1.0, outer_momentum=0.0):
-    """The whole run; returns the report (also when averages are not bit-exact: `bit_exact` says so)."""
+             outer_lr=1.0, outer_momentum=0.0, hidden=32, golden=False):
+    """The whole run; returns the report (also when averages are not bit-exact: `bit_exact` says so).
+
+    Without `server`, one aggregator service per city the schedule sums at (only the root without trees),
+    each at its own loopback address on one shared port, as a reduction tree needs (`--server` then names
+    the city map file the islands read)."""
     from ..model import Aggregator
     from ..serve import SoftwareAggregator, serving_in_thread
 
@@ -180,30 +202,48 @@ def run_dist(islands=("LON", "NYC", "SIN"), nproc=2, steps=40, period=10, seed=0
     schedule_path = out_dir / "schedule.json"
     schedule_path.write_text(json.dumps(document, indent=1) + "\n")
     started = time.monotonic()
-    arguments = (schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s, outer_lr, outer_momentum)
+    arguments = (schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s, outer_lr, outer_momentum,
+                 hidden)
     if server:
         launch_islands(islands, server, *arguments)
         counters = None
     else:
-        make_aggregator = Aggregator
+        options = {"engine": "fast"}
         if sim:
             from inwire_hdl.cosim import CoSimulation
 
-            def make_aggregator(config):
-                return CoSimulation(*sim, config)
-        aggregator = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None,
-                                        make_aggregator=make_aggregator)
-        with serving_in_thread(aggregator) as running:
-            host, port = running.address[:2]
-            launch_islands(islands, f"{host}:{port}", *arguments)
-            counters = {key: value for key, value in running.counters().items() if value}
+            options = {"make_aggregator": lambda config: CoSimulation(*sim, config)}
+        elif golden:
+            options = {"make_aggregator": Aggregator}
+        cities = sorted({city for entry in document["rounds"] for clique in entry["cliques"]
+                         for city in (clique.get("aggregator"), *clique.get("tree", {}).values()) if city}) or [None]
+        services, port = {}, 0
+        with contextlib.ExitStack() as stack:
+            for k, city in enumerate(cities):
+                service = SoftwareAggregator((f"127.0.0.{2 + k}", port), unicast=True, log=lambda line: None,
+                                             **options)
+                port = service.address[1]
+                services[city] = stack.enter_context(serving_in_thread(service))
+            if any("tree" in clique for entry in document["rounds"] for clique in entry["cliques"]):
+                target = out_dir / "aggregators.json"
+                target.write_text(json.dumps({city: f"{s.address[0]}:{s.address[1]}" for city, s in services.items()}))
+            else:
+                # One aggregator for every clique (all-to-all ones too): the islands need no map.
+                only = next(iter(services.values()))
+                target = f"{only.address[0]}:{only.address[1]}"
+            launch_islands(islands, str(target), *arguments)
+            counters = {city: {key: value for key, value in service.counters().items() if value}
+                        for city, service in services.items()}
+        if None in counters:
+            counters = counters[None]
     bit_exact, checked, problems = check_bit_exact(out_dir, islands, plain=outer_lr == 1.0 and outer_momentum == 0.0)
     results = {island: json.loads((out_dir / f"{island}.json").read_text()) for island in islands}
     return {"bit_exact": bit_exact, "averagings_checked": checked, "problems": problems[:10],
             "islands": {island: {"accuracy": r["accuracy"], "ranks": r["ranks"], "backend": r["backend"],
                                  "averagings": r["averagings"]} for island, r in results.items()},
             "schedule_rounds": [[c["members"] for c in r["cliques"]] for r in document["rounds"]],
-            "steps": steps, "period": period, "aggregator": "software" if not sim else f"{sim[0]} co-simulation",
+            "steps": steps, "period": period,
+            "aggregator": f"{sim[0]} co-simulation" if sim else "golden model" if golden else "fast path",
             "aggregator_counters": counters, "out_dir": str(out_dir), "wall_s": round(time.monotonic() - started, 1)}
 
 
@@ -215,7 +255,13 @@ def main(argv=None):
     parser.add_argument("--period", type=int, default=10, help="local steps between averagings")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--alpha", default="0.3", help="Dirichlet concentration of the class split, or iid")
-    parser.add_argument("--strategy", default="schedule", help="schedule (the planner's) or gossip (rotating pairs)")
+    parser.add_argument("--strategy", default="schedule", choices=STRATEGIES,
+                        help="schedule (the planner's), gossip (rotating pairs) or tree (the global clique along a "
+                             "chain of aggregators, one service per summing city)")
+    parser.add_argument("--golden", action="store_true",
+                        help="answer with the golden model itself instead of the fast path (bit-exact with it)")
+    parser.add_argument("--hidden", type=int, default=32,
+                        help="hidden units of the islands' MLP: 75 x hidden + 10 parameters (333,333: 25 million)")
     parser.add_argument("--model-mb", type=float, default=100.0, help="model size the schedule is planned for")
     parser.add_argument("--server", default="", help="an aggregator already up (HOST:PORT); default: start one")
     parser.add_argument("--sim", default="", metavar="SIMULATOR[:WIDTH]",
@@ -234,7 +280,7 @@ def main(argv=None):
         report = run_dist(tuple(filter(None, args.islands.split(","))), args.nproc_per_node, args.steps, args.period,
                           args.seed, args.alpha, args.strategy, model_mb=args.model_mb, server=args.server or None,
                           sim=sim, out_dir=args.out_dir or None, timeout_s=args.timeout, outer_lr=args.outer_lr,
-                          outer_momentum=args.outer_momentum)
+                          outer_momentum=args.outer_momentum, hidden=args.hidden, golden=args.golden)
     except (DistributedRunError, ValueError, OSError) as error:
         print(f"inwire train-dist: {error}", file=sys.stderr)
         return 2

@@ -7,11 +7,13 @@ Inside the island the ranks keep their usual data-parallel training (Distributed
 NCCL where there are GPUs), each on its half of the island's data. After every optimizer step the
 `CliqueAverager` counts; every `period` steps rank 0 averages with the island's clique through inwire and
 broadcasts the result inside the island. Each rank writes what it sent and received at every averaging
-(`<island>-rank<r>.npz`), and rank 0 the island's test accuracy (`<island>.json`), for the launcher to check.
+(`<island>-rank<r>.npz`: digests, and on rank 0 the vectors), and rank 0 the island's test accuracy
+(`<island>.json`), for the launcher to check.
 """
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import pathlib
@@ -41,6 +43,11 @@ def parse_arguments(argv):
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective or averaging may take")
     parser.add_argument("--backend", default="", help="gloo or nccl (default: nccl with CUDA, else gloo)")
     return parser.parse_args(argv)
+
+
+def digest(vector):
+    """SHA-256 of a float32 vector's bytes: what every rank logs of each averaging."""
+    return hashlib.sha256(np.ascontiguousarray(vector, dtype=np.float32).tobytes()).hexdigest()
 
 
 def aggregators_of(server):
@@ -90,7 +97,9 @@ def main(argv=None):
             exchange = InwireExchange(aggregators_of(args.server), job=args.job, deadline_s=args.timeout / 2)
         averager = CliqueAverager(args.period, island=args.island, schedule=schedule, exchange=exchange,
                                   outer=OuterOptimizer(args.outer_lr, args.outer_momentum))
-        log = {"round": [], "members": [], "sent": [], "average": [], "after": []}
+        # Every rank logs digests; rank 0 also the vectors, from which the launcher recomputes the average.
+        log = {"round": [], "members": [], "sent_sha": [], "average_sha": [], "after_sha": [],
+               **({"sent": [], "average": []} if rank == 0 else {})}
         for _step in range(args.steps):
             batch = torch.randint(max(1, len(train_y)), (args.batch,), generator=generator).to(device)
             optimizer.zero_grad()
@@ -103,11 +112,13 @@ def main(argv=None):
             members = averager.average_parameters(model.parameters())
             if members:
                 round_index, _, sent, average = averager.last
+                after = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy()
                 log["round"].append(round_index)
                 log["members"].append(",".join(members))
-                log["sent"].append(sent)
-                log["average"].append(average)
-                log["after"].append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy())
+                for key, vector in (("sent", sent), ("average", average), ("after", after)):
+                    log[f"{key}_sha"].append(digest(vector))
+                    if key in log:
+                        log[key].append(vector)
         out = pathlib.Path(args.out_dir)
         np.savez(out / f"{args.island}-rank{rank}.npz", **{key: np.array(value) for key, value in log.items()})
         with torch.no_grad():
