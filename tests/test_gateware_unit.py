@@ -232,3 +232,21 @@ def test_reduction_trees_at_the_other_widths(width):
     expected = expected_of(frames)
     assert counters["partials_emitted"] == expected[1]["partials_emitted"] > 0
     assert (outputs, counters) == expected
+
+
+@pytest.mark.parametrize("width", [16, 32])
+def test_forged_routes_and_stale_copies_at_the_other_widths(width):
+    """The cocotb suite's forged hops (each a drop_route) and stale copies of an older chunk, on a completed
+    and on an unfinished slot, at the widths the cocotb runs leave out."""
+    from inwire_hdl.cocotb.traffic import Traffic, forged_routes, stale_chunks
+
+    traffic = Traffic(CONFIG, seed=width)
+    frames = forged_routes(traffic, 5, 0, 55)[0]
+    early, later, request = stale_chunks(traffic, 3, 2, 56)
+    frames += early + later + [early[0], request, later[1]]
+    early, later, request = stale_chunks(traffic, 6, 3, 57)
+    frames += early + later[:1] + [early[1], later[1], request]
+    outputs, counters = StreamHarness(width, ready_probability=0.7, seed=width).run(frames)
+    expected = expected_of(frames)
+    assert expected[1]["drop_route"] == 8 and expected[1]["drop_stale"] == 2
+    assert (outputs, counters) == expected

@@ -1,5 +1,6 @@
 """cocotb tests of the aggregator; every expectation comes from the golden model via `TB.check`."""
 
+import copy
 import random
 
 import cocotb
@@ -7,14 +8,16 @@ import numpy as np
 from cocotb.triggers import ClockCycles, RisingEdge
 from scapy.layers.l2 import Ether
 
-from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, INWIRE_PORT, STATUS_OVERFLOW, Opcode
+from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, INWIRE_PORT, STATUS_OVERFLOW, Disposition, Opcode
 from inwire_hdl.aggregator import Aggregator
 from inwire_hdl.cocotb.testbench import TB
 from inwire_hdl.cocotb.traffic import (
     ABOVE_IP,
     Traffic,
+    forged_routes,
     malformed,
     patch,
+    stale_chunks,
     tree_child,
     tree_middle,
     tree_root,
@@ -97,7 +100,8 @@ async def malformed_frames_dropped_by_reason(dut):
 
 @cocotb.test()
 async def slot_state_drops(dut):
-    """Duplicate, mismatch, collision and no-result: drops that depend on a slot's state."""
+    """Duplicate, mismatch, stale (an older round of the owner's job), collision and no-result: drops that
+    depend on a slot's state."""
     tb, traffic = await start(dut, 6)
     first = traffic.contribution(traffic.elements(8), fanin=3, sender=0, slot=2, job=4, round=2)
     frames = [
@@ -114,7 +118,7 @@ async def slot_state_drops(dut):
     ]
     await tb.send(frames)
     stats = tb.model.stats()
-    for reason in ("drop_duplicate", "drop_mismatch", "drop_collision", "drop_no_result"):
+    for reason in ("drop_duplicate", "drop_mismatch", "drop_stale", "drop_collision", "drop_no_result"):
         assert stats[reason] > 0, reason
     await tb.check()
 
@@ -434,3 +438,76 @@ async def aborted_partials_on_bad_length(dut):
     assert tb.aborted == sum(aborted for aborted, _ in tb.expected) >= 4, tb.aborted
     stats = tb.model.stats()
     assert stats["drop_length"] == 6 and (stats["results_emitted"], stats["partials_emitted"]) == (1, 1), stats
+
+
+def decided(tb, frames):
+    """The model's disposition and output count for each of `frames` sent next, from its present state."""
+    model = copy.deepcopy(tb.model)
+    outcomes = []
+    for frame in frames:
+        before = model.stats()
+        outputs = model.process(frame, tb.ticks)
+        after = model.stats()
+        (disposition,) = (d.name.lower() for d in Disposition if after[d.name.lower()] != before[d.name.lower()])
+        outcomes.append((disposition, len(outputs)))
+    return outcomes
+
+
+@cocotb.test()
+async def forged_hops_dropped_as_route(dut):
+    """Hops that would send a partial back to the aggregator (a self-loop), to the frame's source (a
+    ping-pong pair, a spoofed source), outside the upstream prefix, or a hop2 without hop1, equal to hop1 or
+    to the aggregator: each a drop_route with no output that changes no slot; the clique then completes with
+    its real members only."""
+    tb, traffic = await start(dut, 25, source_pause=0.2, sink_pause=0.2)
+    for slot in (0, 6):
+        frames, forged = forged_routes(traffic, 3 + 5 * slot, slot, job=80 + slot)
+        outcomes = dict(zip(frames, decided(tb, frames), strict=True))
+        assert all(outcomes[frame] == ("drop_route", 0) for frame in forged), outcomes
+        await tb.send(frames)
+    await tb.check()
+    stats = tb.model.stats()
+    assert (stats["drop_route"], stats["results_emitted"], stats["partials_emitted"]) == (16, 4, 0), stats
+
+
+async def stale_setup(tb, traffic, slot, complete):
+    """Chunk 0 completed on `slot`, then chunk 2W claiming it, completed or not: the frames still to come."""
+    early, later, request = stale_chunks(traffic, 4 + slot, slot, job=90 + slot)
+    await tb.send(early + (later if complete else later[:1]))
+    return early, later, request
+
+
+@cocotb.test()
+async def stale_copy_never_evicts_a_newer_chunk(dut):
+    """A delayed copy of chunk 0 reaches the slot chunk 2W holds: dropped as stale whether chunk 2W is
+    complete (its result request and retransmission still answered with the stored result) or unfinished
+    (its last member then completes it)."""
+    tb, traffic = await start(dut, 26, sink_pause=0.2)
+    early, later, request = await stale_setup(tb, traffic, 2, complete=True)
+    assert decided(tb, [early[0], request, later[1]]) == [("drop_stale", 0), ("answered", 1), ("answered", 1)]
+    await tb.send([early[0], request, later[1]])
+    early, later, request = await stale_setup(tb, traffic, 3, complete=False)
+    assert decided(tb, [early[1], later[1], request]) == [("drop_stale", 0), ("accumulated", 1), ("answered", 1)]
+    await tb.send([early[1], later[1], request])
+    await tb.check()
+
+
+@cocotb.test()
+async def stale_copy_claims_once_the_lease_ran_out(dut):
+    """One tick before the lease runs out a copy of chunk 0 is still stale; at the lease it claims the slot
+    chunk 2W holds: a completed one afresh (chunk 2W's request then finds no result), an unfinished one as
+    an expired lease."""
+    tb, traffic = await start(dut, 27, sink_pause=0.2)
+    lease = tb.config.lease
+    done = await stale_setup(tb, traffic, 4, complete=True)
+    open_ = await stale_setup(tb, traffic, 5, complete=False)
+    await tb.advance(lease - 1)
+    copies = [done[0][0], open_[0][0]]
+    assert decided(tb, copies) == [("drop_stale", 0)] * 2
+    await tb.send(copies)
+    await tb.advance(1)
+    assert decided(tb, copies + [done[2]]) == [("accumulated", 0)] * 2 + [("drop_no_result", 0)]
+    await tb.send(copies + [done[2]] + done[0][1:] + open_[0][1:])
+    await tb.check()
+    stats = tb.model.stats()
+    assert (stats["leases_expired"], stats["results_emitted"]) == (1, 5), stats

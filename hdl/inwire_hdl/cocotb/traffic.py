@@ -146,6 +146,8 @@ def malformed(traffic):
         (variant(group=0xE0_00_00_01), "drop_group"),
         (variant(slot=cfg.slots), "drop_slot"),
         (variant(slot=0xFFFF), "drop_slot"),
+        (variant(hop1=cfg.ip), "drop_route"),
+        (variant(hop2=ABOVE_IP), "drop_route"),
         (traffic.request(slot=1, job=9, fanin=2, count=6), "drop_no_result"),
     ]
 
@@ -230,3 +232,39 @@ def version1(traffic, count, slot, job):
     stats = bytearray(traffic.request(Opcode.STATS_REQUEST))
     return frames + [frames[0], bytes(patch(request, version=1, hop1=ABOVE_IP)),
                      bytes(patch(stats, version=1))]
+
+
+def forged_routes(traffic, count, slot, job):
+    """(frames, forged): member 0 of a clique of two on `slot`, then member 1 with hops that would send the
+    completed slot's output where it may not go, each forged frame a drop_route that changes nothing, then
+    the real member 1 (the result, of members 0 and 1 only), a result request naming the aggregator as its
+    hop1, and on `slot` + 1 a clique of one whose hop1 is the aggregator itself (a self-loop) followed by the
+    same member with no hops (its result alone)."""
+    cfg, me = traffic.config, traffic.config.ip
+    vectors = [traffic.elements(count) for _ in range(2)]
+    common = dict(fanin=2, slot=slot, job=job, round=2, clique=3, chunk=0, group=0xEF_00_00_09)
+    first, member = (traffic.contribution(vectors[s], sender=s, **common) for s in (0, 1))
+    hops = [
+        # A ping-pong pair: the level below's partial names the level below as the way up.
+        traffic.partial(vectors[1], sender=1, bitmap=0b10, ip_src=BELOW_IP, hop1=BELOW_IP, **common),
+        # A spoofed source: a member claiming to be the aggregator above, reflected there.
+        traffic.contribution(vectors[1], sender=1, ip_src=ABOVE_IP, hop1=ABOVE_IP, **common),
+        traffic.contribution(vectors[1], sender=1, hop1=OUTSIDE_IP, **common),
+        traffic.contribution(vectors[1], sender=1, hop2=ABOVE_IP, **common),
+        traffic.contribution(vectors[1], sender=1, hop1=ABOVE_IP, hop2=ABOVE_IP, **common),
+        traffic.contribution(vectors[1], sender=1, hop1=ABOVE_IP, hop2=me, **common),
+    ]
+    request = traffic.request(sender=1, count=count, hop1=me, **common)
+    alone = dict(common, fanin=1, slot=(slot + 1) % cfg.slots)
+    lone = traffic.elements(count)
+    loop = traffic.contribution(lone, hop1=me, **alone)
+    return [first, *hops, member, request, loop, traffic.contribution(lone, **alone)], [*hops, request, loop]
+
+def stale_chunks(traffic, count, slot, job, window=2):
+    """Chunks 0 and 2W of one round of a clique of two, which share a slot (`inwire stream`'s slot pools with
+    a window of W): (chunk 0's contributions, chunk 2W's, chunk 2W's result request). A copy of chunk 0
+    that reaches the slot while chunk 2W owns it is older: stale while the slot's lease runs."""
+    common = dict(slot=slot, job=job, round=5, clique=1, group=0xEF_00_00_0A)
+    later = 2 * window * count
+    return (traffic.clique(count, 2, chunk=0, **common), traffic.clique(count, 2, chunk=later, **common),
+            traffic.request(count=count, fanin=2, chunk=later, **common))
