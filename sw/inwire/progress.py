@@ -38,7 +38,10 @@ def say(text):
 
 @contextlib.contextmanager
 def counting(total, what):
-    """A loop of `total` steps of `what` (e.g. "round"): yields `advance()`, called after each step."""
+    """A loop of `total` steps of `what` (e.g. "round"): yields `advance()`, called after each step. Where the
+    command is goes back to what it was once the loop ends, so that a loop within a step of another (the
+    planner's within a training run) leaves the outer one's place."""
+    outer = _state["where"]
     done = 0
     bar = None
     if sys.stderr.isatty():
@@ -65,3 +68,5 @@ def counting(total, what):
     finally:
         if bar is not None:
             bar.close()
+    # Not on an interrupt, which names the step it stopped in.
+    _state["where"] = outer

@@ -61,6 +61,8 @@ MAX_ELEMENTS = 1 << 26
 BYTES_PER_ELEMENT = 32
 """Memory an island's element costs during a round: its float64 gradient, int32 contribution, payloads,
 received sums and expected bytes, float32 model and its share of the int64 expected sums."""
+MAX_TIMEOUT_MS = 60_000
+"""Longest --timeout-ms: a result a minute late is lost (inf or 1e300 never gave a round up)."""
 MAX_FRAMES = {"pcap": 1 << 20, "sim": 1 << 17}
 """Most contributions a run may send to an in-process aggregator: the golden model takes ~0.25 ms a frame
 (a million frames: minutes, a capture of ~1 GB), the gateware in co-simulation far longer."""
@@ -201,6 +203,8 @@ class StreamConfig:
     def __post_init__(self):
         if self.rounds <= 0:
             raise StreamError(f"--rounds must be positive, got {self.rounds}")
+        if self.seed < 0:
+            raise StreamError(f"--seed must be a non-negative integer, got {self.seed}")
         if self.rounds >= 2**32:
             raise StreamError(f"--rounds must fit the 32-bit round field, got {self.rounds}")
         if self.elements <= 0:
@@ -212,8 +216,9 @@ class StreamConfig:
             raise StreamError(f"--loss must lie in [0, 1), got {self.loss}")
         if self.window <= 0:
             raise StreamError(f"--window must be positive, got {self.window}")
-        if not self.timeout_ms > 0:
-            raise StreamError(f"--timeout-ms must be positive, got {self.timeout_ms}")
+        if not 0 < self.timeout_ms <= MAX_TIMEOUT_MS:
+            raise StreamError(f"--timeout-ms must lie in (0, {MAX_TIMEOUT_MS:,}] (a result a minute late is lost), "
+                              f"got {self.timeout_ms:g}")
         if not 1 <= self.chunk <= JUMBO_ELEMENTS_PER_FRAME:
             raise StreamError(f"--chunk must lie in [1, {JUMBO_ELEMENTS_PER_FRAME}] elements (8 KiB, a jumbo frame; "
                               f"above {MAX_ELEMENTS_PER_FRAME} the path needs an MTU above {MTU_BYTES} bytes), "
@@ -270,9 +275,11 @@ class Workload:
                               f"cliques x window), more than the 65,536 the slot field numbers")
 
     def frames(self):
-        """Contributions the run sends without loss: every member's chunks in every round."""
-        return sum(sum(len(members) for members, _ in self.plan.cliques(r)) for r in range(self.config.rounds)
-                   ) * self.chunks
+        """Contributions the run sends without loss: every member's chunks in every round, counted per period
+        (a loop over 2**31 rounds took hours)."""
+        per_round = [sum(len(members) for members, _ in cliques) for cliques in self.plan.period]
+        periods, rest = divmod(self.config.rounds, len(per_round))
+        return (periods * sum(per_round) + sum(per_round[:rest])) * self.chunks
 
     def check_resources(self, target_kind):
         """Refuse up front a run that cannot fit this machine's memory or would keep an in-process

@@ -7,10 +7,11 @@ import math
 import sys
 from pathlib import Path
 
-from inwire_hdl import board_build
+from inwire_hdl import DATA_WIDTHS, board_build
 from inwire_hdl.board import PLL_VCO_HZ
 
 from .. import progress
+from .options import check_seed
 
 
 def add_arguments(parser):
@@ -18,7 +19,8 @@ def add_arguments(parser):
                         help="board to build for")
     parser.add_argument("--core", choices=sorted(board_build.CORES), default="aggregator",
                         help="what the board carries between its ports")
-    parser.add_argument("--width", type=int, default=8, help="core data width in bytes")
+    parser.add_argument("--width", type=int, default=8,
+                        help=f"core data width in bytes: {', '.join(map(str, DATA_WIDTHS))}")
     # 31.25 MHz x 8 bytes = 2 Gb/s covers one 1 GbE port with room for result multicasts, and lies
     # within what the aggregator reaches on the ECP5-45 (see docs/board.md).
     parser.add_argument("--core-mhz", type=float, default=31.25,
@@ -30,11 +32,14 @@ def add_arguments(parser):
 def run(args):
     if not (args.core_mhz > 0 and math.isfinite(args.core_mhz)):
         raise ValueError(f"--core-mhz must be a positive number of MHz, got {args.core_mhz}")
-    if not 1 <= args.width <= 64:
-        raise ValueError(f"--width must lie in [1, 64] bytes, got {args.width}")
-    core_div = round(PLL_VCO_HZ / (args.core_mhz * 1e6))
-    if not 4 <= core_div <= 128 or abs(PLL_VCO_HZ / core_div - args.core_mhz * 1e6) > 1:
+    if args.width not in DATA_WIDTHS:
+        raise ValueError(f"--width must be one of {', '.join(map(str, DATA_WIDTHS))} bytes, got {args.width}")
+    # Bounded before rounding: 1e-308 MHz makes the divider infinite.
+    divider = PLL_VCO_HZ / (args.core_mhz * 1e6)
+    if not 3.5 <= divider < 128.5 or abs(PLL_VCO_HZ / round(divider) - args.core_mhz * 1e6) > 1:
         raise ValueError(f"--core-mhz must be {PLL_VCO_HZ / 1e6:g} MHz divided by an integer from 4 to 128")
+    core_div = round(divider)
+    check_seed(args.seed, high=2**64 - 1, why="nextpnr's seed has 64 bits")
     progress.say(f"building the {args.board} bitstream ({args.core}, width {args.width}, core {args.core_mhz:g} MHz) "
                  f"with Yosys, nextpnr-ecp5 and ecppack in {args.out}; this takes minutes")
     report = board_build.build(args.board, args.core, data_width=args.width, core_div=core_div, out=args.out,

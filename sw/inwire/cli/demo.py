@@ -4,11 +4,15 @@ each island's link delayed by the topology's latency to its clique's aggregation
 import json
 import os
 import tempfile
+from dataclasses import replace
 
 from .. import progress
 from ..netns import LabError, demo_schedule, run_lab, unavailable_reason
 from ..stream import StreamConfig, format_report, load_plan
-from .options import positive_float
+from .options import check_positive
+
+MAX_SCALE = 100.0
+"""Largest --scale: at 100 a 100 ms link delays each datagram 10 s, and a round of doublezero9 takes minutes."""
 
 
 def add_arguments(parser):
@@ -16,7 +20,7 @@ def add_arguments(parser):
                         help="schedule JSON (default: optimize one for doublezero9)")
     parser.add_argument("--rounds", type=int, default=4, metavar="N", help="rounds to run")
     parser.add_argument("--elements", type=int, default=2048, metavar="N", help="gradient elements per island")
-    parser.add_argument("--scale", type=positive_float, default=0.1,
+    parser.add_argument("--scale", type=float, default=0.1,
                         help="multiply the topology's latencies by this")
     parser.add_argument("--loss", type=float, default=0.0, metavar="P",
                         help="drop this fraction of outgoing datagrams on purpose")
@@ -26,6 +30,10 @@ def add_arguments(parser):
 
 def run(args):
     """`inwire demo`."""
+    check_positive("--scale", args.scale, MAX_SCALE, why="x100 makes a link of 100 ms one of 10 s")
+    # The options are checked before the namespaces and the schedule; the timeout follows from the schedule.
+    config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
+                          job=int.from_bytes(os.urandom(4), "big"))
     reason = unavailable_reason()
     if reason:
         raise LabError(f"network namespaces unavailable: {reason}")
@@ -37,9 +45,7 @@ def run(args):
             demo_schedule(schedule)
         plan = load_plan(schedule)
     worst_ms = max(plan.topology.latency_ms(a, b) for a in plan.islands for b in plan.topology.cities)
-    config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
-                          timeout_ms=max(200.0, 4 * worst_ms * args.scale),
-                          job=int.from_bytes(os.urandom(4), "big"))
+    config = replace(config, timeout_ms=max(200.0, 4 * worst_ms * args.scale))
     progress.say(f"{len(plan.islands)} islands and the aggregator in network namespaces, latencies "
                  f"x{args.scale:g}, {config.rounds} rounds")
     with progress.counting(config.rounds, "round") as advance:

@@ -1,8 +1,13 @@
 """Argument types and option groups that several commands share."""
 
 import argparse
+import math
 
 from inwire_hdl import parse_simulator
+
+MAX_MODEL_MB = 1e9
+"""Largest model size a command plans or charges for: a petabyte, far beyond any model (and 1e308 MB would
+make the byte count infinite)."""
 
 
 def simulator(text):
@@ -13,11 +18,28 @@ def simulator(text):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def positive_float(text):
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
+def check_integer(option, value, low, high, why=None):
+    """`value` of an integer option; ValueError naming the option unless low <= value <= high, `why` saying
+    what sets the bound."""
+    if not low <= value <= high:
+        raise ValueError(f"{option} must lie in [{low:,}, {high:,}]{f' ({why})' if why else ''}, got {value:,}")
+
+
+def check_seed(value, high=None, why=None):
+    """--seed: numpy takes no negative one; `high` where the tool it goes to takes no larger one."""
+    if value < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {value}")
+    if high is not None:
+        check_integer("--seed", value, 0, high, why)
+
+
+def check_positive(option, value, high=math.inf, unit=None, why=None):
+    """`value` of a number option in (0, high]; nan and infinity are refused, a bound `high` says `why`."""
+    if not (0 < value <= high and math.isfinite(value)):
+        if math.isinf(high):
+            raise ValueError(f"{option} must be a positive number{' of ' + unit if unit else ''}, got {value:g}")
+        raise ValueError(f"{option} must lie in (0, {high:,.15g}]{' ' + unit if unit else ''}"
+                         f"{f' ({why})' if why else ''}, got {value:g}")
 
 
 def gateware_size(parser, widths, sized_by=None):

@@ -13,7 +13,8 @@ from ..decode import describe_frame
 from ..model import AggregatorConfig
 from ..output import atomic_output, check_writable
 from ..pcap import read_frames, write_frames
-from .options import gateware_config, gateware_size
+from ..protocol import JUMBO_ELEMENTS_PER_FRAME
+from .options import MAX_SUM_WORDS, gateware_config, gateware_size
 
 
 def add_arguments(parser):
@@ -27,30 +28,40 @@ def add_arguments(parser):
 
 def capture_needs(frames):
     """(slots, elements per frame) an aggregator needs so that none of the capture's contributions and
-    result requests is dropped for its slot or its element count: the highest slot + 1, the largest count."""
+    result requests is dropped for its slot or its element count: the highest slot + 1, the largest count;
+    then the frames that ask for them (numbered from 0 as by inwire decode; None for a size of 1)."""
     slots = elements = 1
-    for frame in frames:
+    slot_frame = elements_frame = None
+    for index, frame in enumerate(frames):
         described = describe_frame(frame)
-        if described["kind"] in ("contribution", "result_request"):
-            slots = max(slots, described["slot"] + 1)
-        if described["kind"] == "contribution":
-            elements = max(elements, described["count"])
-    return slots, elements
+        if described["kind"] in ("contribution", "result_request") and described["slot"] + 1 > slots:
+            slots, slot_frame = described["slot"] + 1, index
+        if described["kind"] == "contribution" and described["count"] > elements:
+            elements, elements_frame = described["count"], index
+    return slots, elements, slot_frame, elements_frame
 
 
 def run(args):
     check_writable(args.output, "OUT.pcap")
     frames = read_frames(args.input)
-    slots, elements = capture_needs(frames)
+    slots, elements, slot_frame, elements_frame = capture_needs(frames)
     for option, given, needed in (("--slots", args.slots, slots), ("--elements", args.elements, elements)):
         if given is not None and given < needed:
             raise ValueError(f"{args.input} needs {option} {needed} or more (its frames use slots up to {slots - 1} "
                              f"and up to {elements} elements per frame), got {option} {given}; leave {option} out "
                              f"to take it from the capture")
-    # At least the defaults, so that a capture replays as on the default golden model unless it needs more.
     defaults = AggregatorConfig()
+    # A size taken from the capture is refused naming the frame that asks for it, not options never given.
+    asked = [f"frame {slot_frame} uses slot {slots - 1}"] if args.slots is None and slots > defaults.slots else []
+    if args.elements is None and elements > defaults.max_elements:
+        asked.append(f"frame {elements_frame} carries {elements} elements")
+    # At least the defaults, so that a capture replays as on the default golden model unless it needs more.
     args.slots = max(slots, defaults.slots) if args.slots is None else args.slots
     args.elements = max(elements, defaults.max_elements) if args.elements is None else args.elements
+    if asked and (args.elements > JUMBO_ELEMENTS_PER_FRAME or args.slots * args.elements > MAX_SUM_WORDS):
+        raise ValueError(f"{args.input}: {' and '.join(asked)} (numbered as by inwire decode), which asks for a "
+                         f"core of {args.slots:,} slots of {args.elements:,} elements; a generated core holds at most "
+                         f"{MAX_SUM_WORDS:,} sum words and {JUMBO_ELEMENTS_PER_FRAME:,} elements per frame")
     config = gateware_config(args)
     progress.say(f"{len(frames)} frames from {args.input}; gateware with {config.slots} slots of "
                  f"{config.max_elements} elements")

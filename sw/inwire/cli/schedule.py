@@ -22,6 +22,8 @@ from inwire.plan.schedule_file import describe_round, format_plan, write_schedul
 from inwire.plan.search import plan_schedule  # noqa: E402
 from inwire.plan.topology import load_topology  # noqa: E402
 
+from .options import MAX_MODEL_MB, check_positive, check_seed  # noqa: E402
+
 DEFAULT_SWEEP_SIZES_MB = "10,100,1000"
 DEFAULT_SWEEP_STEPS_MS = "0,100,1000"
 DEFAULT_SWEEP_PROFILES = ",".join(PROFILES)
@@ -60,10 +62,8 @@ def add_arguments(parser):
 
 
 def _check_numbers(args):
-    if not (args.model_mb > 0 and math.isfinite(args.model_mb)):
-        raise ScheduleError(f"--model-mb must be a positive number, got {args.model_mb}")
-    if args.seed < 0:
-        raise ScheduleError(f"--seed must be 0 or more, got {args.seed}")
+    check_positive("--model-mb", args.model_mb, MAX_MODEL_MB, "MB", "a petabyte")
+    check_seed(args.seed)
     if args.local_steps < 0:
         raise ScheduleError(f"--local-steps must be 0 or more, got {args.local_steps}")
     if not (args.step_ms >= 0 and math.isfinite(args.step_ms)):
@@ -77,7 +77,7 @@ def run(args):
     islands = None if not args.islands else [name.strip() for name in args.islands.split(",")]
     islands = topology.resolve_islands(islands)
     if args.sweep:
-        sizes = _parse_sizes(args.sizes_mb, "--sizes-mb")
+        sizes = _parse_sizes(args.sizes_mb, "--sizes-mb", high=MAX_MODEL_MB)
         steps = _parse_sizes(args.steps_ms, "--steps-ms", zero=True)
         profiles = [load_aggregator(name.strip()) for name in args.profiles.split(",") if name.strip()]
         if not profiles:
@@ -116,13 +116,15 @@ def run(args):
     return 0
 
 
-def _parse_sizes(text, option, zero=False):
+def _parse_sizes(text, option, zero=False, high=math.inf):
     try:
         sizes = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ScheduleError(f"{option} must be comma-separated numbers, got {text!r}") from None
-    if not sizes or any(not ((size >= 0 if zero else size > 0) and math.isfinite(size)) for size in sizes):
-        raise ScheduleError(f"{option} must list {'non-negative' if zero else 'positive'} numbers, got {text!r}")
+    if not sizes or any(not ((size >= 0 if zero else size > 0) and math.isfinite(size) and size <= high)
+                        for size in sizes):
+        bound = f" of at most {high:,.15g}" if math.isfinite(high) else ""
+        raise ScheduleError(f"{option} must list {'non-negative' if zero else 'positive'} numbers{bound}, got {text!r}")
     return sizes
 
 

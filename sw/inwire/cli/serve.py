@@ -9,12 +9,13 @@ and this service's port.
 
 import ipaddress
 import signal
+import socket
 
 from ..datagram import ip_str, parse_endpoint
 from ..model import DEFAULT_LEASE
 from ..protocol import INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME
 from ..serve import DEFAULT_MAX_ELEMENTS, DEFAULT_RECEIVE_BUFFER, DEFAULT_SLOTS, SoftwareAggregator
-from .options import simulator
+from .options import check_integer, check_positive, simulator
 
 
 def add_arguments(parser):
@@ -62,14 +63,20 @@ def run(args):
         except ValueError:
             raise ValueError(f"--multicast-iface {args.multicast_iface!r} is not an IPv4 address (the "
                              f"interface's own address, e.g. 10.0.0.5)") from None
+        # The socket option the service sets, tried up front: the kernel refuses an address no interface has.
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(args.multicast_iface))
+        except OSError:
+            raise ValueError(f"--multicast-iface {args.multicast_iface} is not the address of an interface of this "
+                             f"machine (see ip -4 addr)") from None
     for option, value, low, high in (("--slots", args.slots, 1, 2**16),
                                      ("--max-elements", args.max_elements, 1, JUMBO_ELEMENTS_PER_FRAME)):
         if not low <= value <= high:
             raise ValueError(f"{option} must lie in [{low}, {high}], got {value}")
-    if args.stats_interval is not None and args.stats_interval <= 0:
-        raise ValueError(f"--stats-interval must be positive, got {args.stats_interval}")
-    if args.receive_buffer <= 0:
-        raise ValueError(f"--receive-buffer must be positive, got {args.receive_buffer}")
+    if args.stats_interval is not None:
+        check_positive("--stats-interval", args.stats_interval, unit="seconds")
+    check_integer("--receive-buffer", args.receive_buffer, 1, 2**31 - 1, "SO_RCVBUF is a C int")
     kwargs = {"engine": "golden" if args.golden or args.sim else "fast", "receive_buffer": args.receive_buffer}
     if kwargs["engine"] == "fast" and args.fastpath != "auto":
         kwargs["backend"] = args.fastpath

@@ -6,9 +6,17 @@ import math
 import pathlib
 import sys
 
+from .options import MAX_MODEL_MB, check_integer, check_seed
+
 STRATEGY_NAMES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule",
                   "schedule-h")
 OUTERS = ("avg", "nesterov")
+MAX_STEPS = 10_000
+"""Most local steps: 10,000 steps of 32 samples pass about 2,000 times over an island's share of the digits
+(some 160 samples with 9 islands; the default 300 steps pass about 60 times)."""
+MAX_SEEDS = 1_000
+"""Most seeds: each is a training run per strategy and cell, about 10 s for the default study here, so that
+1,000 seeds already take hours."""
 
 
 def add_arguments(parser):
@@ -56,21 +64,21 @@ def _list(text, parse, name):
 
 
 def run(args):
-    try:
-        from ..train import training
-    except ImportError as error:
-        raise ValueError(f"needs the torch extra (pip install 'inwire[torch]'): {error}") from None
-    for option in ("seeds", "steps", "local_steps"):
-        if getattr(args, option) < 1:
-            raise ValueError(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
+    check_integer("--steps", args.steps, 1, MAX_STEPS, "2,000 passes over an island's share of the digits")
+    check_integer("--seeds", args.seeds, 1, MAX_SEEDS, "each is a training run per strategy and cell")
+    if args.local_steps < 1:
+        raise ValueError(f"--local-steps must be at least 1, got {args.local_steps}")
+    check_seed(args.seed)
     for option in ("device_tflops", "outer_lr", "outer_momentum", "learning_rate", "target"):
         if not math.isfinite(getattr(args, option)) or getattr(args, option) < 0:
             raise ValueError(f"--{option.replace('_', '-')} must be a finite number of 0 or more, "
                              f"got {getattr(args, option)}")
     alphas = _list(args.alpha, lambda a: None if a.strip().lower() == "iid" else float(a), "alpha")
-    sizes = [round(mb * 1e6) for mb in _list(args.model_mb, float, "model-mb")]
-    if any(size < 0 for size in sizes):
-        raise ValueError(f"--model-mb must list sizes of 0 or more, got {args.model_mb}")
+    sizes_mb = _list(args.model_mb, float, "model-mb")
+    if any(not 0 <= mb <= MAX_MODEL_MB for mb in sizes_mb):
+        raise ValueError(f"--model-mb must list sizes in [0, {MAX_MODEL_MB:,.0f}] MB (a petabyte), got "
+                         f"{args.model_mb}")
+    sizes = [round(mb * 1e6) for mb in sizes_mb]
     outers = _list(args.outer, str.strip, "outer")
     if set(outers) - set(OUTERS):
         raise ValueError(f"--outer must be among {', '.join(OUTERS)}, got {args.outer}")
@@ -81,6 +89,11 @@ def run(args):
 
     if set(aggregators) - set(PROFILES):
         raise ValueError(f"--aggregator must be among {', '.join(PROFILES)}, got {args.aggregator}")
+    # Imported once the options are checked: torch takes seconds to load.
+    try:
+        from ..train import training
+    except ImportError as error:
+        raise ValueError(f"needs the torch extra (pip install 'inwire[torch]'): {error}") from None
     if args.device_tflops:
         if len(sizes) != 1 or not sizes[0]:
             raise ValueError("--device-tflops derives the step time from one charged --model-mb")

@@ -64,10 +64,29 @@ BOARD_PORTS = {"versa_ecp5": (1, 1.0), "alveo_u200": (1, 100.0)}
 """Port pairs and speed of each board `inwire build` knows, for reports written before they carried them."""
 
 
+def finite_number(value):
+    """The float a JSON figure stands for, or None when it is no finite number: a bool, a string, infinity, or
+    an integer of hundreds of digits, which no float holds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown(value):
+    """`value` as a message quotes it; an integer too long to read is given by its number of digits."""
+    digits = len(str(abs(value))) if isinstance(value, int) else 0
+    return f"an integer of {digits} digits" if digits > 20 else repr(value)
+
+
 def _positive(report, key, where):
     value = report.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise ScheduleError(f"{where}: needs a positive '{key}', got {value!r}")
+    number = finite_number(value)
+    if number is None or not number > 0:
+        raise ScheduleError(f"{where}: needs a positive '{key}', got {shown(value)}")
     return value
 
 

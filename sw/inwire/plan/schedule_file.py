@@ -149,6 +149,8 @@ def parse_schedule(document, source="schedule"):
             if not isinstance(members, list) or len(members) < 2:
                 raise ScheduleError(f"{at}: 'members' must list at least two islands")
             for member in members:
+                if not isinstance(member, str):
+                    raise ScheduleError(f"{at}: 'members' must list island names, got {member!r}")
                 if member not in known:
                     raise ScheduleError(f"{at}: {member!r} is not one of the islands")
                 if member in placed:
@@ -167,6 +169,9 @@ def parse_schedule(document, source="schedule"):
                 _check_tree(tree, aggregator, members, exchange, at)
             round_cliques.append((tuple(members), aggregator, tree))
         parsed.append(round_cliques)
+    if not any(parsed):
+        raise ScheduleError(f"{source}: every round of the schedule is idle (no round has a clique), so no island "
+                            f"would ever exchange with another")
     return parsed
 
 

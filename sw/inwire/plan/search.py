@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .. import progress
 from .baselines import baselines, geographic_grid, lower_bound_ms
 from .cost import CostModel, Schedule, ScheduleError
 from .mixing import (
@@ -17,6 +18,10 @@ from .mixing import (
     spectral_radius,
     time_to_epsilon_ms,
 )
+
+MAX_ISLANDS = 256
+"""Most islands a schedule is planned for: the search's time grows faster than their number (100 islands
+took 2.5 minutes here, 200 took 8)."""
 
 # ---------------------------------------------------------------------------------------------------
 # Evaluation and the search space
@@ -250,8 +255,8 @@ def _mutate(rounds, rng, max_rounds):
     return [[g for g in groups if g] for groups in rounds]
 
 
-def _local_search(evaluator, start, rng, iterations, max_rounds):
-    """Simulated annealing on log(time to epsilon) over rounds of member groups."""
+def _local_search(evaluator, start, rng, iterations, max_rounds, advance):
+    """Simulated annealing on log(time to epsilon) over rounds of member groups; `advance()` after each step."""
     islands = evaluator.model.islands
     current_groups = _groups_of(start, islands)
     current = best = start
@@ -259,6 +264,7 @@ def _local_search(evaluator, start, rng, iterations, max_rounds):
         temperature = 0.05 * (1 - step / iterations) + 1e-3
         candidate_groups = _mutate(current_groups, rng, max_rounds)
         candidate = evaluator.evaluate(candidate_groups)
+        advance()
         if math.isinf(candidate.time_to_epsilon_ms):
             continue
         delta = math.log(candidate.time_to_epsilon_ms) - math.log(current.time_to_epsilon_ms)
@@ -284,6 +290,9 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
     """
     started = time.perf_counter()
     islands = topology.resolve_islands(islands)
+    if len(islands) > MAX_ISLANDS:
+        raise ScheduleError(f"{len(islands)} islands, more than the {MAX_ISLANDS} a schedule is planned for (the "
+                            f"search took 8 minutes for 200 here); choose fewer with --islands")
     model = CostModel(topology, islands, model_bytes, multicast, aggregation, aggregator, reduce_in_path, routing)
     evaluator = Evaluator(model, epsilon, local_steps, step_ms)
     rng = np.random.default_rng(seed)
@@ -309,8 +318,10 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
     if iterations is None:
         iterations = 1200 if n <= 16 else max(400, 32000 // n)
     max_rounds = max(4, 2 * math.ceil(math.log2(n)))
-    for start in starts:
-        candidates.append(_local_search(evaluator, start, rng, iterations, max_rounds))
+    # Most of the planning time, minutes for a hundred islands: said on stderr as it goes.
+    with progress.counting(len(starts) * iterations, "annealing step") as advance:
+        for start in starts:
+            candidates.append(_local_search(evaluator, start, rng, iterations, max_rounds, advance))
 
     best = evaluator.with_spectral_radius(min(candidates, key=_key))
     reported = {name: evaluator.with_spectral_radius(s) for name, s in reported.items()}

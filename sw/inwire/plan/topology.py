@@ -14,7 +14,7 @@ from importlib import resources
 import networkx as nx
 import numpy as np
 
-from .aggregator import profile_from_entry
+from .aggregator import finite_number, profile_from_entry, shown
 from .cost import ScheduleError
 from .jsonfile import read_json
 
@@ -129,15 +129,16 @@ class Topology:
 def _number(value, where, field, minimum=None, maximum=None, positive=False):
     if value is None:
         raise TopologyError(f"{where}: missing {field}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TopologyError(f"{where}: {field} must be a finite number, got {value!r}")
-    if positive and value <= 0:
+    number = finite_number(value)
+    if number is None:
+        raise TopologyError(f"{where}: {field} must be a finite number, got {shown(value)}")
+    if positive and number <= 0:
         raise TopologyError(f"{where}: {field} must be positive, got {value!r}")
-    if minimum is not None and value < minimum:
+    if minimum is not None and number < minimum:
         raise TopologyError(f"{where}: {field} must be at least {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
+    if maximum is not None and number > maximum:
         raise TopologyError(f"{where}: {field} must be at most {maximum}, got {value!r}")
-    return float(value)
+    return number
 
 
 def _flag(entry, key, where):
@@ -197,6 +198,9 @@ def topology_from_dict(document, source=None):
             raise TopologyError(f"{where}: must be an object")
         _reject_unknown_keys(entry, _LINK_KEYS, where)
         a, b = entry.get("a"), entry.get("b")
+        for key, end in (("a", a), ("b", b)):
+            if end is not None and not isinstance(end, str):
+                raise TopologyError(f"links[{i}]: {key} must name a city, got {end!r}")
         where = f"links[{i}] ({a}-{b})"
         for end in (a, b):
             if end not in seen:
