@@ -162,9 +162,10 @@ def test_averager_refuses_a_schedule_without_its_island():
 
 
 def test_unanswered_round_fails_with_a_clear_error():
-    silent = InwireExchange(("127.0.0.1", 9), timeout_s=0.05, deadline_s=0.3)
+    silent = InwireExchange(("127.0.0.1", 9), timeout_s=0.05, deadline_s=0.3, retries=3)
     try:
-        with pytest.raises(ClientError, match="no result for chunk 0 of 1 .* a member of the clique never contributed"):
+        with pytest.raises(ClientError, match="no result for chunk 0 of 1 after 3 retransmissions .* a member of the "
+                                              "clique never contributed"):
             silent.average(0, 0, ["A", "B"], 0, np.zeros(10, dtype=np.float32))
     finally:
         silent.close()

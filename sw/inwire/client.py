@@ -45,6 +45,10 @@ from .protocol import (
 from .train.codec_average import ATTEMPTS, AveragingError, decode, encode
 
 SLOT_POOLS = 4
+FAST_RETRANSMIT = 3
+"""Results of this many chunks sent after the oldest one in flight make it count as lost (adaptive timeouts)."""
+MIN_TIMEOUT_S = 0.002
+"""The shortest adaptive retransmission timeout `UdpMember` uses."""
 DEFAULT_CHUNK = 256
 DEFAULT_WINDOW = 4
 DEFAULT_TIMEOUT_S = 0.2
@@ -148,7 +152,14 @@ class MemberSum:
     the retransmissions due by `now`, and sets `failed_chunk` once a chunk has run out of retries. `done`
     when every chunk's result is in: `received` holds the sums as big-endian int32 bytes, `overflow` whether
     any result saturated (`overflowed_chunks`: which), `wrong_chunks` those whose result did not say what
-    the clique expects (members, count, exponent, fan-in). Times are in seconds on any monotonic clock."""
+    the clique expects (members, count, exponent, fan-in). Times are in seconds on any monotonic clock.
+
+    Retransmission: with `min_timeout_s` None, every chunk's timeout is `timeout_s`. With `min_timeout_s`
+    set, the timeout adapts to the round trips measured (RFC 6298's smoothed estimate, from chunks sent once
+    only, Karn's rule), between `min_timeout_s` and `timeout_s`; a chunk retransmitted again waits twice as
+    long each time (up to `timeout_s`); and the oldest chunk in flight is sent again at once when results of
+    FAST_RETRANSMIT later chunks have come back without it, since results of one member come back in the
+    order its chunks went out unless one was lost. `retries` None: no limit (the driver's deadline rules)."""
     payloads: list
     key: CliqueKey
     elements: int
@@ -156,6 +167,7 @@ class MemberSum:
     window: int = DEFAULT_WINDOW
     timeout_s: float = DEFAULT_TIMEOUT_S
     retries: int = DEFAULT_RETRIES
+    min_timeout_s: float = None
     retransmits: int = 0
     checked: int = 0
     failed_chunk: int = None
@@ -167,6 +179,9 @@ class MemberSum:
         self.done_chunks = bytearray(len(self.payloads))
         self.remaining = len(self.payloads)
         self.deadline, self.tries, self.next = {}, {}, 0
+        self.sent_at, self.backoff, self.fast_resent = {}, {}, set()
+        self.srtt = self.rttvar = None
+        self.rto = self.timeout_s
         fanin = self.key.fanin
         self.expected_header = (self.key.exponent, fanin, (1 << fanin) - 1, fanin)
         self.owner = (self.key.job, self.key.round, self.key.clique)
@@ -191,10 +206,13 @@ class MemberSum:
         chunk, end = self.next, len(payloads)
         sends = []
         if chunk < end and (chunk < window or done[chunk - window]):
-            deadline = now + self.timeout_s
+            deadline = now + self.rto
+            adaptive = self.min_timeout_s is not None
             while chunk < end and (chunk < window or done[chunk - window]):
                 self.tries[chunk] = 0
                 self.deadline[chunk] = deadline
+                if adaptive:
+                    self.sent_at[chunk] = now
                 sends.append(payloads[chunk])
                 chunk += 1
             self.next = chunk
@@ -208,14 +226,43 @@ class MemberSum:
         for chunk, deadline in list(self.deadline.items()):
             if now < deadline:
                 continue
-            if self.tries[chunk] >= self.retries:
+            if self.retries is not None and self.tries[chunk] >= self.retries:
                 self.failed_chunk = chunk
                 return sends
             self.tries[chunk] += 1
             self.retransmits += 1
-            self.deadline[chunk] = now + self.timeout_s
+            if self.min_timeout_s is None:
+                wait = self.timeout_s
+            else:
+                wait = self.backoff[chunk] = min(2 * self.backoff.get(chunk, self.rto), self.timeout_s)
+                self.sent_at.pop(chunk, None)  # Karn: no round trip is measured from a retransmitted chunk
+            self.deadline[chunk] = now + wait
             sends.append(self.payloads[chunk])
         return sends
+
+    def _measured(self, chunk, now):
+        """Fold a chunk's round trip into the timeout; the oldest chunk in flight, when it looks lost."""
+        sent = self.sent_at.pop(chunk, None)
+        if sent is not None:
+            sample = now - sent
+            if self.srtt is None:
+                self.srtt, self.rttvar = sample, sample / 2
+            else:
+                self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
+                self.srtt = 0.875 * self.srtt + 0.125 * sample
+            self.rto = min(max(self.srtt + 4 * self.rttvar, self.min_timeout_s), self.timeout_s)
+        self.backoff.pop(chunk, None)
+        if not self.deadline:
+            return ()
+        oldest = min(self.deadline)
+        if chunk - oldest < FAST_RETRANSMIT or oldest in self.fast_resent:
+            return ()
+        self.fast_resent.add(oldest)
+        self.tries[oldest] += 1
+        self.retransmits += 1
+        self.sent_at.pop(oldest, None)
+        self.deadline[oldest] = now + self.rto
+        return (self.payloads[oldest],)
 
     def on_result(self, payload, now):
         """A datagram (bytes, or a view valid only during the call); the payloads it lets out."""
@@ -244,7 +291,9 @@ class MemberSum:
         del self.deadline[chunk]
         self.done_chunks[chunk] = 1
         self.remaining -= 1
-        return self._refill(now)
+        if self.min_timeout_s is None:
+            return self._refill(now)
+        return (*self._measured(chunk, now), *self._refill(now))
 
 
 def local_address_towards(address):
@@ -263,12 +312,19 @@ class UdpMember:
     binds `bind` if given, else the local address that routes to the (first) aggregator, port 0; with
     `multicast`, results are received on the group's port (joined per sum), else the aggregator sends each
     member its copy (`inwire serve --unicast`). Its receive buffer holds the window's results of every clique
-    it takes part in."""
+    it takes part in. Timeouts adapt to the measured round trip (`MemberSum`, from MIN_TIMEOUT_S up to
+    `timeout_s`); members of a clique may arrive far apart (islands that compute at different speeds), so
+    only `deadline_s` ends a sum, unless `retries` bounds each chunk's retransmissions too. `loss` drops that
+    fraction of outgoing datagrams on purpose (seeded by `seed`), for measurements and tests."""
 
     def __init__(self, aggregators, job=1, chunk=DEFAULT_CHUNK, window=DEFAULT_WINDOW, timeout_s=DEFAULT_TIMEOUT_S,
-                 retries=DEFAULT_RETRIES, deadline_s=30.0, bind=None, multicast=False):
-        if not (chunk >= 1 and window >= 1 and timeout_s > 0 and retries >= 1 and deadline_s > 0):
+                 retries=None, deadline_s=30.0, bind=None, multicast=False, loss=0.0, seed=0):
+        if not (chunk >= 1 and window >= 1 and timeout_s > 0 and deadline_s > 0) or (retries is not None
+                                                                                    and retries < 1):
             raise ValueError("chunk, window, timeout_s, retries and deadline_s must be positive")
+        if not 0 <= loss < 1:
+            raise ValueError(f"loss must lie in [0, 1), got {loss}")
+        self.loss, self.loss_rng = loss, np.random.default_rng([seed, 0x1055])
         self.aggregators = dict(aggregators) if isinstance(aggregators, dict) else {None: tuple(aggregators)}
         self.job, self.chunk, self.window = job, chunk, window
         self.timeout_s, self.retries, self.deadline_s = timeout_s, retries, deadline_s
@@ -309,7 +365,8 @@ class UdpMember:
         messages) says who the others are."""
         destination = self.aggregators.get(city) or next(iter(self.aggregators.values()))
         payloads = contributions(quantized, member, key, self.chunk, self.window, route)
-        run = MemberSum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries)
+        run = MemberSum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries,
+                        min(MIN_TIMEOUT_S, self.timeout_s))
         sockets = [self.socket] if self.listener is None else [self.socket, self.listener]
         membership = None
         if self.listener is not None:
@@ -318,6 +375,10 @@ class UdpMember:
         buffer = bytearray(65536)
         view = memoryview(buffer)
         send = self.socket.sendto
+        if self.loss:
+            def send(payload, destination, sendto=send, rng=self.loss_rng, loss=self.loss):
+                if rng.random() >= loss:
+                    sendto(payload, destination)
         began = time.monotonic()
         try:
             for payload in run.start(began):
@@ -349,11 +410,12 @@ class UdpMember:
 
     def _failure(self, run, key, members, elapsed):
         chunk = run.failed_chunk if run.failed_chunk is not None else min(run.deadline, default=0)
+        tries = run.tries.get(chunk, 0)
         others = f" ({', '.join(members)})" if members else ""
         drops = self.kernel_drops()
         dropped = f"; the kernel dropped {drops} datagrams at this island's socket" if drops else ""
         return (f"round {key.round}, clique {key.clique}{others}: no result for chunk {chunk} of "
-                f"{len(run.payloads)} after {run.tries.get(chunk, 0)} retransmissions in {elapsed:.1f} s: a member "
+                f"{len(run.payloads)} after {tries} retransmissions in {elapsed:.1f} s: a member "
                 f"of the clique never contributed it, or the aggregator's results do not reach "
                 f"{self.address[0]}{dropped}")
 

@@ -47,12 +47,13 @@ class InwireExchange:
     (sums are re-sent at a raised bound when it is too small). The other keywords go to `UdpMember`."""
 
     def __init__(self, aggregators, job=1, bound=16.0, chunk=DEFAULT_CHUNK, window=DEFAULT_WINDOW, timeout_s=0.2,
-                 deadline_s=30.0, bind=None, multicast=False, retries=25):
+                 deadline_s=30.0, bind=None, multicast=False, retries=None, loss=0.0, seed=0):
         if not bound > 0:
             raise ValueError(f"bound must be positive, got {bound}")
         self.bound = bound
         self.client = UdpMember(aggregators, job=job, chunk=chunk, window=window, timeout_s=timeout_s,
-                                retries=retries, deadline_s=deadline_s, bind=bind, multicast=multicast)
+                                retries=retries, deadline_s=deadline_s, bind=bind, multicast=multicast, loss=loss,
+                                seed=seed)
         self.cities = {city: ip_int(host) for city, (host, _) in self.client.aggregators.items() if city is not None}
 
     def close(self):
