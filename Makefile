@@ -77,10 +77,11 @@ train-study:
 	$(BIN)/inwire train --seeds 10 --alpha iid,1,0.3,0.1 --model-mb 100 --step-ms 10,100 --outer avg,nesterov \
 		--aggregator port10g --out-dir docs/training/port10g
 
-# Three islands of two gloo ranks each (torchrun), averaging through a software aggregator on loopback.
+# Three islands of two gloo ranks each (torchrun), a 25-million-parameter model (100 MB of float32) averaged
+# along a reduction tree through two chained software aggregators on loopback (NYC sums LON's and its own).
 train-dist:
-	$(BIN)/python -m inwire.train.dist --islands LON,NYC,SIN --nproc-per-node 2 --steps 100 --period 10 \
-		--out-dir train/dist
+	$(BIN)/python -m inwire.train.dist --islands LON,NYC,SIN --nproc-per-node 2 --strategy tree --hidden 333333 \
+		--steps 10 --period 5 --timeout 1200 --out-dir train/dist
 
 bench:
 	$(BIN)/inwire bench --out bench/results.json

@@ -1,6 +1,9 @@
 """The `host` benchmark: software aggregator goodput against the machine's UDP ceiling, against gloo, and
 the numpy packet path against scapy.
 
+Every figure records the 1-minute load average before and after it and is flagged `loaded` above
+LOAD_LIMIT: a loaded machine shrinks the ceiling (iperf3's single stream) and gloo more than inwire.
+
 Goodput: k islands (one clique of k, k = 2, 3, 9) on loopback stream a vector through `inwire serve` (a
 separate process, unicast results); gradient bytes contributed per second. Gradients and their datagrams
 are made before each round's clock starts. Ceiling: iperf3 UDP on loopback, same datagram size, unlimited
@@ -46,6 +49,8 @@ GLOO_REPETITIONS = 5
 NUMPY_FRAMES = 4096
 SCAPY_FRAMES = 400
 COMMAND = "make bench (host key alone: inwire bench --only host --out bench/results.json)"
+LOAD_LIMIT = 1.5
+"""Above this 1-minute load average a ratio is flagged `loaded`."""
 
 
 def _free_port():
@@ -200,8 +205,13 @@ def _summary(values):
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
+def _load():
+    return round(os.getloadavg()[0], 2)
+
+
 def clique_figures(islands, repetitions=REPETITIONS):
     """Interleaved ceiling and goodput of every variant for one clique size."""
+    load_before = _load()
     chunk = DEFAULT_CHUNK
     datagram = PAYLOAD_HEADER_BYTES + 4 * chunk
     measured = {name: [] for name, _, _ in variants()}
@@ -228,12 +238,17 @@ def clique_figures(islands, repetitions=REPETITIONS):
     figures["gloo"] = {"all_reduce_s": gloo, "inwire_round_s": inwire_round, "inwire_variant": fastest,
                        "elements": ELEMENTS}
     figures["gloo_ratio"] = None if gloo is None else inwire_round / gloo
+    figures["load_average_1min"] = {"before": load_before, "after": _load()}
+    # A loaded machine starves the references (iperf3's single stream, gloo) more than inwire: such a ratio is
+    # not the machine's.
+    figures["loaded"] = max(figures["load_average_1min"].values()) > LOAD_LIMIT
     return figures
 
 
 def jumbo_figures(islands=2, chunk=JUMBO_ELEMENTS_PER_FRAME, repetitions=REPETITIONS):
     """The fastest variant with 8 KiB of elements per datagram (loopback takes them; a network needs jumbo
     frames), against iperf3 at the same datagram size."""
+    load_before = _load()
     datagram = PAYLOAD_HEADER_BYTES + 4 * chunk
     name, options, elements = variants()[0]
     ratios, goodputs, retransmits = [], [], []
@@ -246,7 +261,9 @@ def jumbo_figures(islands=2, chunk=JUMBO_ELEMENTS_PER_FRAME, repetitions=REPETIT
             ratios.append(run["goodput_bytes_per_s"] / ceiling)
     return {"islands": islands, "chunk": chunk, "datagram_bytes": datagram, "variant": name,
             "goodput_bytes_per_s": goodputs, "retransmits": retransmits,
-            **({"ratio": _summary(ratios)} if ratios else {})}
+            **({"ratio": _summary(ratios)} if ratios else {}),
+            "load_average_1min": {"before": load_before, "after": _load()},
+            "loaded": max(load_before, _load()) > LOAD_LIMIT}
 
 
 def run():

@@ -1,0 +1,255 @@
+"""The `training` benchmark: averaging a model through inwire against gloo, on loopback, in one run.
+
+- `averaging`: 3 islands, each its own process, average a 100 MB float32 vector (25 M elements) through
+  `inwire serve` (its own process, the fast path, unicast, jumbo datagrams of 2048 elements, which loopback
+  carries) with `InwireExchange`; against gloo `all_reduce` of the same float32 tensor among 3 processes,
+  measured right after, repetition by repetition. Time of an averaging: from a barrier of the islands to the
+  last island holding the average. The ratio is inwire's median over gloo's median.
+- `loss`: the same averaging with 1 % of the islands' datagrams dropped on purpose; goodput relative to the
+  lossless runs of the same benchmark.
+- `ddp_hook`: one training step of a 25 M-parameter MLP through `inwire_hook` (3 one-rank islands) against
+  plain DDP on a 3-rank gloo group (the same ranks), medians over steps after a warm-up.
+
+Each entry records the 1-minute load average before and after, and the CPU seconds of the islands and of
+the service: on a loaded machine the references (gloo, the kernel's UDP) are starved more than inwire, so
+a ratio measured above LOAD_LIMIT is flagged `loaded` and should not be quoted as the machine's.
+"""
+
+import multiprocessing
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from ..protocol import JUMBO_ELEMENTS_PER_FRAME
+
+ELEMENTS = 25_000_000
+ISLANDS = 3
+REPETITIONS = 3
+LOSS = 0.01
+WINDOW = 32
+CHUNK = JUMBO_ELEMENTS_PER_FRAME
+DDP_HIDDEN = 333_333
+"""Hidden units of the hook's MLP (64 -> hidden -> 10): 75 x hidden + 10 = 25 M parameters."""
+DDP_STEPS = 4
+LOAD_LIMIT = 1.5
+COMMAND = "make bench (training key alone: inwire bench --only training)"
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _load():
+    return round(os.getloadavg()[0], 2)
+
+
+def _cpu_s(pid):
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _island(index, address, barrier, results, loss, seed, elements):
+    import resource
+
+    from .averaging import InwireExchange
+
+    vector = np.random.default_rng([seed, index]).standard_normal(elements).astype(np.float32)
+    exchange = InwireExchange(tuple(address), job=seed + 1, chunk=CHUNK, window=WINDOW, deadline_s=300, loss=loss,
+                              seed=seed * 10 + index)
+    try:
+        barrier.wait(timeout=120)
+        started = time.perf_counter()
+        exchange.average(0, 0, [f"i{k}" for k in range(ISLANDS)], index, vector)
+        elapsed = time.perf_counter() - started
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        results.put((index, elapsed, exchange.client.retransmits, usage.ru_utime + usage.ru_stime))
+    finally:
+        exchange.close()
+
+
+def _serve(port):
+    environment = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))}
+    service = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", f"127.0.0.1:{port}", "--unicast",
+                                "--max-elements", str(CHUNK), "--receive-buffer", str(64 << 20)],
+                               stderr=subprocess.PIPE, text=True, env=environment)
+    line = service.stderr.readline()
+    if "listening on" not in line:
+        service.kill()
+        raise RuntimeError(f"inwire serve did not start: {line.strip()}")
+    return service
+
+
+def inwire_averaging(loss=0.0, seed=0, elements=ELEMENTS):
+    """One averaging of `elements` float32 per island through a fresh `inwire serve`: (seconds, retransmits,
+    islands' CPU seconds, service's CPU seconds)."""
+    context = multiprocessing.get_context("spawn")
+    port = _free_port()
+    service = _serve(port)
+    try:
+        barrier, results = context.Barrier(ISLANDS), context.Queue()
+        workers = [context.Process(target=_island, args=(i, ("127.0.0.1", port), barrier, results, loss, seed,
+                                                         elements)) for i in range(ISLANDS)]
+        for worker in workers:
+            worker.start()
+        outcomes = [results.get(timeout=600) for _ in workers]
+        for worker in workers:
+            worker.join(timeout=60)
+        service_cpu = _cpu_s(service.pid)
+    finally:
+        service.terminate()
+        rest = service.communicate(timeout=30)[1]
+    kernel = re.search(r"kernel_drops=(\d+)", rest)
+    return {"seconds": max(o[1] for o in outcomes), "retransmits": sum(o[2] for o in outcomes),
+            "islands_cpu_s": round(sum(o[3] for o in outcomes), 2), "service_cpu_s": round(service_cpu, 2),
+            "service_kernel_drops": int(kernel.group(1)) if kernel else None}
+
+
+def _gloo_worker(rank, port, elements, repetitions, results):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ISLANDS)
+    tensor = torch.from_numpy(np.random.default_rng(rank).standard_normal(elements).astype(np.float32))
+    dist.all_reduce(tensor.clone())  # warm-up: connections and buffers
+    spans = []
+    for _ in range(repetitions):
+        work = tensor.clone()
+        dist.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(work)
+        work.div_(ISLANDS)
+        spans.append(time.perf_counter() - started)
+    dist.barrier()
+    if rank == 0:
+        results.put(spans)
+    dist.destroy_process_group()
+
+
+def gloo_all_reduce_s(elements=ELEMENTS, repetitions=1):
+    context = multiprocessing.get_context("spawn")
+    results, port = context.Queue(), _free_port()
+    workers = [context.Process(target=_gloo_worker, args=(rank, port, elements, repetitions, results))
+               for rank in range(ISLANDS)]
+    for worker in workers:
+        worker.start()
+    try:
+        spans = results.get(timeout=600)
+    finally:
+        for worker in workers:
+            worker.join(timeout=60)
+    return spans
+
+
+def _ddp_worker(rank, port, folder, use_hook, steps, results):
+    import torch
+    import torch.distributed as dist
+
+    from .averaging import InwireExchange
+    from .ddp import InwireHookState, inwire_hook
+
+    torch.set_num_threads(1)
+    if use_hook:
+        store = dist.FileStore(os.path.join(folder, f"island{rank}.store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    else:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ISLANDS)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, DDP_HIDDEN), torch.nn.ReLU(), torch.nn.Linear(DDP_HIDDEN, 10))
+    replica = torch.nn.parallel.DistributedDataParallel(model)
+    exchange = None
+    if use_hook:
+        exchange = InwireExchange(("127.0.0.1", port), job=7, chunk=CHUNK, window=WINDOW, deadline_s=300)
+        replica.register_comm_hook(InwireHookState(exchange, f"i{rank}", [f"i{k}" for k in range(ISLANDS)]),
+                                   inwire_hook)
+    optimizer = torch.optim.SGD(replica.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(rank)
+    spans = []
+    for _ in range(steps + 1):
+        inputs, labels = torch.randn(32, 64, generator=generator), torch.randint(10, (32,), generator=generator)
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(replica(inputs), labels).backward()
+        optimizer.step()
+        spans.append(time.perf_counter() - started)
+    if exchange is not None:
+        exchange.close()
+    results.put((rank, spans[1:]))
+    dist.destroy_process_group()
+
+
+def ddp_step_s(use_hook, steps=DDP_STEPS):
+    """Median step time (the slowest rank's) of the 25 M-parameter MLP, through the hook or plain gloo DDP."""
+    import tempfile
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    service = _serve(port) if use_hook else None
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            workers = [context.Process(target=_ddp_worker, args=(rank, port, folder, use_hook, steps, results))
+                       for rank in range(ISLANDS)]
+            for worker in workers:
+                worker.start()
+            spans = dict(results.get(timeout=900) for _ in workers)
+            for worker in workers:
+                worker.join(timeout=60)
+    finally:
+        if service is not None:
+            service.terminate()
+            service.communicate(timeout=30)
+    return statistics.median(max(spans[rank][step] for rank in spans) for step in range(steps))
+
+
+def _flagged(entry, before):
+    entry["load_average_1min"] = {"before": before, "after": _load()}
+    entry["loaded"] = max(entry["load_average_1min"].values()) > LOAD_LIMIT
+    return entry
+
+
+def run():
+    """The `training` key of bench/results.json."""
+    before = _load()
+    inwire, gloo, lossy = [], [], []
+    for repetition in range(REPETITIONS):
+        inwire.append(inwire_averaging(seed=repetition))
+        gloo += gloo_all_reduce_s()
+        lossy.append(inwire_averaging(loss=LOSS, seed=repetition))
+    inwire_s = statistics.median(r["seconds"] for r in inwire)
+    gloo_s = statistics.median(gloo)
+    lossy_s = statistics.median(r["seconds"] for r in lossy)
+    averaging = _flagged({
+        "command": COMMAND, "islands": ISLANDS, "elements": ELEMENTS, "bytes_per_island": 4 * ELEMENTS,
+        "chunk": CHUNK, "window": WINDOW, "repetitions": REPETITIONS,
+        "inwire_s": [r["seconds"] for r in inwire], "gloo_all_reduce_s": gloo,
+        "inwire_median_s": inwire_s, "gloo_median_s": gloo_s, "ratio_to_gloo": inwire_s / gloo_s,
+        "retransmits": [r["retransmits"] for r in inwire],
+        "islands_cpu_s": [r["islands_cpu_s"] for r in inwire], "service_cpu_s": [r["service_cpu_s"] for r in inwire],
+        "service_kernel_drops": [r["service_kernel_drops"] for r in inwire]}, before)
+    loss = _flagged({
+        "loss": LOSS, "seconds": [r["seconds"] for r in lossy], "median_s": lossy_s,
+        "retransmits": [r["retransmits"] for r in lossy],
+        "goodput_relative_to_lossless": inwire_s / lossy_s}, before)
+    before = _load()
+    hook_s, plain_s = ddp_step_s(True), ddp_step_s(False)
+    ddp = _flagged({"parameters": 75 * DDP_HIDDEN + 10, "islands": ISLANDS, "steps": DDP_STEPS,
+                    "hook_step_s": hook_s, "gloo_ddp_step_s": plain_s, "ratio": hook_s / plain_s}, before)
+    return {"averaging": averaging, "loss": loss, "ddp_hook": ddp}
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(run(), indent=1))
