@@ -13,8 +13,12 @@ import numpy as np
 from ..codec import choose_exponent, dequantize, quantize
 from ..protocol import INT32_MAX, INT32_MIN
 
-ATTEMPTS = 8
-"""Re-sends at a raised bound before giving up; also the stride of protocol round numbers per round."""
+ATTEMPTS = 7
+"""Re-sends at a raised bound before giving up; also the stride of protocol round numbers per round: round r's
+attempt a is protocol round 7r + a. Odd, so that a member's consecutive sums (round r and r + 1, attempts a
+and a + 1) fall in the two alternating round pools of slots (`client.slot`) and the next one never claims the
+slots whose results a slower member of the last one may still ask for; the one exception, rare, is the round
+after an odd number of re-sends (7r + 1, then 7r + 7)."""
 
 
 class AveragingError(RuntimeError):
