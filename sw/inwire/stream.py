@@ -54,7 +54,7 @@ GRADIENT_BOUND = 1.0
 LEARNING_RATE = 0.1
 DEFAULT_CHUNK = client.DEFAULT_CHUNK
 DEFAULT_WINDOW = client.DEFAULT_WINDOW
-DEFAULT_TIMEOUT_MS = 1000 * client.DEFAULT_TIMEOUT_S
+DEFAULT_TIMEOUT_MS = round(1000 * client.DEFAULT_TIMEOUT_S)
 DEFAULT_RETRIES = client.DEFAULT_RETRIES
 MAX_ELEMENTS = 1 << 26
 """Largest --elements: 256 MiB of int32 per island (the chunk offset field would take up to 2**32)."""
