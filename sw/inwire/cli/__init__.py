@@ -20,6 +20,8 @@ from .. import __version__, progress
 from ..errors import InwireError
 
 COMMANDS = {
+    "run": ("inwire.cli.run", "the main job on built-in defaults: plan, software aggregator and islands, then the "
+                              "same rounds through the simulated gateware"),
     "schedule": ("inwire.cli.schedule", "optimize the rotating-clique schedule for a topology"),
     "serve": ("inwire.cli.serve", "run the software aggregator (bit-exact with the golden model) as a UDP service"),
     "stream": ("inwire.cli.stream", "run one island per city of a schedule against an aggregator"),
