@@ -41,15 +41,22 @@ def read_frames(path):
             raise CaptureError(f"{path}: capture is damaged ({error})") from None
         finally:
             logger.setLevel(level)
-    missing = _truncation(path)
-    if missing:
-        raise CaptureError(f"{path}: capture is truncated ({missing})")
+    problem = _problem(path)
+    if problem:
+        raise CaptureError(f"{path}: {problem}")
     return frames
 
 
-def _truncation(path):
-    """What is missing at the end of a capture whose last record or block was cut short, or None when every
-    record is whole. scapy reads such a capture without an error, handing back a cut frame."""
+PCAPNG_BLOCKS = {1: ("an interface description", 8), 6: ("an enhanced packet", 20), 3: ("a simple packet", 4),
+                 2: ("a packet", 20)}
+"""pcapng block type -> (its name, the bytes of its fixed fields), for the blocks checked below."""
+
+
+def _problem(path):
+    """What scapy reads past without an error, or None: a last record or block cut short (scapy hands back
+    a cut frame), a pcapng packet block that names no described interface (scapy skips it) or is too short
+    for its fields (scapy ends the capture there), an interface that is not Ethernet (scapy takes the first
+    interface's link type for all)."""
     with open(path, "rb") as handle:
         data = handle.read()
     order = PCAP_MAGICS.get(data[:4])
@@ -57,22 +64,44 @@ def _truncation(path):
         at, record = 24, struct.Struct(order + "IIII")
         while at < len(data):
             if at + record.size > len(data):
-                return f"a record header of {len(data) - at} of {record.size} bytes at offset {at}"
+                return (f"capture is truncated (a record header of {len(data) - at} of {record.size} bytes at "
+                        f"offset {at})")
             length = record.unpack_from(data, at)[2]
             if at + record.size + length > len(data):
-                return f"a frame of {len(data) - at - record.size} of {length} bytes at offset {at}"
+                return (f"capture is truncated (a frame of {len(data) - at - record.size} of {length} bytes at "
+                        f"offset {at})")
             at += record.size + length
         return None
     if data[:4] == PCAPNG_SECTION and len(data) >= 12:
-        order = "<" if data[8:12] == b"\x4d\x3c\x2b\x1a" else ">"
-        at = 0
+        at, block, interfaces = 0, 0, []
         while at < len(data):
             if at + 8 > len(data):
-                return f"a block header of {len(data) - at} of 8 bytes at offset {at}"
-            length = struct.unpack_from(order + "I", data, at + 4)[0]
+                return f"capture is truncated (a block header of {len(data) - at} of 8 bytes at offset {at})"
+            if data[at:at + 4] == PCAPNG_SECTION and at + 12 <= len(data):
+                # Each section has its own byte order and numbers its own interfaces from 0.
+                order = "<" if data[at + 8:at + 12] == b"\x4d\x3c\x2b\x1a" else ">"
+                interfaces = []
+            kind, length = struct.unpack_from(order + "II", data, at)
             if length < 12 or at + length > len(data):
-                return f"a block of {len(data) - at} of {length} bytes at offset {at}"
+                return f"capture is truncated (a block of {len(data) - at} of {length} bytes at offset {at})"
+            if kind in PCAPNG_BLOCKS:
+                name, fields = PCAPNG_BLOCKS[kind]
+                where = f"block {block} ({name} block at offset {at})"
+                if length - 12 < fields:
+                    return f"{where} has {length - 12} bytes, fewer than the {fields} of its fields"
+                if kind == 1:
+                    interfaces.append(struct.unpack_from(order + "H", data, at + 8)[0])
+                    if interfaces[-1] != LINKTYPE_ETHERNET:
+                        return f"{where}: link type {interfaces[-1]} is not Ethernet"
+                else:
+                    interface = 0 if kind == 3 else struct.unpack_from(order + ("H" if kind == 2 else "I"), data,
+                                                                       at + 8)[0]
+                    if interface >= len(interfaces):
+                        described = ("no interface" if not interfaces else "only interface 0" if len(interfaces) == 1
+                                     else f"only interfaces 0 to {len(interfaces) - 1}")
+                        return f"{where} names interface {interface}, but its section describes {described} before it"
             at += length
+            block += 1
     return None
 
 

@@ -61,6 +61,33 @@ def contiguous_bytes(frame, width, index):
     return bytes(byte for byte, kept in zip(frame.tdata, keep, strict=True) if kept)
 
 
+class KeptLanes:
+    """m_axis_tdata as the sink reads it: a lane whose tkeep bit is 0 carries no byte and reads as 0.
+
+    cocotbext-axi's sink converts the whole bus to an integer, which fails on a lane the gateware leaves
+    undefined: Icarus reads X from beyond the end of the sum memory when the last slot's upper bank ends a
+    result in a partial beat (any slot count that is not a power of two). A kept lane that is not 0/1 is
+    still an error, naming the lanes."""
+
+    def __init__(self, tdata, tkeep):
+        self.tdata, self.tkeep = tdata, tkeep
+
+    def __len__(self):
+        return len(self.tdata)
+
+    @property
+    def value(self):
+        data = self.tdata.value
+        if data.is_resolvable:
+            return data.to_unsigned()
+        keep, bits = self.tkeep.value.to_unsigned(), str(data)
+        lanes = [bits[len(bits) - 8 * (lane + 1):len(bits) - 8 * lane] for lane in range(len(bits) // 8)]
+        undefined = [lane for lane, text in enumerate(lanes) if keep >> lane & 1 and not set(text) <= {"0", "1"}]
+        if undefined:
+            raise ValueError(f"m_axis_tdata {bits}: lanes {undefined} are kept (tkeep {keep:b}) but not 0/1")
+        return sum(int(text, 2) << 8 * lane for lane, text in enumerate(lanes) if keep >> lane & 1)
+
+
 class TB:
     def __init__(self, dut, seed=0):
         self.dut = dut
@@ -69,7 +96,9 @@ class TB:
         self.seed = seed
         Clock(dut.clk, 10, unit="ns").start()
         self.source = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis"), dut.clk, dut.rst)
-        self.sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis"), dut.clk, dut.rst)
+        output = AxiStreamBus.from_prefix(dut, "m_axis")
+        output.tdata = KeptLanes(output.tdata, output.tkeep)
+        self.sink = AxiStreamSink(output, dut.clk, dut.rst)
         self.model = Model(self.config)
         self.expected = []
         """(aborted, bytes) per frame the model predicts, in order."""

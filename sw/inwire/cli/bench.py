@@ -10,7 +10,8 @@ import platform
 import time
 
 from .. import progress
-from ..output import atomic_output, check_writable
+from ..output import OutputError, atomic_output, check_writable, writes_in_place
+from ..plan.jsonfile import read_json
 
 SECTIONS = {
     "schedule": "inwire.plan.bench",
@@ -32,7 +33,10 @@ def run(args):
     if unknown:
         raise ValueError(f"unknown sections: {', '.join(sorted(unknown))}")
     out = pathlib.Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
+    # Earlier results are merged from a regular file; a device or a pipe (/dev/stdout) gets this run's alone.
+    results = read_json(out, "benchmark results", OutputError) if out.exists() and not writes_in_place(out) else {}
+    if not isinstance(results, dict):
+        raise OutputError(f"--out {out}: holds no JSON object of results to merge with")
     results["machine"] = {"python": platform.python_version(), "processor": platform.machine(),
                           "cores": len(os.sched_getaffinity(0))}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,9 @@ MAX_STEPS = 10_000
 MAX_SEEDS = 1_000
 """Most seeds: each is a training run per strategy and cell, about 10 s for the default study here, so that
 1,000 seeds already take hours."""
+MAX_STEP_MS = 86_400_000
+"""A day per local step: far beyond any real step, and within what the study's clock and plots take (1e308
+ms makes the clock infinite)."""
 
 
 def add_arguments(parser):
@@ -84,6 +87,9 @@ def run(args):
         raise ValueError(f"--outer must be among {', '.join(OUTERS)}, got {args.outer}")
     outer_settings = [(1.0, 0.0) if o == "avg" else (args.outer_lr, args.outer_momentum) for o in outers]
     step_times = _list(args.step_ms, float, "step-ms")
+    if any(not 0 <= step <= MAX_STEP_MS for step in step_times):
+        raise ValueError(f"--step-ms must list compute times of 0 to {MAX_STEP_MS:,} ms (a day) per local step, "
+                         f"got {args.step_ms!r}")
     aggregators = _list(args.aggregator, str.strip, "aggregator")
     from ..plan.aggregator import PROFILES
 
@@ -98,6 +104,9 @@ def run(args):
         if len(sizes) != 1 or not sizes[0]:
             raise ValueError("--device-tflops derives the step time from one charged --model-mb")
         step_times = [training.step_ms_from_flops(sizes[0], 32, args.device_tflops)]
+        if step_times[0] > MAX_STEP_MS:
+            raise ValueError(f"--device-tflops {args.device_tflops:g} makes a local step of {step_times[0]:,.0f} ms, "
+                             f"more than {MAX_STEP_MS:,} (a day); raise --device-tflops")
     config = training.TrainConfig(
         topology=args.topology, islands=tuple(filter(None, args.islands.split(","))), steps=args.steps,
         local_steps=args.local_steps, seed=args.seed, strategies=tuple(_list(args.strategies, str.strip, "strategies")),

@@ -90,6 +90,14 @@ def _positive(report, key, where):
     return value
 
 
+def _count(report, key, where):
+    """A positive whole number (port pairs, bytes of data width): int() would make 0.5 ports 0."""
+    value = _positive(report, key, where)
+    if value != int(value):
+        raise ScheduleError(f"{where}: needs a whole number of '{key}', got {value!r}")
+    return int(value)
+
+
 def profile_from_report(report, where):
     """A profile from a build report (a dict): its core clock and width, and its ports."""
     if not isinstance(report, dict):
@@ -97,10 +105,10 @@ def profile_from_report(report, where):
     if report.get("timing_met") is False:
         raise ScheduleError(f"{where}: the build missed timing, so its core clock cannot be relied on")
     core_mhz = _positive(report, "core_clock_mhz", where)
-    data_width = int(_positive(report, "data_width", where))
+    data_width = _count(report, "data_width", where)
     board = report.get("board")
     if "port_gbps" in report or "ports" in report:
-        ports, port_gbps = int(_positive(report, "ports", where)), _positive(report, "port_gbps", where)
+        ports, port_gbps = _count(report, "ports", where), _positive(report, "port_gbps", where)
     elif board in BOARD_PORTS:
         ports, port_gbps = BOARD_PORTS[board]
     else:
@@ -132,9 +140,9 @@ def profile_from_entry(entry, where):
         unknown = sorted(set(entry) - {"name", "ports", "port_gbps", "data_width", "core_mhz"})
         if unknown:
             raise ScheduleError(f"{where}: unknown aggregator field {unknown[0]!r}")
-        ports = int(_positive(entry, "ports", where)) if "ports" in entry or "port_gbps" in entry else None
+        ports = _count(entry, "ports", where) if "ports" in entry or "port_gbps" in entry else None
         port_gbps = _positive(entry, "port_gbps", where) if ports is not None else None
-        width = int(_positive(entry, "data_width", where)) if "data_width" in entry or "core_mhz" in entry else None
+        width = _count(entry, "data_width", where) if "data_width" in entry or "core_mhz" in entry else None
         core_mhz = _positive(entry, "core_mhz", where) if width is not None else None
         return AggregatorProfile(str(entry.get("name", "custom")), ports, port_gbps, width, core_mhz, where)
     raise ScheduleError(f"{where}: aggregator must be a profile name or an object, got {entry!r}")

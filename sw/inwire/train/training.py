@@ -31,6 +31,7 @@ board's ports and core: `inwire.plan.aggregator.PROFILES`) and the charged size;
 strategy is reported with is the planner's local-step objective for its own H and the study's step time.
 """
 
+import contextlib
 import functools
 import itertools
 import json
@@ -662,15 +663,15 @@ def study_json(study):
 
 
 def write_study(study, out_dir):
-    """Write study.json, study.md and one plot per cell into `out_dir`, each file whole; returns their paths."""
+    """Write study.json, study.md and one plot per cell into `out_dir`, all of them or (on an error, such as a
+    plot that cannot be drawn) none; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in (("study.json", study_json(study) + "\n"), ("study.md", format_study(study))):
-        with atomic_output(out_dir / name) as temporary:
+    texts = {"study.json": study_json(study) + "\n", "study.md": format_study(study)}
+    written = [out_dir / name for name in [*texts, *map(cell_file_name, study["cells"])]]
+    with contextlib.ExitStack() as outputs:
+        temporaries = [outputs.enter_context(atomic_output(path)) for path in written]
+        for temporary, text in zip(temporaries, texts.values()):
             pathlib.Path(temporary).write_text(text)
-        written.append(out_dir / name)
-    for cell in study["cells"]:
-        with atomic_output(out_dir / cell_file_name(cell)) as temporary:
+        for temporary, cell in zip(temporaries[len(texts):], study["cells"], strict=True):
             plot_cell(cell, study["target"], temporary)
-        written.append(out_dir / cell_file_name(cell))
     return written
