@@ -104,7 +104,8 @@ def test_the_schedule_s_cities_and_tree_are_followed():
     chunks = -(-3001 // 256)
     # TYO: A's and B's chunks in round 0 (a partial each up), A's and C's in round 1; LAX: C's and the partials.
     # Retransmissions are answered, never summed again: the sums are exact, the answers at least one each.
-    assert counters["TYO"]["accumulated"] == 4 * chunks and counters["LAX"]["accumulated"] == 2 * chunks, {c: {k: v for k, v in n.items() if v} for c, n in counters.items()}
+    moved = {city: {name: value for name, value in named.items() if value} for city, named in counters.items()}
+    assert counters["TYO"]["accumulated"] == 4 * chunks and counters["LAX"]["accumulated"] == 2 * chunks, moved
     assert counters["TYO"]["partials_emitted"] >= chunks and counters["TYO"]["results_emitted"] >= chunks
     assert counters["LAX"]["results_emitted"] >= chunks and counters["LAX"]["partials_emitted"] == 0
 
