@@ -79,7 +79,12 @@ def dequantize(sums, exponent, fanin=1):
     _check_exponent(exponent)
     if isinstance(fanin, bool) or not isinstance(fanin, (int, np.integer)) or fanin < 1:
         raise ValueError(f"fanin must be a positive integer, got {fanin!r}")
-    return (np.ldexp(sums.astype(np.float64), exponent) / fanin).astype(np.float32)
+    # In place, one float64 temporary for a 100 MB vector; scaling by 2**exponent is exact in float64 over the
+    # whole exponent range, so the product is ldexp's, at a multiply's speed.
+    average = sums.astype(np.float64)
+    np.multiply(average, math.ldexp(1.0, exponent), out=average)
+    np.divide(average, fanin, out=average)
+    return average.astype(np.float32)
 
 
 def average_error_bound(exponent, rounding="nearest"):

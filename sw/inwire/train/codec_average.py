@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..codec import choose_exponent, dequantize, quantize
+from ..codec import EXPONENT_MIN, choose_exponent, dequantize, quantize
 from ..protocol import INT32_MAX, INT32_MIN
 
 ATTEMPTS = 7
@@ -51,7 +51,10 @@ def encode(values, bound, fanin):
             raise ValueError("values contain NaN or infinity")
         if max(-low, high) > math.ldexp(INT32_MAX, exponent):
             return encode_definition(values, bound, fanin)
-    scaled = np.ldexp(values, np.int32(-exponent)).astype(np.float32, copy=False)
+    # 2**-exponent is a float32 for every exponent but the floor's (2**128): the product is then ldexp's.
+    factor = np.float32(math.ldexp(1.0, -exponent)) if exponent > EXPONENT_MIN else None
+    scaled = (values * factor if factor is not None else np.ldexp(values, np.int32(-exponent))).astype(
+        np.float32, copy=False)
     np.rint(scaled, out=scaled)
     elements = np.empty(len(values) + 1, dtype=np.int32)
     np.copyto(elements[:-1], scaled, casting="unsafe")
