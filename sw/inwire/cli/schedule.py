@@ -17,8 +17,9 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from inwire import progress  # noqa: E402
 from inwire.output import atomic_output, check_writable  # noqa: E402
 from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
-from inwire.plan.cost import AGGREGATE, RING, ROUTINGS, ScheduleError  # noqa: E402
-from inwire.plan.schedule_file import describe_round, format_plan, write_schedule  # noqa: E402
+from inwire.plan.cost import AGGREGATE, ROUTINGS, ScheduleError  # noqa: E402
+from inwire.plan.schedule_file import format_plan, write_schedule  # noqa: E402
+from inwire.plan.schedule_map import draw_schedule_map  # noqa: E402
 from inwire.plan.search import plan_schedule  # noqa: E402
 from inwire.plan.topology import load_topology  # noqa: E402
 
@@ -112,7 +113,7 @@ def run(args):
     with atomic_output(args.out) as schedule_path, atomic_output(args.map) as map_path:
         write_schedule(plan, schedule_path)
         if map_path:
-            draw_schedule_map(topology, plan.best, map_path, _setting_title(plan))
+            draw_schedule_map(topology, plan.best, map_path, _setting_title(plan), plan.cost_model)
     return 0
 
 
@@ -219,7 +220,8 @@ def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None
     first = profiles[0].name
     for size_mb in sorted({min(sizes_mb), max(sizes_mb)}):
         plan = plans[(first, reduce[0], size_mb, steps_ms[0])]
-        draw_schedule_map(topology, plan.best, out_dir / f"map_{size_mb:g}MB.png", _setting_title(plan))
+        draw_schedule_map(topology, plan.best, out_dir / f"map_{size_mb:g}MB.png", _setting_title(plan),
+                          plan.cost_model)
     return rows, table
 
 
@@ -250,62 +252,6 @@ def _plot_phase(rows, baseline, path, topology_name):
             axis.set_xlabel("model MB", fontsize=7)
             axis.set_ylabel("step ms", fontsize=7)
     figure.suptitle(f"{topology_name}: {baseline} time / optimized time (R: rotating optimum)", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
-def _segments(lon1, lat1, lon2, lat2):
-    """A line between two places, split at the date line when the short way round crosses it."""
-    if abs(lon2 - lon1) <= 180:
-        return [((lon1, lon2), (lat1, lat2))]
-    shift = 360 if lon2 < lon1 else -360
-    mid_lat = lat1 + (lat2 - lat1) * ((180 if shift > 0 else -180) - lon1) / (lon2 + shift - lon1)
-    edge = 180 if shift > 0 else -180
-    return [((lon1, edge), (lat1, mid_lat)), ((-edge, lon2), (mid_lat, lat2))]
-
-
-def draw_schedule_map(topology, schedule, path, title):
-    """One panel per round: the links in grey, the routes each clique uses in its colour, aggregators starred."""
-    count = max(1, len(schedule.rounds))
-    columns = min(count, 3)
-    rows = math.ceil(count / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(6 * columns, 3.4 * rows), squeeze=False)
-    cities = topology.cities
-    colours = plt.get_cmap("tab10")
-    for index, axis in enumerate(axes.flat):
-        if index >= len(schedule.rounds):
-            axis.axis("off")
-            continue
-        cliques = schedule.rounds[index]
-        for link in topology.links:
-            a, b = cities[link.a], cities[link.b]
-            for xs, ys in _segments(a.lon, a.lat, b.lon, b.lat):
-                axis.plot(xs, ys, color="0.8", lw=0.8, ls="-" if link.kind == "dedicated" else ":", zorder=1)
-        for number, clique in enumerate(cliques):
-            colour = colours(number % 10)
-            if clique.exchange == AGGREGATE:
-                pairs = [(m, clique.aggregator) for m in clique.members if m != clique.aggregator]
-                hub = cities[clique.aggregator]
-                axis.scatter([hub.lon], [hub.lat], marker="*", s=160, color=colour, edgecolor="k", zorder=4)
-            elif clique.exchange == RING:
-                pairs = list(zip(clique.members, clique.members[1:] + clique.members[:1]))
-            else:
-                pairs = [(a, b) for i, a in enumerate(clique.members) for b in clique.members[i + 1:]]
-            hops = {tuple(sorted(hop)) for a, b in pairs
-                    for hop in zip(topology.path(a, b), topology.path(a, b)[1:])}
-            for a, b in sorted(hops):
-                for xs, ys in _segments(cities[a].lon, cities[a].lat, cities[b].lon, cities[b].lat):
-                    axis.plot(xs, ys, color=colour, lw=3.2 - 0.5 * (number % 4), alpha=0.8, zorder=2)
-        axis.scatter([c.lon for c in cities.values()], [c.lat for c in cities.values()], s=12, color="k", zorder=3)
-        if len(cities) <= 16:
-            for c in cities.values():
-                axis.annotate(c.name, (c.lon, c.lat), textcoords="offset points", xytext=(3, 3), fontsize=7)
-        axis.set(xlim=(-180, 180), ylim=(-60, 75), xticks=[], yticks=[])
-        axis.set_title(f"round {index + 1} ({schedule.round_times_ms[index]:,.0f} ms): "
-                       f"{describe_round(cliques) if len(cliques) <= 3 else f'{len(cliques)} cliques'}",
-                       fontsize=7)
-    figure.suptitle(f"{title}: time to epsilon {_ms(schedule.time_to_epsilon_ms)} ms", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

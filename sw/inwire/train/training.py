@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .. import progress
+from .. import plotstyle, progress
 from ..output import atomic_output
 from ..plan.cost import CostModel
 from ..plan.schedule_file import schedule_document
@@ -615,39 +615,114 @@ def format_study(study):
     return "\n\n".join(parts) + "\n"
 
 
+STRATEGY_COLOURS = {
+    # Okabe-Ito hues (plotstyle); yellow does not show on white, so of nine strategies two share one: global
+    # and global-equal, its equal-budget control. The planner's two schedules get vermillion and black.
+    "none": plotstyle.DARK_GREY,
+    "global": plotstyle.OKABE_ITO["blue"],
+    "global-equal": plotstyle.OKABE_ITO["blue"],
+    "hierarchical": plotstyle.OKABE_ITO["bluish green"],
+    "ring": plotstyle.OKABE_ITO["sky blue"],
+    "gossip": plotstyle.OKABE_ITO["orange"],
+    "random": plotstyle.OKABE_ITO["reddish purple"],
+    "schedule": plotstyle.OKABE_ITO["vermillion"],
+    "schedule-h": plotstyle.OKABE_ITO["black"],
+}
+
+
+def draw_cell(cell, target):
+    """The figure of one cell. Left, a small panel per strategy: its mean island accuracy against simulated
+    time (mean ± std over seeds) in its colour over the other strategies in grey, with the target line; right,
+    time to target per strategy. A strategy that no seed brings to the target gets no bar but a "not reached"
+    mark, one that only some seeds bring there a hatched bar saying how many.
+
+    Artists carry gids that say what they are: "curve NAME", "bar NAME", "not reached NAME", "target"."""
+    with plotstyle.figure_context() as Figure:
+        curves = cell["mean_curves"]
+        names = list(cell["summary"])
+        drawn = [name for name in names if name in curves] + [name for name in curves if name not in names]
+        columns = min(3, max(1, len(drawn)))
+        rows = max(1, math.ceil(len(drawn) / columns))
+        figure = Figure(figsize=(14, max(5.0, 2.15 * rows + 1.4)), layout="constrained")
+        left, right_figure = figure.subfigures(1, 2, width_ratios=(1.55, 1), wspace=0.02)
+        panels = left.subplots(rows, columns, sharex=True, sharey=True, squeeze=False)
+        bar_axis = right_figure.subplots()
+        colours = {name: STRATEGY_COLOURS.get(name, plotstyle.style(i)[0])
+                   for i, name in enumerate(dict.fromkeys([*names, *curves]))}
+        ends = {name: curve["time_ms"][-1] / 1000 for name, curve in curves.items()}
+        reached = {name: cell["summary"][name]["time_to_target_ms"] for name in names}
+        # The ring's run is far longer than the others; show the span where the rest are decided.
+        ordered = sorted(ends.values())
+        right = min(ordered[-1], 1.5 * ordered[len(ordered) // 2]) if ordered else 1.0
+        series = {name: (np.array(curve["time_ms"]) / 1000, 100 * np.array(curve["accuracy_mean"]),
+                         100 * np.array(curve["accuracy_std"])) for name, curve in curves.items()}
+        for index, axis in enumerate(panels.flat):
+            if index >= len(drawn):
+                axis.set_visible(False)
+                continue
+            name = drawn[index]
+            colour = colours[name]
+            for other, (times, mean, _) in series.items():
+                if other != name:
+                    axis.plot(times, mean, color="0.84", linewidth=0.8, zorder=1)
+            times, mean, std = series[name]
+            axis.fill_between(times, mean - std, mean + std, color=colour, alpha=0.18, linewidth=0, zorder=2)
+            # Alone in its panel a line needs no dash pattern: solid reads best through the sawtooth.
+            axis.plot(times, mean, color=colour, linewidth=1.8, zorder=3, gid=f"curve {name}")
+            axis.axhline(100 * target, color="black", linewidth=0.9, linestyle=(0, (5, 3)), zorder=4, gid="target")
+            axis.text(0.02, 100 * target + 1.5, f"target {target:.0%}", transform=axis.get_yaxis_transform(),
+                      fontsize=9, va="bottom", ha="left")
+            r = reached.get(name)
+            if r is not None and r["mean"] is None:
+                axis.text(0.97, 0.06, "never reaches the target", transform=axis.transAxes, ha="right",
+                          va="bottom", fontsize=9.5, fontstyle="italic", color="0.25")
+            if ends[name] > right * 1.001:
+                axis.text(0.97, 0.06, f"run goes on to {ends[name]:.0f} s →", transform=axis.transAxes,
+                          ha="right", va="bottom", fontsize=9.5, color="0.25")
+            axis.set_title(name, color=colour, fontweight="bold", pad=3)
+            axis.grid(True, color="0.92", linewidth=0.7)
+        panels[0][0].set_xlim(0, right)
+        panels[0][0].set_ylim(0, 100)
+        left.supxlabel("simulated time (s)")
+        left.supylabel("mean island test accuracy (%)")
+        left.suptitle(f"accuracy over time: mean ± std over {len(cell['seeds'])} seeds, others in grey")
+
+        positions = np.arange(len(names))
+        longest = max([(r["mean"] + r["std"]) / 1000 for r in reached.values() if r["mean"] is not None] or [1.0])
+        for y, name in zip(positions, names):
+            r, colour = reached[name], colours[name]
+            if r["mean"] is None:
+                end = f", run ends at {ends[name]:.0f} s" if name in ends else ""
+                bar_axis.text(0.015 * longest, y, f"✕ not reached ({r['n']}/{r['of']} seeds{end})", va="center",
+                              ha="left", fontsize=10, fontstyle="italic", color="0.25", gid=f"not reached {name}")
+                continue
+            partial = r["n"] < r["of"]
+            (bar,) = bar_axis.barh(y, r["mean"] / 1000, xerr=r["std"] / 1000, height=0.66, capsize=3,
+                                   color="white" if partial else colour, edgecolor=colour,
+                                   hatch="///" if partial else None, linewidth=1.4,
+                                   error_kw={"elinewidth": 1.0, "ecolor": "0.2"})
+            bar.set_gid(f"bar {name}")
+            note = f"{r['mean'] / 1000:.1f} s" + (f"  ({r['n']}/{r['of']} seeds)" if partial else "")
+            bar_axis.annotate(note, ((r["mean"] + r["std"]) / 1000, y), xytext=(5, 0), textcoords="offset points",
+                              va="center", ha="left", fontsize=10)
+        bar_axis.set_yticks(positions, names)
+        bar_axis.set_ylim(len(names) - 0.4, -0.6)
+        bar_axis.set_xlim(0, longest * 1.5)
+        bar_axis.set_xlabel(f"time to {target:.0%} accuracy (s)")
+        bar_axis.grid(True, axis="x", color="0.92", linewidth=0.7)
+        bar_axis.set_axisbelow(True)
+        right_figure.suptitle(f"time to {target:.0%}: mean ± std over the seeds that reach it;\n"
+                              "hatched: not every seed reaches it")
+        figure.suptitle(cell_title(cell), fontweight="bold")
+    return figure
+
+
 def plot_cell(cell, target, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (curve_axis, bar_axis) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for name, curve in cell["mean_curves"].items():
-        times = np.array(curve["time_ms"]) / 1000
-        mean, std = 100 * np.array(curve["accuracy_mean"]), 100 * np.array(curve["accuracy_std"])
-        curve_axis.plot(times, mean, label=name)
-        curve_axis.fill_between(times, mean - std, mean + std, alpha=0.15)
-    curve_axis.axhline(100 * target, color="grey", linewidth=0.8, linestyle=":")
-    # The ring's run is far longer than the others; show the span where the rest are decided.
-    ends = sorted(curve["time_ms"][-1] / 1000 for curve in cell["mean_curves"].values())
-    curve_axis.set_xlim(0, min(ends[-1], 1.5 * ends[len(ends) // 2]))
-    curve_axis.set(xlabel="simulated time (s)", ylabel="mean island test accuracy (%)")
-    curve_axis.legend(fontsize=8)
-    names = list(cell["summary"])
-    reached = [cell["summary"][n]["time_to_target_ms"] for n in names]
-    means = [0 if r["mean"] is None else r["mean"] / 1000 for r in reached]
-    errors = [0 if r["mean"] is None else r["std"] / 1000 for r in reached]
-    bar_axis.bar(names, means, yerr=errors, capsize=3, color=["lightgrey" if r["mean"] is None else "C0"
-                                                              for r in reached])
-    for i, r in enumerate(reached):
-        if r["n"] < r["of"]:
-            bar_axis.annotate(f"{r['n']}/{r['of']}", (i, means[i]), ha="center", va="bottom", fontsize=8)
-    bar_axis.set(ylabel=f"time to {target:.0%} (s), mean ± std")
-    bar_axis.tick_params(axis="x", rotation=35)
-    figure.suptitle(cell_title(cell))
-    figure.tight_layout()
-    figure.savefig(path, dpi=60)
-    plt.close(figure)
+    """Draw one cell (`draw_cell`) into the PNG at `path`, at plotstyle.DPI; returns the figure."""
+    figure = draw_cell(cell, target)
+    with plotstyle.figure_context():
+        figure.savefig(path, dpi=plotstyle.DPI)
+    return figure
 
 
 def cell_file_name(cell):
