@@ -35,6 +35,7 @@ from inwire.packets import build_frames
 from inwire.protocol import (
     COUNTERS,
     ELEMENT_BYTES,
+    ETHERNET_BYTES,
     ETHERTYPE_IPV4,
     FIELDS_BY_NAME,
     FRAME_HEADER_BYTES,
@@ -42,6 +43,7 @@ from inwire.protocol import (
     INT32_MAX,
     INT32_MIN,
     IP_PROTO_UDP,
+    IPV4_BYTES,
     MIN_FRAME_BYTES,
     RESULT_TRAILER_BYTES,
     STATUS_OVERFLOW,
@@ -119,8 +121,19 @@ def _field(frame_bytes, name):
 
 def _set_field(frame_bytes, name, value):
     offset, nbytes = FRAME_OFFSETS[name], FIELDS_BY_NAME[name].nbytes
+    value = Cat(value, Const(0, max(0, 8 * nbytes - len(value))))
     for index in range(nbytes):
         frame_bytes[offset + index] = value[8 * (nbytes - 1 - index):8 * (nbytes - index)]
+
+
+def _ipv4_checksum(frame_bytes):
+    """The IPv4 header checksum of a frame given as a list of byte values (its checksum field left out)."""
+    first = ETHERNET_BYTES
+    words = [Cat(frame_bytes[k + 1], frame_bytes[k]) for k in range(first, first + IPV4_BYTES, 2)
+             if k != FRAME_OFFSETS["ip_csum"]]
+    total = sum(word.as_unsigned() for word in words)
+    once = total[:16] + total[16:]
+    return ~(once[:16] + once[16:])[:16]
 
 
 def _popcount(value):
@@ -139,9 +152,11 @@ class Harness(Elaboratable):
     Scenarios: `free` (any stream the AXI4-Stream rules allow, any output backpressure, an idle phase
     that may start at any time), `foreign` (two symbolic frames not addressed to the aggregator),
     `aggregate` (`frames` contributions of one clique to one slot with symbolic fan-in, senders and
-    elements), `lease` (contribution A, then B to its slot from another job, with `lease_tick` free).
-    `steady` offers the frames of `foreign`, `aggregate` and `lease` back to back with the output always
-    ready (no symbolic gaps or backpressure): the timing is then fixed and only the data is symbolic.
+    elements), `lease` (contribution A, then B to its slot from another job, with `lease_tick` free),
+    `stale` (`lease` with B an older frame of A's job), `route` (`frames` contributions and result
+    requests with symbolic version, source, slot and hops). `steady` offers the frames of every scenario
+    but `free` back to back with the output always ready (no symbolic gaps or backpressure): the timing is
+    then fixed and only the data is symbolic.
     `cover` adds the cover statement of the check's subject (what its assertions are about, reached).
     `dut` builds the gateware from (config, data_width): the tests pass broken ones to see the checks fail.
     """
@@ -459,10 +474,16 @@ class Harness(Elaboratable):
         checked += list(range(FRAME_HEADER_BYTES, result_length))
         self._expect_results(m, results, result_length, checked)
 
-    def _drive_lease(self, m):
+    def _drive_stale(self, m):
+        """`lease` with B an older frame of A's job, A of fan-in 1 (so the slot is complete when B comes)."""
+        self._drive_lease(m, stale=True)
+
+    def _drive_lease(self, m, stale=False):
         """Contribution A, then B to the same slot from another job, `lease_tick` free. A's fan-in is at least
         2, so the slot is unfinished when B comes; each frame's time is the tick count when its header's last
-        beat is accepted, counted here as the aggregator's timer counts it."""
+        beat is accepted, counted here as the aggregator's timer counts it. `stale`: B is of A's job and older
+        (the model's `is_older`: an earlier round in serial order, or A's round and an earlier chunk), and A
+        completes the slot (fan-in 1)."""
         dut, W, cfg = self.dut, self.width, self.config
         length = FRAME_HEADER_BYTES + ELEMENT_BYTES
         result_length = length + RESULT_TRAILER_BYTES
@@ -473,18 +494,29 @@ class Harness(Elaboratable):
         slot = AnyConst(16)
         m.d.comb += Assume(slot < cfg.slots)
         frames, fields = [], []
-        for _ in range(2):
+        round_b, chunk_b = AnyConst(32), AnyConst(32)
+        for index in range(2):
             job, fanin, sender, element = AnyConst(32), AnyConst(8), AnyConst(8), AnyConst(32)
             m.d.comb += [Assume((fanin >= 1) & (fanin <= cfg.max_fanin)), Assume(sender < fanin)]
             frame_bytes = [Const(b, 8) for b in template]
             for name, value in (("job", job), ("fanin", fanin), ("sender", sender), ("slot", slot)):
                 _set_field(frame_bytes, name, value)
+            if stale and index == 1:
+                _set_field(frame_bytes, "round", round_b)
+                _set_field(frame_bytes, "chunk", chunk_b)
             for k in range(4):
                 frame_bytes[FRAME_HEADER_BYTES + k] = element[8 * (3 - k):8 * (4 - k)]
             frames.append((Cat(*frame_bytes), Const(length, 16), Const(beats(length, W), 16)))
             fields.append((job, fanin, sender, element))
         (job_a, fanin_a, _, _), (job_b, fanin_b, sender_b, element_b) = fields
-        m.d.comb += [Assume(fanin_a >= 2), Assume(job_b != job_a), dut.lease_tick.eq(AnySeq(1))]
+        if stale:
+            round_a, chunk_a = (_field([Const(b, 8) for b in template], name) for name in ("round", "chunk"))
+            earlier = Signal(32)
+            m.d.comb += [earlier.eq(round_a - round_b), Assume(fanin_a == 1), Assume(job_b == job_a),
+                         Assume(Mux(round_b != round_a, (earlier != 0) & ~earlier[31], chunk_b < chunk_a))]
+        else:
+            m.d.comb += [Assume(fanin_a >= 2), Assume(job_b != job_a)]
+        m.d.comb += dut.lease_tick.eq(AnySeq(1))
         index, beat = self._stream_frames(m, frames, length)
 
         ticks, t_a, t_b, idle = (Signal(TIME_BITS, name=name) for name in ("ticks", "t_a", "t_b", "idle"))
@@ -520,6 +552,19 @@ class Harness(Elaboratable):
                                "a frame with B's key left inside the lease")
             # Subject: a collision one tick short of the lease.
             self._cover(m, judged & timed_b & (idle == cfg.lease - 1) & (stats["drop_collision"] == 1))
+        if "stale_live" in self.checks:
+            with m.If(judged & inside):
+                m.d.comb += [
+                    Assert(stats["drop_stale"] == 1, "older B inside the lease not dropped as stale"),
+                    Assert(stats["accumulated"] == 1, "older B summed inside the lease"),
+                ]
+            with m.If(judged & outside):
+                m.d.comb += [
+                    Assert(stats["accumulated"] == 2, "older B after the lease did not claim the completed slot"),
+                    Assert(stats["leases_expired"] == 0, "a completed slot's claim counted as an expired lease"),
+                ]
+            # Subject: B stale one tick short of the lease.
+            self._cover(m, judged & timed_b & (idle == cfg.lease - 1) & (stats["drop_stale"] == 1))
         if "lease_idle" in self.checks:
             with m.If(judged & outside):
                 m.d.comb += [
@@ -546,6 +591,87 @@ class Harness(Elaboratable):
             self.cover_frames = 1
             self._cover(m, stats["leases_expired"] == 1)
             self._expect_results(m, [(Cat(*result), outside & (fanin_b == 1))], result_length, checked)
+
+    def _drive_route(self, m):
+        """Contributions and result requests of one key, fan-in 1 (a contribution completes its slot at once),
+        with a symbolic version (1 or 2), opcode, IPv4 source, slot, hops and their levels, each with its
+        IPv4 checksum right. The model's rules restated: a version 2 frame whose route is not allowed
+        (`model._route_allowed`) is dropped; any other contribution is answered (its slot's result, new or
+        stored), a result request only once its slot is complete; the answer is a partial to hop1 with the
+        hops moved up one level when a version 2 frame names hop1, else the result to the group."""
+        W, cfg = self.width, self.config
+        group = 0xEF_01_02_03
+        template = bytes(build_frames(np.zeros(1, dtype=np.int64), eth_dst=cfg.mac, eth_src=0x02_00_00_00_00_07,
+                                      ip_src=0x0A_00_00_07, ip_dst=cfg.ip, udp_dport=cfg.port,
+                                      opcode=Opcode.CONTRIBUTION, fanin=1, job=5, round=9, clique=2, chunk=64,
+                                      group=group, slot=0)[0])
+        network, prefix = cfg.upstream_prefix
+        upstream_mask = (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF
+        result_length = len(template) + RESULT_TRAILER_BYTES
+        frames, results = [], []
+        completed = [Const(0)] * cfg.slots
+        for index in range(self.frames):
+            v2, request, slot = AnyConst(1), AnyConst(1), AnyConst(16)
+            ip_src, hop1, hop2 = AnyConst(32), AnyConst(32), AnyConst(32)
+            hop1_expect, hop2_expect = AnyConst(64), AnyConst(64)
+            m.d.comb += Assume(slot < cfg.slots)
+            length = Mux(request, FRAME_HEADER_BYTES, len(template))
+            frame_bytes = [Const(b, 8) for b in template]
+            for name, value in (("version", Mux(v2, 2, 1)), ("slot", slot), ("ip_src", ip_src), ("hop1", hop1),
+                                ("hop2", hop2), ("hop1_expect", hop1_expect), ("hop2_expect", hop2_expect),
+                                ("opcode", Mux(request, Opcode.RESULT_REQUEST, Opcode.CONTRIBUTION)),
+                                ("ip_len", length - ETHERNET_BYTES), ("udp_len", length - ETHERNET_BYTES - IPV4_BYTES)):
+                _set_field(frame_bytes, name, value)
+            _set_field(frame_bytes, "ip_csum", _ipv4_checksum(frame_bytes))
+            frames.append((Cat(*frame_bytes), length, Mux(request, beats(FRAME_HEADER_BYTES, W),
+                                                          beats(len(template), W))))
+            # One signal per rule, so that the solver's trace names them.
+            allowed, up, emits = (Signal(name=f"ref{index}_{name}") for name in ("allowed", "up", "emits"))
+            m.d.comb += [
+                allowed.eq(~v2 | Mux(hop1 == 0, hop2 == 0,
+                                     (hop1 != cfg.ip) & (hop1 != ip_src) & ((hop1 & upstream_mask) == network)
+                                     & (hop2 != hop1) & (hop2 != cfg.ip))),
+                up.eq(v2 & (hop1 != 0)),
+                emits.eq(allowed & (~request | Cat(*(done & (slot == k) for k, done in enumerate(completed))).any())),
+            ]
+            completed = [done | (allowed & ~request & (slot == k)) for k, done in enumerate(completed)]
+            result = [Const(0, 8)] * result_length
+            for name, value in (("opcode", Mux(up, Opcode.PARTIAL, Opcode.RESULT)), ("version", Mux(v2, 2, 1)),
+                                ("ip_dst", Mux(up, hop1, group)), ("expect", Mux(up, hop1_expect, 0)),
+                                ("hop1", Mux(up, hop2, 0)), ("hop1_expect", Mux(up, hop2_expect, 0)),
+                                ("hop2", Const(0, 32)), ("hop2_expect", Const(0, 64))):
+                _set_field(result, name, value)
+            results.append((Cat(*result), emits))
+        self._stream_frames(m, frames, len(template))
+        if "no_self_address" in self.checks:
+            self._never_to_self(m)
+        if "hops_moved_up" in self.checks:
+            self.cover_frames = len(frames)
+            checked = [FRAME_OFFSETS[name] + k for name in ("opcode", "version", "ip_dst", "expect", "hop1",
+                                                             "hop1_expect", "hop2", "hop2_expect")
+                       for k in range(FIELDS_BY_NAME[name].nbytes)]
+            self._expect_results(m, results, result_length, checked)
+
+    def _never_to_self(self, m):
+        """No output frame's IPv4 destination is the aggregator's own address; the cover: an output frame's
+        destination seen whole (its last byte leaves)."""
+        dut, W = self.dut, self.width
+        offset = FRAME_OFFSETS["ip_dst"]
+        out_beat = Signal(16)
+        with m.If(self.take):
+            m.d.sync += out_beat.eq(Mux(dut.m_axis_tlast, 0, out_beat + 1))
+        # The destination's bytes may lie in two beats: the earlier ones are held.
+        now = []
+        for k in range(FIELDS_BY_NAME["ip_dst"].nbytes):
+            at, lane = divmod(offset + k, W)
+            byte, held = dut.m_axis_tdata.word_select(lane, 8), Signal(8, name=f"ip_dst_byte{k}")
+            with m.If(self.take & (out_beat == at)):
+                m.d.sync += held.eq(byte)
+            now.append(Mux(out_beat == at, byte, held))
+        seen = self.take & (out_beat == (offset + len(now) - 1) // W)
+        m.d.comb += Assert(~seen | (Cat(*reversed(now)) != self.config.ip),
+                           "an output frame sent to the aggregator's own address")
+        self._cover(m, seen)
 
     def _expect_results(self, m, results, length, checked):
         """Output frames are the emitting results, in order, each `length` bytes with the `checked` bytes
@@ -681,6 +807,17 @@ LEASE_LIVE = ("contribution A (fan-in 2, slot unfinished), then B to its slot fr
 LEASE_IDLE = ("as lease_live, B {lease} or more ticks after A: B claims the slot (leases_expired 1, accumulated 2); "
               "B with fan-in 1 gets its result out (key, sender, fan-in, contributors, bitmap, slot, element, "
               f"trailer), nothing else leaves, none missing after {OUTPUT_GAP} silent cycles")
+STALE_LIVE = ("contribution A (fan-in 1: the slot complete), then B to its slot, an older frame of A's job (an "
+              "earlier round in serial order or A's round and an earlier chunk, symbolic), lease_tick free, back "
+              "to back: B within {lease} ticks of A is dropped as stale (drop_stale 1, accumulated 1); B {lease} or "
+              "more ticks after A claims the completed slot (accumulated 2, leases_expired 0)")
+ROUTE = ("{frames} contributions or result requests of one key (fan-in 1), symbolic version 1 or 2, IPv4 "
+         "source, slot, hop1, hop2 and their levels, checksums right")
+NO_SELF = ROUTE + ": no output frame's IPv4 destination is the aggregator's own address"
+HOPS = (ROUTE + ": the outputs are the model's, in order: a frame whose hops the model refuses (drop_route) "
+        "gets none, a contribution its slot's result, a request one once its slot is complete; to hop1 a "
+        "partial with the hops moved up (expect = hop1_expect, hop1 = hop2, hop1_expect = hop2_expect, hop2 "
+        f"and hop2_expect 0), else the result to the group; none missing after {OUTPUT_GAP} silent cycles")
 BEYOND_FREE = ("not reached by 24: an aborted frame or a counted result needs a 17-beat frame plus the "
                "pipeline; the 8-byte aggregate row sees results leave in full")
 STALL_COVER = "30 in `--deep` (325 s): a real stall needs the 20-beat FIFO full"
@@ -779,6 +916,21 @@ def _checks():
                   cover_depth=live, **{caught: ("lease_early",)}, **lease, **deep),
             Check("lease_idle", LEASE_IDLE.format(lease=LEASED.lease), asserts=("lease_idle",), depth=idle,
                   cover_depth=idle, **{caught: ("no_lease",)}, **lease, **deep),
+        ]
+    # An output's destination is first seen at step 15 (64 bytes) and 33 (8 bytes), both outputs have left
+    # by step 21 and 63, B is judged at step 20 and 62: at 8 bytes the runs take minutes, `--deep` only.
+    for width, to_self, moved, stale in ((64, 22, 22, 22), (8, 52, 66, 64)):
+        narrow = dict(deep=("real", "cover")) if width == 8 else {}
+        caught = "deep_mutants" if width == 8 else "mutants"
+        route = dict(scenario="route", width=width, mode="bmc", config=SMALLEST, steady=True, frames=2, **narrow)
+        table += [
+            Check("no_self_address", NO_SELF.format(frames=2), asserts=("no_self_address",), depth=to_self,
+                  cover_depth=to_self, **{caught: ("no_route",)}, **route),
+            Check("hops_moved_up", HOPS.format(frames=2), asserts=("hops_moved_up",), depth=moved,
+                  cover_depth=moved, **{caught: ("hops_kept", "no_route")}, **route),
+            Check("stale_live", STALE_LIVE.format(lease=LEASED.lease), "stale", ("stale_live",), width, "bmc",
+                  stale, cover_depth=stale, config=LEASED, steady=True, **{caught: ("stale_claims",)},
+                  **narrow),
         ]
     return table
 

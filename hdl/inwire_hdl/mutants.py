@@ -1,13 +1,15 @@
 """Broken aggregators: each formal check must fail on the mutant it is meant to catch.
 
 Most mutants wrap the real `Aggregator` and change what crosses its ports, so they need nothing from the
-inside and stay valid however the inside changes. Four are built from the inside without touching
+inside and stay valid however the inside changes. The others are built from the inside without touching
 aggregator.py: `stale_memory` builds the real aggregator with a sum adder that ignores `base_zero`, so a
 slot's first contribution is added to whatever the sum memory held before (which is zero in simulation,
 and arbitrary in the formal harness); `no_lease` and `lease_early` decide a contribution's disposition
 against another lease than the configuration's (none, one tick less), which no port-level wrapper can do;
 `sender_overlap` replaces the aggregator's member-overlap test (`Aggregator._overlaps`) with a test of
-the sender's bit alone.
+the sender's bit alone; `no_route` and `hops_kept` override what C1 registers about the frame's route
+(a later assignment wins in Amaranth); `stale_claims` hides from the disposition that a stale frame's
+slot is complete, as if the stale check came after the completed-slot claim.
 
 `MUTANTS` maps a name to a one-line description; `build(name, config, data_width, buffer_beats)` returns the
 gateware.
@@ -24,6 +26,7 @@ from inwire.protocol import FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
 from . import aggregator
 from .aggregator import Aggregator
 from .blocks import SaturatingAdder
+from .layout import field_value
 
 MUTANTS = {
     "unstable": "m_axis_tdata changes while the sink stalls",
@@ -42,6 +45,9 @@ MUTANTS = {
     "no_lease": "(inside) leases never expire: an unfinished slot waits for its owner forever",
     "lease_early": "(inside) a lease expires one tick early: idle for lease - 1 ticks is enough",
     "sender_overlap": "(inside) a frame is a duplicate only when its sender's bit is summed, not any of its members",
+    "no_route": "(inside) the route check removed: hops naming the aggregator, the source or an outsider accepted",
+    "hops_kept": "(inside) a partial's hops not moved up: it carries the frame's own expect, hop1 and hop1_expect",
+    "stale_claims": "(inside) an older chunk or round of the owner's job claims a completed slot inside the lease",
 }
 
 
@@ -86,6 +92,40 @@ class SenderOverlap(Aggregator):
     @staticmethod
     def _overlaps(bitmap, c2):
         return (bitmap & (Const(1, 64) << c2.sender[:6])) != 0
+
+
+class NoRoute(Aggregator):
+    """The real aggregator with every frame's route allowed."""
+
+    def _classify_header(self, p):
+        super()._classify_header(p)
+        with p.m.If(p.adv & p.i0.hdr_end):
+            p.m.d.sync += p.c1.route_bad.eq(0)
+
+
+class HopsKept(Aggregator):
+    """The real aggregator whose partials name the level and hops of the frame that caused them."""
+
+    def _classify_header(self, p):
+        super()._classify_header(p)
+        with p.m.If(p.adv & p.i0.hdr_end):
+            p.m.d.sync += [p.c1.out_expect.eq(field_value(p.hdr, "expect")),
+                           p.c1.out_hop1.eq(field_value(p.hdr, "hop1")),
+                           p.c1.out_hop1_expect.eq(field_value(p.hdr, "hop1_expect"))]
+
+
+class StaleClaims(Aggregator):
+    """The real aggregator with the stale check applied to unfinished slots only: a completed slot is
+    claimed by an older frame of its job, its stored result lost."""
+
+    def _decide(self, p):
+        real = p.c3
+        p.c3 = Signal(real.shape(), name="c3_stale_claims")
+        p.m.d.comb += [p.c3.eq(real), p.c3.older.eq(real.older & ~p.meta3.complete)]
+        try:
+            super()._decide(p)
+        finally:
+            p.c3 = real
 
 
 class PortMutant(wiring.Component):
@@ -189,6 +229,9 @@ def build(name, config, data_width, buffer_beats):
         return StaleMemory(config, data_width, buffer_beats=buffer_beats)
     if name == "sender_overlap":
         return SenderOverlap(config, data_width, buffer_beats=buffer_beats)
+    inside = {"no_route": NoRoute, "hops_kept": HopsKept, "stale_claims": StaleClaims}
+    if name in inside:
+        return inside[name](config, data_width, buffer_beats=buffer_beats)
     if name == "no_lease":
         return LeaseMutant(0, config, data_width, buffer_beats)
     if name == "lease_early":
