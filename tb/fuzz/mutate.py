@@ -3,11 +3,15 @@
 A stream mixes well-formed traffic (cliques of contributions, some of them reduction trees with partials
 from a level below or partials sent up, result and stats requests, foreign frames)
 with mutants of it: bit flips, truncations, extensions, header fields set to the limits of their range or
-of the aggregator's configuration, elements at the int32 limits, and frames of random bytes. Mutants
+of the aggregator's configuration, elements at the int32 limits, frames of random bytes, recent frames
+with forged hops (to the aggregator itself, back to their source, outside the upstream prefix, hop2
+without or equal to hop1 or the aggregator), and delayed copies of earlier frames, which by then are
+mostly older than their slot's owner (an earlier round, or an earlier chunk of the same round). Mutants
 mostly keep a valid IPv4 checksum and consistent lengths, so that they reach the checks behind those.
 Frames are between 1 and MAX_FRAME bytes (an AXI4-Stream frame has at least one byte).
 """
 
+import collections
 import random
 
 import numpy as np
@@ -26,8 +30,10 @@ from inwire_hdl.cocotb.traffic import ABOVE_IP, BELOW_IP, Traffic, below, patch
 
 MAX_FRAME = 1600
 KINDS = ("good", "foreign", "request", "stats", "bit_flip", "truncate", "extend", "field_limit",
-         "count_limit", "element_limit", "random_bytes")
-WEIGHTS = (30, 6, 5, 2, 14, 10, 8, 16, 2, 5, 4)
+         "count_limit", "element_limit", "random_bytes", "forged_route", "stale_copy")
+WEIGHTS = (30, 6, 5, 2, 14, 10, 8, 16, 2, 5, 4, 3, 4)
+RECENT = 64
+"""Well-formed frames remembered for forged hops and delayed copies."""
 CHECKED_FIELDS = ("ip_ver_ihl", "ip_frag", "ip_len", "ip_proto", "udp_dport", "udp_len", "eth_type") + tuple(
     field.name for field in AGGREGATION_FIELDS if field.name not in ("reserved", "bitmap", "contributors"))
 
@@ -42,6 +48,9 @@ class Mutator:
         self.pending = []
         self.job = 1 + self.random.randrange(4)
         self.rounds = [1] * config.slots
+        self.cliques = [0] * config.slots
+        self.chunks = [0] * config.slots
+        self.recent = collections.deque(maxlen=RECENT)
 
     def frames(self, count):
         if count:
@@ -59,14 +68,19 @@ class Mutator:
             rnd, cfg = self.random, self.config
             fanin = rnd.randint(1, min(cfg.max_fanin, 6))
             count = rnd.randint(1, min(cfg.max_elements, 24))
-            # Mostly the next round of the slot's job, which claims or reclaims it; sometimes an older
-            # round or another job, which collides.
+            # Mostly the next round of the slot's job, which claims or reclaims it; sometimes a later chunk
+            # of the slot's round and clique (as a stream's chunk j + 2W takes chunk j's slot); sometimes an
+            # older round (stale) or another job (a collision).
             slot = rnd.randrange(cfg.slots)
-            self.rounds[slot] += 1
+            if rnd.random() < 0.15:
+                self.chunks[slot] += count
+            else:
+                self.rounds[slot] += 1
+                self.cliques[slot], self.chunks[slot] = rnd.randrange(3), rnd.randrange(2) * count
             job, round_ = self.job, self.rounds[slot]
             if rnd.random() < 0.15:
                 job, round_ = rnd.choice(((self.job + 1, round_), (self.job, round_ - 2)))
-            fields = dict(slot=slot, job=job, round=round_, clique=rnd.randrange(3), chunk=rnd.randrange(2) * count,
+            fields = dict(slot=slot, job=job, round=round_, clique=self.cliques[slot], chunk=self.chunks[slot],
                           exponent=rnd.randint(-4, 4), group=0xEF_00_00_00 | rnd.randrange(1, 1 << 24))
             # One clique in ten near the int32 limits, so that sums saturate and results carry the flag.
             vectors = None
@@ -82,7 +96,9 @@ class Mutator:
                 extra.append(self.traffic.request(count=count, fanin=fanin, **fields))
             self.pending += extra
             rnd.shuffle(self.pending)
-        return self.pending.pop()
+        frame = self.pending.pop()
+        self.recent.append(frame)
+        return frame
 
     def _tree(self, count, fanin, vectors, fields):
         """A clique as a reduction tree: members 0 .. k - 1 reach the aggregator in one partial from a level
@@ -98,6 +114,19 @@ class Mutator:
                                        hop1=self.config.ip, **fields) for s in range(k)]
         return below(self.config, BELOW_IP, leaves) + [
             traffic.contribution(vectors[s], sender=s, fanin=fanin, **fields) for s in range(k, fanin)]
+
+    def _forged_route(self):
+        """A recent well-formed frame whose hops would send a partial where none may go (drop_route)."""
+        rnd, me = self.random, self.config.ip
+        frame = bytearray(rnd.choice(self.recent) if self.recent else self._good())
+        forged = rnd.choice((
+            dict(hop1=me), dict(ip_src=ABOVE_IP, hop1=ABOVE_IP), dict(hop1=rnd.randrange(1, 1 << 32)),
+            dict(hop1=0, hop2=ABOVE_IP), dict(hop1=ABOVE_IP, hop2=ABOVE_IP), dict(hop1=ABOVE_IP, hop2=me)))
+        return bytes(patch(frame, **forged))
+
+    def _stale_copy(self):
+        """A delayed copy of a frame sent a while ago: by now mostly older than its slot's owner."""
+        return self.random.choice(self.recent) if self.recent else self._good()
 
     def _foreign(self):
         return self.random.choice(self.traffic.foreign())
