@@ -57,13 +57,13 @@ coverage:
 	PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage $(BIN)/python tb/coverage/verilator_coverage.py
 
 verilog:
-	$(BIN)/inwire verilog -o build/inwire_aggregator.v
+	$(BIN)/inwire verilog --out build/inwire_aggregator.v
 
 bitstream:
-	$(BIN)/inwire build --board versa_ecp5 --out build/board
+	$(BIN)/inwire build --board versa_ecp5 --out-dir build/board
 
 alveo:
-	$(BIN)/inwire alveo --out build/alveo
+	$(BIN)/inwire alveo --out-dir build/alveo
 
 docs:
 	$(BIN)/python -m inwire.docs

@@ -1,24 +1,29 @@
-"""The shape of the code: no import cycles, commands that load only what they use, an installed package
-that works without the checkout, and no sys.path edits.
+"""The shape of the code: no import cycles, commands that load only what they use, one base class of
+errors, a typed public API, an installed package that works without the checkout, and no sys.path edits.
 
-The import graph is read with `ast` from sw/inwire and hdl/inwire_hdl. Only module-level imports are
-edges (statements at the top of a module, also inside a module-level `if`, `try` or class body; an
-`if __name__ == "__main__":` block is left out): those run at import time and are what makes a cycle
-fail or half-initialize a module. Imports inside functions run on call and do not count. Importing
-`a.b.c` also runs the packages `a` and `a.b`, so a module depends on its parent packages too.
+The import graph is read with `ast` from sw/inwire and hdl/inwire_hdl. Module-level imports are the edges
+that run at import time (statements at the top of a module, also inside a module-level `if`, `try` or
+class body; an `if __name__ == "__main__":` block is left out): a cycle of those fails or half-initializes
+a module. An import inside a function runs on call, so it can hide a cycle without removing it: the
+second graph counts those too. Importing `a.b.c` also runs the packages `a` and `a.b`, so a module depends
+on its parent packages too.
 """
 
 import ast
+import importlib.util
+import inspect
 import json
 import os
 import subprocess
 import sys
+import typing
 import venv
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from inwire.errors import InwireError
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.packets import build_frames
 from inwire.pcap import write_frames
@@ -63,13 +68,19 @@ def module_level_imports(tree):
             pending.extend(node.body)
 
 
-def import_graph(modules):
-    """{module: set of modules of `modules` it imports at module level}, parent packages included."""
+def every_import(tree):
+    """Every import statement of the module, those inside functions included."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
+def import_graph(modules, imports=module_level_imports):
+    """{module: set of modules of `modules` it imports (the statements `imports` yields)}, parent packages
+    included."""
     graph = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges = set()
-        for node in module_level_imports(ast.parse(path.read_text(), str(path))):
+        for node in imports(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -132,12 +143,74 @@ def test_graph_reads_relative_imports_and_leaves_function_imports_out(tmp_path):
     graph = import_graph(package_modules([tmp_path]))
     assert graph == {"pkg": set(), "pkg.a": {"pkg", "pkg.b"}, "pkg.b": {"pkg", "pkg.a"}, "pkg.c": set()}
     assert find_cycles(graph) == [["pkg.a", "pkg.b"]]
+    assert import_graph(package_modules([tmp_path]), every_import)["pkg.a"] == {"pkg", "pkg.b", "pkg.c"}
 
 
 def test_no_import_cycles_in_the_packages():
     modules = package_modules()
     assert {"inwire.cli", "inwire.datagram", "inwire_hdl.sim", "inwire_hdl.cocotb.replay"} <= modules.keys()
     assert find_cycles(import_graph(modules)) == []
+
+
+def test_no_import_cycle_hides_behind_an_import_inside_a_function():
+    assert find_cycles(import_graph(package_modules(), every_import)) == []
+
+
+def error_classes(modules):
+    """(module, class name) of every public class of `modules` named ...Error or built on one."""
+    found = []
+    for name, path in modules.items():
+        for node in ast.parse(path.read_text(), str(path)).body:
+            bases = [base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "") for base in node.bases] \
+                if isinstance(node, ast.ClassDef) else []
+            if bases and not node.name.startswith("_") and (
+                    node.name.endswith("Error") or any(base.endswith(("Error", "Exception")) for base in bases)):
+                found.append((name, node.name))
+    return found
+
+
+def test_every_public_error_class_derives_from_inwire_error():
+    classes = error_classes(package_modules())
+    assert {"ScheduleError", "TopologyError", "AveragingError", "DistributedRunError", "SimulationError"} <= {
+        name for _, name in classes}
+    outside = [f"{module}.{name}" for module, name in classes
+               if not issubclass(getattr(importlib.import_module(module), name), InwireError)]
+    assert outside == []
+
+
+def _public_callables():
+    """The functions and methods of the public API whose every parameter and return must be annotated."""
+    from inwire import client, model, serve
+    from inwire.plan import schedule_file
+
+    owners = [model.AggregatorConfig, model.Aggregator, serve.SoftwareAggregator, client.MemberSum,
+              client.UdpMember, client.CliqueKey]
+    functions = [client.contributions, client.slot, schedule_file.load_schedule_file]
+    if importlib.util.find_spec("torch") is not None:
+        from inwire.train import averaging
+
+        owners += [averaging.CliqueAverager, averaging.InwireExchange]
+    for owner in owners:
+        for attribute, value in vars(owner).items():
+            if isinstance(value, property):
+                value = value.fget
+            if inspect.isfunction(value) and (attribute == "__init__" or not attribute.startswith("_")):
+                functions.append(value)
+    return functions
+
+
+def test_the_public_api_is_annotated():
+    unannotated = []
+    for function in _public_callables():
+        signature = inspect.signature(function)
+        missing = [name for name, parameter in signature.parameters.items() if name != "self"
+                   and parameter.annotation is inspect.Parameter.empty]
+        if signature.return_annotation is inspect.Signature.empty:
+            missing.append("return")
+        if missing:
+            unannotated.append(f"{function.__qualname__}: {', '.join(missing)}")
+        typing.get_type_hints(function)  # every hint names something that exists
+    assert unannotated == []
 
 
 def test_serve_depends_on_model_and_datagram_not_on_the_cli_or_the_gateware():
@@ -229,13 +302,15 @@ def test_installed_package_is_the_wheel_not_the_checkout(installed, tmp_path):
     where = subprocess.run([installed / "bin" / "python", "-c",
                             "import inwire, inwire_hdl, inwire_hdl.cocotb.replay as r, importlib.resources as ir;"
                             "print(inwire.__file__); print(inwire_hdl.__file__); print(r.__file__);"
-                            "print(ir.files('inwire_hdl').joinpath('constraints', 'versa_ecp5.lpf').is_file())"],
+                            "print(ir.files('inwire_hdl').joinpath('constraints', 'versa_ecp5.lpf').is_file());"
+                            "print(ir.files('inwire').joinpath('py.typed').is_file())"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert where.returncode == 0, where.stderr
-    *files, constraints = where.stdout.split()
+    *files, constraints, typed = where.stdout.split()
     for file in files:
         assert Path(file).is_relative_to(installed) and not Path(file).is_relative_to(ROOT / "sw"), file
     assert constraints == "True"
+    assert typed == "True", "the wheel carries no py.typed: type checkers ignore inwire's hints"
 
 
 def test_installed_commands_work_outside_the_checkout(installed, tmp_path):

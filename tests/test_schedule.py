@@ -288,7 +288,8 @@ def test_planned_reduction_trees_fit_in_a_frame(tmp_path, aggregator):
     (["--model-mb", "0"], "--model-mb"),
     (["--model-mb", "inf"], "--model-mb"),
     (["--seed", "-1"], "--seed"),
-    (["--sweep", "--sizes-mb", "1,x"], "--sizes-mb"),
+    (["--sweep", "--model-mb", "1,x"], "--model-mb"),
+    (["--model-mb", "10,100"], "--model-mb must be a number (a comma-separated list only with --sweep)"),
 ])
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
     assert schedule_cli(*argv, "--out", str(tmp_path / "s.json")) == 2

@@ -27,7 +27,7 @@ def cli(*argv):
 
 
 def test_committed_dissector_is_the_generated_one():
-    assert committed_dissector() == lua_dissector(), "regenerate: inwire dissector -o sw/inwire/data/inwire.lua"
+    assert committed_dissector() == lua_dissector(), "regenerate: inwire dissector --out sw/inwire/data/inwire.lua"
 
 
 def test_dissector_names_every_header_field():

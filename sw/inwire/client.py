@@ -23,11 +23,21 @@ DDP communication hook) are thin users of this module, as SwitchML's client libr
 import select
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
-from .datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET, ip_int, payloads_of, set_receive_buffer, socket_drops
+from .datagram import (
+    PAYLOAD_HEADER_BYTES,
+    PAYLOAD_OFFSET,
+    Address,
+    ip_int,
+    payloads_of,
+    set_receive_buffer,
+    socket_drops,
+)
 from .errors import InwireError
 from .fastpath import HEADER as RESULT_HEADER
 from .fastpath import header_struct
@@ -78,7 +88,7 @@ def slots_needed(max_cliques, window):
     return SLOT_POOLS * max_cliques * window
 
 
-def slot(round_, clique, chunk, window, max_cliques):
+def slot(round_: int, clique: int, chunk: int, window: int, max_cliques: int) -> int:
     """The slot of chunk `chunk` of clique `clique` in round `round_` (see the module's docstring)."""
     pool = (round_ % 2) * 2 + (chunk // window) % 2
     return pool * max_cliques * window + clique * window + chunk % window
@@ -126,7 +136,8 @@ class CliqueKey:
     """Most cliques in a round of the schedule: the slot layout's stride."""
 
 
-def contributions(quantized, member, key, chunk, window, route=None):
+def contributions(quantized: npt.NDArray[np.integer] | Sequence[int], member: int, key: CliqueKey, chunk: int,
+                  window: int, route: Mapping[str, int] | None = None) -> list[bytes]:
     """UDP payloads of member `member`'s int32 vector `quantized`, one per chunk of `chunk` elements, with the
     clique's fields `key` and, in a reduction tree, the member's `route` fields (bitmap, expect, hops).
 
@@ -175,21 +186,21 @@ class MemberSum:
     long each time (up to `timeout_s`); and the oldest chunk in flight is sent again at once when results of
     FAST_RETRANSMIT later chunks have come back without it, since results of one member come back in the
     order its chunks went out unless one was lost. `retries` None: no limit (the driver's deadline rules)."""
-    payloads: list
+    payloads: list[bytes]
     key: CliqueKey
     elements: int
     chunk: int = DEFAULT_CHUNK
     window: int = DEFAULT_WINDOW
     timeout_s: float = DEFAULT_TIMEOUT_S
-    retries: int = DEFAULT_RETRIES
-    min_timeout_s: float = None
+    retries: int | None = DEFAULT_RETRIES
+    min_timeout_s: float | None = None
     retransmits: int = 0
     checked: int = 0
-    failed_chunk: int = None
-    wrong_chunks: set = field(default_factory=set)
-    overflowed_chunks: set = field(default_factory=set)
+    failed_chunk: int | None = None
+    wrong_chunks: set[int] = field(default_factory=set)
+    overflowed_chunks: set[int] = field(default_factory=set)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.received = bytearray(ELEMENT_BYTES * self.elements)
         self.done_chunks = bytearray(len(self.payloads))
         self.remaining = len(self.payloads)
@@ -202,18 +213,18 @@ class MemberSum:
         self.owner = (self.key.job, self.key.round, self.key.clique)
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self.remaining == 0
 
     @property
-    def overflow(self):
+    def overflow(self) -> bool:
         return bool(self.overflowed_chunks)
 
-    def sums(self):
+    def sums(self) -> npt.NDArray[np.int32]:
         """The sums as int32 (valid once `done`)."""
         return np.frombuffer(self.received, dtype=ELEMENT_DTYPE)
 
-    def start(self, now):
+    def start(self, now: float) -> list[bytes]:
         return self._refill(now)
 
     def _refill(self, now):
@@ -233,10 +244,10 @@ class MemberSum:
             self.next = chunk
         return sends
 
-    def next_deadline(self):
+    def next_deadline(self) -> float | None:
         return min(self.deadline.values(), default=None)
 
-    def due(self, now):
+    def due(self, now: float) -> list[bytes]:
         sends = []
         for chunk, deadline in list(self.deadline.items()):
             if now < deadline:
@@ -279,7 +290,7 @@ class MemberSum:
         self.deadline[oldest] = now + self.rto
         return (self.payloads[oldest],)
 
-    def on_result(self, payload, now):
+    def on_result(self, payload: bytes | memoryview, now: float) -> Sequence[bytes]:
         """A datagram (bytes, or a view valid only during the call); the payloads it lets out."""
         if len(payload) < RESULT_MIN_BYTES:
             return ()
@@ -332,8 +343,10 @@ class UdpMember:
     only `deadline_s` ends a sum, unless `retries` bounds each chunk's retransmissions too. `loss` drops that
     fraction of outgoing datagrams on purpose (seeded by `seed`), for measurements and tests."""
 
-    def __init__(self, aggregators, job=1, chunk=DEFAULT_CHUNK, window=DEFAULT_WINDOW, timeout_s=DEFAULT_TIMEOUT_S,
-                 retries=None, deadline_s=30.0, bind=None, multicast=False, loss=0.0, seed=0):
+    def __init__(self, aggregators: Address | Mapping[str, Address], job: int = 1, chunk: int = DEFAULT_CHUNK,
+                 window: int = DEFAULT_WINDOW, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int | None = None,
+                 deadline_s: float = 30.0, bind: Address | None = None, multicast: bool = False, loss: float = 0.0,
+                 seed: int = 0) -> None:
         if not (chunk >= 1 and window >= 1 and timeout_s > 0 and deadline_s > 0) or (retries is not None
                                                                                     and retries < 1):
             raise ValueError("chunk, window, timeout_s, retries and deadline_s must be positive")
@@ -362,19 +375,21 @@ class UdpMember:
         self.retransmits = 0
 
     @property
-    def address(self):
+    def address(self) -> Address:
         return self.socket.getsockname()
 
-    def close(self):
+    def close(self) -> None:
         self.socket.close()
         if self.listener is not None:
             self.listener.close()
 
-    def kernel_drops(self):
+    def kernel_drops(self) -> int | None:
         """Datagrams the kernel dropped at this island's socket (receive buffer full), where the OS says."""
         return socket_drops(self.socket)
 
-    def sum(self, key, member, quantized, city=None, route=None, members=None):
+    def sum(self, key: CliqueKey, member: int, quantized: npt.NDArray[np.integer] | Sequence[int],
+            city: str | None = None, route: Mapping[str, int] | None = None,
+            members: Sequence[str] | None = None) -> tuple[npt.NDArray[np.int32], bool]:
         """The clique's int32 sums of every member's `quantized` vector, and the overflow flag: this member is
         number `member`, sending to the aggregator of `city` with tree fields `route`. `members` (names, for
         messages) says who the others are."""
@@ -434,7 +449,9 @@ class UdpMember:
                 f"of the clique never contributed it, or the aggregator's results do not reach "
                 f"{self.address[0]}{dropped}")
 
-    def average(self, key, member, vector, bound, city=None, route=None, members=None):
+    def average(self, key: CliqueKey, member: int, vector: npt.ArrayLike, bound: float, city: str | None = None,
+                route: Mapping[str, int] | None = None,
+                members: Sequence[str] | None = None) -> tuple[npt.NDArray[np.float32], float]:
         """The clique's average of float32 `vector`: quantized at the exponent every member derives from
         `bound` (`key.exponent` is ignored), re-sent at a raised bound when a sum saturates or a member's
         values do not fit (`codec_average`). Returns (average, the bound that worked)."""

@@ -48,6 +48,8 @@ PAYLOAD_HEADER_DTYPE = np.dtype({
 })
 """The aggregation header's fields, `magic` to `reserved`, at their offsets within a payload."""
 MAX_DATAGRAM = 65535
+Address = tuple[str, int]
+"""A UDP endpoint as sockets take it: (dotted IPv4 address, port)."""
 PEER_MAC = bytes.fromhex("020000000000")
 """Source MAC of wrapped datagrams whose sender's MAC is unknown (the kernel hides it; the model ignores it)."""
 

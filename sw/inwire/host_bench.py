@@ -48,7 +48,6 @@ IPERF_SECONDS = 2
 GLOO_REPETITIONS = 5
 NUMPY_FRAMES = 4096
 SCAPY_FRAMES = 400
-COMMAND = "make bench (host key alone: inwire bench --only host --out bench/results.json)"
 LOAD_LIMIT = 1.5
 """Above this 1-minute load average a ratio is flagged `loaded`."""
 
@@ -270,7 +269,6 @@ def run():
     """The `host` key of bench/results.json."""
     return {
         "software_aggregator": {
-            "command": COMMAND,
             "ceiling_tool": "iperf3 -u -b 0 on loopback" if shutil.which("iperf3") else "iperf3 not installed",
             "chunk": DEFAULT_CHUNK, "window": WINDOW, "rounds": ROUNDS, "repetitions": REPETITIONS,
             "compiled_kernel": fastpath.compiled is not None,

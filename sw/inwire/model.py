@@ -88,11 +88,11 @@ class AggregatorConfig:
     """Ticks without an accepted contribution after which an unfinished slot may be claimed by any owner,
     and a completed one by an older frame of its job; 0 for no lease (an unfinished slot then waits for its
     owner, or a newer round of its job, forever)."""
-    upstream: tuple = None
+    upstream: tuple[int, int] | None = None
     """(network, prefix length): the only addresses partials may be sent to, the aggregators above this one;
     None: the /24 of `ip`."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         mac_bytes(self.mac)
         mac_bytes(self.gateway_mac)
         checks = {"ip": (self.ip, 0, 2**32 - 1), "port": (self.port, 1, 2**16 - 1),
@@ -109,14 +109,14 @@ class AggregatorConfig:
                              f"got {self.upstream!r}")
 
     @property
-    def upstream_prefix(self):
+    def upstream_prefix(self) -> tuple[int, int]:
         """(network, prefix length) of the addresses partials may go to."""
         if self.upstream is None:
             return self.ip & _prefix_mask(DEFAULT_UPSTREAM_LENGTH), DEFAULT_UPSTREAM_LENGTH
         network, length = self.upstream
         return int(network), int(length)
 
-    def is_upstream(self, address):
+    def is_upstream(self, address: int) -> bool:
         """Whether a partial may be sent to IPv4 `address` (an int)."""
         network, length = self.upstream_prefix
         return address & _prefix_mask(length) == network
@@ -242,14 +242,14 @@ SLOT_CHECKS = (
 class Aggregator:
     """The aggregator's state and behaviour; `process(frame, now)` returns the frames it sends."""
 
-    def __init__(self, config=None):
+    def __init__(self, config: AggregatorConfig | None = None) -> None:
         self.config = config or AggregatorConfig()
         self.slots = [Slot() for _ in range(self.config.slots)]
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.now = 0
         """Arrival time of the latest frame, in lease ticks modulo 2**TIME_BITS."""
 
-    def process(self, frame, now=None):
+    def process(self, frame: bytes | bytearray | memoryview, now: int | None = None) -> list[bytes]:
         """Feed one frame (bytes, without FCS) that arrived at `now` (lease ticks; None: no time passed
         since the previous frame); returns the list of frames sent in answer (0 or 1)."""
         if not isinstance(frame, (bytes, bytearray, memoryview)):
@@ -260,7 +260,7 @@ class Aggregator:
         self.counters[disposition.name.lower()] += 1
         return output
 
-    def advance(self, now):
+    def advance(self, now: int | None) -> None:
         """Set the time of the next frame; None leaves it as it is."""
         if now is None:
             return
@@ -268,16 +268,17 @@ class Aggregator:
             raise TypeError(f"a frame's arrival time is an integer count of ticks, got {now!r}")
         self.now = int(now) % 2**TIME_BITS
 
-    def stats(self):
+    def stats(self) -> dict[str, int]:
         """Counters as a dict, in COUNTERS order."""
         return dict(self.counters)
 
-    def lease_expired(self, slot):
+    def lease_expired(self, slot: Slot) -> bool:
         """Whether `slot` has seen no accepted contribution for the lease, as of the current time."""
         lease = self.config.lease
         return lease != 0 and (self.now - slot.stamp) % 2**TIME_BITS >= lease
 
-    def cut_through_abort(self, frame, data_width, now=None):
+    def cut_through_abort(self, frame: bytes | bytearray | memoryview, data_width: int,
+                          now: int | None = None) -> bytes | None:
         """The bytes of an answer that a cut-through aggregator sends whole before it aborts the answer
         because `frame`'s length is wrong, or None when it starts no answer; call it before `process(frame)`.
 

@@ -44,11 +44,14 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
     PAYLOAD_OFFSET,
+    Address,
     ip_int,
     ip_str,
     payload_of,
@@ -65,6 +68,8 @@ from .protocol import DROP_COUNTERS, FRAME_OFFSETS, INWIRE_PORT, Disposition, Op
 POLL_S = 0.1
 """Longest a wait for input lasts, so that a stop request is seen promptly."""
 DEFAULT_SLOTS = 256
+"""A run needs 4 x cliques x window slots (`client.slots_needed`): 256 holds the host benchmark's window of
+64 in one clique. The gateware's default (`AggregatorConfig.slots`, 16) is what a board's block RAM holds."""
 DEFAULT_MAX_ELEMENTS = 256
 DEFAULT_RECEIVE_BUFFER = 4 << 20
 """SO_RCVBUF of the service: every island's window of datagrams must fit, or the kernel drops them and
@@ -107,6 +112,18 @@ class ServeError(InwireError):
     """The service cannot start; the message is one line for the user."""
 
 
+Send = tuple[bytes, Address]
+"""A datagram to send: (UDP payload, destination)."""
+
+
+class FrameAggregator(Protocol):
+    """What the golden path serves: `model.Aggregator`, or what decides as it does (a co-simulation)."""
+
+    def process(self, frame: bytes, now: int | None = None) -> list[bytes]: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
 class SoftwareAggregator:
     """A UDP socket in front of the aggregator's decision (fast path, golden model or co-simulation).
 
@@ -119,10 +136,17 @@ class SoftwareAggregator:
     co-simulation) implies "golden".
     """
 
-    def __init__(self, listen=("127.0.0.1", INWIRE_PORT), unicast=False, slots=DEFAULT_SLOTS,
-                 max_elements=DEFAULT_MAX_ELEMENTS, multicast_iface=None, log=None, make_aggregator=None,
-                 engine=None, backend=None, receive_buffer=DEFAULT_RECEIVE_BUFFER, lease=DEFAULT_LEASE,
-                 upstream=None, stats_from=None):
+    handle: Callable[..., list[Send]]
+    """`handle(payload, peer, now=None)`: the fast path's or the golden model's, chosen by `engine`."""
+
+    def __init__(self, listen: Address = ("127.0.0.1", INWIRE_PORT), unicast: bool = False,
+                 slots: int = DEFAULT_SLOTS, max_elements: int = DEFAULT_MAX_ELEMENTS,
+                 multicast_iface: str | None = None, log: Callable[[str], None] | None = None,
+                 make_aggregator: Callable[[AggregatorConfig], FrameAggregator] | None = None,
+                 engine: str | None = None, backend: str | None = None,
+                 receive_buffer: int | None = DEFAULT_RECEIVE_BUFFER,
+                 lease: int = DEFAULT_LEASE, upstream: tuple[int, int] | str | None = None,
+                 stats_from: tuple[int, int] | str | None = None) -> None:
         engine = engine or ("golden" if make_aggregator is not None else "fast")
         if engine not in ENGINES:
             raise ServeError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -179,16 +203,16 @@ class SoftwareAggregator:
         self._stop = threading.Event()
 
     @property
-    def description(self):
+    def description(self) -> str:
         if self.fast is not None:
             return f"the fast path ({self.fast.backend}, bit-exact with the golden model)"
         return "the golden model" if isinstance(self.model, Aggregator) else type(self.model).__name__
 
-    def slot_key(self, slot):
+    def slot_key(self, slot: int) -> tuple[int, int, int, int] | None:
         """(job, round, clique, chunk) owning `slot`, or None while it was never used."""
         return self.fast.slot_key(slot) if self.fast is not None else self.model.slots[slot].key
 
-    def ticks(self):
+    def ticks(self) -> int:
         """Milliseconds since the service started: the arrival time of a datagram read now."""
         return int((time.monotonic() - self._started) / LEASE_TICK_S)
 
@@ -336,7 +360,7 @@ class SoftwareAggregator:
             local = self._local[destination[0]] = _is_local_address(destination[0])
         return local
 
-    def send(self, sends):
+    def send(self, sends: Sequence[Send]) -> None:
         sock = self.sock
         for body, destination in sends:
             try:
@@ -351,11 +375,11 @@ class SoftwareAggregator:
             except OSError:
                 self.own["send_errors"] += 1
 
-    def counters(self):
+    def counters(self) -> dict[str, int]:
         engine = self.fast if self.fast is not None else self.model
         return {**engine.stats(), **self.own}
 
-    def counters_line(self, prefix="counters"):
+    def counters_line(self, prefix: str = "counters") -> str:
         counters = self.counters()
         drops = sum(counters[name] for name in DROP_COUNTERS)
         shown = [f"{name}={value}" for name, value in counters.items()
@@ -365,7 +389,7 @@ class SoftwareAggregator:
         shown += [] if kernel is None else [f"kernel_drops={kernel}"]
         return f"{prefix} frames_in={counters['frames_in']} drops={drops} " + " ".join(shown)
 
-    def serve(self, stats_interval=None):
+    def serve(self, stats_interval: float | None = None) -> None:
         """Receive and answer until `stop()`; logs counters every `stats_interval` seconds and at the end.
 
         The socket is drained without waiting while it holds datagrams; only an empty socket is waited on
@@ -432,7 +456,7 @@ class SoftwareAggregator:
                 self.send_batch(sends)
             self._log_due()
 
-    def send_batch(self, sends):
+    def send_batch(self, sends: Sequence[Send]) -> None:
         """Send (payload, (ip, port)) pairs with sendmmsg; a full send buffer is waited out (POLL_S)."""
         start = 0
         while True:
@@ -444,10 +468,10 @@ class SoftwareAggregator:
                 self.own["send_errors"] += len(sends) - start
                 return
 
-    def stop(self):
+    def stop(self) -> None:
         self._stop.set()
 
-    def close(self):
+    def close(self) -> None:
         self.sock.close()
         if hasattr(self.model, "close"):
             self.model.close()

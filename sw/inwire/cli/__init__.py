@@ -4,8 +4,9 @@ Every command module has `add_arguments(parser)` and `run(args)`, which returns 
 docstring is the command's description. `main` builds the parser with every command's one-line summary
 from `COMMANDS` but imports and asks for the arguments of the chosen command alone, so that `inwire decode`
 does not load the gateware, the planner or torch. Errors a user can cause (`InwireError`, `OSError`,
-`ValueError`, `RuntimeError`) end as one line on stderr, `inwire <command>: <message>`, and exit status 2;
-an interrupt (SIGINT) exits with 130 after one line saying where the command was (`inwire.progress`); a
+`ValueError`, `RuntimeError`) end as one line on stderr, `inwire <command>: <message>`, and exit status 2,
+as does a module missing because an extra is not installed (`inwire.extras`: the line names the extra); an
+interrupt (SIGINT) exits with 130 after one line saying where the command was (`inwire.progress`); a
 reader that closes the output pipe early (`| head`) ends the command quietly with 141, SIGPIPE's status.
 """
 
@@ -16,7 +17,7 @@ import signal
 import sys
 import threading
 
-from .. import __version__, progress
+from .. import __version__, extras, progress
 from ..errors import InwireError
 
 COMMANDS = {
@@ -35,7 +36,7 @@ COMMANDS = {
              "aggregator and islands in network namespaces, links delayed as in the topology (root)"),
     "train": ("inwire.cli.train",
               "the training study: islands on digits, sync strategies under one deterministic clock, over seeds "
-              "(needs torch)"),
+              "(needs the torch extra)"),
     "bench": ("inwire.cli.bench", "run the benchmarks and write them to one JSON file"),
     "dissector": ("inwire.cli.dissector", "print the Wireshark Lua dissector for the inwire header"),
     "docs": ("inwire.cli.docs", "print the protocol reference (docs/protocol.md)"),
@@ -101,6 +102,13 @@ def main(argv=None):
         return 128 + signal.SIGPIPE
     except (InwireError, OSError, ValueError, RuntimeError) as error:
         print(f"inwire {args.command}: {describe(error)}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        # Commands check their extras up front (extras.require); this catches an import they did not foresee.
+        extra = extras.extra_of(error)
+        if extra is None:
+            raise
+        print(f"inwire {args.command}: {extras.needs(extra, error.name, 'this command')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         where = progress.where()

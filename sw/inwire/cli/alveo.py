@@ -4,14 +4,17 @@ inwire_hdl/constraints/alveo_u200_build.tcl."""
 
 from pathlib import Path
 
+from .options import earlier_spelling
+
 
 def add_arguments(parser):
-    parser.add_argument("--out", type=Path, default=Path("build/alveo"), help="folder to write the Verilog to")
+    parser.add_argument("--out-dir", type=Path, default=Path("build/alveo"), help="folder to write the Verilog to")
+    earlier_spelling(parser, "out_dir", "--out", type=Path)
 
 
 def run(args):
     from inwire_hdl.alveo import write_sources
 
-    for path in write_sources(args.out):
+    for path in write_sources(args.out_dir):
         print(path)
     return 0

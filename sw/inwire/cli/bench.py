@@ -1,15 +1,16 @@
 """Run every benchmark of the project (or those given with --only) and write them into one JSON file, one
 key per part, merged with the keys the file already has. Benchmarks report figures; they assert nothing.
-Each section records the wall time it took to measure."""
+Each section records the command that measured it and the wall time it took."""
 
 import importlib
 import json
 import os
 import pathlib
 import platform
+import shlex
 import time
 
-from .. import progress
+from .. import extras, progress
 from ..output import OutputError, atomic_output, check_writable, writes_in_place
 from ..plan.jsonfile import read_json
 
@@ -18,8 +19,11 @@ SECTIONS = {
     "host": "inwire.host_bench",
     "gateware": "inwire_hdl.bench",
     "board": "inwire_hdl.timing",
+    "training": "inwire.train.bench",
 }
 """Section name -> module whose `run()` measures it; imported only when the section runs."""
+NEEDS = {"gateware": "sim", "training": "torch"}
+"""Section -> the extra it needs, checked before any section runs."""
 
 
 def add_arguments(parser):
@@ -32,6 +36,9 @@ def run(args):
     unknown = set(chosen) - set(SECTIONS)
     if unknown:
         raise ValueError(f"unknown sections: {', '.join(sorted(unknown))}")
+    for name in chosen:
+        if name in NEEDS:
+            extras.require(NEEDS[name], f"the {name} section (leave it out of --only to run the others)")
     out = pathlib.Path(args.out)
     # Earlier results are merged from a regular file; a device or a pipe (/dev/stdout) gets this run's alone.
     results = read_json(out, "benchmark results", OutputError) if out.exists() and not writes_in_place(out) else {}
@@ -41,10 +48,12 @@ def run(args):
                           "cores": len(os.sched_getaffinity(0))}
     out.parent.mkdir(parents=True, exist_ok=True)
     check_writable(out, "--out")
+    command = shlex.join(["inwire", "bench", "--only", ",".join(chosen), "--out", args.out])
     for name in chosen:
         started = time.perf_counter()
         progress.say(f"{name} ...")
         section = importlib.import_module(SECTIONS[name]).run()
+        section["command"] = command
         section["bench_wall_s"] = round(time.perf_counter() - started, 1)
         results[name] = section
     # Written once every chosen section is measured: an interrupted run leaves the file as it was.

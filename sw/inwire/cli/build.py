@@ -1,5 +1,5 @@
 """Build a board bitstream with the open flow: Yosys, nextpnr-ecp5 and ecppack (YoWASP unless YOSYS,
-NEXTPNR_ECP5 and ECPPACK are set). Writes <out>/inwire_board.bit and <out>/report.json, prints the report
+NEXTPNR_ECP5 and ECPPACK are set). Writes OUT_DIR/inwire_board.bit and OUT_DIR/report.json, prints the report
 and exits with status 1 when a clock misses its constraint."""
 
 import json
@@ -11,7 +11,7 @@ from inwire_hdl import DATA_WIDTHS, board_build
 from inwire_hdl.board import PLL_VCO_HZ
 
 from .. import progress
-from .options import check_seed
+from .options import BOARD_WIDTH, check_seed, earlier_spelling
 
 
 def add_arguments(parser):
@@ -19,13 +19,14 @@ def add_arguments(parser):
                         help="board to build for")
     parser.add_argument("--core", choices=sorted(board_build.CORES), default="aggregator",
                         help="what the board carries between its ports")
-    parser.add_argument("--width", type=int, default=8,
+    parser.add_argument("--width", type=int, default=BOARD_WIDTH,
                         help=f"core data width in bytes: {', '.join(map(str, DATA_WIDTHS))}")
     # 31.25 MHz x 8 bytes = 2 Gb/s covers one 1 GbE port with room for result multicasts, and lies
     # within what the aggregator reaches on the ECP5-45 (see docs/board.md).
     parser.add_argument("--core-mhz", type=float, default=31.25,
                         help=f"core clock, {PLL_VCO_HZ / 1e6:g} MHz divided by an integer from 4 to 128")
-    parser.add_argument("--out", type=Path, default=Path("build/board"), help="folder for the build")
+    parser.add_argument("--out-dir", type=Path, default=Path("build/board"), help="folder for the build")
+    earlier_spelling(parser, "out_dir", "--out", type=Path)
     parser.add_argument("--seed", type=int, default=board_build.DEFAULT_SEED, help="nextpnr's placement seed")
 
 
@@ -41,8 +42,8 @@ def run(args):
     core_div = round(divider)
     check_seed(args.seed, high=2**64 - 1, why="nextpnr's seed has 64 bits")
     progress.say(f"building the {args.board} bitstream ({args.core}, width {args.width}, core {args.core_mhz:g} MHz) "
-                 f"with Yosys, nextpnr-ecp5 and ecppack in {args.out}; this takes minutes")
-    report = board_build.build(args.board, args.core, data_width=args.width, core_div=core_div, out=args.out,
+                 f"with Yosys, nextpnr-ecp5 and ecppack in {args.out_dir}; this takes minutes")
+    report = board_build.build(args.board, args.core, data_width=args.width, core_div=core_div, out=args.out_dir,
                                seed=args.seed)
     print(json.dumps(report, indent=2))
     if not report["timing_met"]:

@@ -13,11 +13,25 @@ def add_arguments(parser):
     parser.add_argument("--timeout", type=float, default=900, help="seconds per solver run (then TIMEOUT)")
 
 
+def chosen_checks(checks, only, width):
+    """The checks `--only` and `--width` select; ValueError for a name no check has, or an empty choice, so
+    that a typo is not an empty table and exit status 0."""
+    names = sorted({check.name for check in checks})
+    unknown = [name for name in only or () if name not in names and all(name != check.job for check in checks)]
+    if unknown:
+        raise ValueError(f"--only: no check named {', '.join(map(repr, unknown))}; the checks are {', '.join(names)} "
+                         f"(or a row's job name, e.g. {checks[0].job})")
+    chosen = [check for check in checks
+              if (not only or check.name in only or check.job in only) and width in (None, check.width)]
+    if not chosen:
+        raise ValueError(f"--only {' '.join(only or ())} has no check at --width {width}")
+    return chosen
+
+
 def run(args):
     from inwire_hdl.formal import CHECKS, run_all, summary
 
-    checks = [c for c in CHECKS
-              if (not args.only or c.name in args.only or c.job in args.only) and args.width in (None, c.width)]
-    rows = run_all(checks, jobs=args.jobs, timeout=args.timeout, deep=args.deep)
+    rows = run_all(chosen_checks(CHECKS, args.only, args.width), jobs=args.jobs, timeout=args.timeout,
+                   deep=args.deep)
     print(summary(rows))
     return 0 if all(row.ok for row in rows) else 1

@@ -10,6 +10,12 @@ MAX_MODEL_MB = 1e9
 make the byte count infinite)."""
 
 
+def earlier_spelling(parser, dest, *names, **kwargs):
+    """Accept `names`, an option's earlier spellings, for `dest` without showing them in --help; the
+    option's own default stays (the first action of a dest sets it)."""
+    parser.add_argument(*names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+
+
 def simulator(text):
     """`parse_simulator` as an argparse type."""
     try:
@@ -42,21 +48,38 @@ def check_positive(option, value, high=math.inf, unit=None, why=None):
                          f"{f' ({why})' if why else ''}, got {value:g}")
 
 
+BOARD_WIDTH = 8
+"""Data width of the board's core (`inwire build`): 8 bytes at 31.25 MHz carry one 1 GbE port."""
+SLOTS_WHY = ("the sum memory is 2 banks of slots x elements int32: 16 x 256 is 32 KiB of a board's block RAM, "
+             "256 x 256 (inwire serve's) 512 KiB, more than the largest ECP5 has")
+"""Why the gateware's slot default is small where the software aggregator's is 256."""
+
+
 def gateware_size(parser, widths, sized_by=None):
     """--width, --slots, --elements, --max-fanin, --lease and --upstream of a gateware build, defaults from the
-    golden model or, with `sized_by` (e.g. "the capture"), left to the command to derive from it."""
+    golden model or, with `sized_by` (e.g. "the capture"), left to the command to derive from it. A build
+    that is simulated (`sized_by`: replay) has the simulated-gateware commands' width, a written one the
+    board's."""
     from inwire.model import AggregatorConfig
+    from inwire_hdl import SIM_DEFAULT_WIDTH
 
     defaults = AggregatorConfig()
-    parser.add_argument("--width", type=int, default=8, choices=widths, help="data width in bytes")
     if sized_by:
+        parser.add_argument("--width", type=int, default=SIM_DEFAULT_WIDTH, choices=widths,
+                            help=f"data width in bytes (default: {SIM_DEFAULT_WIDTH}, as in every simulated-gateware "
+                                 f"command: the widest beat takes the fewest simulated cycles)")
         parser.add_argument("--slots", type=int, default=None,
-                            help=f"aggregation slots (default: {defaults.slots}, or as many as {sized_by} uses)")
+                            help=f"aggregation slots (default: {defaults.slots}, or as many as {sized_by} uses; "
+                                 f"{SLOTS_WHY})")
         parser.add_argument("--elements", type=int, default=None,
                             help=f"maximum int32 elements per frame (default: {defaults.max_elements}, or the most "
                                  f"{sized_by} carries)")
     else:
-        parser.add_argument("--slots", type=int, default=defaults.slots, help="aggregation slots")
+        parser.add_argument("--width", type=int, default=BOARD_WIDTH, choices=widths,
+                            help=f"data width in bytes (default: {BOARD_WIDTH}, the board's: 8 bytes at 31.25 MHz "
+                                 f"carry one 1 GbE port; the simulated-gateware commands use {SIM_DEFAULT_WIDTH})")
+        parser.add_argument("--slots", type=int, default=defaults.slots,
+                            help=f"aggregation slots (default: {defaults.slots}: {SLOTS_WHY})")
         parser.add_argument("--elements", type=int, default=defaults.max_elements,
                             help="maximum int32 elements per frame")
     parser.add_argument("--max-fanin", type=int, default=defaults.max_fanin, help="maximum clique size")

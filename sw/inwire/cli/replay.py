@@ -8,7 +8,7 @@ import json
 
 from inwire_hdl import SIMULATORS
 
-from .. import progress
+from .. import extras, progress
 from ..decode import describe_frame
 from ..model import AggregatorConfig
 from ..output import atomic_output, check_writable
@@ -42,6 +42,7 @@ def capture_needs(frames):
 
 
 def run(args):
+    extras.require("sim", "the simulated gateware")
     check_writable(args.output, "OUT.pcap")
     frames = read_frames(args.input)
     # A shorter runt goes in and is counted as drop_runt as in the model; an empty record has no beat to send.

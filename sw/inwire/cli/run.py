@@ -7,7 +7,7 @@ import json
 import pathlib
 import sys
 
-from .. import progress
+from .. import extras, progress
 
 
 def add_arguments(parser):
@@ -23,6 +23,8 @@ def add_arguments(parser):
 
 def run(args):
     """`inwire run`: exit 0 when both targets ran every round bit-exact."""
+    # Checked first: the gateware is the third step, after a minute of planning and the software's rounds.
+    extras.require("sim", "its third step, the simulated gateware,")
     from ..plan.schedule_file import write_schedule
     from ..plan.search import plan_schedule
     from ..plan.topology import load_topology

@@ -23,11 +23,16 @@ from inwire.plan.schedule_map import draw_schedule_map  # noqa: E402
 from inwire.plan.search import plan_schedule  # noqa: E402
 from inwire.plan.topology import load_topology  # noqa: E402
 
-from .options import MAX_MODEL_MB, check_positive, check_seed  # noqa: E402
+from .options import MAX_MODEL_MB, check_positive, check_seed, earlier_spelling  # noqa: E402
 
 DEFAULT_SWEEP_SIZES_MB = "10,100,1000"
 DEFAULT_SWEEP_STEPS_MS = "0,100,1000"
 DEFAULT_SWEEP_PROFILES = ",".join(PROFILES)
+PLAN_DEFAULTS = {"model_mb": "100", "step_ms": "0", "aggregator": "ideal"}
+SWEEP_DEFAULTS = {"model_mb": DEFAULT_SWEEP_SIZES_MB, "step_ms": DEFAULT_SWEEP_STEPS_MS,
+                  "aggregator": DEFAULT_SWEEP_PROFILES}
+"""--model-mb, --step-ms and --aggregator take one value for a plan and a comma-separated list with --sweep,
+as `inwire train`'s swept options do."""
 COMPARED = ("global", "grid2d", "ring")
 """Baselines the phase diagram sets the optimum against."""
 
@@ -35,13 +40,16 @@ COMPARED = ("global", "grid2d", "ring")
 def add_arguments(parser):
     parser.add_argument("--topology", default="doublezero9", help="doublezero9 or a JSON topology file")
     parser.add_argument("--islands", help="comma-separated island cities (default: every city)")
-    parser.add_argument("--model-mb", type=float, default=100.0, help="model size in MB (10^6 bytes)")
+    parser.add_argument("--model-mb", metavar="MB[,MB...]",
+                        help=f"model size in MB (10^6 bytes) (default: {PLAN_DEFAULTS['model_mb']}; with --sweep a "
+                             f"comma-separated list, default: {DEFAULT_SWEEP_SIZES_MB})")
     parser.add_argument("--epsilon", type=float, default=1e-3, help="consensus target, 0 < epsilon < 1")
     parser.add_argument("--no-multicast", action="store_true", help="no city replicates results")
     parser.add_argument("--no-aggregation", action="store_true", help="no city aggregates in line")
-    parser.add_argument("--aggregator", default="ideal", metavar="PROFILE|REPORT.json",
+    parser.add_argument("--aggregator", metavar="PROFILE|REPORT.json[,...]",
                         help=f"default in-line aggregator: {', '.join(PROFILES)}, or an `inwire build` report.json "
-                             f"(a topology city may set its own)")
+                             f"(a topology city may set its own) (default: {PLAN_DEFAULTS['aggregator']}; with "
+                             f"--sweep a comma-separated list, default: every profile)")
     parser.add_argument("--reduce-in-path", action="store_true",
                         help="every aggregating city on the way to a clique's root sums what it forwards")
     parser.add_argument("--routing", choices=ROUTINGS, default="latency",
@@ -49,40 +57,68 @@ def add_arguments(parser):
                              "transfer takes the candidate path that completes soonest")
     parser.add_argument("--local-steps", type=int, default=0,
                         help="H local steps before every round; > 0 switches to the local-step objective")
-    parser.add_argument("--step-ms", type=float, default=0.0, help="T, the time of one local step in ms")
+    parser.add_argument("--step-ms", metavar="MS[,MS...]",
+                        help=f"T, the time of one local step in ms (default: {PLAN_DEFAULTS['step_ms']}; with --sweep "
+                             f"a comma-separated list, default: {DEFAULT_SWEEP_STEPS_MS}, where 0 is no local steps "
+                             f"and any other --local-steps, at least 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the randomized search and baselines")
     parser.add_argument("--out", help="schedule JSON to write (required unless --sweep)")
     parser.add_argument("--map", help="also draw the schedule's cliques on a map (PNG)")
     parser.add_argument("--sweep", action="store_true",
                         help="aggregator profile x reduce-in-path x model size x step time: table and phase plots")
-    parser.add_argument("--sizes-mb", default=DEFAULT_SWEEP_SIZES_MB, help="model sizes for --sweep, MB")
-    parser.add_argument("--profiles", default=DEFAULT_SWEEP_PROFILES, help="aggregator profiles for --sweep")
-    parser.add_argument("--steps-ms", default=DEFAULT_SWEEP_STEPS_MS,
-                        help="step times for --sweep, ms (0: no local steps; otherwise --local-steps, at least 1)")
     parser.add_argument("--out-dir", default="sweep", help="folder for the --sweep table and plots")
+    earlier_spelling(parser, "model_mb", "--sizes-mb")
+    earlier_spelling(parser, "aggregator", "--profiles")
+    earlier_spelling(parser, "step_ms", "--steps-ms")
+
+
+def _settings(args):
+    """--model-mb, --step-ms and --aggregator as given or by default: for a plan, one number, one number and
+    one aggregator (a report's path may hold a comma); with --sweep, lists left to the sweep to read."""
+    defaults = SWEEP_DEFAULTS if args.sweep else PLAN_DEFAULTS
+    for key, default in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    if args.sweep:
+        return
+    for key in ("model_mb", "step_ms"):
+        option, text = "--" + key.replace("_", "-"), getattr(args, key)
+        try:
+            setattr(args, key, float(text))
+        except ValueError:
+            hint = " (a comma-separated list only with --sweep)" if "," in text else ""
+            raise ScheduleError(f"{option} must be a number{hint}, got {text!r}") from None
+    if "," in args.aggregator and not Path(args.aggregator).exists():
+        raise ScheduleError(f"--aggregator takes one profile or report (a comma-separated list only with "
+                            f"--sweep), got {args.aggregator!r}")
 
 
 def _check_numbers(args):
-    check_positive("--model-mb", args.model_mb, MAX_MODEL_MB, "MB", "a petabyte")
     check_seed(args.seed)
     if args.local_steps < 0:
         raise ScheduleError(f"--local-steps must be 0 or more, got {args.local_steps}")
+    if args.sweep:
+        return
+    check_positive("--model-mb", args.model_mb, MAX_MODEL_MB, "MB", "a petabyte")
     if not (args.step_ms >= 0 and math.isfinite(args.step_ms)):
         raise ScheduleError(f"--step-ms must be 0 or more, got {args.step_ms}")
 
 
 def run(args):
+    _settings(args)
     _check_numbers(args)
-    aggregator = load_aggregator(args.aggregator)
+    if args.sweep:
+        sizes = _parse_sizes(args.model_mb, "--model-mb", high=MAX_MODEL_MB)
+        steps = _parse_sizes(args.step_ms, "--step-ms", zero=True)
+        profiles = [load_aggregator(name.strip()) for name in args.aggregator.split(",") if name.strip()]
+        if not profiles:
+            raise ScheduleError("--aggregator must name at least one aggregator profile")
+    else:
+        aggregator = load_aggregator(args.aggregator)
     topology = load_topology(args.topology)
     islands = None if not args.islands else [name.strip() for name in args.islands.split(",")]
     islands = topology.resolve_islands(islands)
     if args.sweep:
-        sizes = _parse_sizes(args.sizes_mb, "--sizes-mb", high=MAX_MODEL_MB)
-        steps = _parse_sizes(args.steps_ms, "--steps-ms", zero=True)
-        profiles = [load_aggregator(name.strip()) for name in args.profiles.split(",") if name.strip()]
-        if not profiles:
-            raise ScheduleError("--profiles must name at least one aggregator profile")
         _, table = run_sweep(topology, islands, sizes, args.epsilon, args.seed, Path(args.out_dir),
                              profiles=profiles, steps_ms=steps, local_steps=max(1, args.local_steps),
                              multicast=not args.no_multicast, aggregation=not args.no_aggregation,

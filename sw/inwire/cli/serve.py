@@ -11,8 +11,9 @@ import ipaddress
 import signal
 import socket
 
+from .. import extras
 from ..datagram import ip_str, parse_endpoint
-from ..model import DEFAULT_LEASE
+from ..model import DEFAULT_LEASE, AggregatorConfig
 from ..protocol import INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME
 from ..serve import DEFAULT_MAX_ELEMENTS, DEFAULT_RECEIVE_BUFFER, DEFAULT_SLOTS, SoftwareAggregator
 from .options import check_integer, check_positive, simulator
@@ -29,7 +30,10 @@ def add_arguments(parser):
                              "each child aggregator, which relays it to its own members")
     parser.add_argument("--multicast-iface", default=None, metavar="ADDR",
                         help="send multicast results out of the interface with this IPv4 address")
-    parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="aggregator slots")
+    parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
+                        help=f"aggregator slots (default: {DEFAULT_SLOTS}: a run needs 4 x cliques x the islands' "
+                             f"--window, and memory is no limit in software; the gateware's default, "
+                             f"{AggregatorConfig().slots}, is what a board's block RAM holds)")
     parser.add_argument("--max-elements", type=int, default=DEFAULT_MAX_ELEMENTS,
                         help="largest element count per frame")
     parser.add_argument("--lease", type=int, default=DEFAULT_LEASE, metavar="MS",
@@ -56,6 +60,8 @@ def add_arguments(parser):
 
 
 def run(args):
+    if args.sim:
+        extras.require("sim", "--sim")
     listen = parse_endpoint(args.listen, "--listen")
     if args.multicast_iface is not None:
         try:

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from .. import progress
+from .. import extras, progress
 from ..datagram import ip_int
 from ..output import check_writable
 from ..stream import (
@@ -84,6 +84,8 @@ def make_transport(target, plan, workload_slots, config):
 def run(args):
     """`inwire stream`: exit 0 when every round finished bit-exact, 1 otherwise."""
     target = parse_target(args.target)
+    if target.kind == "sim":
+        extras.require("sim", "--target sim:")
     plan = load_plan(args.schedule)
     reproducible = target.kind in ("pcap", "sim")
     job = args.job if args.job is not None else (1 if reproducible else int.from_bytes(os.urandom(4), "big"))

@@ -6,6 +6,7 @@ import math
 import pathlib
 import sys
 
+from .. import extras
 from .options import MAX_MODEL_MB, check_integer, check_seed
 
 STRATEGY_NAMES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule",
@@ -95,11 +96,10 @@ def run(args):
 
     if set(aggregators) - set(PROFILES):
         raise ValueError(f"--aggregator must be among {', '.join(PROFILES)}, got {args.aggregator}")
+    extras.require("torch", "the training study")
     # Imported once the options are checked: torch takes seconds to load.
-    try:
-        from ..train import training
-    except ImportError as error:
-        raise ValueError(f"needs the torch extra (pip install 'inwire[torch]'): {error}") from None
+    from ..train import training
+
     if args.device_tflops:
         if len(sizes) != 1 or not sizes[0]:
             raise ValueError("--device-tflops derives the step time from one charged --model-mb")

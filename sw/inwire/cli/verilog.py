@@ -4,23 +4,26 @@ m_axis_*, stat_*)."""
 from pathlib import Path
 
 from ..output import atomic_output, check_writable
-from .options import gateware_config, gateware_size
+from .options import earlier_spelling, gateware_config, gateware_size
 
 
 def add_arguments(parser):
     from inwire_hdl.aggregator import DATA_WIDTHS
 
     gateware_size(parser, DATA_WIDTHS)
-    parser.add_argument("-o", "--output", required=True, help="Verilog file to write")
+    parser.add_argument("--out", metavar="FILE", help="Verilog file to write (required)")
+    earlier_spelling(parser, "out", "-o", "--output")
 
 
 def run(args):
     from inwire_hdl.verilog import generate_verilog
 
+    if args.out is None:
+        raise ValueError("--out FILE is required (the Verilog file to write)")
     config = gateware_config(args)
-    output = Path(args.output)
+    output = Path(args.out)
     output.parent.mkdir(parents=True, exist_ok=True)
-    check_writable(output, "--output")
+    check_writable(output, "--out")
     text = generate_verilog(config, args.width)
     with atomic_output(output) as temporary:
         Path(temporary).write_text(text)

@@ -8,4 +8,5 @@ optimizer and the schedule file. docs/schedule.md describes the model; `inwire s
     baselines      global, ring, 2D grid, exponential gossip and the rest; the lower bound
     search         scoring schedules and the optimizer
     schedule_file  the schedule JSON: writing it, loading it as one object, the readable table
+    errors         ScheduleError, below all of them (an InwireError and a ValueError)
 """

@@ -9,7 +9,7 @@ the figures of the bitstream actually built.
 import math
 from dataclasses import dataclass
 
-from .cost import ScheduleError
+from .errors import ScheduleError
 from .jsonfile import read_json
 
 

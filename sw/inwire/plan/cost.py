@@ -21,6 +21,9 @@ from inwire.protocol import (
     WIRE_OVERHEAD_BYTES,
 )
 
+from .aggregator import load_aggregator
+from .errors import ScheduleError
+
 AGGREGATE, ALL_TO_ALL, RING = "aggregate", "all-to-all", "ring"
 EXCHANGES = (AGGREGATE, ALL_TO_ALL, RING)
 ROUTINGS = ("latency", "bandwidth")
@@ -30,8 +33,6 @@ EXHAUSTIVE_AGGREGATOR_LIMIT = 2048
 """Aggregator assignments of a round tried exhaustively up to this many combinations."""
 SHORTLIST = 6
 """Beyond that, each clique's cities are first cut to this many by latency, then to 4 by time alone."""
-class ScheduleError(ValueError):
-    """A schedule file or request that cannot be used; the message names the offending entry."""
 
 
 def wire_bytes(model_bytes):
@@ -99,8 +100,6 @@ class CostModel:
 
     def __init__(self, topology, islands, model_bytes, multicast=True, aggregation=True, aggregator="ideal",
                  reduce_in_path=False, routing="latency"):
-        from .aggregator import load_aggregator  # the profiles module builds on this one's error type
-
         if routing not in ROUTINGS:
             raise ScheduleError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
         self.topology = topology

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 from dataclasses import dataclass, replace
 
 from .aggregator import PROFILES
@@ -197,7 +198,7 @@ class ScheduleFile:
         return replace(self, topology=topology)
 
 
-def load_schedule_file(path):
+def load_schedule_file(path: str | os.PathLike) -> ScheduleFile:
     """Read and validate a schedule file (the one loader the CLI, the stream and the tests use).
 
     The aggregator is a city name, or None for a clique that exchanges directly (its "exchange" field

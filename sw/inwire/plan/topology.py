@@ -14,8 +14,9 @@ from importlib import resources
 import networkx as nx
 import numpy as np
 
+from ..errors import InwireError
 from .aggregator import finite_number, profile_from_entry, shown
-from .cost import ScheduleError
+from .errors import ScheduleError
 from .jsonfile import read_json
 
 LINK_KINDS = ("dedicated", "public")
@@ -29,7 +30,7 @@ _LINK_KEYS = {"a", "b", "latency_ms", "bandwidth_gbps", "kind"}
 _TOP_KEYS = {"name", "description", "cities", "links"}
 
 
-class TopologyError(ValueError):
+class TopologyError(InwireError, ValueError):
     """A topology file or an island list that cannot be used; the message names the offending entry."""
 
 

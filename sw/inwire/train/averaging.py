@@ -18,11 +18,16 @@ that reaches an aggregator needs no other path to its peers. Parameters anywhere
 through one reusable host buffer (pinned where CUDA is present).
 """
 
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ..client import DEFAULT_CHUNK, DEFAULT_WINDOW, ClientError, CliqueKey, UdpMember, clique_group, clique_routes
-from ..datagram import ip_int
+from ..datagram import Address, ip_int
+from ..plan.schedule_file import ScheduleFile
 from ..protocol import MAX_FANIN
 from .codec_average import AveragingError
 from .outer import OuterOptimizer
@@ -46,8 +51,10 @@ class InwireExchange:
     aggregators and reduction trees. `bound`: every member's first guess of the largest magnitude it sends
     (sums are re-sent at a raised bound when it is too small). The other keywords go to `UdpMember`."""
 
-    def __init__(self, aggregators, job=1, bound=16.0, chunk=DEFAULT_CHUNK, window=DEFAULT_WINDOW, timeout_s=0.2,
-                 deadline_s=30.0, bind=None, multicast=False, retries=None, loss=0.0, seed=0):
+    def __init__(self, aggregators: Address | Mapping[str, Address], job: int = 1, bound: float = 16.0,
+                 chunk: int = DEFAULT_CHUNK, window: int = DEFAULT_WINDOW, timeout_s: float = 0.2,
+                 deadline_s: float = 30.0, bind: Address | None = None, multicast: bool = False,
+                 retries: int | None = None, loss: float = 0.0, seed: int = 0) -> None:
         if not bound > 0:
             raise ValueError(f"bound must be positive, got {bound}")
         self.bound = bound
@@ -56,11 +63,12 @@ class InwireExchange:
                                 seed=seed)
         self.cities = {city: ip_int(host) for city, (host, _) in self.client.aggregators.items() if city is not None}
 
-    def close(self):
+    def close(self) -> None:
         self.client.close()
 
-    def average(self, round_index, clique_index, members, me, vector, aggregator=None, tree=None, max_cliques=1,
-                period_round=0):
+    def average(self, round_index: int, clique_index: int, members: Sequence[str], me: int, vector: npt.ArrayLike,
+                aggregator: str | None = None, tree: Mapping[str, str] | None = None, max_cliques: int = 1,
+                period_round: int = 0) -> npt.NDArray[np.float32]:
         """The clique's average of float32 `vector`, `me` being this island's index in `members`; the clique
         sums at city `aggregator` along `tree` when this exchange has per-city aggregators."""
         fanin = len(members)
@@ -123,8 +131,12 @@ class CliqueAverager:
     outer state, so a resumed job continues the same rotation bit for bit.
     """
 
-    def __init__(self, period, warmup_steps=0, process_group=None, *, island, schedule=None, rounds=None,
-                 exchange=None, outer=None, outer_optimizer=None):
+    # A string: torch builds without torch.distributed have no ProcessGroup to name at import.
+    def __init__(self, period: int, warmup_steps: int = 0,
+                 process_group: "torch.distributed.ProcessGroup | None" = None, *, island: str,
+                 schedule: ScheduleFile | Sequence | None = None, rounds: ScheduleFile | Sequence | None = None,
+                 exchange: InwireExchange | None = None, outer: OuterOptimizer | None = None,
+                 outer_optimizer: torch.optim.Optimizer | None = None) -> None:
         if (schedule is None) == (rounds is None):
             raise ValueError("give the schedule (schedule=, or its earlier name rounds=) once")
         self.rounds, self.trees = _schedule_rounds(schedule if schedule is not None else rounds)
@@ -167,12 +179,12 @@ class CliqueAverager:
             offset += p.numel()
         return self.host.numpy()
 
-    def set_anchor(self, params):
+    def set_anchor(self, params: Iterable) -> None:
         """Start the outer step from these parameters (else from those at the first call)."""
         with torch.no_grad():
             self.anchor = self._stage(_flat_parameters(params)).copy()
 
-    def average_parameters(self, params):
+    def average_parameters(self, params: Iterable) -> list[str] | None:
         """Call after each optimizer step; returns the clique it averaged with, or None."""
         params = _flat_parameters(params)
         if self.anchor is None:
@@ -243,7 +255,7 @@ class CliqueAverager:
         torch.distributed.broadcast(carrier, src=self.source, group=self.group)
         return carrier.cpu().numpy()
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """What a resumed job needs to continue the same rotation bit for bit."""
         state = {"step": self.step, "rounds_done": self.rounds_done,
                  "anchor": None if self.anchor is None else torch.from_numpy(self.anchor.copy()),
@@ -252,7 +264,7 @@ class CliqueAverager:
             state["outer_optimizer"] = self.outer_optimizer.state_dict()
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.step, self.rounds_done = int(state["step"]), int(state["rounds_done"])
         self.anchor = None if state["anchor"] is None else state["anchor"].numpy().astype(np.float32).copy()
         self.buffer = None if state["buffer"] is None else state["buffer"].numpy().astype(np.float32).copy()

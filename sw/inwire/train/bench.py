@@ -38,7 +38,6 @@ DDP_HIDDEN = 333_333
 """Hidden units of the hook's MLP (64 -> hidden -> 10): 75 x hidden + 10 = 25 M parameters."""
 DDP_STEPS = 4
 LOAD_LIMIT = 1.5
-COMMAND = "make bench (training key alone: inwire bench --only training)"
 
 
 def _free_port():
@@ -231,7 +230,7 @@ def run():
     gloo_s = statistics.median(gloo)
     lossy_s = statistics.median(r["seconds"] for r in lossy)
     averaging = _flagged({
-        "command": COMMAND, "islands": ISLANDS, "elements": ELEMENTS, "bytes_per_island": 4 * ELEMENTS,
+        "islands": ISLANDS, "elements": ELEMENTS, "bytes_per_island": 4 * ELEMENTS,
         "chunk": CHUNK, "window": WINDOW, "repetitions": REPETITIONS,
         "inwire_s": [r["seconds"] for r in inwire], "gloo_all_reduce_s": gloo,
         "inwire_median_s": inwire_s, "gloo_median_s": gloo_s, "ratio_to_gloo": inwire_s / gloo_s,

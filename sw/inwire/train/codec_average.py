@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ..codec import EXPONENT_MIN, choose_exponent, dequantize, quantize
+from ..errors import InwireError
 from ..protocol import INT32_MAX, INT32_MIN
 
 ATTEMPTS = 7
@@ -21,7 +22,7 @@ slots whose results a slower member of the last one may still ask for; the one e
 after an odd number of re-sends (7r + 1, then 7r + 7)."""
 
 
-class AveragingError(RuntimeError):
+class AveragingError(InwireError, RuntimeError):
     """An averaging round could not finish; the message says which and why."""
 
 

@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from ..errors import InwireError
 from ..plan.cost import CostModel
 from ..plan.schedule_file import schedule_document
 from ..plan.search import Evaluator, plan_schedule
@@ -35,7 +36,7 @@ from ..plan.topology import load_topology
 from .codec_average import clique_average
 
 
-class DistributedRunError(RuntimeError):
+class DistributedRunError(InwireError, RuntimeError):
     """The distributed run failed or did not finish in time; the message says which island and why."""
 
 
