@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run system-tools test sim formal fuzz coverage verilog bitstream alveo docs bench demo train-demo train-study train-dist clean
+.PHONY: setup run system-tools test sim formal fuzz coverage mutate verilog bitstream alveo docs bench demo train-demo train-study train-dist clean
 
 # Debian packages the tests use, as command:package.
 SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2 berkeley-abc:berkeley-abc
@@ -55,6 +55,11 @@ fuzz:
 
 coverage:
 	PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage $(BIN)/python tb/coverage/verilator_coverage.py
+
+# Mutation score (docs/verification.md): mutmut over the golden model and the fast path, each against its own
+# tests; not part of `make test`. The gateware's own mutants (hdl/inwire_hdl/mutants.py) get a line below it.
+mutate:
+	$(BIN)/python tb/mutation/software.py
 
 verilog:
 	$(BIN)/inwire verilog --out build/inwire_aggregator.v

@@ -5,7 +5,8 @@ Two streams: the fuzzer's mutated frames (tb/fuzz/mutate.py: damaged headers, le
 bytes) as UDP payloads, and a stream of interleaved cliques built here (saturation at both int32 limits,
 duplicates, retransmissions to completed slots, reclaims by newer rounds, collisions, shape mismatches,
 result and stats requests, truncated, extended and bit-flipped datagrams), also timed: arrival times with
-gaps around the slot lease and datagrams left out, so that abandoned slots expire. Both backends of the fast path
+gaps around the slot lease and around a whole turn of the 16-bit lease timer, from just below 2**16 on, and
+datagrams left out, so that abandoned slots expire. Both backends of the fast path
 run them: numpy and, when built, the C kernel; under CI=true a missing kernel fails the test.
 Reduction-tree traffic (protocol v2: partials, member bitmaps, levels, routes of up to three levels,
 version 1 frames mixed in) is compared with the model aggregator by aggregator, payload and destination,
@@ -62,10 +63,12 @@ def pair():
 
 def first_difference(golden, fast, stream):
     """Index and description of the first datagram whose answers or counters differ, or None. A stream
-    holds (payload, peer) or (payload, peer, arrival time in lease ticks)."""
+    holds (payload, peer) or (payload, peer, arrival time in lease ticks); an untimed one is all at tick 0,
+    since each service's own clock would let a lease run out at another datagram than the other's."""
     for index, (payload, peer, *now) in enumerate(stream):
-        want = [(bytes(body), to) for body, to in golden.handle(payload, peer, *now)]
-        got = [(bytes(body), to) for body, to in fast.handle(payload, peer, *now)]
+        now = now[0] if now else 0
+        want = [(bytes(body), to) for body, to in golden.handle(payload, peer, now)]
+        got = [(bytes(body), to) for body, to in fast.handle(payload, peer, now)]
         if want != got:
             return index, f"answers differ: golden {want!r:.300} fast {got!r:.300}"
         if golden.counters() != fast.counters():
@@ -82,6 +85,8 @@ def mutated_stream(config, seed, count):
 
 class CliqueStream:
     """Interleaved cliques on few slots, with every kind of trouble a service sees."""
+
+    peers = PEERS
 
     def __init__(self, seed, slots, max_elements):
         self.rnd = random.Random(seed)
@@ -165,21 +170,27 @@ class CliqueStream:
             payload = members.pop(rnd.randrange(len(members)))
             self.pending = [m for m in self.pending if m]
             self.sent = (self.sent + [payload])[-50:]
-        return payload, rnd.choice(PEERS)
+        return payload, rnd.choice(self.peers)
 
     def stream(self, count):
         return [self.next() for _ in range(count)]
 
     def timed_stream(self, count, lease):
         """Datagrams with arrival times: mostly a tick or two apart, now and then a pause of about the
-        lease (one tick either side of it included); one in ten left out, so that slots stay unfinished."""
-        rnd, now, timed = self.rnd, 0, []
+        lease (one tick either side of it included) or of a whole turn of the 16-bit lease timer (two ticks
+        either side: a slot idle that long looks idle for the remainder); one in ten left out, so that slots
+        stay unfinished. Times start just below 2**16 and are absolute, so they cross the wrap again and
+        again."""
+        rnd, now, timed = self.rnd, 2**16 - 3 * lease, []
         while len(timed) < count:
             payload, peer = self.next()
             if rnd.random() < 0.1:
                 continue
             pick = rnd.random()
-            now += rnd.choice((lease - 1, lease, lease + 1, 2 * lease)) if pick < 0.05 else rnd.randrange(3)
+            if pick < 0.05:
+                now += rnd.choice((lease - 1, lease, lease + 1, 2 * lease, 2**16 + rnd.randrange(-2, 3)))
+            else:
+                now += rnd.randrange(3)
             timed.append((payload, peer, now))
         return timed
 
@@ -256,17 +267,22 @@ def _unpatched_answer(self, slot, payload, version, sender):
     return self.results[slot]
 
 
-@pytest.mark.parametrize("tamper", ["clip_once", "unpatched_sender", "lease_one_tick_longer"])
+@pytest.mark.parametrize("tamper", ["clip_once", "unpatched_sender", "lease_one_tick_longer", "timer_17_bits"])
 def test_a_tampered_fast_path_is_caught(pair, monkeypatch, tamper):
     """The differential test fails on a fast path that saturates once at the end, that answers a
-    retransmission with the stored result without patching the asker's sender index, or whose lease
-    is one tick longer than the model's."""
-    if tamper == "lease_one_tick_longer":
+    retransmission with the stored result without patching the asker's sender index, whose lease
+    is one tick longer than the model's, or whose timer and stamps are 17 bits wide (only an idle time
+    of a whole 16-bit wrap tells)."""
+    if tamper in ("lease_one_tick_longer", "timer_17_bits"):
         golden, fast = pair("numpy", unicast=True, slots=4, max_elements=32, lease=20)
-        fast.fast.config = dataclasses.replace(golden.config, lease=21)
+        if tamper == "timer_17_bits":
+            monkeypatch.setattr(fastpath, "_TIME_MASK", 2**17 - 1)
+        else:
+            fast.fast.config = dataclasses.replace(golden.config, lease=21)
         difference = first_difference(golden, fast, CliqueStream(seed=3, slots=4, max_elements=32).timed_stream(
             DATAGRAMS, 20))
         assert difference is not None
+        print(f"{tamper}: caught at datagram {difference[0]}: {difference[1][:200]}")
         return
     if tamper == "clip_once":
         monkeypatch.setattr(fastpath.FastAggregator, "_accumulate_numpy", _clip_once_at_the_end)
@@ -280,14 +296,14 @@ def test_a_tampered_fast_path_is_caught(pair, monkeypatch, tamper):
     print(f"{tamper}: caught at datagram {difference[0]}: {difference[1][:200]}")
 
 
-def test_unknown_or_missing_backend_is_refused():
+def test_unknown_or_missing_backend_is_refused(monkeypatch):
     from inwire.model import AggregatorConfig
 
     with pytest.raises(ValueError, match="backend"):
         fastpath.FastAggregator(AggregatorConfig(), backend="fortran")
-    if fastpath.compiled is None:
-        with pytest.raises(ValueError, match="not built"):
-            fastpath.FastAggregator(AggregatorConfig(), backend="c")
+    monkeypatch.setattr(fastpath, "compiled", None)
+    with pytest.raises(ValueError, match="not built"):
+        fastpath.FastAggregator(AggregatorConfig(), backend="c")
 
 
 def test_a_tampered_kernel_is_caught(pair, monkeypatch):
@@ -422,7 +438,10 @@ class TreeStream(CliqueStream):
     routes of one to three levels, and trouble: overlapping bitmaps, members outside the level, levels with
     members beyond the clique, another level for the same owner, retransmissions and result requests to
     completed slots (from leaves and children, with other routes and versions), version 1 frames with stray
-    bytes in their tree fields, and lengths off by the status trailer."""
+    bytes in their tree fields, and lengths off by the status trailer. Some datagrams come from the
+    aggregators a route names (a route back to its source is refused)."""
+
+    peers = PEERS + [(ip_str(ip), 40000) for ip in AGGREGATOR_IPS[1:]]
 
     def payload(self, values, status=None, **fields):
         frame = build_frames(np.asarray(values, dtype=np.int64).reshape(1, -1), status=status, **fields)
@@ -453,7 +472,10 @@ class TreeStream(CliqueStream):
         count = rnd.choice((1, 2, rnd.randint(1, self.max_elements), self.max_elements))
         slot = rnd.randrange(self.slots + 1)
         self.rounds[slot % self.slots] += 1
-        fields = dict(fanin=fanin, job=7, round=self.rounds[slot % self.slots], clique=rnd.randrange(3), slot=slot,
+        job, round_ = 7, self.rounds[slot % self.slots]
+        if rnd.random() < 0.25:  # another job's level collides; an older round is stale
+            job, round_ = rnd.choice(((8, round_), (7, round_ - 2), (7, (round_ + 2**31) & 0xFFFFFFFF)))
+        fields = dict(fanin=fanin, job=job, round=round_, clique=rnd.randrange(3), slot=slot,
                       chunk=rnd.randrange(4) * count, exponent=rnd.randint(-2, 2),
                       group=0xEF000000 | rnd.randrange(1, 4), expect=expect, **self.route())
         members = [m for m in range(fanin) if level >> m & 1]
@@ -488,7 +510,7 @@ class TreeStream(CliqueStream):
         fanin = fields["fanin"]
         extra = [rnd.choice(frames) for _ in range(rnd.randrange(3))]
         sender = rnd.choice(parts[0])
-        kinds = rnd.sample(range(9), rnd.randrange(4))
+        kinds = rnd.sample(range(11), rnd.randrange(4))
         for kind in kinds:
             if kind == 0:  # overlaps one part and holds another member (or the same members again)
                 bitmap = sum(1 << m for m in rnd.choice(parts)) | 1 << rnd.choice([m for p in parts for m in p])
@@ -522,6 +544,16 @@ class TreeStream(CliqueStream):
             elif kind == 8:  # a partial of the whole level with overflow, once more after completion
                 extra.append(self.payload(self.elements(count), status=1, opcode=Opcode.PARTIAL,
                                           **{**fields, "sender": sender, "bitmap": level}))
+            elif kind == 9:  # a sender index equal to the fan-in, its bitmap within the level
+                extra.append(self.payload(self.elements(count), **{**fields, "sender": fanin, "bitmap": 1 << sender,
+                                                                   "version": rnd.choice((1, 2))}))
+            elif kind == 10:  # a frame of the level again with another route: its answer goes where it says
+                frame = bytearray(rnd.choice(frames))
+                hops = self.route()
+                frame[fastpath.HOP1_AT:fastpath.ROUTE_END] = b"".join(
+                    hops[name].to_bytes(size, "big") for name, size in (("hop1", 4), ("hop1_expect", 8),
+                                                                         ("hop2", 4), ("hop2_expect", 8)))
+                extra.append(bytes(frame))
         return extra
 
 
@@ -536,7 +568,7 @@ def test_fast_path_equals_the_model_on_reduction_tree_traffic(backend, slots, ma
     # The stream reaches what it is meant to: both outputs, stored answers, every drop it aims at.
     for name in ("partials_emitted", "results_emitted", "answered", "saturations", "slots_reclaimed",
                  "drop_duplicate", "drop_mismatch", "drop_sender", "drop_length", "drop_no_result",
-                 "drop_collision", "drop_route"):
+                 "drop_collision", "drop_route", "drop_stale"):
         assert counters[name] > 0, name
     versions = {(body[2], body[3]) for body in pair.sent}
     assert {(1, Opcode.RESULT), (2, Opcode.RESULT), (2, Opcode.PARTIAL)} <= versions
@@ -586,6 +618,20 @@ def test_a_tampered_tree_fast_path_is_caught(monkeypatch, tamper):
     difference = tree_difference(pair, TreeStream(seed=44, slots=4, max_elements=32).stream(DATAGRAMS))
     assert difference is not None
     print(f"{tamper}: caught at datagram {difference[0]}: {difference[1][:200]}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_time_counts_from_0_until_a_datagram_brings_one(backend):
+    """An aggregator that was never told the time is at tick 0, as the model's: a slot claimed then
+    collides for `lease` - 1 ticks and expires at `lease`."""
+    pair = ModelAndFast(backend_available(backend), ip=AGGREGATOR_IPS[0], slots=1, max_elements=2, lease=5)
+    fields = dict(opcode=Opcode.CONTRIBUTION, fanin=2, sender=0, round=1, clique=0, slot=0, chunk=0,
+                  group=0xEF000001)
+    stranger = payload_of(build_frames(np.array([[1]]), job=2, **fields)[0])
+    stream = [(payload_of(build_frames(np.array([[1]]), job=1, **fields)[0]), PEERS[0]), (stranger, PEERS[0], 4),
+              (stranger, PEERS[0], 5)]
+    assert tree_difference(pair, stream) is None
+    assert (pair.fast.stats()["drop_collision"], pair.fast.stats()["leases_expired"]) == (1, 1)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
