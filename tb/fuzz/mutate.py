@@ -79,7 +79,7 @@ class Mutator:
                 self.cliques[slot], self.chunks[slot] = rnd.randrange(3), rnd.randrange(2) * count
             job, round_ = self.job, self.rounds[slot]
             if rnd.random() < 0.15:
-                job, round_ = rnd.choice(((self.job + 1, round_), (self.job, round_ - 2)))
+                job, round_ = rnd.choice(((self.job + 1, round_), (self.job, (round_ - 2) & 0xFFFFFFFF)))
             fields = dict(slot=slot, job=job, round=round_, clique=self.cliques[slot], chunk=self.chunks[slot],
                           exponent=rnd.randint(-4, 4), group=0xEF_00_00_00 | rnd.randrange(1, 1 << 24))
             # One clique in ten near the int32 limits, so that sums saturate and results carry the flag.
