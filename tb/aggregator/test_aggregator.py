@@ -67,7 +67,8 @@ async def back_to_back_same_slot(dut):
     frames = []
     for round_ in range(3):
         for count in (1, 2, 16, 17):
-            frames += traffic.clique(count, fanin=6, slot=0, job=1, round=round_ * 10 + count)
+            # Rounds rise, so that each clique claims the slot the one before completed (none is stale).
+            frames += traffic.clique(count, fanin=6, slot=0, job=1, round=round_ * 20 + count)
     await tb.send(frames)
     await tb.check()
 
