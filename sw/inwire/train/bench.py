@@ -169,9 +169,10 @@ def _ddp_worker(rank, port, folder, use_hook, steps, results):
     replica = torch.nn.parallel.DistributedDataParallel(model)
     exchange = None
     if use_hook:
-        exchange = InwireExchange(("127.0.0.1", port), job=7, chunk=CHUNK, window=WINDOW, deadline_s=300)
-        replica.register_comm_hook(InwireHookState(exchange, f"i{rank}", [f"i{k}" for k in range(ISLANDS)]),
-                                   inwire_hook)
+        # 4 pools x 8 buckets x a window of 8 = the service's 256 slots (DDP makes 5 buckets of this model).
+        exchange = InwireExchange(("127.0.0.1", port), job=7, chunk=CHUNK, window=8, deadline_s=300)
+        replica.register_comm_hook(InwireHookState(exchange, f"i{rank}", [f"i{k}" for k in range(ISLANDS)],
+                                                   buckets=8), inwire_hook)
     optimizer = torch.optim.SGD(replica.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(rank)
     spans = []
