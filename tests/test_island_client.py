@@ -37,29 +37,37 @@ def models_for(names, size, seed=0):
 
 def run_islands(models, make_exchange, schedule, steps=1, namespaces=None, **averager):
     """Each island in its own thread (inside its namespace when given) averaging `steps` times."""
+    def island(name):
+        if namespaces:
+            with inside(namespaces[name]):
+                exchange = make_exchange(name)
+        else:
+            exchange = make_exchange(name)
+        try:
+            run = CliqueAverager(1, island=name, schedule=schedule, exchange=exchange, **averager.get(name, {}))
+            for _ in range(steps):
+                run.average_parameters(models[name].parameters())
+        finally:
+            exchange.close()
+
+    each_island(list(models), island)
+
+
+def each_island(names, body):
+    """`body(name)` for every island at once, each in its own thread; fails with their errors."""
     errors = []
 
-    def island(name, model):
+    def guarded(name):
         try:
-            if namespaces:
-                with inside(namespaces[name]):
-                    exchange = make_exchange(name)
-            else:
-                exchange = make_exchange(name)
-            try:
-                run = CliqueAverager(1, island=name, schedule=schedule, exchange=exchange, **averager.get(name, {}))
-                for _ in range(steps):
-                    run.average_parameters(model.parameters())
-            finally:
-                exchange.close()
+            body(name)
         except Exception as error:  # reported below
             errors.append((name, error))
 
-    threads = [threading.Thread(target=island, args=item) for item in models.items()]
+    threads = [threading.Thread(target=guarded, args=(name,)) for name in names]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=300)
+        thread.join(timeout=120)
     assert not errors, errors
 
 
@@ -127,45 +135,22 @@ def test_the_outer_optimizer_is_any_torch_optimizer_and_resumes_bit_for_bit():
                     **averagers_for(straight))
 
         resumed = models_for(names, 700, seed=3)
-        states = {}
-        options = averagers_for(resumed)
-        threads_errors = []
+        states, first, then = {}, averagers_for(resumed), averagers_for(resumed)
 
-        def first_part(name):
+        def part(name, options, steps, state=None):
+            exchange = InwireExchange(server.address, job=2)
             try:
-                exchange = InwireExchange(server.address, job=2)
                 run = CliqueAverager(1, island=name, schedule=schedule, exchange=exchange, **options[name])
-                for _ in range(2):
+                if state is not None:
+                    run.load_state_dict(state)
+                for _ in range(steps):
                     run.average_parameters(resumed[name].parameters())
                 states[name] = run.state_dict()
+            finally:
                 exchange.close()
-            except Exception as error:
-                threads_errors.append(error)
 
-        threads = [threading.Thread(target=first_part, args=(name,)) for name in names]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert not threads_errors, threads_errors
-        fresh = averagers_for(resumed)
-
-        def second_part(name):
-            try:
-                exchange = InwireExchange(server.address, job=2)
-                run = CliqueAverager(1, island=name, schedule=schedule, exchange=exchange, **fresh[name])
-                run.load_state_dict(states[name])
-                run.average_parameters(resumed[name].parameters())
-                exchange.close()
-            except Exception as error:
-                threads_errors.append(error)
-
-        threads = [threading.Thread(target=second_part, args=(name,)) for name in names]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert not threads_errors, threads_errors
+        each_island(names, lambda name: part(name, first, 2))
+        each_island(names, lambda name: part(name, then, 1, states[name]))
     for name in names:
         assert np.array_equal(flat(straight[name]), flat(resumed[name])), name
 
