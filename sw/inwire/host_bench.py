@@ -158,12 +158,15 @@ def packet_rates(chunk=DEFAULT_CHUNK):
             "parse_ratio": numpy_parse / scapy_parse}
 
 
-def _gloo_worker(rank, world, port, elements, repetitions, times):
+def _gloo_worker(rank, world, port, elements, repetitions, times, dtype):
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    tensor = torch.from_numpy(np.random.default_rng(rank).integers(-2**20, 2**20, elements, dtype=np.int32))
+    rng = np.random.default_rng(rank)
+    values = (rng.integers(-2**20, 2**20, elements, dtype=np.int32) if dtype == "int32"
+              else rng.standard_normal(elements).astype(np.float32))
+    tensor = torch.from_numpy(values)
     dist.all_reduce(tensor.clone())  # warm-up: connections and buffers
     spans = []
     for _ in range(repetitions):
@@ -171,6 +174,8 @@ def _gloo_worker(rank, world, port, elements, repetitions, times):
         dist.barrier()
         started = time.perf_counter()
         dist.all_reduce(work)
+        if dtype == "float32":
+            work.div_(world)  # an average, as islands end an averaging with
         spans.append(time.perf_counter() - started)
     dist.barrier()
     if rank == 0:
@@ -180,6 +185,13 @@ def _gloo_worker(rank, world, port, elements, repetitions, times):
 
 def gloo_all_reduce_s(islands, elements=ELEMENTS, repetitions=GLOO_REPETITIONS):
     """Median time of a gloo all_reduce of `elements` int32 among `islands` processes; None without torch."""
+    spans = gloo_all_reduce_spans(islands, elements, repetitions)
+    return None if spans is None else statistics.median(spans)
+
+
+def gloo_all_reduce_spans(islands, elements, repetitions, dtype="int32"):
+    """Times of `repetitions` gloo all_reduce calls of `elements` values (int32 sums, or float32 averages)
+    among `islands` processes, after a warm-up; None without torch."""
     try:
         import torch.distributed as dist
     except ImportError:
@@ -188,16 +200,15 @@ def gloo_all_reduce_s(islands, elements=ELEMENTS, repetitions=GLOO_REPETITIONS):
         return None
     context = multiprocessing.get_context("spawn")
     times, port = context.Queue(), _free_port()
-    workers = [context.Process(target=_gloo_worker, args=(rank, islands, port, elements, repetitions, times))
+    workers = [context.Process(target=_gloo_worker, args=(rank, islands, port, elements, repetitions, times, dtype))
                for rank in range(islands)]
     for worker in workers:
         worker.start()
     try:
-        spans = times.get(timeout=300)
+        return times.get(timeout=600)
     finally:
         for worker in workers:
             worker.join(timeout=60)
-    return statistics.median(spans)
 
 
 def _summary(values):

@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from ..host_bench import gloo_all_reduce_spans
 from ..protocol import JUMBO_ELEMENTS_PER_FRAME
 
 ELEMENTS = 25_000_000
@@ -114,43 +115,6 @@ def inwire_averaging(loss=0.0, seed=0, elements=ELEMENTS):
             "service_kernel_drops": int(kernel.group(1)) if kernel else None}
 
 
-def _gloo_worker(rank, port, elements, repetitions, results):
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ISLANDS)
-    tensor = torch.from_numpy(np.random.default_rng(rank).standard_normal(elements).astype(np.float32))
-    dist.all_reduce(tensor.clone())  # warm-up: connections and buffers
-    spans = []
-    for _ in range(repetitions):
-        work = tensor.clone()
-        dist.barrier()
-        started = time.perf_counter()
-        dist.all_reduce(work)
-        work.div_(ISLANDS)
-        spans.append(time.perf_counter() - started)
-    dist.barrier()
-    if rank == 0:
-        results.put(spans)
-    dist.destroy_process_group()
-
-
-def gloo_all_reduce_s(elements=ELEMENTS, repetitions=1):
-    context = multiprocessing.get_context("spawn")
-    results, port = context.Queue(), _free_port()
-    workers = [context.Process(target=_gloo_worker, args=(rank, port, elements, repetitions, results))
-               for rank in range(ISLANDS)]
-    for worker in workers:
-        worker.start()
-    try:
-        spans = results.get(timeout=600)
-    finally:
-        for worker in workers:
-            worker.join(timeout=60)
-    return spans
-
-
 def _ddp_worker(rank, port, folder, use_hook, steps, results):
     import torch
     import torch.distributed as dist
@@ -225,7 +189,7 @@ def run():
     inwire, gloo, lossy = [], [], []
     for repetition in range(REPETITIONS):
         inwire.append(inwire_averaging(seed=repetition))
-        gloo += gloo_all_reduce_s()
+        gloo += gloo_all_reduce_spans(ISLANDS, ELEMENTS, 1, "float32")
         lossy.append(inwire_averaging(loss=LOSS, seed=repetition))
     inwire_s = statistics.median(r["seconds"] for r in inwire)
     gloo_s = statistics.median(gloo)
