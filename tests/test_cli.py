@@ -199,7 +199,8 @@ MEASURED = {"seconds": 1.0, "retransmits": 0, "islands_cpu_s": 1.0, "service_cpu
 FAKE_MEASUREMENTS = {
     "host": ("inwire.host_bench", {"clique_figures": lambda islands: {}, "jumbo_figures": dict,
                                    "packet_rates": dict}),
-    "training": ("inwire.train.bench", {"inwire_averaging": lambda **_: MEASURED, "gloo_all_reduce_s": lambda: [1.0],
+    "training": ("inwire.train.bench", {"inwire_averaging": lambda **_: MEASURED,
+                                        "gloo_all_reduce_spans": lambda *_: [1.0],
                                         "ddp_step_s": lambda hook: 1.0}),
 }
 
