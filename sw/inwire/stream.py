@@ -491,7 +491,8 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         silent = [city for city, counters in before.items() if counters is None]
         if silent:
             which = "" if silent == [None] else f" (aggregator of {', '.join(silent)})"
-            raise StreamError(f"no answer from the target{which}: it did not reply to a stats request")
+            raise StreamError(f"no answer from the target{which}: it did not reply to a stats request (inwire "
+                              f"serve answers them only from its own machine and its --stats-from prefix)")
         reports = []
         for round_ in range(config.rounds):
             workload.forget_before(round_)
