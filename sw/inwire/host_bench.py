@@ -52,7 +52,7 @@ LOAD_LIMIT = 1.5
 """Above this 1-minute load average a ratio is flagged `loaded`."""
 
 
-def _free_port():
+def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -77,7 +77,7 @@ def variants():
 def aggregator_goodput(islands=2, serve_options=(), elements=ELEMENTS, chunk=DEFAULT_CHUNK, window=WINDOW,
                        rounds=ROUNDS):
     """k islands through `inwire serve` in its own process: goodput, round time, retransmits."""
-    port = _free_port()
+    port = free_port()
     environment = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     service = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", f"127.0.0.1:{port}", "--unicast",
                                 "--max-elements", str(chunk), *serve_options], stderr=subprocess.PIPE, text=True,
@@ -104,7 +104,7 @@ def udp_ceiling(datagram_bytes, seconds=IPERF_SECONDS):
     """iperf3 UDP on loopback at unlimited rate: payload bytes per second that arrived."""
     if shutil.which("iperf3") is None:
         return None
-    port = str(_free_port())
+    port = str(free_port())
     server = subprocess.Popen(["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
@@ -199,7 +199,7 @@ def gloo_all_reduce_spans(islands, elements, repetitions, dtype="int32"):
     if not dist.is_available() or not dist.is_gloo_available():
         return None
     context = multiprocessing.get_context("spawn")
-    times, port = context.Queue(), _free_port()
+    times, port = context.Queue(), free_port()
     workers = [context.Process(target=_gloo_worker, args=(rank, islands, port, elements, repetitions, times, dtype))
                for rank in range(islands)]
     for worker in workers:
@@ -215,13 +215,13 @@ def _summary(values):
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
-def _load():
+def load_average():
     return round(os.getloadavg()[0], 2)
 
 
 def clique_figures(islands, repetitions=REPETITIONS):
     """Interleaved ceiling and goodput of every variant for one clique size."""
-    load_before = _load()
+    load_before = load_average()
     chunk = DEFAULT_CHUNK
     datagram = PAYLOAD_HEADER_BYTES + 4 * chunk
     measured = {name: [] for name, _, _ in variants()}
@@ -248,7 +248,7 @@ def clique_figures(islands, repetitions=REPETITIONS):
     figures["gloo"] = {"all_reduce_s": gloo, "inwire_round_s": inwire_round, "inwire_variant": fastest,
                        "elements": ELEMENTS}
     figures["gloo_ratio"] = None if gloo is None else inwire_round / gloo
-    figures["load_average_1min"] = {"before": load_before, "after": _load()}
+    figures["load_average_1min"] = {"before": load_before, "after": load_average()}
     # A loaded machine starves the references (iperf3's single stream, gloo) more than inwire: such a ratio is
     # not the machine's.
     figures["loaded"] = max(figures["load_average_1min"].values()) > LOAD_LIMIT
@@ -258,7 +258,7 @@ def clique_figures(islands, repetitions=REPETITIONS):
 def jumbo_figures(islands=2, chunk=JUMBO_ELEMENTS_PER_FRAME, repetitions=REPETITIONS):
     """The fastest variant with 8 KiB of elements per datagram (loopback takes them; a network needs jumbo
     frames), against iperf3 at the same datagram size."""
-    load_before = _load()
+    load_before = load_average()
     datagram = PAYLOAD_HEADER_BYTES + 4 * chunk
     name, options, elements = variants()[0]
     ratios, goodputs, retransmits = [], [], []
@@ -272,8 +272,8 @@ def jumbo_figures(islands=2, chunk=JUMBO_ELEMENTS_PER_FRAME, repetitions=REPETIT
     return {"islands": islands, "chunk": chunk, "datagram_bytes": datagram, "variant": name,
             "goodput_bytes_per_s": goodputs, "retransmits": retransmits,
             **({"ratio": _summary(ratios)} if ratios else {}),
-            "load_average_1min": {"before": load_before, "after": _load()},
-            "loaded": max(load_before, _load()) > LOAD_LIMIT}
+            "load_average_1min": {"before": load_before, "after": load_average()},
+            "loaded": max(load_before, load_average()) > LOAD_LIMIT}
 
 
 def run():

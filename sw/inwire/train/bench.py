@@ -18,7 +18,6 @@ a ratio measured above LOAD_LIMIT is flagged `loaded` and should not be quoted a
 import multiprocessing
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import time
 
 import numpy as np
 
-from ..host_bench import gloo_all_reduce_spans
+from ..host_bench import LOAD_LIMIT, free_port, gloo_all_reduce_spans, load_average
 from ..protocol import JUMBO_ELEMENTS_PER_FRAME
 
 ELEMENTS = 25_000_000
@@ -38,18 +37,6 @@ CHUNK = JUMBO_ELEMENTS_PER_FRAME
 DDP_HIDDEN = 333_333
 """Hidden units of the hook's MLP (64 -> hidden -> 10): 75 x hidden + 10 = 25 M parameters."""
 DDP_STEPS = 4
-LOAD_LIMIT = 1.5
-
-
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _load():
-    return round(os.getloadavg()[0], 2)
-
 
 def _cpu_s(pid):
     """User + system CPU seconds of a process so far (Linux /proc)."""
@@ -94,7 +81,7 @@ def inwire_averaging(loss=0.0, seed=0, elements=ELEMENTS):
     """One averaging of `elements` float32 per island through a fresh `inwire serve`: (seconds, retransmits,
     islands' CPU seconds, service's CPU seconds)."""
     context = multiprocessing.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     service = _serve(port)
     try:
         barrier, results = context.Barrier(ISLANDS), context.Queue()
@@ -159,7 +146,7 @@ def ddp_step_s(use_hook, steps=DDP_STEPS):
 
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
+    port = free_port()
     service = _serve(port) if use_hook else None
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -178,14 +165,14 @@ def ddp_step_s(use_hook, steps=DDP_STEPS):
 
 
 def _flagged(entry, before):
-    entry["load_average_1min"] = {"before": before, "after": _load()}
+    entry["load_average_1min"] = {"before": before, "after": load_average()}
     entry["loaded"] = max(entry["load_average_1min"].values()) > LOAD_LIMIT
     return entry
 
 
 def run():
     """The `training` key of bench/results.json."""
-    before = _load()
+    before = load_average()
     inwire, gloo, lossy = [], [], []
     for repetition in range(REPETITIONS):
         inwire.append(inwire_averaging(seed=repetition))
@@ -206,7 +193,7 @@ def run():
         "loss": LOSS, "seconds": [r["seconds"] for r in lossy], "median_s": lossy_s,
         "retransmits": [r["retransmits"] for r in lossy],
         "goodput_relative_to_lossless": inwire_s / lossy_s}, before)
-    before = _load()
+    before = load_average()
     hook_s, plain_s = ddp_step_s(True), ddp_step_s(False)
     ddp = _flagged({"parameters": 75 * DDP_HIDDEN + 10, "islands": ISLANDS, "steps": DDP_STEPS,
                     "hook_step_s": hook_s, "gloo_ddp_step_s": plain_s, "ratio": hook_s / plain_s}, before)
