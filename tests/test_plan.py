@@ -132,6 +132,25 @@ def test_reduction_tree_loads_by_hand():
     assert loads_by_edge(forwarding, clique)[("X", "R")] == 2 and forwarding.profile(clique).tree == {}
 
 
+def test_without_multicast_a_summing_city_relays_the_result():
+    # No city replicates: the root sends each member its copy, but in a reduction tree X, which sums for A
+    # and B, takes one copy and relays it to them (inwire serve --unicast), as it sent one partial up.
+    unicast = topology_from_dict({**fork().to_dict(), "cities": [
+        {**c, "multicast": False} for c in fork().to_dict()["cities"]]})
+    clique = Clique(("A", "B", "R"), "R")
+    plain = CostModel(unicast, ["A", "B", "R"], FULL_FRAMES_MODEL, multicast=False)
+    reduced = CostModel(unicast, ["A", "B", "R"], FULL_FRAMES_MODEL, multicast=False, reduce_in_path=True)
+    up = {("A", "X"): 1, ("B", "X"): 1}
+    assert loads_by_edge(plain, clique) == {**up, ("X", "R"): 2, ("R", "X"): 2, ("X", "A"): 1, ("X", "B"): 1}
+    assert loads_by_edge(reduced, clique) == {**up, ("X", "R"): 1, ("R", "X"): 1, ("X", "A"): 1, ("X", "B"): 1}
+    assert reduced.round_time([clique]) == pytest.approx(22 + V_MS_AT_1G)
+    # A root that takes in and sends out one vector per port-second: two copies out without the relay.
+    half = AggregatorProfile("half", 1, 0.5)
+    capped = CostModel(unicast, ["A", "B", "R"], FULL_FRAMES_MODEL, multicast=False, aggregator=half,
+                       reduce_in_path=True)
+    assert capped.round_time([clique]) == pytest.approx(22 + 4 * V_MS_AT_1G)
+
+
 def test_a_summing_city_is_capped_like_the_root():
     half = AggregatorProfile("half", 1, 0.5)
     reduced = CostModel(fork(), ["A", "B", "R"], FULL_FRAMES_MODEL, aggregator=half, reduce_in_path=True)

@@ -34,6 +34,8 @@ COMMANDS = {
     "formal": ("inwire.cli.formal", "run the formal checks of the aggregator (SymbiYosys) and print the table"),
     "demo": ("inwire.cli.demo",
              "aggregator and islands in network namespaces, links delayed as in the topology (root)"),
+    "lab": ("inwire.cli.lab", "an emulated WAN in network namespaces: each strategy timed against gloo and the "
+                              "cost model (root)"),
     "train": ("inwire.cli.train",
               "the training study: islands on digits, sync strategies under one deterministic clock, over seeds "
               "(needs the torch extra)"),

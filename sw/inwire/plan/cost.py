@@ -170,8 +170,10 @@ class CostModel:
         parent, depth = self._tree(source)
         self._add_down_tree(loads, parent, depth, source, destinations, bits)
 
-    def _add_down_tree(self, loads, parent, depth, source, destinations, bits):
-        """Distribution along a tree given as each city's parent toward `source`."""
+    def _add_down_tree(self, loads, parent, depth, source, destinations, bits, relays=frozenset()):
+        """Distribution along a tree given as each city's parent toward `source`; `relays` (the summing
+        cities of a reduction tree) take one copy and pass it on to their own subtree, as an aggregator
+        does where there is no multicast (`inwire serve --unicast`)."""
         wanted = set(destinations)
         reached = set()
         for destination in destinations:
@@ -181,7 +183,7 @@ class CostModel:
                 city = parent[city]
         below = {}
         for city in sorted(reached, key=depth.__getitem__, reverse=True):
-            copies = 1 if self._replicates[city] else below.get(city, 0) + (city in wanted)
+            copies = 1 if self._replicates[city] or city in relays else below.get(city, 0) + (city in wanted)
             loads[self.edge_index[(parent[city], city)]] += copies * bits
             below[parent[city]] = below.get(parent[city], 0) + copies
 
@@ -290,6 +292,9 @@ class CostModel:
 
         if summing:
             summing = self._cap_levels(summing, hub, members, parent, upward, own, down)
+            if not all(self._replicates[city] for city in summing):
+                down = np.zeros(len(self.capacity_bps))
+                self._add_down_tree(down, parent, depth, hub, members, self.vector_bits, summing)
         loads += down
         streams = {city: own.get(city, 0) for city in depth}
         for city in upward:
@@ -298,17 +303,19 @@ class CostModel:
                 self._charge_aggregator(loads, city, streams[city], 1)
             loads[self.edge_index[(city, parent[city])]] += sent * self.vector_bits
             streams[parent[city]] += sent
-        self._charge_aggregator(loads, hub, streams[hub], 1 if self._replicates[hub] else len(members))
-        if not self.reduce_in_path:
-            return None
-        tree = {}
-        for city in sorted(summing | (set(members) - {hub})):
+        first_up = {}
+        for city in summing | (set(members) - {hub}):
             up = parent[city]
             while up != hub and up not in summing:
                 up = parent[up]
-            if city in summing or up != hub:
-                tree[city] = up
-        return tree
+            first_up[city] = up
+        # Without multicast the root sends a copy to each member and each summing city it serves directly.
+        served = sum(1 for m in members if m == hub or (m not in summing and first_up[m] == hub))
+        served += sum(1 for city in summing if first_up[city] == hub)
+        self._charge_aggregator(loads, hub, streams[hub], 1 if self._replicates[hub] else served)
+        if not self.reduce_in_path:
+            return None
+        return {city: up for city, up in sorted(first_up.items()) if city in summing or up != hub}
 
     def _cap_levels(self, summing, hub, members, parent, upward, own, down):
         """The cities that sum, out of `summing` (every aggregating city with two or more streams), such

@@ -1,0 +1,147 @@
+"""A wide-area network emulated on this machine (root): every city a network namespace, every link shaped
+(tbf) and delayed (a user-space link process), routes along the topology's shortest paths. The emulator is
+checked link by link (UDP delay probe, iperf3 TCP and UDP) and refuses to time anything when a link is off
+by more than 10 %. Then each synchronization strategy sums the same vector of every island, several times:
+the planner's schedule and the global clique and reduction tree through `inwire serve` in the cities, and
+gloo's all_reduce over TCP. Measured medians are printed beside the cost model's predictions (docs/lab.md).
+"""
+
+import json
+import math
+import os
+
+from .. import progress
+from .options import check_integer, check_positive, check_seed
+
+MAX_RATE_SCALE = 0.05
+"""Above this the 10 Gb/s links become 500 Mb/s ones, more than the link process carries on two cores."""
+
+
+def add_arguments(parser):
+    parser.add_argument("--topology", default="doublezero9", help="built-in name or topology JSON file")
+    parser.add_argument("--islands", default=None, help="comma-separated island cities (default: every city)")
+    parser.add_argument("--mb", type=float, default=0.5, metavar="MB",
+                        help="vector size per island, MB (int32 through inwire, float32 through gloo)")
+    parser.add_argument("--delay-scale", type=float, default=2.0, help="multiply every link's delay by this")
+    parser.add_argument("--rate-scale", type=float, default=0.002, help="multiply every link's rate by this")
+    parser.add_argument("--loss", type=float, default=0.0, metavar="P", help="drop this fraction on every link")
+    parser.add_argument("--reps", type=int, default=5, metavar="N", help="repetitions of each strategy")
+    parser.add_argument("--strategies", default=None,
+                        help="comma-separated, from schedule, global_clique, global_tree, gloo (default: all)")
+    parser.add_argument("--window", type=int, default=None, metavar="CHUNKS",
+                        help="chunks each island keeps in flight (default: the whole vector, up to 1024)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the planner and the test vectors")
+    parser.add_argument("--check-only", action="store_true", help="check the emulated links and stop")
+    parser.add_argument("--out-dir", default=None, metavar="DIR", help="write lab.json and lab.png here")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args):
+    """`inwire lab`."""
+    from ..host_bench import load_average
+    from ..lab.emulator import WanLab, refuse_unless_ok
+    from ..lab.measure import STRATEGIES, Measurement, plan_strategies, ranking, ranking_disagreements, summarize
+    from ..plan.topology import load_topology
+
+    check_positive("--mb", args.mb, 64.0, why="64 MB per island takes minutes per repetition at the lab's rates")
+    check_positive("--delay-scale", args.delay_scale, 20.0)
+    check_positive("--rate-scale", args.rate_scale, MAX_RATE_SCALE,
+                   why="the link process carries a few hundred Mb/s on two cores")
+    check_integer("--reps", args.reps, 1, 100)
+    if args.window is not None:
+        check_integer("--window", args.window, 1, 1024)
+    check_seed(args.seed)
+    if not 0 <= args.loss < 0.5:
+        raise ValueError(f"--loss must lie in [0, 0.5), got {args.loss}")
+    names = tuple(args.strategies.split(",")) if args.strategies else STRATEGIES
+    for name in names:
+        if name not in STRATEGIES:
+            raise ValueError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
+    topology = load_topology(args.topology)
+    islands = topology.resolve_islands(args.islands.split(",") if args.islands else None)
+    vector_bytes = round(args.mb * 1e6)
+    progress.say(f"planning for {topology.name} at delay x{args.delay_scale:g}, rate x{args.rate_scale:g}")
+    strategies = plan_strategies(topology, islands, vector_bytes, args.delay_scale, args.rate_scale, args.seed,
+                                 names)
+    report = {"topology": topology.name, "islands": list(islands), "vector_bytes": vector_bytes,
+              "delay_scale": args.delay_scale, "rate_scale": args.rate_scale, "loss": args.loss, "reps": args.reps,
+              "seed": args.seed,
+              "real_network_vector_bytes": round(vector_bytes / (args.delay_scale * args.rate_scale)),
+              "load_average_1min_before": load_average()}
+    with WanLab(topology, args.delay_scale, args.rate_scale, args.loss) as lab:
+        progress.say(f"{len(lab.cities)} cities and {len(lab.links)} links emulated; checking every link")
+        rows = lab.check()
+        report["emulator_check"] = rows
+        if args.check_only:
+            return _finish(report, args, rows_only=True)
+        refuse_unless_ok(rows)
+        entries = []
+        with Measurement(lab, islands, vector_bytes, strategies, args.reps, args.seed,
+                         window=args.window) as measurement:
+            report["chunk_elements"], report["window"] = measurement.chunk, measurement.window
+            for strategy in strategies:
+                progress.say(f"{strategy.name}: {strategy.description}, {args.reps} repetitions")
+                if strategy.name == "gloo":
+                    times, late, error = measurement.gloo(strategy)
+                    entries.append(summarize(strategy, times, ranks=list(strategy.order), start_late_s=round(late, 4),
+                                             max_abs_error=error,
+                                             predicted_as="the cost model's ring exchange in rank order"))
+                else:
+                    times, retransmits = measurement.inwire(strategy)
+                    entries.append(summarize(strategy, times, retransmits=retransmits, bit_exact=True,
+                                             rounds=[[{"members": list(m), "aggregator": root, "tree": tree}
+                                                      for m, root, tree in cliques] for cliques in strategy.rounds]))
+        report["link_process"] = lab.relay_counters
+    report["strategies"] = entries
+    report["ranking_measured"] = ranking(entries, "measured_ms")
+    report["ranking_predicted"] = ranking(entries, "predicted_ms")
+    report["ranking_disagreements"] = [list(pair) for pair in ranking_disagreements(entries)]
+    report["rankings_agree"] = not report["ranking_disagreements"]
+    report["load_average_1min_after"] = load_average()
+    return _finish(report, args)
+
+
+def _finish(report, args, rows_only=False):
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
+        with open(os.path.join(args.out_dir, "lab.json"), "w") as handle:
+            json.dump(report, handle, indent=1)
+            handle.write("\n")
+        if not rows_only:
+            from ..lab.plot import plot_lab
+
+            plot_lab(report, os.path.join(args.out_dir, "lab.png"))
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(format_report(report))
+    return 0 if all(row["ok"] for row in report["emulator_check"]) else 1
+
+
+def format_report(report):
+    lines = [f"{report['topology']}: {len(report['islands'])} islands x {report['vector_bytes'] / 1e6:g} MB, delay "
+             f"x{report['delay_scale']:g}, rate x{report['rate_scale']:g} (the real network with "
+             f"{report['real_network_vector_bytes'] / 1e6:g} MB vectors, {report['delay_scale']:g}x slower)"]
+    lines.append(f"{'link':<12} {'delay ms':>9} {'measured':>9} {'TCP Mb/s':>9} {'expected':>9} {'UDP Mb/s':>9} "
+                 f"{'expected':>9}  ok")
+    for row in report["emulator_check"]:
+        lines.append(f"{row['link']:<12} {row['delay_ms']:>9.2f} {_number(row['measured_delay_ms']):>9} "
+                     f"{_number(row['tcp_mbps']):>9} {row['tcp_expected_mbps']:>9.2f} {_number(row['udp_mbps']):>9} "
+                     f"{row['udp_expected_mbps']:>9.2f}  {'yes' if row['ok'] else 'NO: ' + '; '.join(row['problems'])}")
+    if "strategies" in report:
+        lines.append(f"{'strategy':<14} {'measured ms':>12} {'spread':>8} {'predicted':>10} {'ratio':>6}")
+        for entry in report["strategies"]:
+            ratio = entry["measured_over_predicted"]
+            lines.append(f"{entry['name']:<14} {entry['measured_ms']:>12.1f} {entry['spread_ms']:>8.1f} "
+                         f"{entry['predicted_ms']:>10.1f} {'' if ratio is None else f'{ratio:.3f}':>6}")
+        lines.append(f"measured ranking:  {', '.join(report['ranking_measured'])}")
+        lines.append(f"predicted ranking: {', '.join(report['ranking_predicted'])} (predictions within "
+                     f"5 % of each other are ties)")
+        for fast, slow in report["ranking_disagreements"]:
+            lines.append(f"the model has {fast} faster than {slow}; measured, it is slower")
+    return "\n".join(lines)
+
+
+def _number(value):
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+

@@ -1,0 +1,138 @@
+"""The WAN lab (`inwire lab`): a three-city network emulated in namespaces, checked link by link, carrying
+one inwire round through chained software aggregators and one gloo all_reduce."""
+
+import subprocess
+import sys
+
+import pytest
+
+from inwire.lab.emulator import EmulatedLink, WanLab, judge, leftover_namespaces, refuse_unless_ok
+from inwire.lab.measure import Measurement, plan_strategies, ranking_disagreements
+from inwire.netns import LabError, unavailable_reason
+from inwire.plan.topology import topology_from_dict
+
+REASON = unavailable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
+RATE_SCALE = 0.002
+"""The 10 Gb/s links become 20 Mb/s ones."""
+VECTOR_BYTES = 200_000
+
+
+def chain():
+    """A -- B -- C, 6 and 15 ms; the direct A-C link (50 ms) is slower than the way through B, so no route
+    takes it and the lab does not emulate it."""
+    return topology_from_dict({
+        "name": "chain3",
+        "cities": [{"name": name, "lat": 0.0, "lon": 10.0 * i} for i, name in enumerate("ABC")],
+        "links": [{"a": "A", "b": "B", "latency_ms": 6, "bandwidth_gbps": 10},
+                  {"a": "B", "b": "C", "latency_ms": 15, "bandwidth_gbps": 10},
+                  {"a": "A", "b": "C", "latency_ms": 50, "bandwidth_gbps": 10}]})
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with WanLab(chain(), delay_scale=1.0, rate_scale=RATE_SCALE) as built:
+        yield built
+
+
+@pytest.fixture(scope="module")
+def checked(lab):
+    return lab.check(seconds=2)
+
+
+def test_the_emulated_links_hold_their_delay_and_rate(lab, checked):
+    assert [link.name for link in lab.links] == ["A-B", "B-C"]
+    for row in checked:
+        assert row["ok"], row["problems"]
+        assert row["measured_delay_ms"] == pytest.approx(row["delay_ms"], rel=0.1)
+        assert row["tcp_mbps"] == pytest.approx(row["tcp_expected_mbps"], rel=0.1)
+        assert row["udp_mbps"] == pytest.approx(row["udp_expected_mbps"], rel=0.1)
+    refuse_unless_ok(checked)
+    # Routes follow the shortest paths: A reaches C through B, at the sum of both delays.
+    a_to_c = EmulatedLink("A", "C", 21e-3, 0.0)
+    assert lab.probe_delay_ms(a_to_c) == pytest.approx(21.0, rel=0.1)
+
+
+def test_the_check_names_a_link_that_is_not_what_was_asked(lab, checked):
+    # The same measurements against a delay 40 % longer on A-B and a rate 25 % higher on B-C.
+    slower = EmulatedLink("A", "B", lab.links[0].delay_s * 1.4, lab.links[0].rate_bps)
+    faster = EmulatedLink("B", "C", lab.links[1].delay_s, lab.links[1].rate_bps * 1.25)
+    rows = [judge(checked[0], slower), judge(checked[1], faster)]
+    assert not rows[0]["ok"] and [p.split()[0] for p in rows[0]["problems"]] == ["delay"]
+    assert not rows[1]["ok"] and [p.split()[0] for p in rows[1]["problems"]] == ["TCP", "UDP"]
+    with pytest.raises(LabError, match=r"2 of 2 links.*A-B: delay.*B-C: TCP"):
+        refuse_unless_ok(rows)
+
+
+def test_a_link_shaped_wrong_is_caught(lab):
+    # Halve the rate of B's side of B-C in the kernel: the UDP check (C to B) is unaffected, the TCP one
+    # (B to C) sees half the rate.
+    namespace, device = lab.namespaces["B"], lab.device("B", "C")
+    link = lab.links[1]
+
+    def shape(rate_bps):
+        subprocess.run(["tc", "-n", namespace, "qdisc", "change", "dev", device, "root", "tbf", "rate",
+                        f"{int(rate_bps)}bit", "burst", "16000", "limit", str(lab.queue_bytes)], check=True)
+
+    shape(link.rate_bps / 2)
+    try:
+        row = lab.check(seconds=2, links=[link])[0]
+    finally:
+        shape(link.rate_bps)
+    assert not row["ok"] and any(p.startswith("TCP") for p in row["problems"]), row
+    assert row["tcp_mbps"] == pytest.approx(row["tcp_expected_mbps"] / 2, rel=0.15)
+
+
+def test_one_inwire_round_and_one_gloo_all_reduce_cross_the_lab(lab, checked):
+    refuse_unless_ok(checked)
+    strategies = plan_strategies(lab.topology, None, VECTOR_BYTES, 1.0, RATE_SCALE,
+                                 names=("global_tree", "gloo"))
+    tree, gloo = strategies
+    # The model's tree for a chain rooted at B: every island sends straight to B (A and C sum nothing).
+    assert tree.rounds[0][0][1] == "B"
+    with Measurement(lab, lab.cities, VECTOR_BYTES, strategies, reps=1) as measurement:
+        times, retransmits = measurement.inwire(tree)
+        gloo_times, late, error = measurement.gloo(gloo)
+    # The sums were checked against every island's vector (Measurement raises otherwise). One round takes at
+    # least the slowest member's round trip (A and C to B: 2 x 15 ms) and the busiest link's serialization.
+    serialization_ms = 1e3 * 8 * VECTOR_BYTES / lab.links[0].rate_bps
+    assert times[0] >= 30 + serialization_ms
+    assert times[0] == pytest.approx(tree.predicted_ms, rel=0.5)
+    assert gloo_times[0] >= 30 + serialization_ms and error < 1e-3
+
+
+def test_a_measured_order_against_a_clear_prediction_is_reported():
+    def entries(*rows):
+        return [{"name": name, "predicted_ms": predicted, "measured_ms": measured}
+                for name, predicted, measured in rows]
+
+    assert ranking_disagreements(entries(("x", 100, 110), ("y", 200, 190))) == []
+    assert ranking_disagreements(entries(("x", 100, 300), ("y", 200, 250))) == [("x", "y")]
+    # Predictions 3 % apart are a tie: either measured order agrees with the model.
+    assert ranking_disagreements(entries(("x", 100, 300), ("y", 103, 250))) == []
+
+
+def test_leftover_namespaces_of_a_dead_run_are_found_and_removed():
+    dead = 2 ** 22 + 1  # above the default pid_max: no process has it
+    name = f"iwlab{dead}n0c0"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert name in leftover_namespaces()
+        with WanLab(chain(), rate_scale=RATE_SCALE) as other:
+            assert name not in namespaces()
+            own = set(other.namespaces.values())
+            assert own <= set(namespaces().split())
+        assert not own & set(namespaces().split())  # removed on exit
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def namespaces():
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+
+
+def test_the_cli_refuses_bad_options_in_one_line():
+    for argv, message in ((["--rate-scale", "0.5"], "--rate-scale"), (["--strategies", "ring"], "unknown strategy"),
+                          (["--reps", "0"], "--reps"), (["--loss", "0.7"], "--loss")):
+        run = subprocess.run([sys.executable, "-m", "inwire", "lab", *argv], capture_output=True, text=True)
+        assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
