@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run system-tools test sim formal fuzz coverage mutate verilog bitstream alveo docs bench demo train-demo train-study train-dist clean
+.PHONY: setup run system-tools test sim formal fuzz coverage mutate verilog bitstream alveo docs bench demo lab train-demo train-study train-dist clean
 
 # Debian packages the tests use, as command:package.
 SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2 berkeley-abc:berkeley-abc
@@ -75,6 +75,11 @@ docs:
 
 demo:
 	$(BIN)/inwire demo
+
+# The WAN lab on doublezero9 (root): every link checked, then each strategy against gloo and the cost model;
+# docs/lab.md quotes build/lab/lab.json.
+lab:
+	$(BIN)/inwire lab --out-dir build/lab
 
 # One seed of every strategy at 100 MB, and the study every number in docs/training.md comes from.
 train-demo:
