@@ -91,7 +91,7 @@ def run(args):
                     entries.append(summarize(strategy, times, retransmits=retransmits, bit_exact=True,
                                              rounds=[[{"members": list(m), "aggregator": root, "tree": tree}
                                                       for m, root, tree in cliques] for cliques in strategy.rounds]))
-        report["link_process"] = lab.relay_counters
+    report["link_process"] = lab.relay_counters  # the link process's own counters, read as it stopped
     report["strategies"] = entries
     report["ranking_measured"] = ranking(entries, "measured_ms")
     report["ranking_predicted"] = ranking(entries, "predicted_ms")
