@@ -16,6 +16,7 @@ from inwire.train.training import (  # noqa: E402
     gossip_rounds,
     plan_strategies,
     run_training,
+    sign_test_p,
     split_data,
     time_to_accuracy_ms,
 )
@@ -93,6 +94,15 @@ def test_verdicts_are_paired_over_seeds():
     never = {"curves": {"schedule": [{"time_ms": 1, "accuracy": 0.5}], "global": [{"time_ms": 9, "accuracy": 0.9}]}}
     assert compare([never] * 9 + [run(1, 2)], "schedule", "global", 0.85)["verdict"] == "lose"
     assert compare([never] * 8 + [run(1, 2)] * 2, "schedule", "global", 0.85)["verdict"] == "tie"
+
+
+def test_sign_test_is_the_exact_binomial_tail_doubled():
+    # Counted by hand: 10 of 10 one way is 2 of the 2^10 splits as uneven; 8 of 10 adds 10 + 45 each side;
+    # 9 of 10: (1 + 10) each side; an even split is no evidence either way.
+    assert sign_test_p(10, 0) == pytest.approx(2 / 1024)
+    assert sign_test_p(2, 8) == pytest.approx(2 * (1 + 10 + 45) / 1024)
+    assert sign_test_p(9, 1) == pytest.approx(2 * 11 / 1024)
+    assert sign_test_p(5, 5) == 1.0 and sign_test_p(0, 0) == 1.0
 
 
 def test_train_seeds_prints_mean_and_std_per_strategy_with_the_control(tmp_path, capsys):

@@ -436,12 +436,13 @@ def summarize(runs, target):
 
 
 def sign_test_p(sooner, later):
-    """Two-sided exact sign test: the chance of a split at least this uneven if either were as likely."""
-    n = sooner + later
-    if n == 0:
+    """Two-sided exact sign test (scipy's binomial test at 1/2): the chance of a split at least this uneven
+    if either were as likely."""
+    if sooner + later == 0:
         return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(sooner, later) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+    from scipy.stats import binomtest
+
+    return float(binomtest(sooner, sooner + later, 0.5).pvalue)
 
 
 def compare(runs, name, other, target):
