@@ -1,7 +1,7 @@
 """cocotb tests of one Ethernet port (RGMII <-> EthMac <-> AXI-Stream) against scapy frames.
 
-Expected bytes come from scapy and FCS values from zlib.crc32; the gateware only supplies what is
-checked. MAC_WIDTH and MAC_MAX_FRAME (environment) describe the harness that was built.
+Expected bytes come from scapy and FCS values from cocotbext-eth's frame builder (zlib.crc32); the gateware
+only supplies what is checked. MAC_WIDTH and MAC_MAX_FRAME (environment) describe the harness that was built.
 """
 
 import os
@@ -69,9 +69,10 @@ def udp_frame(size, seed):
 
 
 def wire(frame, fcs=None):
-    """Preamble, SFD, frame and its FCS (zlib's CRC-32 unless `fcs` is given)."""
-    fcs = zlib.crc32(frame) if fcs is None else fcs
-    return GmiiFrame(b"\x55" * 7 + b"\xd5" + frame + struct.pack("<I", fcs))
+    """Preamble, SFD, frame and its FCS (cocotbext-eth's, unpadded, unless a wrong `fcs` is given)."""
+    if fcs is None:
+        return GmiiFrame.from_payload(frame, min_len=0)
+    return GmiiFrame.from_raw_payload(frame + struct.pack("<I", fcs))
 
 
 @cocotb.test()
