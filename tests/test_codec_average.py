@@ -1,6 +1,8 @@
 """The fast member encoder (`codec_average.encode`) against its definition (`encode_definition`, float64 through
 `codec.quantize`): the same exponent and the same int32 elements, bit for bit, on random and adversarial
-vectors, at every bound and fan-in that matters."""
+vectors, at every bound and fan-in that matters; and the fast decoder (`decode`) against its definition
+(`decode_definition`, through `codec.dequantize`): the same float32 average, bit for bit, at every exponent
+and fan-in that matters."""
 
 import inspect
 import math
@@ -9,10 +11,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from inwire.codec import choose_exponent
+from inwire.codec import EXPONENT_MAX, EXPONENT_MIN, choose_exponent
 from inwire.protocol import INT32_MAX
 from inwire.train import codec_average
-from inwire.train.codec_average import encode, encode_definition
+from inwire.train.codec_average import decode, decode_definition, encode, encode_definition
 
 
 def adversarial(bound, fanin, rng):
@@ -32,19 +34,28 @@ def adversarial(bound, fanin, rng):
 
 @pytest.mark.parametrize("bound", [16.0, 1.0, 1e-3, 2.0**-100, 3e6, 2.0**90])
 @pytest.mark.parametrize("fanin", [1, 2, 3, 9, 64])
-def test_the_fast_encoder_equals_its_definition(bound, fanin):
+def test_the_fast_encoder_equals_its_definition(bound, fanin, monkeypatch):
+    """In either byte order, across blocks (a block of 500 here, so that blocks and a short last one are
+    crossed)."""
+    monkeypatch.setattr(codec_average, "ENCODE_BLOCK", 500)
     rng = np.random.default_rng([int(math.log2(bound) + 200), fanin])
     values = adversarial(bound, fanin, rng)
-    fast, definition = encode(values, bound, fanin), encode_definition(values, bound, fanin)
-    assert fast[0] == definition[0]
-    assert fast[1].dtype == definition[1].dtype == np.int32
-    assert np.array_equal(fast[1], definition[1])
+    definition = encode_definition(values, bound, fanin)
+    assert definition[1].dtype == np.int32
+    for dtype in (np.dtype(np.int32), np.dtype(">i4")):
+        fast = encode(values, bound, fanin, dtype)
+        assert fast[0] == definition[0]
+        assert fast[1].dtype == dtype
+        assert np.array_equal(fast[1], definition[1])
 
 
 def test_values_that_do_not_fit_take_the_definition_and_say_how_far():
     values = np.array([1.0, -5000.0, 3.0], dtype=np.float32)
-    fast, definition = encode(values, 1.0, 3), encode_definition(values, 1.0, 3)
-    assert fast[0] == definition[0] and np.array_equal(fast[1], definition[1]) and fast[1][-1] > 0
+    definition = encode_definition(values, 1.0, 3)
+    for dtype in (np.dtype(np.int32), np.dtype(">i4")):
+        fast = encode(values, 1.0, 3, dtype)
+        assert fast[0] == definition[0] and np.array_equal(fast[1], definition[1]) and fast[1][-1] > 0
+        assert fast[1].dtype == dtype
 
 
 def test_an_empty_vector_and_bad_values():
@@ -55,8 +66,8 @@ def test_an_empty_vector_and_bad_values():
 
 
 @pytest.mark.parametrize("original, replacement, beyond", [
-    ("    np.rint(scaled, out=scaled)\n", "", 0.0),
-    ("values * factor if", "values.astype(np.float16) * factor if", 0.0),
+    ("        np.rint(scaled, out=scaled)\n", "", 0.0),
+    ("np.multiply(block, factor", "np.multiply(block.astype(np.float16), factor", 0.0),
     ("> math.ldexp(INT32_MAX, exponent)", "> 2 * math.ldexp(INT32_MAX, exponent)", 1.5),
 ])
 def test_a_tampered_fast_encoder_is_caught(original, replacement, beyond):
@@ -74,3 +85,68 @@ def test_a_tampered_fast_encoder_is_caught(original, replacement, beyond):
         values = np.append(values, np.float32(beyond * math.ldexp(INT32_MAX, choose_exponent(16.0, 3))))
     with np.errstate(invalid="ignore", over="ignore"):
         assert not np.array_equal(tampered(values, 16.0, 3)[1], encode_definition(values, 16.0, 3)[1])
+
+
+def adversarial_sums(rng, length=3000):
+    """int32 sums at and around the limits, zero, ones, powers of two and their neighbours, and random ones,
+    ending with a zero doublings element."""
+    edges = [0, 1, -1, 2, -2, 3, -3, INT32_MAX, -INT32_MAX, -INT32_MAX - 1, INT32_MAX - 1]
+    edges += [sign * (1 << k) + d for k in range(31) for d in (-1, 0, 1) for sign in (1, -1)]
+    sums = np.concatenate([np.array(edges, dtype=np.int64), rng.integers(-2**31, 2**31, length)])
+    return np.append(np.clip(sums, -INT32_MAX - 1, INT32_MAX).astype(np.int32), np.int32(0))
+
+
+@pytest.mark.parametrize("exponent", [EXPONENT_MIN, -127, -100, -31, -20, -1, 0, 1, 30, 96, EXPONENT_MAX])
+@pytest.mark.parametrize("fanin", [1, 2, 3, 7, 9, 64])
+def test_the_fast_decoder_equals_its_definition(exponent, fanin, monkeypatch):
+    """Bit for bit, from native and big-endian int32 sums (as the client reads them off the wire) and int64
+    ones (the in-process aggregate), across blocks (a block of 1000 here, so that blocks and a short last one
+    are crossed)."""
+    monkeypatch.setattr(codec_average, "DECODE_BLOCK", 1000)
+    sums = adversarial_sums(np.random.default_rng([exponent + 200, fanin]))
+    for given in (sums, sums.astype(">i4"), sums.astype(np.int64), sums[:1], sums[-1001:]):
+        with np.errstate(over="ignore"):  # the largest sums at the largest exponents are infinite, in both
+            fast, fast_bound = decode(given, False, exponent, fanin, 16.0)
+            expected, bound = decode_definition(given, False, exponent, fanin, 16.0)
+        assert fast_bound == bound == 16.0 and fast.dtype == expected.dtype == np.float32
+        assert np.array_equal(fast.view(np.int32), expected.view(np.int32))
+
+
+def test_the_fast_decoder_asks_for_the_same_bound_and_refuses_the_same_inputs():
+    sums = adversarial_sums(np.random.default_rng(3), 10)
+    for overflow, doublings in ((True, 0), (False, 3), (True, 2)):
+        sums[-1] = doublings
+        assert decode(sums, overflow, -20, 3, 16.0) == decode_definition(sums, overflow, -20, 3, 16.0) == (
+            None, 16.0 * 2 ** max(1, doublings))
+    sums[-1] = 0
+    for exponent, fanin, error in ((200, 3, ValueError), (-20, 0, ValueError), (1.5, 3, TypeError)):
+        with pytest.raises(error):
+            decode_definition(sums, False, exponent, fanin, 16.0)
+        with pytest.raises(error):
+            decode(sums, False, exponent, fanin, 16.0)
+    with pytest.raises(TypeError):
+        decode(sums.astype(np.float64), False, -20, 3, 16.0)
+
+
+@pytest.mark.parametrize("original, replacement", [
+    ("dtype=np.float64)", "dtype=np.float32)"),
+    ("        np.divide(block, fanin, out=block)\n", ""),
+    ("last = min(first + DECODE_BLOCK, elements)", "last = min(first + DECODE_BLOCK, elements - 1)"),
+])
+def test_a_tampered_fast_decoder_is_caught(original, replacement):
+    """The comparison sees a fast decoder that works in float32, forgets the fan-in, or leaves the last
+    element out."""
+    source = textwrap.dedent(inspect.getsource(codec_average.decode))
+    assert source.count(original) == 1, original
+    namespace = {}
+    exec(compile(source.replace(original, replacement), codec_average.__file__, "exec"), vars(codec_average),
+         namespace)
+    tampered = namespace["decode"]
+    sums = adversarial_sums(np.random.default_rng(2))
+    caught = False
+    for exponent in (-128, -20, 0):
+        for fanin in (3, 9):
+            got = tampered(sums, False, exponent, fanin, 16.0)[0]
+            caught |= not np.array_equal(got.view(np.int32),
+                                         decode_definition(sums, False, exponent, fanin, 16.0)[0].view(np.int32))
+    assert caught

@@ -2,13 +2,15 @@
 slots, the schedule's aggregator cities and reduction trees, islands on their own (non-loopback) addresses,
 and a differential test of the client's reading of results against the golden model."""
 
+import errno
 import random
 import threading
 
 import numpy as np
 import pytest
 
-from inwire.client import CliqueKey, MemberSum, contributions, slot, slots_needed
+from inwire import client
+from inwire.client import CliqueKey, Contributions, MemberSum, UdpMember, contributions, slot, slots_needed
 from inwire.datagram import payload_of, wrap
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.netns import AGGREGATOR_IP, Lab, inside, unavailable_reason
@@ -282,3 +284,51 @@ def test_adaptive_retransmission_measures_backs_off_and_resends_a_gap_at_once():
         (result,) = answer(fixed_model, payload)
         assert all(freed not in sent for freed in fixed.on_result(result, 0.010))
     assert fixed.retransmits == 0 and fixed.deadline[0] == 1.0
+
+
+@pytest.fixture(params=["batched", "each"])
+def socket_path(request, monkeypatch):
+    """`UdpMember` with recvmmsg/sendmmsg through the compiled kernel, and datagram by datagram without it."""
+    if request.param == "batched":
+        if client.compiled is None:
+            pytest.skip("the compiled kernel inwire._fastpath is not built")
+    else:
+        monkeypatch.setattr(client, "compiled", None)
+    return request.param
+
+
+def test_udp_members_recover_lost_datagrams_on_either_socket_path(socket_path):
+    """A fifth of every member's datagrams dropped on purpose: the sums are exact all the same, found by
+    retransmission, and the payloads made on demand are those `contributions` lists."""
+    fanin, elements, chunk, window = 3, 5000, 64, 4
+    key = CliqueKey(job=3, round=5, clique=0, group=0xEF000001, fanin=fanin, exponent=0)
+    vectors = np.random.default_rng(4).integers(-2**20, 2**20, (fanin, elements)).astype(np.int32)
+    assert list(Contributions(vectors[1], 1, key, chunk, window)) == contributions(vectors[1], 1, key, chunk, window)
+    sums, retransmits = {}, {}
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, max_elements=chunk,
+                                              log=lambda line: None)) as server:
+        def member(index):
+            island = UdpMember(server.address, chunk=chunk, window=window, deadline_s=60, loss=0.2, seed=index)
+            try:
+                sums[index] = island.sum(key, index, vectors[index])
+                retransmits[index] = island.retransmits
+            finally:
+                island.close()
+
+        each_island(range(fanin), member)
+    for index in range(fanin):
+        total, overflow = sums[index]
+        assert total.dtype == np.int32 and np.array_equal(total, vectors.sum(axis=0)) and not overflow
+        assert retransmits[index] > 0
+
+
+def test_a_datagram_the_kernel_refuses_raises_its_error_on_either_socket_path(socket_path):
+    """A broadcast address without SO_BROADCAST: the kernel's EACCES, as an OSError, at the first send."""
+    key = CliqueKey(job=1, round=0, clique=0, group=0xEF000001, fanin=2, exponent=0)
+    island = UdpMember(("255.255.255.255", 9), bind=("127.0.0.1", 0), deadline_s=5)
+    try:
+        with pytest.raises(OSError) as raised:
+            island.sum(key, 0, np.zeros(1000, dtype=np.int32))
+        assert raised.value.errno == errno.EACCES
+    finally:
+        island.close()

@@ -17,7 +17,10 @@ DDP communication hook) are thin users of this module, as SwitchML's client libr
 - `UdpMember`: one island's socket to its aggregators (one address, or one per city for reduction trees),
   bound to the local address that routes to them (never 127.0.0.1 unless the aggregator is there), its
   receive buffer sized for the window; `sum` runs one `MemberSum` to its end, `average` adds the codec's
-  shared exponent and the overflow re-send at twice the bound (`inwire.train.codec_average`).
+  shared exponent and the overflow re-send at twice the bound (`inwire.train.codec_average`). With the
+  compiled kernel (`inwire._fastpath`, as `inwire serve` and the stream's transport use it) datagrams are read
+  with recvmmsg and sent with sendmmsg, a window's payloads as UDP GSO runs; the payloads are made as the
+  window takes them (`Contributions`) and the average is decoded from the sums as they came off the wire.
 """
 
 import select
@@ -30,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .datagram import (
+    MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
     PAYLOAD_OFFSET,
     Address,
@@ -40,7 +44,7 @@ from .datagram import (
 )
 from .errors import InwireError
 from .fastpath import HEADER as RESULT_HEADER
-from .fastpath import header_struct
+from .fastpath import compiled, header_struct
 from .packets import build_frames
 from .plan.schedule_file import member_paths
 from .protocol import (
@@ -73,6 +77,10 @@ RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
 """A result payload without elements: header and status trailer."""
 KERNEL_BYTES_PER_DATAGRAM = 1280
 """What the kernel charges a socket's receive buffer per datagram beyond its payload (about 1.2 KiB)."""
+RECEIVE_BATCH = 64
+"""Datagrams `UdpMember` reads per recvmmsg (with the compiled kernel, `inwire._fastpath`)."""
+RECEIVE_SLOT = MAX_DATAGRAM + 1
+"""Room for any datagram in the receive buffer, so that an oversized result is read whole and reported."""
 
 
 class ClientError(InwireError):
@@ -139,30 +147,49 @@ class CliqueKey:
 def contributions(quantized: npt.NDArray[np.integer] | Sequence[int], member: int, key: CliqueKey, chunk: int,
                   window: int, route: Mapping[str, int] | None = None) -> list[bytes]:
     """UDP payloads of member `member`'s int32 vector `quantized`, one per chunk of `chunk` elements, with the
-    clique's fields `key` and, in a reduction tree, the member's `route` fields (bitmap, expect, hops).
+    clique's fields `key` and, in a reduction tree, the member's `route` fields (bitmap, expect, hops)."""
+    return list(Contributions(quantized, member, key, chunk, window, route))
+
+
+class Contributions(Sequence[bytes]):
+    """`contributions` as a sequence whose payloads are made when they are asked for (`UdpMember` sends
+    them so): only the window's payloads exist at a time, and the allocator reuses their memory instead of
+    taking fresh pages for a whole vector of them (a 100 MB vector: 25,000 page faults less).
 
     One header is built with the protocol's builder for each chunk length (a full chunk, the last one); the
     chunks' headers differ only in `chunk` and `slot`, patched at their table offsets, and the elements are
-    converted to big-endian once for the whole vector: a 100 MB vector costs two passes, not ten."""
-    quantized = np.asarray(quantized, dtype=np.int32)
-    elements = len(quantized)
-    common = dict(opcode=Opcode.CONTRIBUTION, sender=member, fanin=key.fanin, exponent=key.exponent, job=key.job,
-                  round=key.round, clique=key.clique, group=key.group, **(route or {}))
-    wire = memoryview(quantized.astype(ELEMENT_DTYPE)).cast("B")
-    templates = {}
-    payloads = []
-    for index in range(-(-elements // chunk)):
-        first = index * chunk
-        count = min(chunk, elements - first)
-        template = templates.get(count)
+    converted to big-endian once for the whole vector: a 100 MB vector costs two passes, not ten. A vector
+    already big-endian int32 (`codec_average.encode` makes it so for `UdpMember.average`) is used as it is,
+    not copied."""
+
+    def __init__(self, quantized: npt.NDArray[np.integer] | Sequence[int], member: int, key: CliqueKey,
+                 chunk: int, window: int, route: Mapping[str, int] | None = None) -> None:
+        if not (isinstance(quantized, np.ndarray) and quantized.dtype == ELEMENT_DTYPE):
+            quantized = np.asarray(quantized, dtype=np.int32).astype(ELEMENT_DTYPE)
+        self.elements, self.chunk, self.window, self.key = len(quantized), chunk, window, key
+        self.count = -(-self.elements // chunk)
+        self.common = dict(opcode=Opcode.CONTRIBUTION, sender=member, fanin=key.fanin, exponent=key.exponent,
+                           job=key.job, round=key.round, clique=key.clique, group=key.group, **(route or {}))
+        self.wire = memoryview(np.ascontiguousarray(quantized)).cast("B")
+        self.templates = {}
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> bytes:
+        if not 0 <= index < self.count:
+            raise IndexError(f"chunk {index} of {self.count}")
+        first = index * self.chunk
+        count = min(self.chunk, self.elements - first)
+        key = self.key
+        template = self.templates.get(count)
         if template is None:
-            frame = build_frames(np.zeros((1, count), dtype=np.int32), chunk=0, slot=0, **common)
-            template = templates[count] = payloads_of(frame)[0][:PAYLOAD_HEADER_BYTES]
+            frame = build_frames(np.zeros((1, count), dtype=np.int32), chunk=0, slot=0, **self.common)
+            template = self.templates[count] = payloads_of(frame)[0][:PAYLOAD_HEADER_BYTES]
         header = bytearray(template)
         _CHUNK_FIELD.pack_into(header, _CHUNK_AT, first)
-        _SLOT_FIELD.pack_into(header, _SLOT_AT, slot(key.round, key.clique, index, window, key.max_cliques))
-        payloads.append(b"".join((header, wire[ELEMENT_BYTES * first:ELEMENT_BYTES * (first + count)])))
-    return payloads
+        _SLOT_FIELD.pack_into(header, _SLOT_AT, slot(key.round, key.clique, index, self.window, key.max_cliques))
+        return b"".join((header, self.wire[ELEMENT_BYTES * first:ELEMENT_BYTES * (first + count)]))
 
 
 _CHUNK_AT, _SLOT_AT = (FRAME_OFFSETS[name] - PAYLOAD_OFFSET for name in ("chunk", "slot"))
@@ -186,7 +213,7 @@ class MemberSum:
     long each time (up to `timeout_s`); and the oldest chunk in flight is sent again at once when results of
     FAST_RETRANSMIT later chunks have come back without it, since results of one member come back in the
     order its chunks went out unless one was lost. `retries` None: no limit (the driver's deadline rules)."""
-    payloads: list[bytes]
+    payloads: Sequence[bytes]
     key: CliqueKey
     elements: int
     chunk: int = DEFAULT_CHUNK
@@ -199,9 +226,14 @@ class MemberSum:
     failed_chunk: int | None = None
     wrong_chunks: set[int] = field(default_factory=set)
     overflowed_chunks: set[int] = field(default_factory=set)
+    received: bytearray | memoryview | None = None
+    """Where the sums go: a writable buffer of 4 x `elements` bytes; None: a new bytearray."""
 
     def __post_init__(self) -> None:
-        self.received = bytearray(ELEMENT_BYTES * self.elements)
+        if self.received is None:
+            self.received = bytearray(ELEMENT_BYTES * self.elements)
+        elif len(self.received) != ELEMENT_BYTES * self.elements:
+            raise ValueError(f"received holds {len(self.received)} bytes, the sums {ELEMENT_BYTES * self.elements}")
         self.done_chunks = bytearray(len(self.payloads))
         self.remaining = len(self.payloads)
         self.deadline, self.tries, self.next = {}, {}, 0
@@ -280,7 +312,7 @@ class MemberSum:
         self.backoff.pop(chunk, None)
         if not self.deadline:
             return ()
-        oldest = min(self.deadline)
+        oldest = next(iter(self.deadline))  # chunks enter the dict in ascending order and keep their place
         if chunk - oldest < FAST_RETRANSMIT or oldest in self.fast_resent:
             return ()
         self.fast_resent.add(oldest)
@@ -320,6 +352,17 @@ class MemberSum:
         if self.min_timeout_s is None:
             return self._refill(now)
         return (*self._measured(chunk, now), *self._refill(now))
+
+
+def _receive(sock, buffer, slot):
+    """Sizes of the datagrams waiting at `sock`, read without blocking into `buffer`, the i-th at i * slot:
+    with the compiled kernel up to RECEIVE_BATCH with one recvmmsg, else one; [] when none is waiting."""
+    if compiled is not None:
+        return compiled.recv_batch(sock.fileno(), buffer, slot, False)
+    try:
+        return [sock.recv_into(buffer, slot, socket.MSG_DONTWAIT)]
+    except BlockingIOError:
+        return []
 
 
 def local_address_towards(address):
@@ -373,6 +416,8 @@ class UdpMember:
             self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.listener.bind(("0.0.0.0", first[1]))
         self.retransmits = 0
+        self.buffer = bytearray(RECEIVE_SLOT * (1 if compiled is None else RECEIVE_BATCH))
+        self.view = memoryview(self.buffer)
 
     @property
     def address(self) -> Address:
@@ -393,41 +438,42 @@ class UdpMember:
         """The clique's int32 sums of every member's `quantized` vector, and the overflow flag: this member is
         number `member`, sending to the aggregator of `city` with tree fields `route`. `members` (names, for
         messages) says who the others are."""
-        destination = self.aggregators.get(city) or next(iter(self.aggregators.values()))
-        payloads = contributions(quantized, member, key, self.chunk, self.window, route)
+        run = self._run(key, member, quantized, city, route, members)
+        return run.sums().astype(np.int32), run.overflow
+
+    def _run(self, key, member, quantized, city, route, members):
+        """`sum`'s work: the finished `MemberSum`, its sums still big-endian as they came."""
+        host, port = self.aggregators.get(city) or next(iter(self.aggregators.values()))
+        destination = (host, port) if compiled is None else (socket.gethostbyname(host), port)
+        payloads = Contributions(quantized, member, key, self.chunk, self.window, route)
+        # The sums in numpy's memory, which takes huge pages for large arrays: a bytearray of 100 MB costs
+        # 25,000 page faults as it fills.
+        received = memoryview(np.empty(ELEMENT_BYTES * len(quantized), dtype=np.uint8))
         run = MemberSum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries,
-                        min(MIN_TIMEOUT_S, self.timeout_s))
+                        min(MIN_TIMEOUT_S, self.timeout_s), received=received)
         sockets = [self.socket] if self.listener is None else [self.socket, self.listener]
         membership = None
         if self.listener is not None:
             membership = key.group.to_bytes(4, "big") + socket.inet_aton(self.address[0])
             self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
-        buffer = bytearray(65536)
-        view = memoryview(buffer)
-        send = self.socket.sendto
-        if self.loss:
-            def send(payload, destination, sendto=send, rng=self.loss_rng, loss=self.loss):
-                if rng.random() >= loss:
-                    sendto(payload, destination)
+        buffer, view, slot = self.buffer, self.view, RECEIVE_SLOT
+        send = self._sender(destination)
         began = time.monotonic()
         try:
-            for payload in run.start(began):
-                send(payload, destination)
+            send(run.start(began))
             while not run.done:
                 now = time.monotonic()
-                for payload in run.due(now):
-                    send(payload, destination)
+                send(run.due(now))
                 if run.failed_chunk is not None or now - began > self.deadline_s:
                     raise ClientError(self._failure(run, key, members, now - began))
                 wait = max(0.0, min(run.next_deadline() or now, began + self.deadline_s) - now)
                 for ready in select.select(sockets, [], [], wait)[0]:
-                    while True:
-                        try:
-                            size = ready.recv_into(buffer, 65536, socket.MSG_DONTWAIT)
-                        except BlockingIOError:
-                            break
-                        for payload in run.on_result(view[:size], time.monotonic()):
-                            send(payload, destination)
+                    while sizes := _receive(ready, buffer, slot):
+                        now, sends, at = time.monotonic(), [], 0
+                        for size in sizes:
+                            sends += run.on_result(view[at:at + size], now)
+                            at += slot
+                        send(sends)
         finally:
             if membership is not None:
                 self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, membership)
@@ -436,7 +482,34 @@ class UdpMember:
             raise ClientError(f"round {key.round}, clique {key.clique}: results of chunks "
                               f"{sorted(run.wrong_chunks)[:5]} do not hold the whole clique of {key.fanin} at "
                               f"exponent {key.exponent} (another job's traffic in these slots?)")
-        return run.sums().astype(np.int32), run.overflow
+        return run
+
+    def _sender(self, destination):
+        """send(payloads) to `destination`: with the compiled kernel one sendmmsg per call (equal-sized runs as
+        UDP GSO messages), else datagram by datagram; `loss` drops its share first."""
+        sock, loss, rng = self.socket, self.loss, self.loss_rng
+
+        def send(payloads):
+            if loss:
+                payloads = [payload for payload in payloads if rng.random() >= loss]
+            if not payloads:
+                return
+            if compiled is None:
+                for payload in payloads:
+                    sock.sendto(payload, destination)
+                return
+            messages = [(payload, destination) for payload in payloads]
+            start = 0
+            while start < len(messages):
+                start, refused = compiled.send_batch(sock.fileno(), messages, start)
+                if refused:
+                    # The kernel refused a datagram (no route, a broadcast address, ...): sending one again
+                    # with sendto raises its error, as the datagram-by-datagram path does (a passing error:
+                    # a duplicate, which the aggregator drops).
+                    sock.sendto(*messages[0])
+                if start < len(messages):
+                    select.select([], [sock], [])  # a full send buffer, waited out as a blocking sendto would
+        return send
 
     def _failure(self, run, key, members, elapsed):
         chunk = run.failed_chunk if run.failed_chunk is not None else min(run.deadline, default=0)
@@ -456,11 +529,11 @@ class UdpMember:
         `bound` (`key.exponent` is ignored), re-sent at a raised bound when a sum saturates or a member's
         values do not fit (`codec_average`). Returns (average, the bound that worked)."""
         for attempt in range(ATTEMPTS):
-            exponent, elements = encode(vector, bound, key.fanin)
+            exponent, elements = encode(vector, bound, key.fanin, ELEMENT_DTYPE)
             attempt_key = CliqueKey(key.job, key.round * ATTEMPTS + attempt, key.clique, key.group, key.fanin,
                                     exponent, key.max_cliques)
-            sums, overflow = self.sum(attempt_key, member, elements, city, route, members)
-            average, bound = decode(sums, overflow, exponent, key.fanin, bound)
+            run = self._run(attempt_key, member, elements, city, route, members)
+            average, bound = decode(run.sums(), run.overflow, exponent, key.fanin, bound)
             if average is not None:
                 return average, bound
         raise AveragingError(f"round {key.round}: sums still overflow at a bound of {bound}")

@@ -39,11 +39,18 @@ def encode_definition(values, bound, fanin):
     return exponent, np.append(quantize(clipped, exponent), np.int32(need))
 
 
-def encode(values, bound, fanin):
-    """`encode_definition`, bit for bit (tests/test_codec_average.py holds it to that), in five float32 passes
-    instead of a dozen float64 ones: for float32 values that fit, scaling by a power of two is exact in
-    float32 (|x / 2**e| <= 2**31; a result too small to be normal rounds to 0 either way), so rounding it
-    gives the same integer as in float64. Values that do not fit (a re-send follows) take the definition."""
+ENCODE_BLOCK = 1 << 16
+"""Elements `encode` scales at a time: its float32 temporary (256 KiB) stays in cache."""
+
+
+def encode(values, bound, fanin, dtype=np.int32):
+    """`encode_definition`, bit for bit (tests/test_codec_average.py holds it to that), in float32: for
+    float32 values that fit, scaling by a power of two is exact in float32 (|x / 2**e| <= 2**31; a result too
+    small to be normal rounds to 0 either way), so rounding it gives the same integer as in float64. Two
+    passes over the vector (its extremes) and one that scales, rounds and converts it block by block, with no
+    temporary the size of the vector. `dtype`: int32 in either byte order (the client asks for the wire's
+    big-endian, so that the elements need no second conversion). Values that do not fit (a re-send follows)
+    take the definition."""
     values = np.asarray(values, dtype=np.float32)
     exponent = choose_exponent(bound, fanin)
     if values.size:
@@ -51,24 +58,62 @@ def encode(values, bound, fanin):
         if not (math.isfinite(low) and math.isfinite(high)):
             raise ValueError("values contain NaN or infinity")
         if max(-low, high) > math.ldexp(INT32_MAX, exponent):
-            return encode_definition(values, bound, fanin)
+            exponent, elements = encode_definition(values, bound, fanin)
+            return exponent, elements.astype(dtype, copy=False)
     # 2**-exponent is a float32 for every exponent but the floor's (2**128): the product is then ldexp's.
     factor = np.float32(math.ldexp(1.0, -exponent)) if exponent > EXPONENT_MIN else None
-    scaled = (values * factor if factor is not None else np.ldexp(values, np.int32(-exponent))).astype(
-        np.float32, copy=False)
-    np.rint(scaled, out=scaled)
-    elements = np.empty(len(values) + 1, dtype=np.int32)
-    np.copyto(elements[:-1], scaled, casting="unsafe")
+    elements = np.empty(len(values) + 1, dtype=dtype)
+    scratch = np.empty(min(len(values), ENCODE_BLOCK), dtype=np.float32)
+    for first in range(0, len(values), ENCODE_BLOCK):
+        block = values[first:first + ENCODE_BLOCK]
+        scaled = scratch[:len(block)]
+        if factor is not None:
+            np.multiply(block, factor, out=scaled)
+        else:
+            np.ldexp(block, np.int32(-exponent), out=scaled)
+        np.rint(scaled, out=scaled)
+        np.copyto(elements[first:first + len(block)], scaled, casting="unsafe")
     elements[-1] = 0
     return exponent, elements
 
 
-def decode(sums, overflow, exponent, fanin, bound):
-    """(average or None, next bound): the average if the sum is usable, else the bound to try next."""
+def decode_definition(sums, overflow, exponent, fanin, bound):
+    """(average or None, next bound): the average if the sum is usable, else the bound to try next. The
+    definition, through `codec.dequantize`; `decode` computes the same faster."""
     doublings = int(sums[-1])
     if not doublings and not overflow:
         return dequantize(np.asarray(sums[:-1]), exponent, fanin), bound
     return None, bound * 2 ** max(1, doublings)
+
+
+DECODE_BLOCK = 1 << 16
+"""Elements `decode` converts at a time: its float64 temporary (512 KiB) stays in cache."""
+
+
+def decode(sums, overflow, exponent, fanin, bound):
+    """`decode_definition`, bit for bit (tests/test_codec_average.py holds it to that), for sums of any
+    integer type and byte order (the client passes the big-endian sums as they came off the wire). The same
+    float64 operations per element as `codec.dequantize`, block by block into the float32 average: no int32
+    copy and no float64 temporary the size of the vector, whose memory traffic cost more than the arithmetic."""
+    sums = np.asarray(sums)
+    if sums.dtype.kind not in "iu" or sums.ndim != 1:
+        return decode_definition(sums, overflow, exponent, fanin, bound)
+    doublings = int(sums[-1])
+    if doublings or overflow:
+        return None, bound * 2 ** max(1, doublings)
+    dequantize(sums[:0], exponent, fanin)  # the definition's checks of exponent and fan-in
+    elements = len(sums) - 1
+    average = np.empty(elements, dtype=np.float32)
+    scratch = np.empty(min(elements, DECODE_BLOCK), dtype=np.float64)
+    scale = math.ldexp(1.0, exponent)
+    for first in range(0, elements, DECODE_BLOCK):
+        last = min(first + DECODE_BLOCK, elements)
+        block = scratch[:last - first]
+        np.copyto(block, sums[first:last])
+        np.multiply(block, scale, out=block)
+        np.divide(block, fanin, out=block)
+        np.copyto(average[first:last], block, casting="same_kind")
+    return average, bound
 
 
 def aggregate(contributions):
