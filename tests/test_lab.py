@@ -1,8 +1,11 @@
 """The WAN lab (`inwire lab`): a three-city network emulated in namespaces, checked link by link, carrying
 one inwire round through chained software aggregators and one gloo all_reduce."""
 
+import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -121,14 +124,15 @@ def test_leftover_namespaces_of_a_dead_run_are_found_and_removed():
         with WanLab(chain(), rate_scale=RATE_SCALE) as other:
             assert name not in namespaces()
             own = set(other.namespaces.values())
-            assert own <= set(namespaces().split())
-        assert not own & set(namespaces().split())  # removed on exit
+            assert own <= namespaces()
+        assert not own & namespaces()  # removed on exit
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 def namespaces():
-    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    return {line.split()[0] for line in listing.splitlines() if line.strip()}
 
 
 def test_the_cli_refuses_bad_options_in_one_line():
@@ -136,3 +140,37 @@ def test_the_cli_refuses_bad_options_in_one_line():
                           (["--reps", "0"], "--reps"), (["--loss", "0.7"], "--loss")):
         run = subprocess.run([sys.executable, "-m", "inwire", "lab", *argv], capture_output=True, text=True)
         assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_without_root_the_lab_says_so_in_one_line(tmp_path):
+    run = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-m",
+                          "inwire", "lab", "--check-only", "--topology", "doublezero9"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines()[-1] == ("inwire lab: network namespaces unavailable: network namespaces "
+                                                   "need root")
+
+
+def test_ctrl_c_removes_the_namespaces(tmp_path):
+    topology = tmp_path / "chain3.json"
+    topology.write_text(json.dumps(chain().to_dict()))
+    before = namespaces()
+    process = subprocess.Popen([sys.executable, "-m", "inwire", "lab", "--check-only", "--topology", str(topology)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The lab is up once its link process has started: the check (seconds of iperf3) is then running.
+        for _ in range(300):
+            ours = {name for name in namespaces() if name.startswith(f"iwlab{process.pid}n")}
+            if len(ours) == 3 and "iperf3" in subprocess.run(["ps", "-e", "-o", "comm"], capture_output=True,
+                                                             text=True).stdout:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the lab did not come up")
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, err
+    assert namespaces() <= before
