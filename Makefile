@@ -50,8 +50,9 @@ sim:
 formal:
 	$(BIN)/inwire formal
 
+# Icarus keeps to its short CI stream: 100,000 frames would take it over an hour per width.
 fuzz:
-	INWIRE_FUZZ_FRAMES=100000 $(BIN)/pytest -s tests/test_fuzz.py
+	INWIRE_FUZZ_FRAMES=100000 $(BIN)/pytest -s tests/test_fuzz.py -k "not icarus"
 
 coverage:
 	PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage $(BIN)/python tb/coverage/verilator_coverage.py

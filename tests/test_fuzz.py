@@ -1,7 +1,8 @@
-"""Fuzzing: mutated frames through the gateware (cocotb, Verilator) and through the software aggregator.
+"""Fuzzing: mutated frames through the gateware (cocotb, Verilator and Icarus) and through the software
+aggregator.
 
-The CI subset runs a few thousand frames; `make fuzz` runs the same tests with INWIRE_FUZZ_FRAMES=100000
-(docs/verification.md).
+The CI subset runs a few thousand frames on Verilator and a short stream of another seed on Icarus;
+`make fuzz` runs the Verilator and software tests with INWIRE_FUZZ_FRAMES=100000 (docs/verification.md).
 """
 
 import json
@@ -21,24 +22,29 @@ from inwire.protocol import DROP_COUNTERS, INT32_MAX, INT32_MIN, Opcode
 
 FUZZ_CONFIG = AggregatorConfig(slots=4, max_elements=32, max_fanin=8, lease=16)
 """Few slots, a low fan-in limit and a short lease: cliques collide, reclaim, expire and hit the limits often."""
-CI_FRAMES = {8: 2000, 64: 1000}
+CI_FRAMES = {("verilator", 8): 2000, ("verilator", 64): 1000, ("icarus", 8): 1000, ("icarus", 64): 400}
+"""Icarus runs a short stream: it simulates the same design several times slower than Verilator."""
+SEED_OFFSET = {"verilator": 0, "icarus": 1}
+"""Icarus gets another seed, so that its stream is not the start of Verilator's."""
 
 
-def fuzz_frames(width):
-    return int(os.environ.get("INWIRE_FUZZ_FRAMES", CI_FRAMES[width]))
+def fuzz_frames(width, simulator="verilator"):
+    return int(os.environ.get("INWIRE_FUZZ_FRAMES", CI_FRAMES[simulator, width]))
 
 
 @pytest.mark.sim
 @pytest.mark.parametrize("width", [8, 64])
-def test_gateware_survives_fuzzing_then_aggregates(width, tmp_path):
-    if shutil.which("verilator") is None:
-        pytest.fail("verilator is not on PATH (run `make setup`)")
+@pytest.mark.parametrize("simulator", ["verilator", "icarus"])
+def test_gateware_survives_fuzzing_then_aggregates(simulator, width, tmp_path):
+    tool = {"verilator": "verilator", "icarus": "iverilog"}[simulator]
+    if shutil.which(tool) is None:
+        pytest.fail(f"{tool} is not on PATH (run `make setup`)")
     from inwire_hdl import sim
 
-    runner, build_dir = sim.build("verilator", width, FUZZ_CONFIG, build_root=Path("build") / "fuzz")
+    runner, build_dir = sim.build(simulator, width, FUZZ_CONFIG, build_root=Path("build") / "fuzz")
     report = tmp_path / "report.json"
-    frames = fuzz_frames(width)
-    seed = int(os.environ.get("INWIRE_FUZZ_SEED", width))
+    frames = fuzz_frames(width, simulator)
+    seed = int(os.environ.get("INWIRE_FUZZ_SEED", width + SEED_OFFSET[simulator]))
     outcome = sim.run(runner, build_dir, FUZZ_CONFIG, test_module="fuzz_cocotb", results_name="fuzz.xml",
                       extra_env={"INWIRE_FUZZ_FRAMES": str(frames), "INWIRE_FUZZ_SEED": str(seed),
                                  "INWIRE_FUZZ_REPORT": str(report)})

@@ -8,19 +8,25 @@ import numpy as np
 from cocotb.triggers import ClockCycles, RisingEdge
 from scapy.layers.l2 import Ether
 
+from inwire.packets import frame_field
 from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, INWIRE_PORT, STATUS_OVERFLOW, Disposition, Opcode
 from inwire_hdl.aggregator import Aggregator
 from inwire_hdl.cocotb.testbench import TB
 from inwire_hdl.cocotb.traffic import (
     ABOVE_IP,
+    TOP_IP,
     Traffic,
+    all_hops_set,
     forged_routes,
     malformed,
     patch,
+    saturated_partial_last,
     stale_chunks,
+    stray_hop_levels,
     tree_child,
     tree_middle,
     tree_root,
+    upper_members,
     version1,
 )
 
@@ -512,3 +518,92 @@ async def stale_copy_claims_once_the_lease_ran_out(dut):
     await tb.check()
     stats = tb.model.stats()
     assert (stats["leases_expired"], stats["results_emitted"]) == (1, 5), stats
+
+
+@cocotb.test()
+async def lease_across_the_timer_wrap(dut):
+    """The 16-bit lease timer is first driven to 3 ticks below 2**16, so that it wraps between the stamps
+    and the frames that follow them: idle times count modulo 2**16. Another owner collides lease - 1 ticks
+    after an unfinished slot's stamp and claims it at lease ticks, a stale copy is refused until the lease
+    and claims the completed slot at it, and a member accepted after the wrap keeps its slot for another
+    lease."""
+    tb, traffic = await start(dut, 28)
+    lease = tb.config.lease
+    await tb.advance(2**16 - 3)
+    abandoned = traffic.clique(7, fanin=3, slot=9, job=41, round=2)
+    stranger = traffic.clique(5, fanin=2, slot=9, job=42, round=1)
+    slow = traffic.clique(6, fanin=3, slot=10, job=43, round=1)
+    late = traffic.clique(6, fanin=1, slot=10, job=44, round=1)
+    early, later, request = stale_chunks(traffic, 4, slot=11, job=45)
+    await tb.send(abandoned[:2] + slow[:1] + early + later)
+    steps = [
+        (lease - 1, [abandoned[0], stranger[0], slow[1], late[0], early[0]],
+         ["drop_duplicate", "drop_collision", "accumulated", "drop_collision", "drop_stale"]),
+        (1, [stranger[0], abandoned[2], late[0], early[0], request],
+         ["accumulated", "drop_collision", "drop_collision", "accumulated", "drop_no_result"]),
+        (lease - 2, [late[0]], ["drop_collision"]),
+        (1, [late[0]], ["accumulated"]),
+    ]
+    for ticks, frames, dispositions in steps:
+        await tb.advance(ticks)
+        assert [disposition for disposition, _ in decided(tb, frames)] == dispositions, (tb.ticks, dispositions)
+        await tb.send(frames)
+    assert tb.ticks > 2**16
+    await tb.send(stranger[1:] + abandoned + early[1:])
+    await tb.check()
+    stats = tb.model.stats()
+    assert (stats["leases_expired"], stats["drop_collision"], stats["results_emitted"]) == (2, 5, 6), stats
+
+
+@cocotb.test()
+async def saturated_partial_completes_a_level(dut):
+    """A partial whose trailer carries a level below's overflow is the frame that completes the level here,
+    where no sum saturates: the root's result carries the flag, a middle level's partial up does, and so do
+    their stored answers, while `saturations` stays 0. A status with only bit 1 set is no overflow."""
+    tb, traffic = await start(dut, 29, sink_pause=0.2)
+    await tb.send(saturated_partial_last(traffic, 5, slot=0, job=50)
+                  + saturated_partial_last(traffic, 12, slot=1, job=51, middle=True))
+    common = dict(fanin=3, slot=2, job=52)
+    await tb.send([traffic.contribution(traffic.elements(3), sender=2, **common),
+                   traffic.partial(traffic.elements(3), status=0b10, sender=0, bitmap=0b11, **common)])
+    await tb.check()
+    statuses = [(opcode, status) for opcode, _, _, status in whole(tb)]
+    assert statuses == [(Opcode.RESULT, STATUS_OVERFLOW)] * 3 + [(Opcode.PARTIAL, STATUS_OVERFLOW)] * 3 + [
+        (Opcode.RESULT, 0)], statuses
+    assert tb.model.stats()["saturations"] == 0
+
+
+TREE_FIELDS = ("expect", "hop1", "hop1_expect", "hop2", "hop2_expect")
+
+
+@cocotb.test()
+async def every_hop_field_set(dut):
+    """Version 2 frames with hop1, hop2 and both hop levels set: the partial (new or stored) goes to hop1 with
+    its level, hop1 and hop1's level taken from hop1_expect, hop2 and hop2_expect, hop2 and its level 0; a
+    request without hops gets the result with every tree field 0. Hop levels that no hop reads: a root's
+    result still has its tree fields 0, a partial carries hop2_expect up as hop1_expect."""
+    tb, traffic = await start(dut, 30, source_pause=0.2, sink_pause=0.2)
+    await tb.send(all_hops_set(traffic, 9, slot=3, job=53) + stray_hop_levels(traffic, 4, slot=4, job=54))
+    await tb.check()
+    routes = [(frame[FRAME_OFFSETS["opcode"]], frame_field(frame, "ip_dst"),
+               *(frame_field(frame, name) for name in TREE_FIELDS)) for _, frame in tb.expected]
+    up = (Opcode.PARTIAL, ABOVE_IP, 0b011111, TOP_IP, 0b111111, 0, 0)
+    assert routes == [up] * 3 + [(Opcode.RESULT, 0xEF_00_00_0C, 0, 0, 0, 0, 0),
+                                 (Opcode.RESULT, 0xEF_00_00_0D, 0, 0, 0, 0, 0),
+                                 (Opcode.PARTIAL, ABOVE_IP, 0b11, 0, 0b01, 0, 0)], routes
+    assert tb.model.stats()["drop_route"] == 1
+
+
+@cocotb.test()
+async def members_32_to_63(dut):
+    """Fan-in 64, members in the upper half of the member set: a level of members 32 to 63 sends its partial
+    up, a root sums the lower half's partial and members 32 to 63 into all 64; overlaps and a member outside
+    the level are dropped."""
+    tb, traffic = await start(dut, 31, source_pause=0.2, sink_pause=0.2)
+    await tb.send(upper_members(traffic, 3, slot=7, job=55))
+    await tb.check()
+    members = [(frame[FRAME_OFFSETS["opcode"]], frame_field(frame, "bitmap"), frame_field(frame, "contributors"))
+               for _, frame in tb.expected]
+    assert members == [(Opcode.PARTIAL, 0xFFFFFFFF_00000000, 32)] * 2 + [(Opcode.RESULT, 2**64 - 1, 64)] * 2, members
+    stats = tb.model.stats()
+    assert (stats["drop_duplicate"], stats["drop_sender"]) == (2, 1), stats

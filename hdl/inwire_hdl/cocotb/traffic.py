@@ -24,6 +24,8 @@ LOWEST_IP = _UPSTREAM + 3
 """An aggregator two levels below (the lowest of a three-level tree)."""
 ABOVE_IP = _UPSTREAM + 4
 """An aggregator above the one under test: its partials go there."""
+TOP_IP = _UPSTREAM + 5
+"""The root two levels above the aggregator under test, above ABOVE_IP."""
 OUTSIDE_IP = 0x0A_00_01_03
 """An address outside the default upstream prefix: no partial may go there."""
 
@@ -268,3 +270,81 @@ def stale_chunks(traffic, count, slot, job, window=2):
     later = 2 * window * count
     return (traffic.clique(count, 2, chunk=0, **common), traffic.clique(count, 2, chunk=later, **common),
             traffic.request(count=count, fanin=2, chunk=later, **common))
+
+
+def saturated_partial_last(traffic, count, slot, job, middle=False):
+    """A clique of 4 whose members 0 and 1 are summed below (at BELOW_IP), where member 0's INT32_MAX plus
+    member 1's positive element 0 saturates: the partial's trailer carries the flag, and it is the frame
+    that completes the aggregator under test's level. Its own sums do not saturate: the direct members'
+    elements are at most 0, but on element 0 they cancel, so that the sum there is exactly INT32_MAX. At the
+    root (level: the whole clique) the result carries the flag; with `middle` the level is members 0 to 2,
+    member 3 goes to ABOVE_IP itself and the flag goes up in the partial to ABOVE_IP. Then the partial again
+    and a result request: the stored output, flag included."""
+    fanin, me = 4, traffic.config.ip
+    vectors = [np.full(count, INT32_MAX, dtype=np.int64), traffic.elements(count)]
+    vectors[1][0] = 9
+    direct = [-traffic.elements(count, 0, 1000) for _ in range(2)]
+    direct[0][0], direct[1][0] = -5, 5
+    route = dict(expect=0b0111, hop1=ABOVE_IP) if middle else {}
+    common = dict(fanin=fanin, slot=slot, job=job, round=4, clique=5, chunk=0, group=0xEF_00_00_0B)
+    leaves = [traffic.contribution(vectors[s], sender=s, ip_dst=BELOW_IP, expect=0b0011, hop1=me,
+                                   hop1_expect=route.get("expect", 0), hop2=route.get("hop1", 0), **common)
+              for s in (0, 1)]
+    (partial,) = below(traffic.config, BELOW_IP, leaves)
+    if middle:
+        # Member 3 sends to ABOVE_IP itself: member 2 brings both direct vectors here.
+        direct = [direct[0] + direct[1]]
+    members = [traffic.contribution(elements, sender=2 + s, **route, **common) for s, elements in enumerate(direct)]
+    return members + [partial, partial, traffic.request(sender=1, count=count, **route, **common)]
+
+
+def all_hops_set(traffic, count, slot, job):
+    """The lowest level of a three-level tree of 6 members, every hop field set: members 0 to 2 send to the
+    aggregator under test (level 0b000111) with hop1 ABOVE_IP (level 0b011111) and hop2 TOP_IP (level
+    0b111111, the whole clique written out). Its partial goes to ABOVE_IP naming that level, TOP_IP as its
+    hop1 and TOP_IP's level, hop2 and its level 0. Then member 1 again and a request with the same route
+    (the stored partial), a request with hop1 and hop2 0 and stray hop levels (the stored result, tree
+    fields 0), and one with hop2 but no hop1 (drop_route)."""
+    route = dict(expect=0b000111, hop1=ABOVE_IP, hop1_expect=0b011111, hop2=TOP_IP, hop2_expect=0b111111)
+    common = dict(fanin=6, slot=slot, job=job, round=6, clique=4, chunk=count, group=0xEF_00_00_0C)
+    leaves = [traffic.contribution(traffic.elements(count), sender=s, bitmap=1 << s, **route, **common)
+              for s in range(3)]
+    return leaves + [leaves[1], traffic.request(sender=2, count=count, **route, **common),
+                     traffic.request(sender=0, count=count, hop1_expect=0b011111, hop2_expect=0b111111, **common),
+                     traffic.request(sender=0, count=count, hop2=TOP_IP, **common)]
+
+
+def stray_hop_levels(traffic, count, slot, job):
+    """Hop levels no hop reads: a root's clique of 3 with hop1 and hop2 0 but hop1_expect and hop2_expect
+    set (the result's tree fields are 0), then on `slot` + 1 a level of 2 below ABOVE_IP with hop2 0 and
+    hop2_expect set, which its partial carries up as hop1_expect."""
+    root = dict(fanin=3, slot=slot, job=job, round=2, clique=0, chunk=0, group=0xEF_00_00_0D,
+                hop1_expect=0b011, hop2_expect=0b110)
+    child = dict(root, fanin=2, slot=(slot + 1) % traffic.config.slots, hop1=ABOVE_IP, hop1_expect=0b11,
+                 hop2_expect=0b01)
+    return [traffic.contribution(traffic.elements(count), sender=s, **fields)
+            for fields in (root, child) for s in range(fields["fanin"])]
+
+
+def upper_members(traffic, count, slot, job):
+    """Members 32 to 63 of a clique of 64. On `slot` the aggregator under test sums the level of members 32
+    to 63 for ABOVE_IP: single members, a partial from below holding members 40 to 47, a partial overlapping
+    member 47 (drop_duplicate) and member 5, outside the level (drop_sender), member 63 last, then again
+    (the stored partial). On `slot` + 1 it is the root: a partial holding members 0 to 31, then members 32
+    to 63 one by one, member 33 twice (drop_duplicate), and a request for the result of all 64."""
+    fanin, upper = 64, 0xFFFFFFFF_00000000
+    common = dict(fanin=fanin, job=job, round=8, clique=9, chunk=0, group=0xEF_00_00_0E)
+    level = dict(common, slot=slot, expect=upper, hop1=ABOVE_IP)
+    root = dict(common, slot=(slot + 1) % traffic.config.slots)
+
+    def member(sender, **fields):
+        return traffic.contribution(traffic.elements(count), sender=sender, **fields)
+
+    child = [member(s, **level) for s in range(32, 40)]
+    child += [traffic.partial(traffic.elements(count, -8000, 8000), sender=40, bitmap=0xFF << 40, **level),
+              traffic.partial(traffic.elements(count), sender=47, bitmap=0b11 << 47, **level), member(5, **level)]
+    child += [member(s, **level) for s in range(48, 64)]
+    lower = traffic.partial(traffic.elements(count, -32000, 32000), sender=0, bitmap=0xFFFFFFFF, **root)
+    parent = [lower] + [member(s, **root) for s in range(32, 64)]
+    parent.insert(3, parent[2])
+    return child + [child[-1]] + parent + [traffic.request(sender=63, count=count, **root)]
