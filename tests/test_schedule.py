@@ -13,7 +13,7 @@ from inwire.cli import main
 from inwire.cli.schedule import run_sweep
 from inwire.plan.aggregator import load_aggregator
 from inwire.plan.baselines import BASELINE_NAMES, lower_bound_ms
-from inwire.plan.cost import ALL_TO_ALL, RING, Clique, CostModel, Schedule, ScheduleError, wire_bytes
+from inwire.plan.cost import ALL_TO_ALL, HOST_TREE, RING, Clique, CostModel, Schedule, ScheduleError, wire_bytes
 from inwire.plan.mixing import mixing_product, mixing_rate, periods_to_epsilon, time_to_epsilon_ms
 from inwire.plan.schedule_file import load_schedule_file, member_paths, schedule_document
 from inwire.plan.search import Evaluator, PlanResult, plan_schedule
@@ -178,10 +178,18 @@ def dz9_plan():
                          iterations=300)
 
 
+def runnable(baselines):
+    """The baselines the optimizer takes as candidates: all but the host-side tree, a competitor it is not
+    offered by default."""
+    return {name: baseline for name, baseline in baselines.items() if name != HOST_TREE}
+
+
 def test_optimizer_is_never_worse_than_a_baseline(dz9_plan):
     assert set(dz9_plan.baselines) == set(BASELINE_NAMES)
-    for name, baseline in dz9_plan.baselines.items():
+    for name, baseline in runnable(dz9_plan.baselines).items():
         assert dz9_plan.best.time_to_epsilon_ms <= baseline.time_to_epsilon_ms, name
+    # At 100 MB the host-side tree (unlimited NICs) beats every schedule through ideal aggregators.
+    assert dz9_plan.baselines[HOST_TREE].time_to_epsilon_ms < 0.6 * dz9_plan.best.time_to_epsilon_ms
     assert dz9_plan.best.time_to_epsilon_ms >= dz9_plan.lower_bound_ms
     check_valid(dz9_plan, dz9_plan.islands, set(dz9_plan.islands))
     assert "exhaustive" in dz9_plan.method
@@ -214,7 +222,7 @@ def test_no_aggregation_plan_uses_direct_exchange():
                          model_bytes=10_000_000, aggregation=False, iterations=100)
     assert all(c.aggregator is None and c.exchange in (ALL_TO_ALL, RING)
                for cliques in plan.best.rounds for c in cliques)
-    for baseline in plan.baselines.values():
+    for baseline in runnable(plan.baselines).values():
         assert plan.best.time_to_epsilon_ms <= baseline.time_to_epsilon_ms
 
 
@@ -224,7 +232,7 @@ def test_generated_topology_plan_is_valid_and_seeded():
     again = plan_schedule(topology, model_bytes=10_000_000, seed=5, iterations=100)
     assert first.best.rounds == again.best.rounds
     check_valid(first, first.islands, set(topology.cities))
-    for baseline in first.baselines.values():
+    for baseline in runnable(first.baselines).values():
         assert first.best.time_to_epsilon_ms <= baseline.time_to_epsilon_ms
 
 
@@ -259,7 +267,8 @@ def test_cli_writes_a_schedule_the_host_can_load(tmp_path, capsys):
     assert set(document["baselines"]) == set(BASELINE_NAMES)
     for baseline in document["baselines"].values():
         assert {"period_ms", "rho", "time_to_epsilon_ms", "rounds"} <= set(baseline)
-    assert document["time_to_epsilon_ms"] <= min(b["time_to_epsilon_ms"] for b in document["baselines"].values())
+    assert document["time_to_epsilon_ms"] <= min(b["time_to_epsilon_ms"]
+                                                  for b in runnable(document["baselines"]).values())
     loaded = load_schedule_file(out)
     assert loaded.document == document and loaded.islands == ("LON", "NYC", "FRA", "TYO")
     assert loaded.period == tuple(tuple((tuple(c["members"]), c["aggregator"]) for c in r["cliques"])

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from inwire import progress  # noqa: E402
 from inwire.output import atomic_output, check_writable  # noqa: E402
 from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
-from inwire.plan.cost import AGGREGATE, ROUTINGS, ScheduleError  # noqa: E402
+from inwire.plan.cost import AGGREGATE, HOST_TREE, ROUTINGS, ScheduleError  # noqa: E402
 from inwire.plan.schedule_file import format_plan, write_schedule  # noqa: E402
 from inwire.plan.schedule_map import draw_schedule_map  # noqa: E402
 from inwire.plan.search import plan_schedule  # noqa: E402
@@ -55,6 +55,11 @@ def add_arguments(parser):
     parser.add_argument("--routing", choices=ROUTINGS, default="latency",
                         help="latency: fixed latency-shortest paths (DoubleZero routes so); bandwidth: each "
                              "transfer takes the candidate path that completes soonest")
+    parser.add_argument("--host-nic-gbps", type=float, metavar="GBPS",
+                        help="every island's host NIC rate in and out, in Gb/s (default: unlimited)")
+    parser.add_argument("--host-tree", action="store_true",
+                        help="let the optimizer exchange a clique on a host-side tree all-reduce (always reported "
+                             "as the host-tree baseline)")
     parser.add_argument("--local-steps", type=int, default=0,
                         help="H local steps before every round; > 0 switches to the local-step objective")
     parser.add_argument("--step-ms", metavar="MS[,MS...]",
@@ -95,6 +100,8 @@ def _settings(args):
 
 def _check_numbers(args):
     check_seed(args.seed)
+    if args.host_nic_gbps is not None and not (args.host_nic_gbps > 0 and math.isfinite(args.host_nic_gbps)):
+        raise ScheduleError(f"--host-nic-gbps must be a positive number, got {args.host_nic_gbps:g}")
     if args.local_steps < 0:
         raise ScheduleError(f"--local-steps must be 0 or more, got {args.local_steps}")
     if args.sweep:
@@ -122,7 +129,7 @@ def run(args):
         _, table = run_sweep(topology, islands, sizes, args.epsilon, args.seed, Path(args.out_dir),
                              profiles=profiles, steps_ms=steps, local_steps=max(1, args.local_steps),
                              multicast=not args.no_multicast, aggregation=not args.no_aggregation,
-                             routing=args.routing)
+                             routing=args.routing, host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree)
         print(table)
         print(f"\nwrote {args.out_dir}/sweep.md, sweep.json, phase_*.png and the schedule maps")
         return 0
@@ -143,7 +150,8 @@ def run(args):
     plan = plan_schedule(topology, islands, round(args.model_mb * 1e6), args.epsilon,
                          multicast, aggregation, args.seed, aggregator=aggregator,
                          reduce_in_path=args.reduce_in_path, routing=args.routing,
-                         local_steps=args.local_steps, step_ms=args.step_ms)
+                         local_steps=args.local_steps, step_ms=args.step_ms,
+                         host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree)
     print(format_plan(plan))
     # Both outputs or neither: the map is drawn into a temporary file first, then both are renamed.
     with atomic_output(args.out) as schedule_path, atomic_output(args.map) as map_path:
@@ -167,13 +175,13 @@ def _parse_sizes(text, option, zero=False, high=math.inf):
 
 
 def _sweep_cell(topology, islands, epsilon, seed, iterations, profile, reduced, size_mb, step_ms, local_steps,
-                multicast, aggregation, routing, plans):
+                multicast, aggregation, routing, plans, host_nic_gbps=None, host_tree=False):
     """One row of the sweep: the optimum and the baselines at one setting (its plan kept in `plans`)."""
     steps = local_steps if step_ms > 0 else 0
     plan = plan_schedule(topology, islands, round(size_mb * 1e6), epsilon, multicast, aggregation,
-                         seed, iterations, profile, reduced, routing, steps, step_ms)
+                         seed, iterations, profile, reduced, routing, steps, step_ms, host_nic_gbps, host_tree)
     plans[(profile.name, reduced, size_mb, step_ms)] = plan
-    best_name, best_baseline = min(plan.baselines.items(),
+    best_name, best_baseline = min(plan.candidate_baselines.items(),
                                    key=lambda item: item[1].time_to_epsilon_ms)
     row = {
         "aggregator": profile.name, "reduce_in_path": reduced, "model_mb": size_mb,
@@ -185,6 +193,7 @@ def _sweep_cell(topology, islands, epsilon, seed, iterations, profile, reduced, 
         "time_to_epsilon_ms": plan.best.time_to_epsilon_ms,
         "best_baseline": best_name, "best_baseline_ms": best_baseline.time_to_epsilon_ms,
         "lower_bound_ms": plan.lower_bound_ms,
+        "host_tree_ms": plan.baselines[HOST_TREE].time_to_epsilon_ms,
     }
     for name in COMPARED:
         row[f"{name}_ms"] = plan.baselines[name].time_to_epsilon_ms
@@ -216,7 +225,8 @@ def _rotating(schedule):
 
 
 def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None, reduce=(False, True),
-              steps_ms=(0.0,), local_steps=1, multicast=True, aggregation=True, routing="latency", iterations=None):
+              steps_ms=(0.0,), local_steps=1, multicast=True, aggregation=True, routing="latency", iterations=None,
+              host_nic_gbps=None, host_tree=False):
     """Optimize every (aggregator profile, reduce-in-path, model size, step time); write the table, the
     phase diagrams (one PNG per baseline compared) and maps of the optimum at the smallest and largest size.
 
@@ -230,7 +240,7 @@ def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None
     with progress.counting(cells, "sweep cell") as advance:
         for profile, reduced, size_mb, step_ms in itertools.product(profiles, reduce, sizes_mb, steps_ms):
             rows.append(_sweep_cell(topology, islands, epsilon, seed, iterations, profile, reduced, size_mb, step_ms,
-                                    local_steps, multicast, aggregation, routing, plans))
+                                    local_steps, multicast, aggregation, routing, plans, host_nic_gbps, host_tree))
             advance()
     header = ("| aggregator | reduce | model MB | step ms | optimized cliques per round | exchange | rho | lambda "
               "| time to eps ms | global ms | grid2d ms | ring ms | gain over global | x bound |")

@@ -4,9 +4,11 @@ import math
 
 import numpy as np
 
-from .cost import RING, Clique
+from .cost import HOST_TREE, RING, Clique
 
-BASELINE_NAMES = ("global", "ring", "hierarchical", "random", "grid", "grid2d", "exponential")
+BASELINE_NAMES = ("global", "ring", HOST_TREE, "hierarchical", "random", "grid", "grid2d", "exponential")
+"""The host-tree baseline is the host-side tree all-reduce of every island (no aggregator) at its best root;
+the optimizer takes it as a candidate only where the cost model offers host trees (`host_tree`)."""
 
 
 def _medoid(model, members):
@@ -114,8 +116,9 @@ def baselines(evaluator, seed=0):
     """Each baseline, evaluated: its best aggregators where it has a choice."""
     model = evaluator.model
     grouped = baseline_rounds(model, seed)
-    ring = Clique(model.ring_order(model.islands), None, RING)
-    return {name: evaluator.evaluate_cliques([(ring,)]) if name == "ring" else evaluator.evaluate(grouped[name])
+    fixed = {"ring": Clique(model.ring_order(model.islands), None, RING),
+             HOST_TREE: model.host_tree_clique(model.islands)}
+    return {name: evaluator.evaluate_cliques([(fixed[name],)]) if name in fixed else evaluator.evaluate(grouped[name])
             for name in BASELINE_NAMES}
 
 

@@ -2,12 +2,13 @@
 
 A schedule is a periodic sequence of rounds; each round partitions the islands into cliques (islands
 left out of every clique of a round sit it out), and every clique either sums at an aggregation city
-and multicasts the sum back, or exchanges directly (all-to-all or ring). docs/schedule.md derives the
-cost model.
+and multicasts the sum back, or exchanges directly (all-to-all, ring, or a host-side tree all-reduce
+with no aggregator). docs/schedule.md derives the cost model.
 """
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import networkx as nx
@@ -24,8 +25,8 @@ from inwire.protocol import (
 from .aggregator import load_aggregator
 from .errors import ScheduleError
 
-AGGREGATE, ALL_TO_ALL, RING = "aggregate", "all-to-all", "ring"
-EXCHANGES = (AGGREGATE, ALL_TO_ALL, RING)
+AGGREGATE, ALL_TO_ALL, RING, HOST_TREE = "aggregate", "all-to-all", "ring", "host-tree"
+EXCHANGES = (AGGREGATE, ALL_TO_ALL, RING, HOST_TREE)
 ROUTINGS = ("latency", "bandwidth")
 CANDIDATE_PATHS = 4
 """Bandwidth-aware routing chooses among this many latency-shortest simple paths per transfer."""
@@ -50,7 +51,8 @@ def wire_bytes(model_bytes):
 
 @dataclass(frozen=True)
 class Clique:
-    """Members (in ring order for a ring exchange) and where their sum is formed."""
+    """Members (in ring order for a ring exchange, the root first for a host tree) and where their sum is
+    formed."""
     members: tuple
     aggregator: str | None = None
     exchange: str = AGGREGATE
@@ -96,12 +98,16 @@ class CostModel:
     the topology may set its own. `reduce_in_path` lets every aggregating city on the way to a clique's
     root sum what it forwards. `routing` is "latency" (fixed latency-shortest paths, as DoubleZero's
     controller routes) or "bandwidth" (each transfer takes the candidate path that completes soonest).
+    `host_nic_gbps` limits every island's host NIC, in and out (None: unlimited). `host_tree` offers the
+    host-side tree all-reduce among each clique's options (it is always available as a baseline).
     """
 
     def __init__(self, topology, islands, model_bytes, multicast=True, aggregation=True, aggregator="ideal",
-                 reduce_in_path=False, routing="latency"):
+                 reduce_in_path=False, routing="latency", host_nic_gbps=None, host_tree=False):
         if routing not in ROUTINGS:
             raise ScheduleError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        if host_nic_gbps is not None and not (host_nic_gbps > 0 and math.isfinite(host_nic_gbps)):
+            raise ScheduleError(f"host NIC rate must be a positive number of Gb/s, got {host_nic_gbps}")
         self.topology = topology
         self.islands = tuple(islands)
         self.model_bytes = int(model_bytes)
@@ -109,6 +115,8 @@ class CostModel:
         self.aggregation = aggregation
         self.reduce_in_path = bool(reduce_in_path)
         self.routing = routing
+        self.host_nic_gbps = None if host_nic_gbps is None else float(host_nic_gbps)
+        self.host_tree = bool(host_tree)
         self.default_aggregator = load_aggregator(aggregator)
         self.vector_bits = 8 * wire_bytes(self.model_bytes)
         directed = sorted(edge for u, v in topology.graph.edges for edge in ((u, v), (v, u)))
@@ -126,6 +134,12 @@ class CostModel:
             if not profile.ideal:
                 self._aggregator_index[name] = len(capacities)
                 capacities += [profile.ingress_bps, profile.core_bps, profile.egress_bps]
+        # A limited host NIC adds two resources per island, in and out; unlimited ones add none.
+        self._nic_index = {}
+        if self.host_nic_gbps is not None:
+            for island in self.islands:
+                self._nic_index[island] = len(capacities)
+                capacities += [self.host_nic_gbps * 1e9] * 2
         self.capacity_bps = np.array(capacities, dtype=float)
         self._candidates = {}
         self._replicates = {name: multicast and cities[name].multicast for name in cities}
@@ -134,6 +148,7 @@ class CostModel:
         self._path_edges = {}
         self._trees = {}
         self._ring_orders = {}
+        self._host_trees = {}
         self._best_rounds = {}
 
     def latency_ms(self, a, b):
@@ -195,6 +210,52 @@ class CostModel:
             loads[first] += streams_in * self.vector_bits
             loads[first + 1] += streams_in * self.vector_bits
             loads[first + 2] += copies_out * self.vector_bits
+
+    def _charge_nic(self, loads, island, bits_in, bits_out):
+        """What the island's host receives and sends, where its NIC is limited."""
+        first = self._nic_index.get(island)
+        if first is not None:
+            loads[first] += bits_in
+            loads[first + 1] += bits_out
+
+    def _host_tree(self, loads, members):
+        """Loads of a host-side tree all-reduce rooted at members[0], and its propagation term.
+
+        The tree is the latency-shortest-path tree from the root. Each member's host sends one partial
+        sum (its own vector plus its children's partials) to its parent, the first member on its way to
+        the root; the root's host forms the total and it comes back down the same tree, each host
+        sending one copy to each child. Cities between two members only forward. Sums are pipelined
+        chunk by chunk, so the propagation term is the farthest member's path there and back.
+        """
+        root, bits = members[0], self.vector_bits
+        parent = self._tree(root)[0]
+        wanted, host_parent = set(members), {}
+        for member in members[1:]:
+            city = parent[member]
+            while city not in wanted:
+                city = parent[city]
+            host_parent[member] = city
+            city = member
+            while city != host_parent[member]:
+                loads[self.edge_index[(city, parent[city])]] += bits  # the partial, up
+                loads[self.edge_index[(parent[city], city)]] += bits  # the result, down
+                city = parent[city]
+        children = Counter(host_parent.values())
+        for member in members:
+            transfers = children[member] + (member != root)
+            self._charge_nic(loads, member, transfers * bits, transfers * bits)
+        return max(self.latency_ms(m, root) + self.latency_ms(root, m) for m in members)
+
+    def host_tree_clique(self, members):
+        """These members' host-side tree all-reduce at the root where it is fastest alone (ties: the
+        first member in island order)."""
+        key = frozenset(members)
+        if key not in self._host_trees:
+            members = self.canonical(members)
+            trials = [Clique((root,) + tuple(m for m in members if m != root), None, HOST_TREE)
+                      for root in members]
+            self._host_trees[key] = min(trials, key=self.clique_time_alone)
+        return self._host_trees[key]
 
     def _route_latency_ms(self, parent, city, root):
         total = 0.0
@@ -431,10 +492,14 @@ class CostModel:
                 tree = self._aggregate_on_tree(loads, clique, parent)
                 if self.routing == "bandwidth":
                     latency = max(2 * self._route_latency_ms(parent, m, hub) for m in members)
+            for member in members:
+                self._charge_nic(loads, member, self.vector_bits, self.vector_bits)
         elif clique.exchange == ALL_TO_ALL:
             latency = max(self.latency_ms(a, b) for a in members for b in members if a != b)
             for sender in members:
                 self._add_distribution(loads, sender, [m for m in members if m != sender], self.vector_bits)
+                copies = 1 if self._replicates[sender] else k - 1
+                self._charge_nic(loads, sender, (k - 1) * self.vector_bits, copies * self.vector_bits)
         elif clique.exchange == RING:
             # Reduce-scatter then all-gather: 2(k-1) steps, each moving a 1/k chunk to the next member.
             steps = 2 * (k - 1)
@@ -457,6 +522,10 @@ class CostModel:
                     loads[best[1]] += steps * chunk_bits
                     longest = max(longest, best[2])
                 latency = steps * longest
+            for member in members:
+                self._charge_nic(loads, member, steps * chunk_bits, steps * chunk_bits)
+        elif clique.exchange == HOST_TREE:
+            latency = self._host_tree(loads, members)
         else:
             raise ScheduleError(f"unknown exchange {clique.exchange!r}")
         result = _Profile(latency, loads, np.flatnonzero(loads), tree)
@@ -517,13 +586,16 @@ class CostModel:
 
     def options(self, members, shortlist=None):
         """Ways a clique of these members can combine its vectors: in line at any city that aggregates,
-        or directly (all-to-all, ring), which needs no aggregation and can win on latency.
+        or directly (all-to-all, ring, and with `host_tree` a host-side tree at its best root), which
+        needs no aggregation and can win on latency.
 
         With a shortlist, only the members' own cities and the `shortlist` cities with the least
         round-trip latency to the farthest member are offered for aggregation.
         """
         members = self.canonical(members)
         direct = [Clique(members, None, ALL_TO_ALL), Clique(self.ring_order(members), None, RING)]
+        if self.host_tree:
+            direct.append(self.host_tree_clique(members))
         cities = self.aggregation_cities
         if shortlist is not None and len(cities) > shortlist:
             lat = self.latency_ms
@@ -552,7 +624,7 @@ class CostModel:
     def best_round(self, groups):
         """Cliques for these member groups with the combination of options that finishes soonest.
 
-        Exhaustive over every option of every clique (each aggregation city, all-to-all, ring) when the
+        Exhaustive over every option of every clique (each aggregation city and direct exchange) when the
         combinations number at most EXHAUSTIVE_AGGREGATOR_LIMIT; otherwise each clique keeps its 4 best
         shortlisted options when alone and the assignment is improved one clique at a time.
         Returns (cliques, time_ms, exhaustive).
@@ -565,7 +637,8 @@ class CostModel:
         if not groups:
             result = ((), 0.0, True)
         else:
-            exhaustive = (len(self.aggregation_cities) + 2) ** len(groups) <= EXHAUSTIVE_AGGREGATOR_LIMIT
+            direct = 3 if self.host_tree else 2
+            exhaustive = (len(self.aggregation_cities) + direct) ** len(groups) <= EXHAUSTIVE_AGGREGATOR_LIMIT
             if exhaustive:
                 option_lists = [self.options(g) for g in groups]
             else:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, replace
 
 from .aggregator import PROFILES
-from .cost import AGGREGATE, EXCHANGES, ScheduleError, wire_bytes
+from .cost import AGGREGATE, EXCHANGES, HOST_TREE, ScheduleError, wire_bytes
 from .jsonfile import read_json
 
 # ---------------------------------------------------------------------------------------------------
@@ -68,6 +68,8 @@ def schedule_document(plan):
         "routing": plan.routing,
         "local_steps": plan.local_steps,
         "step_ms": plan.step_ms,
+        "host_nic_gbps": plan.host_nic_gbps,
+        "host_tree": plan.host_tree,
         "rounds": _rounds_json(plan.best, model),
         **_summary_json(plan.best),
         "baselines": {name: {**_summary_json(s), "rounds": _rounds_json(s, model)}
@@ -202,7 +204,8 @@ def load_schedule_file(path: str | os.PathLike) -> ScheduleFile:
     """Read and validate a schedule file (the one loader the CLI, the stream and the tests use).
 
     The aggregator is a city name, or None for a clique that exchanges directly (its "exchange" field
-    in the file says all-to-all or ring). Islands absent from a round sit that round out.
+    in the file says all-to-all, ring or host-tree, whose first member is the root). Islands absent from
+    a round sit that round out.
     """
     document = read_json(path, "schedule", ScheduleError)
     period = parse_schedule(document, str(path))
@@ -223,7 +226,8 @@ def _time(ms):
 def describe_round(cliques):
     parts = []
     for c in cliques:
-        where = c.aggregator if c.exchange == AGGREGATE else c.exchange
+        where = (c.aggregator if c.exchange == AGGREGATE else
+                 f"{c.exchange}:{c.members[0]}" if c.exchange == HOST_TREE else c.exchange)
         parts.append("{" + ",".join(c.members) + "}@" + where)
     return "  ".join(parts) if parts else "(idle)"
 
@@ -236,6 +240,8 @@ def format_plan(plan):
     limits = ("no limit" if aggregator.ideal else
               f"ports {figures['ingress_gbps'] or 'unlimited'} Gb/s in and out, "
               f"core {figures['core_gbps'] or 'unlimited'} Gb/s")
+    hosts = "".join([f", host NICs {plan.host_nic_gbps:g} Gb/s" if plan.host_nic_gbps is not None else "",
+                     ", host trees offered per clique" if plan.host_tree else ""])
     objective = ("time to epsilon by rho, whole periods" if not plan.local_steps else
                  f"{plan.local_steps} local step(s) of {plan.step_ms:g} ms before every round; time to epsilon "
                  f"at the spectral radius's rate")
@@ -244,7 +250,7 @@ def format_plan(plan):
         f"({wire_bytes(plan.model_bytes) / 1e6:,.1f} MB on the wire), epsilon {plan.epsilon:g}, "
         f"multicast {'on' if plan.multicast else 'off'}, aggregation {'on' if plan.aggregation else 'off'}",
         f"aggregator {aggregator.name} ({limits}), reduce in path {'on' if plan.reduce_in_path else 'off'}, "
-        f"routing {plan.routing}; objective: {objective}",
+        f"routing {plan.routing}{hosts}; objective: {objective}",
         "",
         f"{'schedule':<14}{'rounds':>7}{'period ms':>12}{'rho':>10}{'lambda':>10}{'periods':>9}"
         f"{'time to eps ms':>16}{'x bound':>9}",

@@ -10,10 +10,10 @@ them and says so.
 Each clique of a round has a colour (Okabe-Ito, colour-blind safe) and its routes are drawn in it: the links
 its members' vectors take to the aggregation city (a star) and the result back (one copy per link where the
 city multicasts). Where several cliques share a link their lines run side by side. A direct exchange
-(all-to-all, ring) is dashed. With in-path reduction, the cities on a clique's tree that sum what they forward
-are diamonds. City names are placed so that they do not overlap each other or the marks (a greedy search over
-positions around each city). With the planner's cost model at hand, the links drawn are those the cost model
-charges for the clique; without it, latency-shortest paths.
+(all-to-all, ring; a host-side tree dotted) is dashed. With in-path reduction, the cities on a clique's tree
+that sum what they forward are diamonds. City names are placed so that they do not overlap each other or
+the marks (a greedy search over positions around each city). With the planner's cost model at hand, the links
+drawn are those the cost model charges for the clique; without it, latency-shortest paths.
 """
 
 import functools
@@ -23,9 +23,10 @@ import textwrap
 import numpy as np
 
 from .. import plotstyle
-from .cost import AGGREGATE, ALL_TO_ALL, RING
+from .cost import AGGREGATE, ALL_TO_ALL, HOST_TREE, RING
 
-EXCHANGE_DASHES = {AGGREGATE: "-", ALL_TO_ALL: (0, (5, 1.6)), RING: (0, (6, 1.6, 1.6, 1.6))}
+EXCHANGE_DASHES = {AGGREGATE: "-", ALL_TO_ALL: (0, (5, 1.6)), RING: (0, (6, 1.6, 1.6, 1.6)),
+                   HOST_TREE: (0, (1.6, 1.6))}
 LINK_WEIGHT = {"dedicated": 1.0, "public": 0.3}
 """What crossing the map's cut costs a link of each kind (the cut is put where the least is crossed)."""
 MAP_WIDTH_IN = 10.5
@@ -149,6 +150,8 @@ def clique_hops(topology, clique, model=None):
         pairs = [(m, clique.aggregator) for m in clique.members if m != clique.aggregator]
     elif clique.exchange == RING:
         pairs = list(zip(clique.members, clique.members[1:] + clique.members[:1]))
+    elif clique.exchange == HOST_TREE:
+        pairs = [(m, clique.members[0]) for m in clique.members[1:]]
     else:
         pairs = [(a, b) for i, a in enumerate(clique.members) for b in clique.members[i + 1:]]
     return sorted({tuple(sorted(hop)) for a, b in pairs
@@ -223,7 +226,9 @@ def _clique_label(clique, clique_ms, islands, width=34):
         members = f"all {len(islands)} islands"
     else:
         members = "{" + ",".join(clique.members) + "}"
-    how = f"{members} → {clique.aggregator}" if clique.exchange == AGGREGATE else f"{members} {clique.exchange}"
+    how = (f"{members} → {clique.aggregator}" if clique.exchange == AGGREGATE else
+           f"{members} host-tree to {clique.members[0]}" if clique.exchange == HOST_TREE else
+           f"{members} {clique.exchange}")
     text = how if clique_ms is None else f"{how}: {clique_ms:,.0f} ms"
     return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False))
 

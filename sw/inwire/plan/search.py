@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import progress
 from .baselines import baselines, geographic_grid, lower_bound_ms
-from .cost import CostModel, Schedule, ScheduleError
+from .cost import HOST_TREE, CostModel, Schedule, ScheduleError
 from .mixing import (
     mixing_rate,
     periods_to_epsilon,
@@ -194,6 +194,16 @@ class PlanResult:
     step_ms: float = 0.0
     cost_model: object = None
     """The CostModel that scored the schedules (for per-clique times and reduction trees)."""
+    host_nic_gbps: float | None = None
+    """Every island's host NIC rate, in and out (None: unlimited)."""
+    host_tree: bool = False
+    """Whether the optimizer could exchange a clique on a host-side tree."""
+
+    @property
+    def candidate_baselines(self):
+        """The baselines the optimizer started from, which it is never worse than: all but the host-side
+        tree unless it was offered host trees."""
+        return {name: s for name, s in self.baselines.items() if self.host_tree or name != HOST_TREE}
 
 
 def _groups_of(schedule, islands):
@@ -281,25 +291,28 @@ def _key(schedule):
 
 def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3, multicast=True,
                   aggregation=True, seed=0, iterations=None, aggregator="ideal", reduce_in_path=False,
-                  routing="latency", local_steps=0, step_ms=0.0):
+                  routing="latency", local_steps=0, step_ms=0.0, host_nic_gbps=None, host_tree=False):
     """Find the periodic schedule with the least time to epsilon-consensus, beside the baselines.
 
-    Candidates: every baseline; a geographic grid for every ordered factorization of n; for small n,
-    every two-round grid exhaustively. The best few are refined by seeded simulated annealing, which
-    may change rounds, cliques and their count. The result is never worse than any candidate.
+    Candidates: every baseline (the host-tree one only with `host_tree`); a geographic grid for every
+    ordered factorization of n; for small n, every two-round grid exhaustively. The best few are refined
+    by seeded simulated annealing, which may change rounds, cliques and their count. The result is never
+    worse than any candidate.
     """
     started = time.perf_counter()
     islands = topology.resolve_islands(islands)
     if len(islands) > MAX_ISLANDS:
         raise ScheduleError(f"{len(islands)} islands, more than the {MAX_ISLANDS} a schedule is planned for (the "
                             f"search took 8 minutes for 200 here); choose fewer with --islands")
-    model = CostModel(topology, islands, model_bytes, multicast, aggregation, aggregator, reduce_in_path, routing)
+    model = CostModel(topology, islands, model_bytes, multicast, aggregation, aggregator, reduce_in_path, routing,
+                      host_nic_gbps, host_tree)
     evaluator = Evaluator(model, epsilon, local_steps, step_ms)
     rng = np.random.default_rng(seed)
     n = len(islands)
 
     reported = baselines(evaluator, seed)
-    candidates = list(reported.values())
+    # The host-tree baseline is reported as a competitor; a candidate only where cliques may use it.
+    candidates = [s for name, s in reported.items() if host_tree or name != HOST_TREE]
     factorizations = ordered_factorizations(n)
     if len(factorizations) > 40:
         factorizations = sorted(factorizations, key=lambda d: (len(d), d))[:40]
@@ -336,6 +349,7 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
     return PlanResult(topology.source, islands, model.model_bytes, epsilon, multicast, aggregation, seed, best,
                       reported, lower_bound_ms(model, epsilon, evaluator.compute_ms_per_round), method,
                       evaluator.evaluations, time.perf_counter() - started, model.default_aggregator,
-                      model.reduce_in_path, routing, local_steps, float(step_ms), model)
+                      model.reduce_in_path, routing, local_steps, float(step_ms), model, model.host_nic_gbps,
+                      model.host_tree)
 
 
