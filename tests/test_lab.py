@@ -10,7 +10,7 @@ import time
 import pytest
 
 from inwire.lab.emulator import EmulatedLink, WanLab, judge, leftover_namespaces, refuse_unless_ok
-from inwire.lab.measure import Measurement, plan_strategies, ranking_disagreements
+from inwire.lab.measure import Measurement, host_parents, plan_strategies, ranking_disagreements
 from inwire.netns import LabError, unavailable_reason
 from inwire.plan.topology import topology_from_dict
 
@@ -89,19 +89,24 @@ def test_a_link_shaped_wrong_is_caught(lab):
 def test_one_inwire_round_and_one_gloo_all_reduce_cross_the_lab(lab, checked):
     refuse_unless_ok(checked)
     strategies = plan_strategies(lab.topology, None, VECTOR_BYTES, 1.0, RATE_SCALE,
-                                 names=("global_tree", "gloo"))
-    tree, gloo = strategies
+                                 names=("global_tree", "host_tree", "gloo"))
+    tree, hosts, gloo = strategies
     # The model's tree for a chain rooted at B: every island sends straight to B (A and C sum nothing).
     assert tree.rounds[0][0][1] == "B"
     with Measurement(lab, lab.cities, VECTOR_BYTES, strategies, reps=1) as measurement:
         times, retransmits = measurement.inwire(tree)
         gloo_times, late, error = measurement.gloo(gloo)
+        host_times, host_late, host_error = measurement.host_tree(hosts)
     # The sums were checked against every island's vector (Measurement raises otherwise). One round takes at
     # least the slowest member's round trip (A and C to B: 2 x 15 ms) and the busiest link's serialization.
     serialization_ms = 1e3 * 8 * VECTOR_BYTES / lab.links[0].rate_bps
     assert times[0] >= 30 + serialization_ms
     assert times[0] == pytest.approx(tree.predicted_ms, rel=0.5)
     assert gloo_times[0] >= 30 + serialization_ms and error < 1e-3
+    # The host tree: B's host sums A's and C's vectors with its own (root B: the model's rule) and sends the
+    # sum back; float32 sums in another order than float64 numpy's.
+    assert hosts.order[0] == "B" and host_parents(lab.topology, hosts.order) == {"A": "B", "C": "B"}
+    assert host_times[0] >= 30 + serialization_ms and host_error < 1e-4 and host_late == 0
 
 
 def test_a_measured_order_against_a_clear_prediction_is_reported():

@@ -27,7 +27,8 @@ def add_arguments(parser):
     parser.add_argument("--loss", type=float, default=0.0, metavar="P", help="drop this fraction on every link")
     parser.add_argument("--reps", type=int, default=5, metavar="N", help="repetitions of each strategy")
     parser.add_argument("--strategies", default=None,
-                        help="comma-separated, from schedule, global_clique, global_tree, gloo (default: all)")
+                        help="comma-separated, from schedule, global_clique, global_tree, host_tree, gloo "
+                             "(default: all)")
     parser.add_argument("--window", type=int, default=None, metavar="CHUNKS",
                         help="chunks each island keeps in flight (default: the whole vector, up to 1024)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the planner and the test vectors")
@@ -86,6 +87,11 @@ def run(args):
                     entries.append(summarize(strategy, times, ranks=list(strategy.order), start_late_s=round(late, 4),
                                              max_abs_error=error,
                                              predicted_as="the cost model's ring exchange in rank order"))
+                elif strategy.name == "host_tree":
+                    times, late, error = measurement.host_tree(strategy)
+                    entries.append(summarize(strategy, times, members=list(strategy.order),
+                                             start_late_s=round(late, 4), max_abs_error=error,
+                                             predicted_as="the cost model's host-tree exchange"))
                 else:
                     times, retransmits = measurement.inwire(strategy)
                     entries.append(summarize(strategy, times, retransmits=retransmits, bit_exact=True,

@@ -9,6 +9,9 @@ float32 through gloo), several times, each repetition started at one wall-clock 
 - `global_clique`: every island in one clique at the aggregation city the model finds fastest;
 - `global_tree`: the same with in-path reduction along the model's tree (every aggregating city on the way
   sums what it forwards);
+- `host_tree`: a host-side tree all-reduce over TCP without any aggregator (`inwire.lab.hosttree`): each
+  island's host sums its children's partials with its own vector along the latency-shortest-path tree
+  from the root the model finds fastest, and passes the result back down (the planner's `host-tree`);
 - `gloo`: `torch.distributed.all_reduce` (gloo, TCP) among the islands, ranks in the model's ring order;
   predicted as the model's ring exchange.
 
@@ -36,7 +39,7 @@ from ..protocol import ELEMENT_BYTES, INWIRE_PORT, MAX_ELEMENTS_PER_FRAME
 from .emulator import package_environment
 from .island import expected_digest
 
-STRATEGIES = ("schedule", "global_clique", "global_tree", "gloo")
+STRATEGIES = ("schedule", "global_clique", "global_tree", "host_tree", "gloo")
 START_MARGIN_S = 0.3
 """Commands go out this long before a round's common start: every island has its command by then."""
 STARTUP_TIMEOUT_S = 30
@@ -107,6 +110,11 @@ def plan_strategies(topology, islands, vector_bytes, delay_scale, rate_scale, se
             strategies.append(Strategy(name, (((islands, hub, treed.profile(clique).tree or {}),),),
                                        treed.clique_time_alone(clique),
                                        f"every island in one reduction tree rooted at {hub}"))
+        elif name == "host_tree":
+            clique = flat.host_tree_clique(islands)
+            strategies.append(Strategy(name, (), flat.clique_time_alone(clique),
+                                       f"a host-side tree all-reduce over TCP rooted at {clique.members[0]}",
+                                       clique.members))
         elif name == "gloo":
             order = tuple(flat.ring_order(islands))
             strategies.append(Strategy(name, (), flat.clique_time_alone(Clique(order, None, RING)),
@@ -242,6 +250,48 @@ class Measurement:
             times.append(1e3 * total)
         return times, retransmits
 
+    def host_tree(self, strategy, port=29611):
+        """Each repetition's time (ms) of the host-side tree all-reduce among `strategy.order` (root first),
+        after one repetition that warms the connections up (gloo's group warms up the same way)."""
+        lab, order = self.lab, strategy.order
+        parents = host_parents(lab.topology, order)
+        children = {city: sum(1 for p in parents.values() if p == city) for city in order}
+        period = max(2.0, 4e-3 * strategy.predicted_ms + 1.0)
+        start = time.time() + 3.0 + 4e-3 * max(lab.topology.latency_ms(a, b) * lab.delay_scale for a in order
+                                                for b in order)
+        hosts = []
+        for index, city in enumerate(order):
+            parent = f"{lab.addresses[parents[city]]}:{port}" if city in parents else ""
+            hosts.append(subprocess.Popen(
+                lab.python(city, "inwire.lab.hosttree", "--address", lab.addresses[city], "--port", str(port),
+                           "--parent", parent, "--children", str(children[city]), "--index", str(index),
+                           "--members", str(len(order)), "--elements", str(self.elements), "--reps",
+                           str(self.reps + 1), "--start", f"{start:.6f}", "--period", f"{period:.3f}", "--seed",
+                           str(self.seed)),
+                env=package_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        reports = self._collect(order, hosts, "host-tree host", start + (self.reps + 1) * period + self.deadline_s)
+        times = [1e3 * (max(r["reps"][k]["ended"] for r in reports) - reports[0]["reps"][k]["start"])
+                 for k in range(1, self.reps + 1)]
+        late = max(rep["late_s"] for r in reports for rep in r["reps"])
+        return times, late, max(r["max_error"] for r in reports)
+
+    def _collect(self, cities, processes, what, until):
+        """Every process's last JSON line; a LabError naming the first that failed."""
+        reports = []
+        try:
+            for city, process in zip(cities, processes):
+                out, err = process.communicate(timeout=max(10.0, until - time.time() + 60))
+                if process.returncode != 0:
+                    last = (err.strip().splitlines() or ["no output"])[-1]
+                    raise LabError(f"the {what} in {city} failed: {last}")
+                reports.append(json.loads(out.strip().splitlines()[-1]))
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        return reports
+
     def gloo(self, strategy, port=29511):
         """Each repetition's time (ms) of one gloo all_reduce among the islands (ranks in `strategy.order`)."""
         lab, order = self.lab, strategy.order
@@ -256,24 +306,22 @@ class Measurement:
                            str(self.reps), "--margin", f"{margin:.3f}", "--seed", str(self.seed),
                            "--timeout", f"{self.deadline_s:.0f}"),
                 env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        reports = []
-        try:
-            for city, process in zip(order, ranks):
-                out, err = process.communicate(timeout=self.deadline_s * (self.reps + 2) + 120)
-                if process.returncode != 0:
-                    last = (err.strip().splitlines() or ["no output"])[-1]
-                    raise LabError(f"gloo rank in {city} failed: {last}")
-                reports.append(json.loads(out.strip().splitlines()[-1]))
-        finally:
-            for process in ranks:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
+        reports = self._collect(order, ranks, "gloo rank", time.time() + self.deadline_s * (self.reps + 2) + 60)
         times = [1e3 * (max(r["reps"][k]["ended"] for r in reports) - reports[0]["reps"][k]["start"])
                  for k in range(self.reps)]
         late = max(rep["late_s"] for r in reports for rep in r["reps"])
         error = max(r["max_error"] for r in reports)
         return times, late, error
+
+
+def host_parents(topology, members):
+    """Each member's parent host in the host-side tree rooted at members[0]: the first member on its
+    latency-shortest path to the root (the cost model's rule)."""
+    root, wanted, parents = members[0], set(members), {}
+    for member in members[1:]:
+        path = topology.path(member, root)
+        parents[member] = next(city for city in path[1:] if city in wanted)
+    return parents
 
 
 def summarize(strategy, times_ms, **extra):
