@@ -1,4 +1,4 @@
-"""MAC tests: CRC equations against zlib, width converters in the Amaranth simulator, and the cocotb
+"""MAC tests: the FCS CRC against zlib, width converters in the Amaranth simulator, and the cocotb
 RGMII tests of tb/mac on Icarus (widths 1 and 8) and Verilator (width 8)."""
 
 import random
@@ -7,10 +7,11 @@ import zlib
 from pathlib import Path
 
 import pytest
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module
+from amaranth.lib.crc.catalog import CRC32_ETHERNET
 from amaranth.sim import Simulator
 
-from inwire_hdl.crc import CRC32_INIT, CRC32_RESIDUE, crc32_next, crc32_software
+from inwire_hdl.mac import FCS
 from inwire_hdl.width import Downsizer, Upsizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,29 +19,41 @@ TB = ROOT / "tb" / "mac"
 
 
 @pytest.mark.parametrize("nbytes", [1, 2, 8])
-def test_crc_equations_match_zlib(nbytes):
+def test_crc_matches_zlib_and_checks_the_fcs(nbytes):
+    """The MAC's FCS algorithm, stepped 1, 2 or 8 bytes per clock (byte 0 in bits 7..0), ends at
+    `zlib.crc32` after a frame and at the residue (`match_detected`) after a frame and its FCS."""
     rng = random.Random(nbytes)
     message = bytes(rng.getrandbits(8) for _ in range(8 * nbytes * 5))
-    assert crc32_software(message) ^ 0xFFFFFFFF == zlib.crc32(message)
+    frame = message[:-4]
+    codeword = frame + zlib.crc32(frame).to_bytes(4, "little")
+    assert FCS.compute(message) == zlib.crc32(message)
+    assert FCS.residue() == 0xDEBB20E3
 
     m = Module()
-    state = Signal(32, init=CRC32_INIT)
-    data = Signal(8 * nbytes)
-    m.d.sync += state.eq(crc32_next(state, data))
+    m.submodules.crc = crc = CRC32_ETHERNET(8 * nbytes).create()
     sim = Simulator(m)
     sim.add_clock(1e-6)
     result = {}
 
-    async def bench(ctx):
-        for offset in range(0, len(message), nbytes):
-            ctx.set(data, int.from_bytes(message[offset:offset + nbytes], "little"))
+    async def feed(ctx, data):
+        ctx.set(crc.start, 1)
+        await ctx.tick()
+        ctx.set(crc.start, 0)
+        ctx.set(crc.valid, 1)
+        for offset in range(0, len(data), nbytes):
+            ctx.set(crc.data, int.from_bytes(data[offset:offset + nbytes], "little"))
             await ctx.tick()
-        result["crc"] = ctx.get(state)
+        ctx.set(crc.valid, 0)
+        return ctx.get(crc.crc), ctx.get(crc.match_detected)
+
+    async def bench(ctx):
+        result["message"] = await feed(ctx, message)
+        result["codeword"] = await feed(ctx, codeword)
 
     sim.add_testbench(bench)
     sim.run()
-    assert result["crc"] ^ 0xFFFFFFFF == zlib.crc32(message)
-    assert crc32_software(message + zlib.crc32(message).to_bytes(4, "little")) == CRC32_RESIDUE
+    assert result["message"] == (zlib.crc32(message), 0)
+    assert result["codeword"][1] == 1
 
 
 @pytest.mark.parametrize("width", [1, 3, 8])

@@ -5,19 +5,22 @@ back-pressure), so `PacketFifo` stores each frame and keeps it only if the MAC s
 `MacTx` adds preamble/SFD, pads to the 60-byte minimum, appends the FCS and keeps the inter-frame gap;
 its input must not run dry inside a frame, which the store-and-forward `PacketFifo` in front of it
 guarantees. `EthMac` ties both to a core clock domain through async FIFOs and width converters.
-RGMII is the thin DDR layer in `inwire_hdl.rgmii`.
+RGMII is the thin DDR layer in `inwire_hdl.rgmii`. The FCS is `amaranth.lib.crc`'s CRC-32 Ethernet, one
+byte per step.
 """
 
-from amaranth.hdl import Array, Cat, Const, DomainRenamer, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, DomainRenamer, Module, Mux, Signal
 from amaranth.lib import fifo, wiring
+from amaranth.lib.crc.catalog import CRC32_ETHERNET
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from .crc import CRC32_INIT, CRC32_RESIDUE, crc32_next
 from .width import Downsizer, StreamRegister, Upsizer, axis_signature
 
 PREAMBLE = 0x55
 SFD = 0xD5
+FCS = CRC32_ETHERNET(8)
+"""The FCS over one byte per clock; its `crc` output is the value sent, least significant byte first."""
 MIN_FRAME = 64
 """Smallest frame on the wire, FCS included; shorter received frames are runts."""
 FCS_BYTES = 4
@@ -183,7 +186,10 @@ class MacRx(wiring.Component):
         rxd = Signal(8)
         m.d.sync += [rx_dv.eq(self.gmii.rx_dv), rx_er.eq(self.gmii.rx_er), rxd.eq(self.gmii.rxd)]
 
-        crc = Signal(32, init=CRC32_INIT)
+        # Run over the frame and its FCS, the CRC ends at the residue (`match_detected`) exactly when the
+        # FCS is right: the check needs no knowledge of where the frame ends before it has ended.
+        m.submodules.crc = crc = FCS.create()
+        m.d.comb += crc.data.eq(rxd)
         length = Signal(range(self.max_frame + 2))
         too_long = Signal()
         errored = Signal()
@@ -198,7 +204,8 @@ class MacRx(wiring.Component):
 
         with m.FSM():
             with m.State("IDLE"):
-                m.d.sync += [crc.eq(CRC32_INIT), length.eq(0), too_long.eq(0), errored.eq(0), filled.eq(0)]
+                m.d.comb += crc.start.eq(1)
+                m.d.sync += [length.eq(0), too_long.eq(0), errored.eq(0), filled.eq(0)]
                 with m.If(rx_dv & (rxd == SFD)):
                     m.next = "DATA"
                 with m.Elif(rx_dv & (rxd == PREAMBLE)):
@@ -217,8 +224,8 @@ class MacRx(wiring.Component):
                     m.next = "IDLE"
             with m.State("DATA"):
                 with m.If(rx_dv):
+                    m.d.comb += crc.valid.eq(1)
                     m.d.sync += [
-                        crc.eq(crc32_next(crc, rxd)),
                         Cat(*delay).eq(Cat(rxd, *delay[:-1])),
                         errored.eq(errored | rx_er),
                     ]
@@ -236,7 +243,7 @@ class MacRx(wiring.Component):
                     with m.Else():
                         m.d.sync += filled.eq(filled + 1)
                 with m.Else():
-                    bad_fcs = crc != CRC32_RESIDUE
+                    bad_fcs = ~crc.match_detected
                     runt = length < MIN_FRAME
                     drop = bad_fcs | runt | too_long | errored
                     m.d.sync += [
@@ -270,16 +277,17 @@ class MacTx(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        crc = Signal(32)
+        m.submodules.crc = crc = FCS.create()
         count = Signal(range(max(IFG_BYTES, MIN_FRAME) + 1))
-        fcs = Signal(32)
+        fcs = Signal(24)
 
         m.d.sync += [self.gmii.tx_en.eq(0), self.gmii.tx_er.eq(0), self.gmii.txd.eq(0)]
         m.d.sync += [self.count_frames_sent.eq(0), self.count_underruns.eq(0)]
 
         with m.FSM():
             with m.State("IDLE"):
-                m.d.sync += [count.eq(0), crc.eq(CRC32_INIT)]
+                m.d.comb += crc.start.eq(1)
+                m.d.sync += count.eq(0)
                 with m.If(self.i.tvalid):
                     m.next = "PREAMBLE"
             with m.State("PREAMBLE"):
@@ -293,7 +301,7 @@ class MacTx(wiring.Component):
                 with m.If(~self.i.tvalid):
                     m.d.sync += [self.gmii.tx_er.eq(1), self.count_underruns.eq(1)]
                 with m.Else():
-                    m.d.sync += crc.eq(crc32_next(crc, self.i.tdata))
+                    m.d.comb += [crc.data.eq(self.i.tdata), crc.valid.eq(1)]
                     with m.If(count < MIN_FRAME - FCS_BYTES):
                         m.d.sync += count.eq(count + 1)
                     with m.If(self.i.tlast):
@@ -302,19 +310,16 @@ class MacTx(wiring.Component):
                         with m.Else():
                             m.next = "FCS"
             with m.State("PAD"):
-                m.d.sync += [
-                    self.gmii.tx_en.eq(1),
-                    self.gmii.txd.eq(0),
-                    crc.eq(crc32_next(crc, Const(0, 8))),
-                    count.eq(count + 1),
-                ]
+                # The padding is covered by the FCS: the CRC takes zero bytes (`data` is 0 outside DATA).
+                m.d.comb += crc.valid.eq(1)
+                m.d.sync += [self.gmii.tx_en.eq(1), self.gmii.txd.eq(0), count.eq(count + 1)]
                 with m.If(count == MIN_FRAME - FCS_BYTES - 1):
                     m.next = "FCS"
             with m.State("FCS"):
                 m.d.sync += [
                     self.gmii.tx_en.eq(1),
-                    self.gmii.txd.eq(~crc[:8]),
-                    fcs.eq(~crc >> 8),
+                    self.gmii.txd.eq(crc.crc[:8]),
+                    fcs.eq(crc.crc[8:]),
                     count.eq(1),
                 ]
                 m.next = "FCS_REST"
