@@ -58,9 +58,11 @@ coverage:
 	PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage $(BIN)/python tb/coverage/verilator_coverage.py
 
 # Mutation score (docs/verification.md): mutmut over the golden model and the fast path, each against its own
-# tests; not part of `make test`. The gateware's own mutants (hdl/inwire_hdl/mutants.py) get a line below it.
+# tests, then the gateware's mutants (hdl/inwire_hdl/mutants.py) against the cocotb suite and the formal rows
+# that name them; not part of `make test`.
 mutate:
 	$(BIN)/python tb/mutation/software.py
+	$(BIN)/python tb/mutation/gateware.py
 
 verilog:
 	$(BIN)/inwire verilog --out build/inwire_aggregator.v

@@ -85,6 +85,15 @@ def test_every_property_has_a_mutant_at_both_widths():
                 name, width)
 
 
+def test_lease_rows_start_the_timer_anywhere():
+    """A lease timer from 0 at reset never wraps within a row's depth: `lease_unwrapped` (times compared
+    without the wrap) passes such a row, so every row about leases starts the timer at any value."""
+    for check in formal.CHECKS:
+        if check.scenario in ("lease", "stale"):
+            assert check.free_timer, check.job
+    assert any("lease_unwrapped" in check.mutants for check in formal.CHECKS if check.scenario == "lease")
+
+
 def test_unreached_subjects_are_stated():
     """A row that runs on the real core in CI without its cover (its subject lies beyond the depth) says
     so in its note, which the table prints."""

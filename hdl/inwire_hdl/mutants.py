@@ -11,6 +11,11 @@ the sender's bit alone; `no_route` and `hops_kept` override what C1 registers ab
 (a later assignment wins in Amaranth); `stale_claims` hides from the disposition that a stale frame's
 slot is complete, as if the stale check came after the completed-slot claim.
 
+More inside mutants of the same kind, each a small bug a real edit could make: `lease_unwrapped` and
+`stamp_at_claim` in the lease, `carry_lost`, `carry_counted`, `hop2_expect_lost`, `members_low32` and
+`partials_resend_uncounted` in the tree, `source_route` in the route check. `make mutate`
+(tb/mutation/gateware.py) runs every mutant against the cocotb suite and the formal rows that name it.
+
 `MUTANTS` maps a name to a one-line description; `build(name, config, data_width, buffer_beats)` returns the
 gateware.
 """
@@ -21,10 +26,10 @@ from unittest import mock
 from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import wiring
 
-from inwire.protocol import FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
+from inwire.protocol import COUNTERS, FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
 
 from . import aggregator
-from .aggregator import Aggregator
+from .aggregator import Action, Aggregator
 from .blocks import SaturatingAdder
 from .layout import field_value
 
@@ -48,6 +53,16 @@ MUTANTS = {
     "no_route": "(inside) the route check removed: hops naming the aggregator, the source or an outsider accepted",
     "hops_kept": "(inside) a partial's hops not moved up: it carries the frame's own expect, hop1 and hop1_expect",
     "stale_claims": "(inside) an older chunk or round of the owner's job claims a completed slot inside the lease",
+    "lease_unwrapped": "(inside) the idle time taken as now - stamp without the wrap: a slot stamped before the "
+                       "timer wrapped looks idle for 0 ticks",
+    "stamp_at_claim": "(inside) a slot keeps the time of its claim: later accepted contributions do not renew the "
+                      "lease",
+    "carry_lost": "(inside) a partial's carried overflow flag dropped when that partial completes its slot",
+    "carry_counted": "(inside) a partial's carried overflow flag counted in saturations",
+    "hop2_expect_lost": "(inside) a partial's hop1_expect not moved up from hop2_expect (sent as 0)",
+    "members_low32": "(inside) a frame's members cut to bits 0-31: members 32-63 are lost",
+    "partials_resend_uncounted": "(inside) a stored partial sent again is not counted in partials_emitted",
+    "source_route": "(inside) the route check without the source: a hop1 equal to the frame's IPv4 source passes",
 }
 
 
@@ -114,18 +129,115 @@ class HopsKept(Aggregator):
                            p.c1.out_hop1_expect.eq(field_value(p.hdr, "hop1_expect"))]
 
 
-class StaleClaims(Aggregator):
-    """The real aggregator with the stale check applied to unfinished slots only: a completed slot is
-    claimed by an older frame of its job, its stored result lost."""
+class _DecideOnChangedC3(Aggregator):
+    """The real aggregator whose disposition (I3) sees C3 with some fields changed: `_changes(p, real)`."""
 
     def _decide(self, p):
         real = p.c3
-        p.c3 = Signal(real.shape(), name="c3_stale_claims")
-        p.m.d.comb += [p.c3.eq(real), p.c3.older.eq(real.older & ~p.meta3.complete)]
+        p.c3 = Signal(real.shape(), name=f"c3_{type(self).__name__.lower()}")
+        p.m.d.comb += [p.c3.eq(real), *self._changes(p, real)]
         try:
             super()._decide(p)
         finally:
             p.c3 = real
+
+
+class StaleClaims(_DecideOnChangedC3):
+    """The real aggregator with the stale check applied to unfinished slots only: a completed slot is
+    claimed by an older frame of its job, its stored result lost."""
+
+    def _changes(self, p, real):
+        return [p.c3.older.eq(real.older & ~p.meta3.complete)]
+
+
+class LeaseUnwrapped(_DecideOnChangedC3):
+    """The real aggregator comparing times as plain numbers: a frame time below the slot's stamp (the timer
+    wrapped in between) is no idle time at all. Timers that start at 0 and run less than 2**16 ticks never
+    show it."""
+
+    def _changes(self, p, real):
+        return [p.c3.idle.eq(Mux(real.now >= p.meta3.stamp, real.idle, 0))]
+
+
+class StampAtClaim(Aggregator):
+    """The real aggregator stamping a slot only when it is claimed: a slot whose members keep coming
+    expires `lease` ticks after its first contribution."""
+
+    def _commit(self, p):
+        super()._commit(p)
+        with p.m.If(p.commit & ~p.fresh):
+            p.m.d.sync += p.commit_entry.stamp.eq(p.meta3.stamp)
+
+
+class CarryLost(Aggregator):
+    """The real aggregator reading a partial's trailer flag only when the partial does not complete its slot."""
+
+    def _lane_sources(self, p):
+        super()._lane_sources(p)
+        with p.m.If(p.actx.action == Action.SUM_RESULT):
+            p.m.d.comb += p.carried_lanes.eq(0)
+
+
+def _counter(p, name):
+    return p.counters[COUNTERS.index(name)]
+
+
+class CarryCounted(Aggregator):
+    """The real aggregator counting a summed partial whose trailer carries the overflow flag in saturations."""
+
+    def _stage_b(self, p):
+        super()._stage_b(p)
+        saturations = _counter(p, "saturations")
+        with p.m.If(p.advance & p.s_valid & p.s_end & ~p.s_bad & p.s_summing & (p.carried_acc | p.s_carried)):
+            p.m.d.sync += saturations.eq(saturations + 1)
+
+
+class PartialsResendUncounted(Aggregator):
+    """The real aggregator counting partials only as they complete a level, not a stored one sent again."""
+
+    def _stage_b(self, p):
+        super()._stage_b(p)
+        partials = _counter(p, "partials_emitted")
+        # A stored output: with the trailer, not summed.
+        with p.m.If(p.advance & p.s_valid & p.s_end & p.s_with_trailer & ~p.s_summing):
+            p.m.d.sync += partials.eq(partials)
+
+
+class Hop2ExpectLost(Aggregator):
+    """The real aggregator moving hop2 up into a partial's hop1 but not hop2_expect into its hop1_expect."""
+
+    def _classify_header(self, p):
+        super()._classify_header(p)
+        with p.m.If(p.adv & p.i0.hdr_end):
+            p.m.d.sync += p.c1.out_hop1_expect.eq(0)
+
+
+class MembersLow32(Aggregator):
+    """The real aggregator holding a frame's members in 32 bits (its sender's bit or its bitmap)."""
+
+    def _classify_header(self, p):
+        super()._classify_header(p)
+        bitmap, sender = field_value(p.hdr, "bitmap"), field_value(p.hdr, "sender")
+        members = Mux((field_value(p.hdr, "version") == 1) | (bitmap == 0), Const(1, 64) << sender[:6], bitmap)
+        with p.m.If(p.adv & p.i0.hdr_end):
+            p.m.d.sync += p.c1.members.eq(members[:32])
+
+
+class SourceRoute(Aggregator):
+    """The real aggregator whose route check forgets the frame's source: a partial may go back where the
+    frame came from."""
+
+    def _classify_header(self, p):
+        super()._classify_header(p)
+        cfg = self.config
+        hop1, hop2 = field_value(p.hdr, "hop1"), field_value(p.hdr, "hop2")
+        network, length = cfg.upstream_prefix
+        mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
+        route_bad = (field_value(p.hdr, "version") != 1) & Mux(
+            hop1 == 0, hop2 != 0,
+            (hop1 == cfg.ip) | ((hop1 & mask) != network) | (hop2 == hop1) | (hop2 == cfg.ip))
+        with p.m.If(p.adv & p.i0.hdr_end):
+            p.m.d.sync += p.c1.route_bad.eq(route_bad)
 
 
 class PortMutant(wiring.Component):
@@ -229,7 +341,10 @@ def build(name, config, data_width, buffer_beats):
         return StaleMemory(config, data_width, buffer_beats=buffer_beats)
     if name == "sender_overlap":
         return SenderOverlap(config, data_width, buffer_beats=buffer_beats)
-    inside = {"no_route": NoRoute, "hops_kept": HopsKept, "stale_claims": StaleClaims}
+    inside = {"no_route": NoRoute, "hops_kept": HopsKept, "stale_claims": StaleClaims,
+              "lease_unwrapped": LeaseUnwrapped, "stamp_at_claim": StampAtClaim, "carry_lost": CarryLost,
+              "carry_counted": CarryCounted, "hop2_expect_lost": Hop2ExpectLost, "members_low32": MembersLow32,
+              "partials_resend_uncounted": PartialsResendUncounted, "source_route": SourceRoute}
     if name in inside:
         return inside[name](config, data_width, buffer_beats=buffer_beats)
     if name == "no_lease":

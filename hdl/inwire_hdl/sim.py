@@ -108,8 +108,9 @@ def _environment(simulator):
         yield
 
 
-def build(simulator, data_width, config=None, build_root=BUILD_ROOT):
-    """Writes the Verilog and builds the simulation once; returns (runner, build_dir)."""
+def build(simulator, data_width, config=None, build_root=BUILD_ROOT, mutant=None):
+    """Writes the Verilog and builds the simulation once; returns (runner, build_dir). `mutant`: the broken
+    aggregator of that name (`inwire_hdl.mutants`) in place of the real one, in a build folder of its own."""
     extras.require("sim", "the simulated gateware")
     from cocotb_tools.runner import get_runner
 
@@ -121,9 +122,10 @@ def build(simulator, data_width, config=None, build_root=BUILD_ROOT):
         raise SimulationError(problem)
     tag = hashlib.sha1(_config_json(config).encode()).hexdigest()[:8]
     waves = _waves()
-    build_dir = Path(build_root).resolve() / f"{simulator}_w{data_width}_{tag}{'_waves' if waves else ''}"
+    build_dir = Path(build_root).resolve() / (f"{simulator}_w{data_width}_{tag}{'_waves' if waves else ''}"
+                                              + (f"_{mutant}" if mutant else ""))
     build_dir.mkdir(parents=True, exist_ok=True)
-    sources = [_write_if_changed(build_dir / f"{TOP}.v", generate_verilog(config, data_width))]
+    sources = [_write_if_changed(build_dir / f"{TOP}.v", generate_verilog(config, data_width, mutant=mutant))]
     build_args = list(BUILD_ARGS[simulator])
     if waves and simulator == "icarus":
         # cocotb's own Icarus dump module is SystemVerilog, which -g2005 rejects: add a Verilog-2005 one.
