@@ -1,8 +1,10 @@
-"""The study behind `inwire train`: islands learning digits, synchronized by strategies under one clock.
+"""The study behind `inwire train`: islands learning, synchronized by strategies under one clock.
 
-Islands are simulated in one process: each holds its own copy of a 64-h-10 MLP, trained by SGD on its own
-share of scikit-learn's digits (IID, or split over the classes by a Dirichlet draw), and the copies are
-stacked so one batched step trains them all. A sync averages each clique's parameters with
+Islands are simulated in one process. Two workloads: `digits` (the quick cell), where each island holds its
+own copy of a 64-h-10 MLP, trained by SGD on its own share of scikit-learn's digits (IID, or split over the
+classes by a Dirichlet draw), scored by test accuracy; and `text` (`text.py`), a byte-level transformer per
+island trained by AdamW on its own families of the standard library's sources, scored by validation loss.
+Either way the copies are stacked so one batched step trains them all. A sync averages each clique's parameters with
 `codec_average.clique_average`, which is bit for bit what the aggregator returns over UDP (tests compare
 the two), and optionally feeds the average to an outer optimizer (`outer.py`).
 
@@ -37,7 +39,7 @@ import itertools
 import json
 import math
 import pathlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -52,9 +54,15 @@ from .outer import OuterOptimizer
 
 STRATEGIES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule", "schedule-h")
 BASELINE_OF = {"global": "global", "hierarchical": "hierarchical", "ring": "ring"}
+WORKLOADS = ("digits", "text")
 TARGET_ACCURACY = 0.85
-EVALUATE_EVERY = 2
-"""Steps between test evaluations: time to target is resolved to this many steps under every strategy."""
+TARGET_LOSS = 2.85
+"""Validation loss (nats per byte) the text workload's time to target is measured to."""
+EVALUATE_EVERY = {"digits": 2, "text": 20}
+"""Steps between evaluations: time to target is resolved to this many steps under every strategy. A text
+evaluation costs about seven training steps (the validation batch is larger than a training batch)."""
+SCORE = {"digits": "accuracy", "text": "loss"}
+"""The score time to target is measured on; the islands' exact mean model is scored as averaged_<score>."""
 RANDOM_ROUNDS = 30
 """Moshpit-style random partitions drawn per plan; they repeat after that many rounds."""
 
@@ -85,9 +93,24 @@ class TrainConfig:
     outer_momentum: float = 0.0
     bound: float = 16.0
     target: float = TARGET_ACCURACY
+    workload: str = "digits"
+    target_loss: float = TARGET_LOSS
+    """The text workload's target: mean island validation loss."""
+    text_width: int = 128
+    text_layers: int = 5
+    text_heads: int = 4
+    text_context: int = 64
+    """Bytes per training window (and per validation window)."""
+    text_batch: int = 4
+    """Windows per island and step."""
+    text_learning_rate: float = 2e-3
+    text_weight_decay: float = 0.1
 
     def __post_init__(self):
-        for name in ("steps", "local_steps", "batch", "hidden"):
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+        for name in ("steps", "local_steps", "batch", "hidden", "text_width", "text_layers", "text_heads",
+                     "text_context", "text_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.model_bytes < 0:
@@ -98,6 +121,11 @@ class TrainConfig:
             raise ValueError(f"step_ms must not be negative, got {self.step_ms}")
         if not 0 < self.target <= 1:
             raise ValueError(f"target accuracy must be in (0, 1], got {self.target}")
+        if not 0 < self.target_loss < math.inf or not self.text_learning_rate > 0 or not self.text_weight_decay >= 0:
+            raise ValueError("the target loss and the text learning rate must be positive, the weight decay not "
+                             "negative")
+        if self.text_width % self.text_heads:
+            raise ValueError(f"the text width ({self.text_width}) must be a multiple of its heads ({self.text_heads})")
         OuterOptimizer(self.outer_lr, self.outer_momentum)
         unknown = set(self.strategies) - set(STRATEGIES)
         if unknown or not self.strategies:
@@ -107,9 +135,22 @@ class TrainConfig:
     def outer(self):
         return OuterOptimizer(self.outer_lr, self.outer_momentum)
 
+    @property
+    def score_target(self):
+        return self.target_loss if self.workload == "text" else self.target
+
 
 def parameter_count(hidden):
     return 64 * hidden + hidden + hidden * 10 + 10
+
+
+def workload_parameters(config):
+    """Parameters of one island's model."""
+    if config.workload == "text":
+        from .text import parameter_count as text_parameters
+
+        return text_parameters(config.text_width, config.text_layers, config.text_context)
+    return parameter_count(config.hidden)
 
 
 def step_ms_from_flops(model_bytes, samples, device_tflops):
@@ -293,46 +334,72 @@ def _evaluate(islands, test_x, test_y):
     return float(losses.mean()), float(accuracy.mean()), averaged_accuracy
 
 
+class DigitsRun:
+    """The digits workload's islands with their SGD optimizer and batches: one `step` trains them all."""
+
+    def __init__(self, n, config):
+        import torch
+
+        shards, (test_x, test_y) = split_data(config.alpha, config.seed, n)
+        self.test_x, self.test_y = torch.from_numpy(test_x), torch.from_numpy(test_y)
+        self.model = Islands(n, config.hidden, config.seed)
+        self.optimizer = torch.optim.SGD(self.model.params, lr=config.learning_rate)
+        self.generators = [torch.Generator().manual_seed(config.seed * 1000 + i) for i in range(n)]
+        self.shard_x = [torch.from_numpy(x) for x, _ in shards]
+        self.shard_y = [torch.from_numpy(y) for _, y in shards]
+        self.has_data = torch.tensor([len(y) > 0 for y in self.shard_y], dtype=torch.float32)
+        self.batch = config.batch
+        self.vectors, self.load = self.model.vectors, self.model.load
+
+    def step(self):
+        import torch
+
+        picks = [torch.randint(max(1, len(y)), (self.batch,), generator=g)
+                 for y, g in zip(self.shard_y, self.generators)]
+        x = torch.stack([sx[p] if len(sx) else torch.zeros(self.batch, 64) for sx, p in zip(self.shard_x, picks)])
+        y = torch.stack([sy[p] if len(sy) else torch.zeros(self.batch, dtype=torch.int64)
+                         for sy, p in zip(self.shard_y, picks)])
+        losses = torch.nn.functional.cross_entropy(self.model.logits(x).transpose(1, 2), y, reduction="none").mean(1)
+        self.optimizer.zero_grad()
+        # Summing per-island mean losses gives each island exactly its own gradient; islands without data idle.
+        (losses * self.has_data).sum().backward()
+        self.optimizer.step()
+
+    def evaluate(self):
+        loss, accuracy, averaged = _evaluate(self.model, self.test_x, self.test_y)
+        return {"loss": loss, "accuracy": accuracy, "averaged_accuracy": averaged}
+
+
 def simulate(config, strategy, islands_count):
-    """Train under one strategy; returns the points every EVALUATE_EVERY steps: step, syncs, loss, accuracies."""
+    """Train under one strategy; returns the points every EVALUATE_EVERY steps: step, syncs and the
+    workload's scores (digits: test loss and accuracies; text: validation losses)."""
     import torch
 
     torch.set_num_threads(1)
-    shards, (test_x, test_y) = split_data(config.alpha, config.seed, islands_count)
-    test_x, test_y = torch.from_numpy(test_x), torch.from_numpy(test_y)
-    model = Islands(islands_count, config.hidden, config.seed)
-    optimizer = torch.optim.SGD(model.params, lr=config.learning_rate)
-    generators = [torch.Generator().manual_seed(config.seed * 1000 + i) for i in range(islands_count)]
-    shard_x = [torch.from_numpy(x) for x, _ in shards]
-    shard_y = [torch.from_numpy(y) for _, y in shards]
-    has_data = torch.tensor([len(y) > 0 for y in shard_y], dtype=torch.float32)
+    if config.workload == "text":
+        from .text import TextIslands
+
+        run = TextIslands(islands_count, config)
+    else:
+        run = DigitsRun(islands_count, config)
+    every = EVALUATE_EVERY[config.workload]
     outer = config.outer
-    anchors = list(model.vectors())
+    anchors = list(run.vectors())
     buffers = [None] * islands_count
     syncs, points = 0, []
     for step in range(1, config.steps + 1):
-        picks = [torch.randint(max(1, len(y)), (config.batch,), generator=g) for y, g in zip(shard_y, generators)]
-        x = torch.stack([sx[p] if len(sx) else torch.zeros(config.batch, 64) for sx, p in zip(shard_x, picks)])
-        y = torch.stack([sy[p] if len(sy) else torch.zeros(config.batch, dtype=torch.int64)
-                         for sy, p in zip(shard_y, picks)])
-        losses = torch.nn.functional.cross_entropy(model.logits(x).transpose(1, 2), y, reduction="none").mean(1)
-        optimizer.zero_grad()
-        # Summing per-island mean losses gives each island exactly its own gradient; islands without data idle.
-        (losses * has_data).sum().backward()
-        optimizer.step()
+        run.step()
         if strategy.groups and step % strategy.period == 0:
-            vectors = model.vectors()
+            vectors = run.vectors()
             for members in strategy.groups[syncs % len(strategy.groups)]:
                 average = clique_average([vectors[i] for i in members], config.bound)
                 for i in members:
                     updated, buffers[i] = outer.step(anchors[i], buffers[i], average)
                     anchors[i] = updated
-                    model.load(i, updated)
+                    run.load(i, updated)
             syncs += 1
-        if step % EVALUATE_EVERY == 0 or step == config.steps:
-            loss, accuracy, averaged = _evaluate(model, test_x, test_y)
-            points.append({"step": step, "syncs": syncs, "loss": loss, "accuracy": accuracy,
-                           "averaged_accuracy": averaged})
+        if step % every == 0 or step == config.steps:
+            points.append({"step": step, "syncs": syncs, **run.evaluate()})
     return points
 
 
@@ -357,6 +424,14 @@ class _SimulationKey:
     outer_lr: float
     outer_momentum: float
     bound: float
+    workload: str
+    text_width: int
+    text_layers: int
+    text_heads: int
+    text_context: int
+    text_batch: int
+    text_learning_rate: float
+    text_weight_decay: float
     islands_count: int
 
     @property
@@ -368,9 +443,8 @@ def run_strategy(config, islands, strategy):
     """The curve of one strategy: training points with the time each is reached."""
     index = {name: i for i, name in enumerate(islands)}
     groups = tuple(tuple(tuple(index[m] for m in members) for members in round_) for round_ in strategy.groups)
-    key = _SimulationKey(config.alpha, config.seed, config.steps, config.local_steps, config.batch,
-                         config.learning_rate, config.hidden, config.outer_lr, config.outer_momentum, config.bound,
-                         len(islands))
+    key = _SimulationKey(**{f.name: getattr(config, f.name) for f in fields(_SimulationKey)
+                            if f.name != "islands_count"}, islands_count=len(islands))
     points = _simulate_cached(key, groups, strategy.period)
     return [{**point, "compute_ms": point["step"] * config.step_ms,
              "communication_ms": strategy.communication_ms(point["syncs"]),
@@ -389,17 +463,34 @@ def run_training(config):
         strategy = strategies[name]
         described[name] = {"period": strategy.period, "rounds": [list(map(list, r)) for r in strategy.groups],
                            "round_times_ms": list(strategy.round_times_ms), "rho": strategy.rho, **strategy.detail}
-    return {"config": {**asdict(config), "islands": list(islands)}, "parameters": parameter_count(config.hidden),
-            "charged_bytes": charged_bytes(config), "plan": plan, "strategies": described, "curves": curves}
+    report = {"config": {**asdict(config), "islands": list(islands)}, "parameters": workload_parameters(config),
+              "charged_bytes": charged_bytes(config), "plan": plan, "strategies": described, "curves": curves}
+    if config.workload == "text":
+        report["corpus"] = text_corpus(len(islands))
+    return report
+
+
+def text_corpus(islands_count):
+    """The text workload's files with their hashes, and which families each island trains on."""
+    from .text import island_families, load_corpus
+
+    return {**load_corpus().describe(), "island_families": island_families(islands_count)}
 
 
 def charged_bytes(config):
-    return config.model_bytes or 4 * parameter_count(config.hidden)
+    return config.model_bytes or 4 * workload_parameters(config)
 
 
 def time_to_accuracy_ms(curve, target=TARGET_ACCURACY, key="accuracy"):
     """Simulated time at which `key` first reaches `target`, or None if it never does."""
     return next((point["time_ms"] for point in curve if point[key] >= target), None)
+
+
+def time_to_target_ms(curve, target, key):
+    """Simulated time at which `key` first reaches `target`: a loss from above, anything else from below."""
+    if key.endswith("loss"):
+        return next((point["time_ms"] for point in curve if point[key] <= target), None)
+    return time_to_accuracy_ms(curve, target, key)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -414,20 +505,25 @@ def _stats(values):
             "n": len(finite), "of": len(values)}
 
 
-def summarize(runs, target):
-    """Per strategy: final accuracies, total and communication time, time to target, over the seeds."""
+def summarize(runs, target, score="accuracy"):
+    """Per strategy: final scores, total and communication time, time to target, over the seeds. `score` is
+    "accuracy" (digits: the test loss is reported too) or "loss" (text: with the perplexity exp(loss))."""
     summary = {}
     for name in runs[0]["curves"]:
         curves = [run["curves"][name] for run in runs]
+        if score == "loss":
+            scores = {key: _stats([c[-1][key] for c in curves]) for key in ("loss", "averaged_loss")}
+            scores.update({key.replace("loss", "perplexity"): _stats([math.exp(c[-1][key]) for c in curves])
+                           for key in ("loss", "averaged_loss")})
+        else:
+            scores = {key: _stats([c[-1][key] for c in curves]) for key in ("accuracy", "averaged_accuracy", "loss")}
         summary[name] = {
-            "accuracy": _stats([c[-1]["accuracy"] for c in curves]),
-            "averaged_accuracy": _stats([c[-1]["averaged_accuracy"] for c in curves]),
-            "loss": _stats([c[-1]["loss"] for c in curves]),
+            **scores,
             "time_ms": _stats([c[-1]["time_ms"] for c in curves]),
             "communication_ms": _stats([c[-1]["communication_ms"] for c in curves]),
-            "time_to_target_ms": _stats([time_to_accuracy_ms(c, target) for c in curves]),
-            "time_to_target_ms_per_seed": [time_to_accuracy_ms(c, target) for c in curves],
-            "averaged_time_to_target_ms": _stats([time_to_accuracy_ms(c, target, "averaged_accuracy")
+            "time_to_target_ms": _stats([time_to_target_ms(c, target, score) for c in curves]),
+            "time_to_target_ms_per_seed": [time_to_target_ms(c, target, score) for c in curves],
+            "averaged_time_to_target_ms": _stats([time_to_target_ms(c, target, f"averaged_{score}")
                                                   for c in curves]),
             "period": runs[0]["strategies"][name]["period"],
             "local_step_objective_ms": runs[0]["strategies"][name]["local_step_objective_ms"],
@@ -445,7 +541,7 @@ def sign_test_p(sooner, later):
     return float(binomtest(sooner, sooner + later, 0.5).pvalue)
 
 
-def compare(runs, name, other, target):
+def compare(runs, name, other, target, score="accuracy"):
     """Paired over seeds: how often `name` reaches the target sooner than `other`, and the verdict.
 
     A run that never reaches the target counts as slower than any that does; seeds where both are equal
@@ -456,8 +552,8 @@ def compare(runs, name, other, target):
     sooner = later = 0
     differences = []
     for run in runs:
-        a = time_to_accuracy_ms(run["curves"][name], target)
-        b = time_to_accuracy_ms(run["curves"][other], target)
+        a = time_to_target_ms(run["curves"][name], target, score)
+        b = time_to_target_ms(run["curves"][other], target, score)
         a_key, b_key = (math.inf if a is None else a), (math.inf if b is None else b)
         sooner += a_key < b_key
         later += a_key > b_key
@@ -478,7 +574,7 @@ def compare(runs, name, other, target):
 
 def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms=None, aggregators=None):
     """Every (aggregator, data split, model size, step time, outer optimizer) cell over `seeds`: summaries
-    and verdicts.
+    and verdicts. The text workload's split is its module families: pass alphas=[None].
     Training runs are shared between cells that differ only in what time is charged."""
     alphas = [config.alpha] if alphas is None else alphas
     sizes = [config.model_bytes] if model_bytes is None else model_bytes
@@ -486,6 +582,7 @@ def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms
     step_times = [config.step_ms] if step_ms is None else step_ms
     aggregators = [config.aggregator] if aggregators is None else aggregators
     cells, islands = [], None
+    score, target = SCORE[config.workload], config.score_target
     settings = list(itertools.product(aggregators, alphas, sizes, step_times, outers))
     with progress.counting(len(settings) * len(seeds), "training run") as advance:
         for aggregator, alpha, size, step, (outer_lr, outer_momentum) in settings:
@@ -497,28 +594,32 @@ def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms
                 runs.append(run_training(TrainConfig(**{**asdict(cell_config), "seed": seed})))
                 advance()
             islands = runs[0]["config"]["islands"]
-            cell = {"aggregator": aggregator, "alpha": alpha, "model_bytes": charged_bytes(cell_config),
+            cell = {"workload": config.workload, "aggregator": aggregator, "alpha": alpha,
+                    "model_bytes": charged_bytes(cell_config),
                     "step_ms": step, "outer_lr": outer_lr, "outer_momentum": outer_momentum, "seeds": list(seeds),
                     "strategies": runs[0]["strategies"], "plan": runs[0]["plan"],
-                    "summary": summarize(runs, config.target),
-                    "mean_curves": _mean_curves(runs)}
+                    "summary": summarize(runs, target, score),
+                    "mean_curves": _mean_curves(runs, score)}
             if "schedule" in config.strategies:
-                cell["schedule_vs"] = {other: compare(runs, "schedule", other, config.target)
+                cell["schedule_vs"] = {other: compare(runs, "schedule", other, target, score)
                                        for other in config.strategies if other != "schedule"}
             cells.append(cell)
-    return {"config": {**asdict(config), "islands": list(islands)},
-            "seeds": list(seeds), "target": config.target, "cells": cells}
+    study = {"config": {**asdict(config), "islands": list(islands)}, "workload": config.workload,
+             "parameters": workload_parameters(config), "seeds": list(seeds), "target": target, "cells": cells}
+    if config.workload == "text":
+        study["corpus"] = text_corpus(len(islands))
+    return study
 
 
-def _mean_curves(runs):
-    """Per strategy: time and mean-island accuracy at each evaluation step, mean and std over seeds."""
+def _mean_curves(runs, score="accuracy"):
+    """Per strategy: time and the mean island score at each evaluation step, mean and std over seeds."""
     curves = {}
     for name in runs[0]["curves"]:
         stacked = [run["curves"][name] for run in runs]
         curves[name] = {
             "time_ms": [p["time_ms"] for p in stacked[0]],
-            "accuracy_mean": np.mean([[p["accuracy"] for p in c] for c in stacked], axis=0).tolist(),
-            "accuracy_std": np.std([[p["accuracy"] for p in c] for c in stacked], axis=0, ddof=1).tolist()
+            f"{score}_mean": np.mean([[p[score] for p in c] for c in stacked], axis=0).tolist(),
+            f"{score}_std": np.std([[p[score] for p in c] for c in stacked], axis=0, ddof=1).tolist()
             if len(stacked) > 1 else [0.0] * len(stacked[0]),
         }
     return curves
@@ -529,6 +630,18 @@ def _mean_curves(runs):
 
 def alpha_name(alpha):
     return "IID" if alpha is None else f"Dirichlet α={alpha:g}"
+
+
+def _is_text(cell):
+    return cell.get("workload") == "text"
+
+
+def data_name(cell):
+    return "stdlib module families" if _is_text(cell) else alpha_name(cell["alpha"])
+
+
+def target_name(target, text=False):
+    return f"loss {target:g}" if text else f"{target:.0%}"
 
 
 def outer_name(cell):
@@ -546,12 +659,14 @@ def _pm(stats, scale=1.0, digits=2, percent=False):
 
 
 def cell_title(cell):
-    return (f"{alpha_name(cell['alpha'])}, charged {cell['model_bytes'] / 1e6:g} MB, {cell['aggregator']} aggregator, "
+    return (f"{data_name(cell)}, charged {cell['model_bytes'] / 1e6:g} MB, {cell['aggregator']} aggregator, "
             f"{cell['step_ms']:g} ms per step, {outer_name(cell)}, {len(cell['seeds'])} seeds")
 
 
 def format_cell(cell, target):
     """A markdown table of one cell: a row per strategy, mean ± std over seeds."""
+    if _is_text(cell):
+        return _format_text_cell(cell, target)
     lines = [f"**{cell_title(cell)}**", "",
              f"| strategy | H | comm. (s) | total (s) | time to {target:.0%} (s) | averaged model: time to "
              f"{target:.0%} (s) | mean island acc. | averaged model acc. | objective (s) | schedule is |",
@@ -565,6 +680,23 @@ def format_cell(cell, target):
                      f"{_pm(s['accuracy'], 100, 1, True)} | "
                      f"{_pm(s['averaged_accuracy'], 100, 1, True)} | {_seconds(s['local_step_objective_ms'])} | "
                      f"{verdict} |")
+    return "\n".join(lines)
+
+
+def _format_text_cell(cell, target):
+    lines = [f"**{cell_title(cell)}**", "",
+             f"| strategy | H | comm. (s) | total (s) | time to loss {target:g} (s) | averaged model: time to "
+             f"loss {target:g} (s) | mean island val. loss | averaged model val. loss | mean island perplexity | "
+             "objective (s) | schedule is |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, s in cell["summary"].items():
+        versus = cell.get("schedule_vs", {}).get(name)
+        verdict = "" if versus is None else (f"{versus['verdict']} ({versus['sooner']}↑ {versus['later']}↓ "
+                                             f"of {versus['seeds']})")
+        lines.append(f"| {name} | {s['period']} | {_pm(s['communication_ms'], 1e-3)} | {_pm(s['time_ms'], 1e-3)} | "
+                     f"{_pm(s['time_to_target_ms'], 1e-3)} | {_pm(s['averaged_time_to_target_ms'], 1e-3)} | "
+                     f"{_pm(s['loss'], digits=3)} | {_pm(s['averaged_loss'], digits=3)} | "
+                     f"{_pm(s['perplexity'])} | {_seconds(s['local_step_objective_ms'])} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -588,7 +720,8 @@ def format_verdicts(study):
         outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "Nesterov"
         verdicts = [f"{versus[c]['verdict']} {versus[c]['sooner']}↑{versus[c]['later']}↓" if c in versus else ""
                     for c in columns]
-        alpha = "IID" if cell["alpha"] is None else f"α={cell['alpha']:g}"
+        alpha = ("stdlib families" if _is_text(cell) else "IID" if cell["alpha"] is None
+                 else f"α={cell['alpha']:g}")
         lines.append(f"| {cell['aggregator']} | {alpha} | {cell['model_bytes'] / 1e6:g} | {cell['step_ms']:g} | "
                      f"{outer} | {kinds[0]} | {kinds[1]} | "
                      + " | ".join(verdicts) + " |")
@@ -604,11 +737,20 @@ def _kind(rounds):
 
 
 def format_study(study):
+    text = study.get("workload") == "text"
     parts = [f"Seeds {study['seeds'][0]}–{study['seeds'][-1]}; 'schedule is' compares time to "
-             f"{study['target']:.0%} with the row's strategy, paired over seeds (↑ sooner, ↓ later; win or lose: every "
-             "seed, or a sign test at p < 0.05; a run that never reaches the target is the later one); "
-             "'objective' is the planner's local-step objective for the row's strategy: time to ε-consensus "
+             f"{target_name(study['target'], text)} with the row's strategy, paired over seeds (↑ sooner, ↓ later; "
+             "win or lose: every seed, or a sign test at p < 0.05; a run that never reaches the target is the later "
+             "one); 'objective' is the planner's local-step objective for the row's strategy: time to ε-consensus "
              "with H local steps before every round."]
+    if text:
+        corpus = study["corpus"]
+        parts.append(f"Text workload: a byte-level transformer of {study['parameters']:,} parameters per island, "
+                     f"AdamW, on {len(corpus['files'])} files of the standard library at {corpus['root']} (list "
+                     f"SHA-256 {corpus['list_sha256']}); the score is the mean island validation loss (nats per "
+                     "byte) on the last tenth of every file. Islands' families: "
+                     + "; ".join(f"{island} {', '.join(families) or 'none'}" for island, families
+                                 in zip(study["config"]["islands"], corpus["island_families"])) + ".")
     if any("schedule_vs" in cell for cell in study["cells"]):
         parts.append("Verdicts of the schedule against each baseline, time to target paired over seeds:\n\n"
                      + format_verdicts(study))
@@ -632,7 +774,8 @@ STRATEGY_COLOURS = {
 
 
 def draw_cell(cell, target):
-    """The figure of one cell. Left, a small panel per strategy: its mean island accuracy against simulated
+    """The figure of one cell. Left, a small panel per strategy: its mean island score (digits: test accuracy;
+    text: validation loss) against simulated
     time (mean ± std over seeds) in its colour over the other strategies in grey, with the target line; right,
     time to target per strategy. A strategy that no seed brings to the target gets no bar but a "not reached"
     mark, one that only some seeds bring there a hatched bar saying how many.
@@ -655,8 +798,11 @@ def draw_cell(cell, target):
         # The ring's run is far longer than the others; show the span where the rest are decided.
         ordered = sorted(ends.values())
         right = min(ordered[-1], 1.5 * ordered[len(ordered) // 2]) if ordered else 1.0
-        series = {name: (np.array(curve["time_ms"]) / 1000, 100 * np.array(curve["accuracy_mean"]),
-                         100 * np.array(curve["accuracy_std"])) for name, curve in curves.items()}
+        text = _is_text(cell)
+        # Accuracy is drawn in percent, a loss as it is.
+        score, scale = ("loss", 1.0) if text else ("accuracy", 100.0)
+        series = {name: (np.array(curve["time_ms"]) / 1000, scale * np.array(curve[f"{score}_mean"]),
+                         scale * np.array(curve[f"{score}_std"])) for name, curve in curves.items()}
         for index, axis in enumerate(panels.flat):
             if index >= len(drawn):
                 axis.set_visible(False)
@@ -670,9 +816,9 @@ def draw_cell(cell, target):
             axis.fill_between(times, mean - std, mean + std, color=colour, alpha=0.18, linewidth=0, zorder=2)
             # Alone in its panel a line needs no dash pattern: solid reads best through the sawtooth.
             axis.plot(times, mean, color=colour, linewidth=1.8, zorder=3, gid=f"curve {name}")
-            axis.axhline(100 * target, color="black", linewidth=0.9, linestyle=(0, (5, 3)), zorder=4, gid="target")
-            axis.text(0.02, 100 * target + 1.5, f"target {target:.0%}", transform=axis.get_yaxis_transform(),
-                      fontsize=9, va="bottom", ha="left")
+            axis.axhline(scale * target, color="black", linewidth=0.9, linestyle=(0, (5, 3)), zorder=4, gid="target")
+            axis.text(0.02, scale * target + (0.005 * target if text else 1.5), f"target {target_name(target, text)}",
+                      transform=axis.get_yaxis_transform(), fontsize=9, va="bottom", ha="left")
             r = reached.get(name)
             if r is not None and r["mean"] is None:
                 axis.text(0.97, 0.06, "never reaches the target", transform=axis.transAxes, ha="right",
@@ -683,10 +829,16 @@ def draw_cell(cell, target):
             axis.set_title(name, color=colour, fontweight="bold", pad=3)
             axis.grid(True, color="0.92", linewidth=0.7)
         panels[0][0].set_xlim(0, right)
-        panels[0][0].set_ylim(0, 100)
+        if text:
+            # Losses differ by tenths where strategies part: the span of the curves and the target, not from 0.
+            low = min([target, *(float(np.min(mean - std)) for _, mean, std in series.values())])
+            high = max([target, *(float(np.max(mean + std)) for _, mean, std in series.values())])
+            panels[0][0].set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
+        else:
+            panels[0][0].set_ylim(0, 100)
         left.supxlabel("simulated time (s)")
-        left.supylabel("mean island test accuracy (%)")
-        left.suptitle(f"accuracy over time: mean ± std over {len(cell['seeds'])} seeds, others in grey")
+        left.supylabel("mean island validation loss (nats per byte)" if text else "mean island test accuracy (%)")
+        left.suptitle(f"{score} over time: mean ± std over {len(cell['seeds'])} seeds, others in grey")
 
         positions = np.arange(len(names))
         longest = max([(r["mean"] + r["std"]) / 1000 for r in reached.values() if r["mean"] is not None] or [1.0])
@@ -709,10 +861,11 @@ def draw_cell(cell, target):
         bar_axis.set_yticks(positions, names)
         bar_axis.set_ylim(len(names) - 0.4, -0.6)
         bar_axis.set_xlim(0, longest * 1.5)
-        bar_axis.set_xlabel(f"time to {target:.0%} accuracy (s)")
+        bar_axis.set_xlabel(f"time to {'validation ' if text else ''}{target_name(target, text)}"
+                            f"{'' if text else ' accuracy'} (s)")
         bar_axis.grid(True, axis="x", color="0.92", linewidth=0.7)
         bar_axis.set_axisbelow(True)
-        right_figure.suptitle(f"time to {target:.0%}: mean ± std over the seeds that reach it;\n"
+        right_figure.suptitle(f"time to {target_name(target, text)}: mean ± std over the seeds that reach it;\n"
                               "hatched: not every seed reaches it")
         figure.suptitle(cell_title(cell), fontweight="bold")
     return figure
@@ -727,7 +880,7 @@ def plot_cell(cell, target, path):
 
 
 def cell_file_name(cell):
-    alpha = "iid" if cell["alpha"] is None else f"alpha{cell['alpha']:g}"
+    alpha = "text" if _is_text(cell) else "iid" if cell["alpha"] is None else f"alpha{cell['alpha']:g}"
     outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "nesterov"
     return f"{cell['aggregator']}-{alpha}-{cell['model_bytes'] / 1e6:g}mb-{cell['step_ms']:g}ms-{outer}.png"
 
