@@ -286,6 +286,27 @@ def test_adaptive_retransmission_measures_backs_off_and_resends_a_gap_at_once():
     assert fixed.retransmits == 0 and fixed.deadline[0] == 1.0
 
 
+def test_a_lost_last_chunk_waits_one_measured_timeout_not_the_first():
+    """The whole vector goes out at once under a long first timeout (1 s, nothing measured yet); the last
+    chunk is lost. No later result can reveal the gap, so only its timeout can: the one measured from the
+    other chunks' 10 ms round trips, counted from when it went out, not the 1 s it was sent under."""
+    key = CliqueKey(job=1, round=2, clique=0, group=0xEF000001, fanin=1, exponent=0)
+    config = AggregatorConfig(slots=slots_needed(1, 8), max_elements=4)
+    address = ("10.73.87.1", config.port)
+    model = Aggregator(config)
+    run = MemberSum(contributions(np.arange(32, dtype=np.int32), 0, key, 4, 8), key, 32, 4, 8, timeout_s=1.0,
+                    retries=None, min_timeout_s=0.002)
+    sent = run.start(0.0)
+    for payload in sent[:-1]:
+        for frame in model.process(wrap(payload, ("10.0.0.9", 4000), address, bytes(6))):
+            assert not run.on_result(payload_of(frame), 0.010)
+    assert run.rto < 0.05 and list(run.deadline) == [7]
+    assert run.next_deadline() == pytest.approx(run.rto)
+    assert run.due(run.rto / 2) == [] and run.due(run.rto) == [sent[7]] and run.retransmits == 1
+    # Sent again, it waits its backed-off timeout from now (Karn: no round trip is taken from it).
+    assert run.next_deadline() == pytest.approx(3 * run.rto)
+
+
 @pytest.fixture(params=["batched", "each"])
 def socket_path(request, monkeypatch):
     """`UdpMember` with recvmmsg/sendmmsg through the compiled kernel, and datagram by datagram without it."""

@@ -277,9 +277,21 @@ class MemberSum:
         return sends
 
     def next_deadline(self) -> float | None:
-        return min(self.deadline.values(), default=None)
+        soonest = min(self.deadline.values(), default=None)
+        if self.sent_at:
+            # Chunks sent once wait one current timeout from when they went out, however long the timeout was
+            # when they were sent (TCP re-arms its timer with each acknowledgement): a loss in the last chunks
+            # of a large window is found a round trip after it, not after the first, unmeasured timeout.
+            # sent_at keeps send order, so its first chunk is the soonest of them.
+            early = next(iter(self.sent_at.values())) + self.rto
+            soonest = early if soonest is None else min(soonest, early)
+        return soonest
 
     def due(self, now: float) -> list[bytes]:
+        for chunk, sent in self.sent_at.items():
+            if sent + self.rto > now:
+                break
+            self.deadline[chunk] = min(self.deadline[chunk], sent + self.rto)
         sends = []
         for chunk, deadline in list(self.deadline.items()):
             if now < deadline:
