@@ -80,11 +80,9 @@ demo:
 	$(BIN)/inwire demo
 
 # The WAN lab on doublezero9 (root): every link checked, then each strategy against gloo and the cost model;
-# docs/lab.md quotes build/lab/lab.json and build/lab/window*/lab.json.
+# docs/lab.md quotes build/lab/lab.json.
 lab:
 	$(BIN)/inwire lab --out-dir build/lab
-	for window in 128 192; do $(BIN)/inwire lab --window $$window --strategies global_clique,global_tree \
-		--out-dir build/lab/window$$window || exit 1; done
 
 # One seed of every strategy at 100 MB, and the study every number in docs/training.md comes from.
 train-demo:

@@ -672,14 +672,11 @@ def format_cell(cell, target):
              f"{target:.0%} (s) | mean island acc. | averaged model acc. | objective (s) | schedule is |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, s in cell["summary"].items():
-        versus = cell.get("schedule_vs", {}).get(name)
-        verdict = "" if versus is None else (f"{versus['verdict']} ({versus['sooner']}↑ {versus['later']}↓ "
-                                             f"of {versus['seeds']})")
         lines.append(f"| {name} | {s['period']} | {_pm(s['communication_ms'], 1e-3)} | {_pm(s['time_ms'], 1e-3)} | "
                      f"{_pm(s['time_to_target_ms'], 1e-3)} | {_pm(s['averaged_time_to_target_ms'], 1e-3)} | "
                      f"{_pm(s['accuracy'], 100, 1, True)} | "
                      f"{_pm(s['averaged_accuracy'], 100, 1, True)} | {_seconds(s['local_step_objective_ms'])} | "
-                     f"{verdict} |")
+                     f"{_verdict(cell, name)} |")
     return "\n".join(lines)
 
 
@@ -690,14 +687,19 @@ def _format_text_cell(cell, target):
              "objective (s) | schedule is |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, s in cell["summary"].items():
-        versus = cell.get("schedule_vs", {}).get(name)
-        verdict = "" if versus is None else (f"{versus['verdict']} ({versus['sooner']}↑ {versus['later']}↓ "
-                                             f"of {versus['seeds']})")
         lines.append(f"| {name} | {s['period']} | {_pm(s['communication_ms'], 1e-3)} | {_pm(s['time_ms'], 1e-3)} | "
                      f"{_pm(s['time_to_target_ms'], 1e-3)} | {_pm(s['averaged_time_to_target_ms'], 1e-3)} | "
                      f"{_pm(s['loss'], digits=3)} | {_pm(s['averaged_loss'], digits=3)} | "
-                     f"{_pm(s['perplexity'])} | {_seconds(s['local_step_objective_ms'])} | {verdict} |")
+                     f"{_pm(s['perplexity'])} | {_seconds(s['local_step_objective_ms'])} | {_verdict(cell, name)} |")
     return "\n".join(lines)
+
+
+def _verdict(cell, name):
+    """The schedule against `name` in one table cell: the verdict and the paired counts."""
+    versus = cell.get("schedule_vs", {}).get(name)
+    if versus is None:
+        return ""
+    return f"{versus['verdict']} ({versus['sooner']}↑ {versus['later']}↓ of {versus['seeds']})"
 
 
 def _seconds(ms):
