@@ -240,6 +240,8 @@ class MemberSum:
         self.sent_at, self.backoff, self.fast_resent = {}, {}, set()
         self.srtt = self.rttvar = None
         self.rto = self.timeout_s
+        self.progress_at = 0.0
+        """When the last new result came back (or the sum started)."""
         fanin = self.key.fanin
         self.expected_header = (self.key.exponent, fanin, (1 << fanin) - 1, fanin)
         self.owner = (self.key.job, self.key.round, self.key.clique)
@@ -257,6 +259,7 @@ class MemberSum:
         return np.frombuffer(self.received, dtype=ELEMENT_DTYPE)
 
     def start(self, now: float) -> list[bytes]:
+        self.progress_at = now
         return self._refill(now)
 
     def _refill(self, now):
@@ -279,19 +282,19 @@ class MemberSum:
     def next_deadline(self) -> float | None:
         soonest = min(self.deadline.values(), default=None)
         if self.sent_at:
-            # Chunks sent once wait one current timeout from when they went out, however long the timeout was
-            # when they were sent (TCP re-arms its timer with each acknowledgement): a loss in the last chunks
-            # of a large window is found a round trip after it, not after the first, unmeasured timeout.
-            # sent_at keeps send order, so its first chunk is the soonest of them.
-            early = next(iter(self.sent_at.values())) + self.rto
+            # As TCP's retransmission timer: the oldest chunk sent once is due one current timeout after the
+            # last result came back, however long the timeout was when it went out. A loss among the last
+            # chunks of a large window is found a round trip after the results stop, not after the first,
+            # unmeasured timeout; chunks queued behind others are not timed while results still flow.
+            early = self.progress_at + self.rto
             soonest = early if soonest is None else min(soonest, early)
         return soonest
 
     def due(self, now: float) -> list[bytes]:
-        for chunk, sent in self.sent_at.items():
-            if sent + self.rto > now:
-                break
-            self.deadline[chunk] = min(self.deadline[chunk], sent + self.rto)
+        if self.sent_at and self.progress_at + self.rto <= now:
+            oldest = next(iter(self.sent_at))  # sent_at keeps send order
+            self.deadline[oldest] = min(self.deadline[oldest], self.progress_at + self.rto)
+            self.progress_at = now  # one such retransmission per timeout while nothing comes back
         sends = []
         for chunk, deadline in list(self.deadline.items()):
             if now < deadline:
@@ -361,6 +364,7 @@ class MemberSum:
         del self.deadline[chunk]
         self.done_chunks[chunk] = 1
         self.remaining -= 1
+        self.progress_at = now
         if self.min_timeout_s is None:
             return self._refill(now)
         return (*self._measured(chunk, now), *self._refill(now))
