@@ -62,7 +62,7 @@ coverage:
 # that name them; not part of `make test`.
 mutate:
 	$(BIN)/python tb/mutation/software.py
-	$(BIN)/python tb/mutation/gateware.py
+	PYTHONPATH=tb/aggregator $(BIN)/python tb/mutation/gateware.py
 
 verilog:
 	$(BIN)/inwire verilog --out build/inwire_aggregator.v

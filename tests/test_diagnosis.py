@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ def serve():
         port = re.search(r"udp://127\.0\.0\.1:(\d+)", line)
         assert port, line
         return f"udp://127.0.0.1:{port.group(1)}"
+    start.processes = started
     yield start
     for process in started:
         process.send_signal(signal.SIGINT)
@@ -81,9 +83,18 @@ def test_a_collision_with_another_job_names_the_slot(serve, schedule, capsys):
 
 
 def test_kernel_drops_at_the_servers_socket_are_named(serve, schedule, capsys):
-    # A receive buffer of one datagram: a window of 32 chunks from every island overflows it.
+    # A receive buffer of one datagram, and the service stopped while the islands send their first windows
+    # of 32 chunks: the kernel must drop most of them (a reader that keeps up would hide the buffer).
     target = serve("--unicast", "--receive-buffer", "1")
-    code, err = stream(capsys, target, schedule, "--elements", "8192", "--window", "32", "--retries", "25")
+    service = serve.processes[-1]
+    service.send_signal(signal.SIGSTOP)
+    resume = threading.Timer(0.5, service.send_signal, (signal.SIGCONT,))
+    resume.start()
+    try:
+        code, err = stream(capsys, target, schedule, "--elements", "8192", "--window", "32", "--retries", "25")
+    finally:
+        resume.join()
+        service.send_signal(signal.SIGCONT)
     assert "the kernel dropped" in err and "at the aggregator's socket" in err and "--receive-buffer" in err
     assert code in (0, 1)
 

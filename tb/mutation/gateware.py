@@ -12,7 +12,7 @@ when one of them FAILs. A mutant no row names is counted apart ("no row").
 
 Prints killed / survived per target and lists the survivors; build/mutation/gateware/report.md has a line
 per mutant (the tests and rows that caught it). Run from the repository's root:
-`python tb/mutation/gateware.py [--target cocotb|formal] [--width 8|64] [mutant ...]`.
+`PYTHONPATH=tb/aggregator python tb/mutation/gateware.py [--target cocotb|formal] [--width 8|64] [mutant ...]`.
 """
 
 import argparse
@@ -21,9 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path("tb/aggregator").resolve()))
-
-from inwire_hdl import formal, mutants, sim  # noqa: E402
+from inwire_hdl import formal, mutants, sim
 
 BUILD = Path("build/mutation/gateware")
 SIMULATOR = "icarus"
