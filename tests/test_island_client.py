@@ -286,20 +286,29 @@ def test_adaptive_retransmission_measures_backs_off_and_resends_a_gap_at_once():
     assert fixed.retransmits == 0 and fixed.deadline[0] == 1.0
 
 
+def whole_window_sum():
+    """A one-member sum of 8 chunks, all sent at 0 under a first timeout of 1 s with adaptive timeouts from
+    2 ms; the sent payloads; the golden model's answers to a payload."""
+    key = CliqueKey(job=1, round=2, clique=0, group=0xEF000001, fanin=1, exponent=0)
+    config = AggregatorConfig(slots=slots_needed(1, 8), max_elements=4)
+    address, model = ("10.73.87.1", config.port), Aggregator(config)
+    run = MemberSum(contributions(np.arange(32, dtype=np.int32), 0, key, 4, 8), key, 32, 4, 8, timeout_s=1.0,
+                    retries=None, min_timeout_s=0.002)
+
+    def answer(payload):
+        return [payload_of(frame) for frame in model.process(wrap(payload, ("10.0.0.9", 4000), address, bytes(6)))]
+
+    return run, run.start(0.0), answer
+
+
 def test_a_lost_last_chunk_waits_one_measured_timeout_not_the_first():
     """The whole vector goes out at once under a long first timeout (1 s, nothing measured yet); the last
     chunk is lost. No later result can reveal the gap, so only its timeout can: the one measured from the
     other chunks' 10 ms round trips, counted from the last result, not the 1 s it was sent under."""
-    key = CliqueKey(job=1, round=2, clique=0, group=0xEF000001, fanin=1, exponent=0)
-    config = AggregatorConfig(slots=slots_needed(1, 8), max_elements=4)
-    address = ("10.73.87.1", config.port)
-    model = Aggregator(config)
-    run = MemberSum(contributions(np.arange(32, dtype=np.int32), 0, key, 4, 8), key, 32, 4, 8, timeout_s=1.0,
-                    retries=None, min_timeout_s=0.002)
-    sent = run.start(0.0)
+    run, sent, answer = whole_window_sum()
     for payload in sent[:-1]:
-        for frame in model.process(wrap(payload, ("10.0.0.9", 4000), address, bytes(6))):
-            assert not run.on_result(payload_of(frame), 0.010)
+        for result in answer(payload):
+            assert not run.on_result(result, 0.010)
     assert run.rto < 0.05 and list(run.deadline) == [7]
     due_at = 0.010 + run.rto
     assert run.next_deadline() == pytest.approx(due_at)
@@ -312,19 +321,13 @@ def test_chunks_queued_behind_others_are_not_timed_while_results_flow():
     """A window of 8 whose results come back one every 30 ms (each chunk waits behind the ones before it):
     the timeout measured from the first (10 ms) is far shorter than the later chunks' waits, yet none is
     sent again, because each result restarts the timer; when results stop, one chunk goes out per timeout."""
-    key = CliqueKey(job=1, round=2, clique=0, group=0xEF000001, fanin=1, exponent=0)
-    config = AggregatorConfig(slots=slots_needed(1, 8), max_elements=4)
-    address = ("10.73.87.1", config.port)
-    model = Aggregator(config)
-    run = MemberSum(contributions(np.arange(32, dtype=np.int32), 0, key, 4, 8), key, 32, 4, 8, timeout_s=1.0,
-                    retries=None, min_timeout_s=0.002)
-    sent = run.start(0.0)
+    run, sent, answer = whole_window_sum()
     now = 0.0
     for k, payload in enumerate(sent[:5]):
         now = 0.010 + 0.030 * k
         assert run.due(now - 1e-6) == []
-        for frame in model.process(wrap(payload, ("10.0.0.9", 4000), address, bytes(6))):
-            run.on_result(payload_of(frame), now)
+        for result in answer(payload):
+            run.on_result(result, now)
     assert run.retransmits == 0 and list(run.deadline) == [5, 6, 7]
     stalled = run.progress_at + run.rto
     assert run.due(stalled) == [sent[5]] and run.due(stalled) == []
