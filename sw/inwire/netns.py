@@ -96,6 +96,22 @@ def udp_socket(namespace, address, reuse=False):
     return sock
 
 
+def package_environment():
+    """The environment with this package importable, as programs started in a namespace need."""
+    environment = dict(os.environ)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    environment["PYTHONPATH"] = package_root + os.pathsep + environment.get("PYTHONPATH", "")
+    return environment
+
+
+def await_listening(service, what, timeout_s=STARTUP_TIMEOUT_S):
+    """Wait for `inwire serve` (started with its stderr piped) to say it listens; LabError if it does not."""
+    ready, _, _ = select.select([service.stderr], [], [], timeout_s)
+    line = service.stderr.readline() if ready else ""
+    if "listening on" not in line:
+        raise LabError(f"{what} did not start: {line.strip() or 'no output'}")
+
+
 class Lab:
     """Namespaces, veths and the bridge for an aggregator and `islands`; removed again on exit."""
 
@@ -135,18 +151,12 @@ class Lab:
     def start_aggregator(self, slots, unicast=False):
         """`inwire serve` in the aggregator's namespace, multicasting results onto the bridge (with
         `unicast`, sending each member its copy)."""
-        environment = dict(os.environ)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        environment["PYTHONPATH"] = package_root + os.pathsep + environment.get("PYTHONPATH", "")
         self.service = subprocess.Popen(
             ["ip", "netns", "exec", self.aggregator, sys.executable, "-m", "inwire", "serve",
              "--listen", f"{AGGREGATOR_IP}:{INWIRE_PORT}", "--multicast-iface", AGGREGATOR_IP, "--slots", str(slots),
              *(["--unicast"] if unicast else [])],
-            stderr=subprocess.PIPE, text=True, env=environment)
-        ready, _, _ = select.select([self.service.stderr], [], [], STARTUP_TIMEOUT_S)
-        line = self.service.stderr.readline() if ready else ""
-        if "listening on" not in line:
-            raise LabError(f"the aggregator did not start: {line.strip() or 'no output'}")
+            stderr=subprocess.PIPE, text=True, env=package_environment())
+        await_listening(self.service, "the aggregator")
         return (AGGREGATOR_IP, INWIRE_PORT)
 
     def stop_aggregator(self):

@@ -32,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..netns import LabError, udp_socket, unavailable_reason
+from ..netns import LabError, package_environment, udp_socket, unavailable_reason
 from ..protocol import ETHERNET_BYTES, MTU_BYTES, WIRE_OVERHEAD_BYTES
 
 PREFIX = "10.75.0"
@@ -392,14 +392,6 @@ def refuse_unless_ok(rows):
         raise LabError(f"the emulated network is off by more than {TOLERANCE:.0%} on {len(bad)} of {len(rows)} "
                        f"links, so no strategy time is reported (a loaded CPU cannot hold the rates: lower "
                        f"--rate-scale): {described}")
-
-
-def package_environment():
-    """The environment with this package importable, as the programs run in the cities need."""
-    environment = dict(os.environ)
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    environment["PYTHONPATH"] = package_root + os.pathsep + environment.get("PYTHONPATH", "")
-    return environment
 
 
 def _interrupt(signum, frame):

@@ -17,6 +17,7 @@ import numpy as np
 
 
 def test_vector(seed, rank, elements):
+    """The float32 vector of the TCP baselines' member `rank` (gloo's and the host tree's)."""
     return np.random.default_rng([seed, rank, 0x6100]).standard_normal(elements).astype(np.float32)
 
 

@@ -19,13 +19,11 @@ import time
 
 import numpy as np
 
+from .gloo import test_vector
+
 CHUNK_ELEMENTS = 16384
 """64 KiB of float32 per step of the pipeline: large enough for TCP, small against the vectors."""
 CONNECT_TIMEOUT_S = 60
-
-
-def test_vector(seed, index, elements):
-    return np.random.default_rng([seed, index, 0x7EE]).standard_normal(elements).astype(np.float32)
 
 
 def _receive_into(sock, view, progress, ready):

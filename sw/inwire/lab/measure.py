@@ -31,12 +31,11 @@ import time
 from dataclasses import dataclass
 
 from ..client import clique_group, slots_needed
-from ..netns import LabError
+from ..netns import LabError, await_listening, package_environment
 from ..plan.cost import AGGREGATE, RING, Clique, CostModel
 from ..plan.search import plan_schedule
 from ..plan.topology import Topology
 from ..protocol import ELEMENT_BYTES, INWIRE_PORT, MAX_ELEMENTS_PER_FRAME
-from .emulator import package_environment
 from .island import expected_digest
 
 STRATEGIES = ("schedule", "global_clique", "global_tree", "host_tree", "gloo")
@@ -193,10 +192,7 @@ class Measurement:
                                              str(self.slots), "--max-elements", str(self.chunk),
                                              "--receive-buffer", str(32 << 20)),
                                   stderr=subprocess.PIPE)
-            ready, _, _ = select.select([service.stderr], [], [], STARTUP_TIMEOUT_S)
-            line = service.stderr.readline() if ready else ""
-            if "listening on" not in line:
-                raise LabError(f"the aggregator in {city} did not start: {line.strip() or 'no output'}")
+            await_listening(service, f"the aggregator in {city}", STARTUP_TIMEOUT_S)
             self.services[city] = service
         aggregators = json.dumps({city: [lab.addresses[city], INWIRE_PORT] for city in lab.cities})
         for city in self.islands:
@@ -270,10 +266,7 @@ class Measurement:
                            str(self.seed)),
                 env=package_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         reports = self._collect(order, hosts, "host-tree host", start + (self.reps + 1) * period + self.deadline_s)
-        times = [1e3 * (max(r["reps"][k]["ended"] for r in reports) - reports[0]["reps"][k]["start"])
-                 for k in range(1, self.reps + 1)]
-        late = max(rep["late_s"] for r in reports for rep in r["reps"])
-        return times, late, max(r["max_error"] for r in reports)
+        return _spans(reports, first=1)
 
     def _collect(self, cities, processes, what, until):
         """Every process's last JSON line; a LabError naming the first that failed."""
@@ -307,11 +300,7 @@ class Measurement:
                            "--timeout", f"{self.deadline_s:.0f}"),
                 env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         reports = self._collect(order, ranks, "gloo rank", time.time() + self.deadline_s * (self.reps + 2) + 60)
-        times = [1e3 * (max(r["reps"][k]["ended"] for r in reports) - reports[0]["reps"][k]["start"])
-                 for k in range(self.reps)]
-        late = max(rep["late_s"] for r in reports for rep in r["reps"])
-        error = max(r["max_error"] for r in reports)
-        return times, late, error
+        return _spans(reports)
 
 
 def host_parents(topology, members):
@@ -322,6 +311,15 @@ def host_parents(topology, members):
         path = topology.path(member, root)
         parents[member] = next(city for city in path[1:] if city in wanted)
     return parents
+
+
+def _spans(reports, first=0):
+    """From every process's report of a TCP baseline: each repetition's time (ms) from its common start to
+    the last process's end (from repetition `first` on), the latest start, and the largest error."""
+    times = [1e3 * (max(r["reps"][k]["ended"] for r in reports) - reports[0]["reps"][k]["start"])
+             for k in range(first, len(reports[0]["reps"]))]
+    late = max(rep["late_s"] for r in reports for rep in r["reps"])
+    return times, late, max(r["max_error"] for r in reports)
 
 
 def summarize(strategy, times_ms, **extra):
