@@ -10,9 +10,10 @@
 - `ddp_hook`: one training step of a 25 M-parameter MLP through `inwire_hook` (3 one-rank islands) against
   plain DDP on a 3-rank gloo group (the same ranks), medians over steps after a warm-up.
 
-Each entry records the 1-minute load average before and after, and the CPU seconds of the islands and of
-the service: on a loaded machine the references (gloo, the kernel's UDP) are starved more than inwire, so
-a ratio measured above LOAD_LIMIT is flagged `loaded` and should not be quoted as the machine's.
+Each entry records the CPU seconds the islands spent in their averagings and the service in its run, the
+1-minute load average before and after, and the cores other programs kept busy meanwhile
+(`host_bench.MachineLoad`): on a loaded machine the references (gloo, the kernel's UDP) are starved more
+than inwire, so a ratio flagged `loaded` should not be quoted as the machine's.
 """
 
 import multiprocessing
@@ -25,7 +26,7 @@ import time
 
 import numpy as np
 
-from ..host_bench import LOAD_LIMIT, free_port, gloo_all_reduce_spans, load_average
+from ..host_bench import MachineLoad, free_port, gloo_all_reduce_spans
 from ..protocol import JUMBO_ELEMENTS_PER_FRAME
 
 ELEMENTS = 25_000_000
@@ -55,11 +56,13 @@ def _island(index, address, barrier, results, loss, seed, elements):
                               seed=seed * 10 + index)
     try:
         barrier.wait(timeout=120)
+        cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
         exchange.average(0, 0, [f"i{k}" for k in range(ISLANDS)], index, vector)
         elapsed = time.perf_counter() - started
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        results.put((index, elapsed, exchange.client.retransmits, usage.ru_utime + usage.ru_stime))
+        cpu_after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu_s = cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime
+        results.put((index, elapsed, exchange.client.retransmits, cpu_s))
     finally:
         exchange.close()
 
@@ -164,39 +167,33 @@ def ddp_step_s(use_hook, steps=DDP_STEPS):
     return statistics.median(max(spans[rank][step] for rank in spans) for step in range(steps))
 
 
-def _flagged(entry, before):
-    entry["load_average_1min"] = {"before": before, "after": load_average()}
-    entry["loaded"] = max(entry["load_average_1min"].values()) > LOAD_LIMIT
-    return entry
-
-
 def run():
     """The `training` key of bench/results.json."""
-    before = load_average()
     inwire, gloo, lossy = [], [], []
-    for repetition in range(REPETITIONS):
-        inwire.append(inwire_averaging(seed=repetition))
-        gloo += gloo_all_reduce_spans(ISLANDS, ELEMENTS, 1, "float32")
-        lossy.append(inwire_averaging(loss=LOSS, seed=repetition))
+    with MachineLoad() as load:
+        for repetition in range(REPETITIONS):
+            inwire.append(inwire_averaging(seed=repetition))
+            gloo += gloo_all_reduce_spans(ISLANDS, ELEMENTS, 1, "float32")
+            lossy.append(inwire_averaging(loss=LOSS, seed=repetition))
     inwire_s = statistics.median(r["seconds"] for r in inwire)
     gloo_s = statistics.median(gloo)
     lossy_s = statistics.median(r["seconds"] for r in lossy)
-    averaging = _flagged({
+    averaging = load.record({
         "islands": ISLANDS, "elements": ELEMENTS, "bytes_per_island": 4 * ELEMENTS,
         "chunk": CHUNK, "window": WINDOW, "repetitions": REPETITIONS,
         "inwire_s": [r["seconds"] for r in inwire], "gloo_all_reduce_s": gloo,
         "inwire_median_s": inwire_s, "gloo_median_s": gloo_s, "ratio_to_gloo": inwire_s / gloo_s,
         "retransmits": [r["retransmits"] for r in inwire],
         "islands_cpu_s": [r["islands_cpu_s"] for r in inwire], "service_cpu_s": [r["service_cpu_s"] for r in inwire],
-        "service_kernel_drops": [r["service_kernel_drops"] for r in inwire]}, before)
-    loss = _flagged({
+        "service_kernel_drops": [r["service_kernel_drops"] for r in inwire]})
+    loss = load.record({
         "loss": LOSS, "seconds": [r["seconds"] for r in lossy], "median_s": lossy_s,
         "retransmits": [r["retransmits"] for r in lossy],
-        "goodput_relative_to_lossless": inwire_s / lossy_s}, before)
-    before = load_average()
-    hook_s, plain_s = ddp_step_s(True), ddp_step_s(False)
-    ddp = _flagged({"parameters": 75 * DDP_HIDDEN + 10, "islands": ISLANDS, "steps": DDP_STEPS,
-                    "hook_step_s": hook_s, "gloo_ddp_step_s": plain_s, "ratio": hook_s / plain_s}, before)
+        "goodput_relative_to_lossless": inwire_s / lossy_s})
+    with MachineLoad() as load:
+        hook_s, plain_s = ddp_step_s(True), ddp_step_s(False)
+    ddp = load.record({"parameters": 75 * DDP_HIDDEN + 10, "islands": ISLANDS, "steps": DDP_STEPS,
+                    "hook_step_s": hook_s, "gloo_ddp_step_s": plain_s, "ratio": hook_s / plain_s})
     return {"averaging": averaging, "loss": loss, "ddp_hook": ddp}
 
 
