@@ -122,6 +122,27 @@ def test_decode_survives_random_garbage_frames(tmp_path, capsys):
     assert kinds <= {"contribution", "other", "malformed"} and "malformed" in kinds
 
 
+def test_replay_says_whether_its_output_is_the_golden_models(tmp_path):
+    """`inwire replay`'s verdict: true only for the model's own frames and counters; a flipped byte, a frame
+    left out or a counter off is named as a difference."""
+    from inwire.cli.replay import model_agreement
+
+    capture = tmp_path / "round.pcap"
+    round_capture(capture)
+    frames = read_frames(capture)
+    model = Aggregator(CONFIG)
+    outputs = [answer for frame in frames for answer in model.process(frame)]
+    counters = model.stats()
+    assert model_agreement(frames, outputs, counters, CONFIG, "out.pcap") == (
+        True, f"out.pcap equals the golden model's output ({len(outputs)} frames), and so do the counters")
+    flipped = [outputs[0][:-1] + bytes([outputs[0][-1] ^ 1]), *outputs[1:]]
+    assert model_agreement(frames, flipped, counters, CONFIG, "out.pcap") == (
+        False, f"out.pcap differs from the golden model's output: frame 0 of {len(outputs)} (numbered from 0)")
+    assert model_agreement(frames, outputs[1:], counters, CONFIG, "out.pcap")[0] is False
+    assert model_agreement(frames, outputs, counters | {"drop_slot": 1}, CONFIG, "out.pcap") == (
+        False, "the counters differ from the golden model's: drop_slot 1 where the model has 0")
+
+
 def test_protocol_docs_are_generated_from_the_table():
     assert (ROOT / "docs" / "protocol.md").read_text() == protocol_markdown(), "run `make docs`"
 
