@@ -1,5 +1,6 @@
 """The software aggregator service: the golden model behind UDP, never dying on bad input."""
 
+import json
 import os
 import signal
 import socket
@@ -109,6 +110,20 @@ def _start_service(*extra):
     assert "listening on udp://127.0.0.1:" in line, line
     port = int(line.split("udp://127.0.0.1:")[1].split(",")[0])
     return process, port
+
+
+def test_demo_json_holds_the_final_counters_as_numbers(monkeypatch, tmp_path, capsys):
+    """`inwire demo --json`: `aggregator_final` is the service's final counters as numbers, not its log line
+    (the lab itself, which needs root, replaced by its outcome)."""
+    from inwire.cli import demo
+    from schedules import write_schedule
+
+    final = "inwire serve: stopped; final counters frames_in=90 drops=0 retransmission_drops=4 accumulated=86"
+    monkeypatch.setattr(demo, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(demo, "run_lab", lambda plan, config, scale, progress: ({"bit_exact": True}, final))
+    assert main(["demo", "--json", "--schedule", str(write_schedule(tmp_path / "schedule.json"))]) == 0
+    assert json.loads(capsys.readouterr().out)["aggregator_final"] == {
+        "frames_in": 90, "drops": 0, "retransmission_drops": 4, "accumulated": 86}
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -39,6 +39,7 @@ Frames are untrusted, so the service decides where its datagrams may go, beside 
 import contextlib
 import ipaddress
 import operator
+import re
 import select
 import socket
 import sys
@@ -106,6 +107,11 @@ def _owner(payload):
     """(slot, (job, round, clique, chunk), sender) of a payload whose header is whole."""
     sender, _, _, _, job, round_, clique, slot, chunk = _OWNER.unpack_from(payload, SENDER_AT)
     return slot, (job, round_, clique, chunk), sender
+
+
+def parse_counters_line(line: str) -> dict[str, int]:
+    """The `name=value` counters of a line `SoftwareAggregator.counters_line` wrote (serve's log), as numbers."""
+    return {name: int(value) for name, value in re.findall(r"(\w+)=(\d+)", line)}
 
 
 class ServeError(InwireError):
