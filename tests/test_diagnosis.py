@@ -13,8 +13,9 @@ import pytest
 
 from inwire.cli import main
 from inwire.datagram import endpoint_drops, payloads_of, socket_drops, stats_request
+from inwire.diagnosis import diagnose
 from inwire.packets import build_frames
-from inwire.protocol import Opcode
+from inwire.protocol import COUNTERS, DROP_COUNTERS, Opcode
 from inwire.stream import clique_group
 from schedules import write_schedule
 
@@ -148,6 +149,53 @@ def test_retransmissions_that_loss_on_purpose_explains_need_no_diagnosis(serve, 
                        "300", "--rounds", "2")
     assert code == 0
     assert [line for line in err.splitlines() if "rounds done" not in line] == []
+
+
+def test_drops_of_retransmissions_are_counted_apart_from_faults(serve, schedule, capsys):
+    """Under loss on purpose the islands retransmit, and the aggregator drops copies of members it summed
+    already: a healthy run. Serve's final line says `drops=0` and counts those apart
+    (`retransmission_drops=`), and so does the stream's summary ("aggregator drops 0")."""
+    target = serve("--unicast")
+    code = main(["stream", "--target", target, "--schedule", str(schedule), "--rounds", "2", "--elements", "600",
+                 "--timeout-ms", "300", "--retries", "25", "--loss", "0.2", "--seed", "3"])
+    out = capsys.readouterr().out
+    assert code == 0
+    summary = re.search(r"aggregator drops (\d+) \(not counting (\d+) retransmission drops\)", out)
+    assert summary and summary.group(1) == "0" and int(summary.group(2)) > 0, out
+    process, = serve.processes
+    process.send_signal(signal.SIGINT)
+    final = process.communicate(timeout=10)[1].strip().splitlines()[-1]
+    counters = {name: int(value) for name, value in re.findall(r"(\w+)=(\d+)", final)}
+    assert counters["drops"] == 0 and counters["drop_duplicate"] > 0, final
+    assert counters["retransmission_drops"] == counters["drop_duplicate"] + counters.get("drop_no_result", 0)
+
+
+def failed_report(**moved):
+    """A stream report of a round given up after --loss dropped 2 datagrams, the aggregator's counters having
+    moved by `moved`."""
+    counters = dict.fromkeys(COUNTERS, 0) | moved
+    return {"finished": False, "retransmits": 9, "dropped": 2, "chunk": 256, "slots_needed": 48,
+            "results_checked": 1, "aggregator": counters}
+
+
+def test_drops_that_retransmissions_cause_are_no_cause_of_a_failure():
+    """A member summed already and a result asked for before it exists are what retransmissions cause by
+    themselves: a failed round with only those drops is put down to its retransmissions running out."""
+    lines = diagnose(failed_report(drop_duplicate=5, drop_no_result=3), "udp", 3)
+    assert lines == ["--loss dropped 2 datagrams on purpose and a chunk ran out of retransmissions; raise --retries"]
+
+
+def test_every_other_drop_is_named_with_its_remedy_or_its_meaning():
+    """Each drop counter but those two gets a line of its own, naming how many frames and the counter, and
+    its remedy from the disposition table (with the run's --chunk, slots and failed slot filled in) or its
+    meaning."""
+    for name in sorted(set(DROP_COUNTERS) - {"drop_duplicate", "drop_no_result"}):
+        lines = diagnose(failed_report(**{name: 7}), "udp", 3, failed_slot=5)
+        assert len(lines) == 1 and f"dropped 7 frames as {name}" in lines[0], (name, lines)
+        assert "{" not in lines[0], lines
+    assert "--chunk 256" in diagnose(failed_report(drop_count=1), "udp", 3)[0]
+    assert "--slots 48" in diagnose(failed_report(drop_slot=1), "udp", 3)[0]
+    assert "on slot 5," in diagnose(failed_report(drop_collision=1), "udp", 3, failed_slot=5)[0]
 
 
 def test_a_round_given_up_under_loss_names_retries(serve, schedule, capsys):

@@ -101,6 +101,7 @@ def test_replay_command_round_trip(tmp_path):
     expected = [out for frame in frames for out in model.process(frame)]
     assert read_frames(tmp_path / "out.pcap") == expected
     assert json.loads(result.stdout) == model.stats()
+    assert f"out.pcap equals the golden model's output ({len(expected)} frames)" in result.stderr
 
 
 def test_replay_rejects_unreadable_pcap(tmp_path):

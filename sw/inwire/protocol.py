@@ -168,65 +168,71 @@ OPCODE_MEANING = {
 
 
 class Disposition(IntEnum):
-    """What the aggregator did with one input frame: every frame gets exactly one."""
-    FORWARDED = 0
-    ACCUMULATED = 1
-    ANSWERED = 2
-    DROP_RUNT = 3
-    DROP_IP_HEADER = 4
-    DROP_IP_FRAGMENT = 5
-    DROP_IP_CHECKSUM = 6
-    DROP_LENGTH = 7
-    DROP_VERSION = 8
-    DROP_OPCODE = 9
-    DROP_FANIN = 10
-    DROP_SENDER = 11
-    DROP_COUNT = 12
-    DROP_GROUP = 13
-    DROP_SLOT = 14
-    DROP_DUPLICATE = 15
-    DROP_MISMATCH = 16
-    DROP_COLLISION = 17
-    DROP_NO_RESULT = 18
-    DROP_ROUTE = 19
-    DROP_STALE = 20
+    """What the aggregator did with one input frame: every frame gets exactly one. This is the table of
+    dispositions; each member is (number, meaning, remedy, retransmission):
 
+    - `meaning`: what the frame was (docs/protocol.md's table, and the diagnosis of a drop without a remedy);
+    - `remedy`: what whoever runs `inwire stream` does about a drop of this kind, said by `inwire.diagnosis`,
+      which fills in {chunk} (--chunk), {slots_needed} (the slots the run needs) and {where} (the failed
+      chunk's slot, or the run's slots); empty: the diagnosis names the drop with its meaning;
+    - `retransmission`: retransmissions cause this drop by themselves on a healthy run (a member summed
+      already, a request for a result not there yet): serve's log, the stream's summary and the diagnosis
+      count it apart from the drops that mean something is wrong.
 
-DISPOSITION_MEANING = {
-    Disposition.FORWARDED: "not addressed to the aggregator: passed through byte for byte",
-    Disposition.ACCUMULATED: "contribution or partial added to its slot (the one that completes its level also "
-                             "emits the result, or the partial for the next level)",
-    Disposition.ANSWERED: "retransmitted contribution or partial, or result request, for a completed slot "
-                          "(the stored result, or partial for the next level), or stats request: answered "
-                          "with one frame",
-    Disposition.DROP_RUNT: "shorter than 60 bytes",
-    Disposition.DROP_IP_HEADER: "IPv4 version is not 4 or header length is not 5 words",
-    Disposition.DROP_IP_FRAGMENT: "IPv4 fragment (MF set or offset not zero)",
-    Disposition.DROP_IP_CHECKSUM: "IPv4 header checksum wrong",
-    Disposition.DROP_LENGTH: "frame, IPv4 and UDP lengths and element count disagree (requests carry "
-                             "no elements)",
-    Disposition.DROP_VERSION: "magic or version unknown",
-    Disposition.DROP_OPCODE: "opcode is not one an aggregator accepts (contribution, partial, result request, "
-                             "stats request)",
-    Disposition.DROP_FANIN: "fanin is 0 or above the aggregator's maximum",
-    Disposition.DROP_SENDER: "sender index not below fanin, members outside the level, or a level member "
-                             "not below fanin",
-    Disposition.DROP_COUNT: "element count is 0 or above the aggregator's maximum",
-    Disposition.DROP_GROUP: "group is not in 239.0.0.0/8",
-    Disposition.DROP_SLOT: "slot index beyond the aggregator's slots",
-    Disposition.DROP_DUPLICATE: "holds a member already summed into this slot",
-    Disposition.DROP_MISMATCH: "fanin, group, count, exponent or level differ from the slot's first "
-                               "contribution",
-    Disposition.DROP_COLLISION: "slot busy with another unfinished job, round, clique or chunk whose lease "
-                                "has not run out",
-    Disposition.DROP_NO_RESULT: "result request for a slot with no matching completed result",
-    Disposition.DROP_ROUTE: "its hops would send a partial where none may go: `hop1` is the aggregator itself, "
-                            "the frame's source or outside its upstream prefix, or `hop2` is set without "
-                            "`hop1`, equals `hop1` or is the aggregator itself",
-    Disposition.DROP_STALE: "older than the slot's live owner of the same job (an earlier round, or an earlier "
-                            "chunk of the same round and clique): a delayed copy, never allowed to evict a "
-                            "newer result",
-}
+    The number is the counter's place in a stats reply (`COUNTERS`) and the gateware's disposition code.
+    """
+
+    def __new__(cls, value, meaning, remedy="", retransmission=False):
+        member = int.__new__(cls, value)
+        member._value_ = value
+        member.meaning = meaning
+        member.remedy = remedy
+        member.retransmission = retransmission
+        return member
+
+    FORWARDED = 0, "not addressed to the aggregator: passed through byte for byte"
+    ACCUMULATED = (1, "contribution or partial added to its slot (the one that completes its level also emits the "
+                      "result, or the partial for the next level)")
+    ANSWERED = (2, "retransmitted contribution or partial, or result request, for a completed slot (the stored "
+                   "result, or partial for the next level), or stats request: answered with one frame")
+    DROP_RUNT = 3, "shorter than 60 bytes"
+    DROP_IP_HEADER = 4, "IPv4 version is not 4 or header length is not 5 words"
+    DROP_IP_FRAGMENT = (5, "IPv4 fragment (MF set or offset not zero)",
+                        "--chunk {chunk} needs a larger MTU on the path, or lower --chunk")
+    DROP_IP_CHECKSUM = 6, "IPv4 header checksum wrong"
+    DROP_LENGTH = 7, "frame, IPv4 and UDP lengths and element count disagree (requests carry no elements)"
+    DROP_VERSION = 8, "magic or version unknown"
+    DROP_OPCODE = (9, "opcode is not one an aggregator accepts (contribution, partial, result request, stats "
+                      "request)")
+    DROP_FANIN = (10, "fanin is 0 or above the aggregator's maximum",
+                  "a clique of the schedule is larger than the aggregator's maximum fan-in")
+    DROP_SENDER = (11, "sender index not below fanin, members outside the level, or a level member not below "
+                       "fanin")
+    DROP_COUNT = (12, "element count is 0 or above the aggregator's maximum",
+                  "--chunk {chunk} is above its maximum elements per frame; lower --chunk, or start inwire serve "
+                  "with --max-elements {chunk} (the gateware: --elements)")
+    DROP_GROUP = 13, "group is not in 239.0.0.0/8"
+    DROP_SLOT = (14, "slot index beyond the aggregator's slots",
+                 "the run needs {slots_needed} slots (4 x cliques x --window), more than it has; lower --window, "
+                 "or start inwire serve with --slots {slots_needed}")
+    DROP_DUPLICATE = 15, "holds a member already summed into this slot", "", True
+    DROP_MISMATCH = 16, "fanin, group, count, exponent or level differ from the slot's first contribution"
+    DROP_COLLISION = (17, "slot busy with another unfinished job, round, clique or chunk whose lease has not run "
+                          "out",
+                      "collision with another job on {where}, whose unfinished round holds it; run again once "
+                      "that job has finished or been reclaimed, or use another aggregator")
+    DROP_NO_RESULT = 18, "result request for a slot with no matching completed result", "", True
+    DROP_ROUTE = (19, "its hops would send a partial where none may go: `hop1` is the aggregator itself, the "
+                      "frame's source or outside its upstream prefix, or `hop2` is set without `hop1`, equals "
+                      "`hop1` or is the aggregator itself",
+                  "the schedule's tree names a next aggregator that is this one, the sender, or outside its "
+                  "upstream prefix; start inwire serve with --upstream covering the tree's aggregators")
+    DROP_STALE = (20, "older than the slot's live owner of the same job (an earlier round, or an earlier chunk of "
+                      "the same round and clique): a delayed copy, never allowed to evict a newer result",
+                  "delayed or duplicated copies of earlier chunks or rounds that arrived after their slot had "
+                  "moved on; they never evict a newer result, so they only cost bandwidth; a network that delays "
+                  "datagrams this much may need a larger --timeout-ms")
+
 
 COUNTERS = tuple(disposition.name.lower() for disposition in Disposition) + (
     "frames_in", "results_emitted", "slots_reclaimed", "saturations", "leases_expired", "partials_emitted")
@@ -236,6 +242,10 @@ dispositions; `results_emitted` counts result frames sent (completions and store
 `partials_emitted` counts partials sent up the tree (completions and stored-partial answers)."""
 
 DROP_COUNTERS = tuple(d.name.lower() for d in Disposition if d.name.startswith("DROP_"))
+RETRANSMISSION_DROP_COUNTERS = tuple(d.name.lower() for d in Disposition if d.retransmission)
+"""Drops that retransmissions cause by themselves (`Disposition.retransmission`)."""
+FAULT_DROP_COUNTERS = tuple(name for name in DROP_COUNTERS if name not in RETRANSMISSION_DROP_COUNTERS)
+"""Drops that mean something is wrong: every other drop."""
 
 
 def _numpy_field(field):

@@ -39,6 +39,7 @@ Frames are untrusted, so the service decides where its datagrams may go, beside 
 import contextlib
 import ipaddress
 import operator
+import re
 import select
 import socket
 import sys
@@ -63,7 +64,14 @@ from .errors import InwireError
 from .fastpath import SENDER_AT, FastAggregator, compiled, header_struct, next_hop
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field
-from .protocol import DROP_COUNTERS, FRAME_OFFSETS, INWIRE_PORT, Disposition, Opcode
+from .protocol import (
+    FAULT_DROP_COUNTERS,
+    FRAME_OFFSETS,
+    INWIRE_PORT,
+    RETRANSMISSION_DROP_COUNTERS,
+    Disposition,
+    Opcode,
+)
 
 POLL_S = 0.1
 """Longest a wait for input lasts, so that a stop request is seen promptly."""
@@ -106,6 +114,11 @@ def _owner(payload):
     """(slot, (job, round, clique, chunk), sender) of a payload whose header is whole."""
     sender, _, _, _, job, round_, clique, slot, chunk = _OWNER.unpack_from(payload, SENDER_AT)
     return slot, (job, round_, clique, chunk), sender
+
+
+def parse_counters_line(line: str) -> dict[str, int]:
+    """The `name=value` counters of a line `SoftwareAggregator.counters_line` wrote (serve's log), as numbers."""
+    return {name: int(value) for name, value in re.findall(r"(\w+)=(\d+)", line)}
 
 
 class ServeError(InwireError):
@@ -381,13 +394,16 @@ class SoftwareAggregator:
 
     def counters_line(self, prefix: str = "counters") -> str:
         counters = self.counters()
-        drops = sum(counters[name] for name in DROP_COUNTERS)
+        # Drops that retransmissions cause on a healthy run are counted apart, so that `drops` means trouble.
+        drops = sum(counters[name] for name in FAULT_DROP_COUNTERS)
+        repeated = sum(counters[name] for name in RETRANSMISSION_DROP_COUNTERS)
         shown = [f"{name}={value}" for name, value in counters.items()
                  if value and name not in ("frames_in",)]
         # Datagrams the kernel dropped before the aggregator saw them (receive buffer full): not in frames_in.
         kernel = socket_drops(self.sock)
         shown += [] if kernel is None else [f"kernel_drops={kernel}"]
-        return f"{prefix} frames_in={counters['frames_in']} drops={drops} " + " ".join(shown)
+        return (f"{prefix} frames_in={counters['frames_in']} drops={drops} retransmission_drops={repeated} "
+                + " ".join(shown))
 
     def serve(self, stats_interval: float | None = None) -> None:
         """Receive and answer until `stop()`; logs counters every `stats_interval` seconds and at the end.

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from .. import progress
 from ..netns import LabError, demo_schedule, run_lab, unavailable_reason
+from ..serve import parse_counters_line
 from ..stream import StreamConfig, format_report, load_plan
 from .options import check_positive
 
@@ -51,7 +52,7 @@ def run(args):
     with progress.counting(config.rounds, "round") as advance:
         report, final = run_lab(plan, config, args.scale, lambda _round: advance())
     report["target"] = f"netns lab, latencies x{args.scale:g}"
-    report["aggregator_final"] = final
+    report["aggregator_final"] = parse_counters_line(final)
     if args.json:
         print(json.dumps(report, indent=1))
     else:

@@ -10,7 +10,7 @@ import json
 import math
 import os
 
-from .. import progress
+from .. import extras, progress
 from .options import check_integer, check_positive, check_seed
 
 MAX_RATE_SCALE = 0.05
@@ -60,6 +60,8 @@ def run(args):
     for name in names:
         if name not in STRATEGIES:
             raise ValueError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
+    if "gloo" in names:
+        extras.require("torch", "the gloo strategy (leave it out of --strategies to run the others)")
     topology = load_topology(args.topology)
     islands = topology.resolve_islands(args.islands.split(",") if args.islands else None)
     vector_bytes = round(args.mb * 1e6)

@@ -1,16 +1,18 @@
 """Feed every frame of IN.pcap to the simulated aggregator (cocotb on Icarus Verilog or Verilator), write
-what comes out to OUT.pcap and print the counters as JSON. The gateware has the golden model's default
+what comes out to OUT.pcap, print the counters as JSON and say whether OUT.pcap and the counters equal the
+golden model's for the same frames (exit status 1 when they do not). The gateware has the golden model's default
 slots and elements per frame, or more where the capture uses more (a capture that needs more than a given
 --slots or --elements is refused with the numbers it needs). Simulation builds go to build/sim under the
 working directory."""
 
 import json
+import sys
 
 from inwire_hdl import SIMULATORS
 
 from .. import extras, progress
 from ..decode import describe_frame
-from ..model import AggregatorConfig
+from ..model import Aggregator, AggregatorConfig
 from ..output import atomic_output, check_writable
 from ..pcap import read_frames, write_frames
 from ..protocol import JUMBO_ELEMENTS_PER_FRAME
@@ -39,6 +41,26 @@ def capture_needs(frames):
         if described["kind"] == "contribution" and described["count"] > elements:
             elements, elements_frame = described["count"], index
     return slots, elements, slot_frame, elements_frame
+
+
+def model_agreement(frames, outputs, counters, config, output_name):
+    """(whether the gateware's `outputs` and `counters` for `frames` equal the golden model's with `config`,
+    one line saying so or naming the first difference)."""
+    model = Aggregator(config)
+    expected = [answer for frame in frames for answer in model.process(frame)]
+    if outputs != expected:
+        if len(outputs) != len(expected):
+            return False, (f"{output_name} differs from the golden model's output: {len(outputs)} frames where the "
+                           f"model sends {len(expected)}")
+        first = next(index for index, (got, want) in enumerate(zip(outputs, expected)) if got != want)
+        return False, (f"{output_name} differs from the golden model's output: frame {first} of "
+                       f"{len(expected)} (numbered from 0)")
+    wanted = model.stats()
+    if counters != wanted:
+        moved = ", ".join(f"{name} {counters.get(name)} where the model has {wanted.get(name)}"
+                          for name in sorted(set(counters) | set(wanted)) if counters.get(name) != wanted.get(name))
+        return False, f"the counters differ from the golden model's: {moved}"
+    return True, f"{output_name} equals the golden model's output ({len(expected)} frames), and so do the counters"
 
 
 def run(args):
@@ -78,4 +100,6 @@ def run(args):
     with atomic_output(args.output) as temporary:
         write_frames(temporary, outputs)
     print(json.dumps(counters, indent=2))
-    return 0
+    agrees, verdict = model_agreement(frames, outputs, counters, config, args.output)
+    print(f"inwire replay: {verdict}", file=sys.stderr)
+    return 0 if agrees else 1

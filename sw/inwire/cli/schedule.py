@@ -18,7 +18,7 @@ from inwire import progress  # noqa: E402
 from inwire.output import atomic_output, check_writable  # noqa: E402
 from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
 from inwire.plan.cost import AGGREGATE, HOST_TREE, ROUTINGS, ScheduleError  # noqa: E402
-from inwire.plan.schedule_file import format_plan, write_schedule  # noqa: E402
+from inwire.plan.schedule_file import MIXING_LEGEND, format_plan, write_schedule  # noqa: E402
 from inwire.plan.schedule_map import draw_schedule_map  # noqa: E402
 from inwire.plan.search import plan_schedule  # noqa: E402
 from inwire.plan.topology import load_topology  # noqa: E402
@@ -242,8 +242,8 @@ def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None
             rows.append(_sweep_cell(topology, islands, epsilon, seed, iterations, profile, reduced, size_mb, step_ms,
                                     local_steps, multicast, aggregation, routing, plans, host_nic_gbps, host_tree))
             advance()
-    header = ("| aggregator | reduce | model MB | step ms | optimized cliques per round | exchange | rho | lambda "
-              "| time to eps ms | global ms | grid2d ms | ring ms | gain over global | x bound |")
+    header = ("| aggregator | reduce | model MB | step ms | optimized cliques per round | exchange | rho "
+              "| spectral radius | time to eps ms | global ms | grid2d ms | ring ms | gain over global | x bound |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for row in rows:
         ratio = row["time_to_epsilon_ms"] / row["lower_bound_ms"]
@@ -257,7 +257,7 @@ def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None
     (out_dir / "sweep.md").write_text(
         f"Optimized schedules on {topology.name}, {len(islands)} islands, epsilon {epsilon:g}, seed {seed}, "
         f"routing {routing}, {local_steps} local step(s) per round where the step time is above 0\n\n"
-        + table + "\n")
+        + table + "\n\n" + MIXING_LEGEND + "\n")
     with open(out_dir / "sweep.json", "w") as handle:
         json.dump([{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
                    for row in rows], handle, indent=1)

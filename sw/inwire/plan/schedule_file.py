@@ -232,6 +232,13 @@ def describe_round(cliques):
     return "  ".join(parts) if parts else "(idle)"
 
 
+MIXING_LEGEND = ("rho: ||P - J||, the share of the islands' disagreement that one period P of averaging leaves at "
+                 "worst (J: the exact average; 0: one period reaches it)\n"
+                 "spectral radius: the largest |eigenvalue| of P - J, the share left per period in the long run "
+                 "(the schedule JSON's rho and spectral_radius)")
+"""What the plan's and the sweep's two mixing columns are."""
+
+
 def format_plan(plan):
     """The human-readable table the CLI prints."""
     best = plan.best
@@ -252,7 +259,7 @@ def format_plan(plan):
         f"aggregator {aggregator.name} ({limits}), reduce in path {'on' if plan.reduce_in_path else 'off'}, "
         f"routing {plan.routing}{hosts}; objective: {objective}",
         "",
-        f"{'schedule':<14}{'rounds':>7}{'period ms':>12}{'rho':>10}{'lambda':>10}{'periods':>9}"
+        f"{'schedule':<14}{'rounds':>7}{'period ms':>12}{'rho':>10}{'spectral radius':>17}{'periods':>9}"
         f"{'time to eps ms':>16}{'x bound':>9}",
     ]
     rows = [("optimized", best)] + list(plan.baselines.items())
@@ -260,9 +267,10 @@ def format_plan(plan):
         periods = ("-" if math.isinf(s.periods) else
                    str(s.periods) if isinstance(s.periods, int) else f"{s.periods:.2f}")
         ratio = s.time_to_epsilon_ms / plan.lower_bound_ms
-        lines.append(f"{name:<14}{len(s.rounds):>7}{s.period_ms:>12,.1f}{s.rho:>10.4f}{s.spectral_radius:>10.4f}"
+        lines.append(f"{name:<14}{len(s.rounds):>7}{s.period_ms:>12,.1f}{s.rho:>10.4f}{s.spectral_radius:>17.4f}"
                      f"{periods:>9}{_time(s.time_to_epsilon_ms):>16}{'-' if math.isinf(ratio) else f'{ratio:.2f}':>9}")
-    lines.append(f"{'lower bound':<14}{'':>7}{'':>12}{'':>10}{'':>10}{'':>9}{_time(plan.lower_bound_ms):>16}{1:>9.2f}")
+    lines.append(f"{'lower bound':<14}{'':>7}{'':>12}{'':>10}{'':>17}{'':>9}{_time(plan.lower_bound_ms):>16}{1:>9.2f}")
+    lines.append(MIXING_LEGEND)
     lines.append("")
     lines.append("optimized schedule, one period:")
     model = plan.cost_model
