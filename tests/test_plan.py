@@ -396,6 +396,31 @@ def test_balanced_routing_is_never_slower_and_stops_where_no_move_helps():
                             assert balanced._aggregate_time_ms(clique, trial)[0] >= best - cost.ROUTING_TOLERANCE_MS
 
 
+def test_balanced_routing_stops_by_itself(monkeypatch):
+    """Every move strictly shortens the clique, so the search ends without its move bound: with the bound
+    lifted, no clique of `balanced_cases` (with and without reduction, rings too) is scored more than 2,000
+    times."""
+    monkeypatch.setattr(cost, "ROUTING_MOVES", 10 ** 9)
+    scored = 0
+
+    def counting(score):
+        def counted(*args):
+            nonlocal scored
+            scored += 1
+            assert scored <= 2000, "still routing"
+            return score(*args)
+        return counted
+
+    for name in ("_aggregate_time_ms", "_ring_time_ms"):
+        monkeypatch.setattr(CostModel, name, counting(getattr(CostModel, name)))
+    for topology, islands, groups in balanced_cases():
+        for reduce_in_path in (False, True):
+            model = CostModel(topology, islands, 100_000_000, reduce_in_path=reduce_in_path, routing="balanced")
+            for clique in balanced_cliques(model, topology, groups):
+                scored = 0
+                model.profile(clique)
+
+
 def test_balanced_routing_is_deterministic():
     """The cliques of `balanced_cases` routed in two fresh processes with different hash seeds give the same
     propagation terms, loads and trees."""
