@@ -3,6 +3,9 @@ objective, the new baselines and the schedule file's new keys, each against figu
 
 import json
 import math
+import os
+import subprocess
+import sys
 from itertools import pairwise
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from inwire.plan.cost import AGGREGATE, HOST_TREE, Clique, CostModel, ScheduleEr
 from inwire.plan.mixing import mixing_product, mixing_rate, progress_periods, reach_periods, spectral_radius
 from inwire.plan.schedule_file import load_schedule_file, member_paths, schedule_document
 from inwire.plan.search import Evaluator, plan_schedule
-from inwire.plan.topology import TopologyError, load_topology, topology_from_dict
+from inwire.plan.topology import TopologyError, generate_topology, load_topology, topology_from_dict
 from inwire.protocol import FRAME_HEADER_BYTES, MAX_ELEMENTS_PER_FRAME, ROUTE_HOPS, WIRE_OVERHEAD_BYTES
 from inwire.stream import clique_routes
 
@@ -291,6 +294,157 @@ def test_bandwidth_routing_spreads_a_ring_over_both_paths():
         CostModel(detour(), ["A", "B"], FULL_FRAMES_MODEL, routing="shortest")
 
 
+def near_parallel():
+    """H is the root; N is 10 ms from H, F 1 ms behind N. F's other way, F -- M -- H, is 11.5 ms against
+    11 through N: half a millisecond longer. Every link 1 Gb/s."""
+    return hand(["H", "N", "F", "M"], [("N", "H", 10, 1), ("F", "N", 1, 1), ("F", "M", 1, 1), ("M", "H", 10.5, 1)])
+
+
+def test_balanced_routing_splits_two_vectors_over_near_equal_parallel_paths(monkeypatch):
+    """Clique {F, N, H} summed at H, without reduction. By hand: through N, the N -> H link carries F's and
+    N's vectors (2V) and the farthest member is 11 ms away, 2 x 11 + 2V; F by M instead puts one vector on
+    every link and is 11.5 ms away, 2 x 11.5 + V, the best any tree does (H has two links and two vectors
+    must reach it). Latency routing and the greedy bandwidth mode (F first, before N's vector is counted)
+    keep the shared link; balanced routing moves F."""
+    clique, islands = Clique(("F", "N", "H"), "H"), ["H", "N", "F"]
+    shared_ms, split_ms = 2 * 11 + 2 * V_MS_AT_1G, 2 * 11.5 + V_MS_AT_1G
+    for routing in ("latency", "bandwidth"):
+        assert CostModel(near_parallel(), islands, FULL_FRAMES_MODEL, routing=routing).round_time([clique]) == \
+            pytest.approx(shared_ms), routing
+    balanced = CostModel(near_parallel(), islands, FULL_FRAMES_MODEL, routing="balanced")
+    assert balanced.round_time([clique]) == pytest.approx(split_ms)
+    assert loads_by_edge(balanced, clique) == {edge: 1 for edge in [
+        ("F", "M"), ("M", "H"), ("N", "H"), ("H", "M"), ("M", "F"), ("H", "N")]}
+    # The move bound holds: with no moves allowed it stays on the faster start, the shared path.
+    monkeypatch.setattr(cost, "ROUTING_MOVES", 0)
+    assert CostModel(near_parallel(), islands, FULL_FRAMES_MODEL, routing="balanced").round_time([clique]) == \
+        pytest.approx(shared_ms)
+
+
+def test_balanced_routing_keeps_the_short_path_when_moving_does_not_help():
+    """With reduction N sums F's vector with its own, so the shared link carries one vector: 2 x 11 + V
+    beats moving F (2 x 11.5 + V). A small model is latency-bound: the 11 ms path wins too."""
+    clique, islands = Clique(("F", "N", "H"), "H"), ["H", "N", "F"]
+    reduced = CostModel(near_parallel(), islands, FULL_FRAMES_MODEL, reduce_in_path=True, routing="balanced")
+    assert reduced.round_time([clique]) == pytest.approx(2 * 11 + V_MS_AT_1G)
+    assert reduced.profile(clique).tree == {"F": "N", "N": "H"}
+    small = CostModel(near_parallel(), islands, 4000, routing="balanced")
+    assert set(loads_by_edge(small, clique)) == {("F", "N"), ("N", "H"), ("H", "N"), ("N", "F")}
+
+
+def test_balanced_routing_fits_the_doublezero9_global_tree_in_three_levels():
+    """Global clique at NYC, 100 MB, with reduction. By hand: FRA sending straight to LON (4.96 ms instead of
+    3.56 through AMS) sums SIN's vector with its own, LON sums AMS's and FRA's with its own, TYO sums SEO's
+    and LAX TYO's: SIN's and SEO's vectors climb three summing levels, which a frame carries, and every link
+    carries one vector each way. The farthest member is SIN, 52.42 + 4.96 + 45.60 ms away; one vector of
+    100 MB in full frames at 10 Gb/s on top. Latency routing keeps FRA -> AMS and pays a second vector."""
+    dz9 = load_topology("doublezero9")
+    islands = dz9.resolve_islands()
+    elements = 100_000_000 // 4
+    frames = -(-elements // MAX_ELEMENTS_PER_FRAME)
+    vector_ms = (frames * (FRAME_HEADER_BYTES + WIRE_OVERHEAD_BYTES) + 4 * elements) * 8 / 10e9 * 1e3
+    clique = Clique(islands, "NYC")
+    balanced = CostModel(dz9, islands, 100_000_000, reduce_in_path=True, routing="balanced")
+    assert balanced.round_time([clique]) == pytest.approx(2 * (52.42 + 4.96 + 45.60) + vector_ms)
+    assert balanced.profile(clique).tree == {"AMS": "LON", "FRA": "LON", "LON": "NYC", "SEO": "TYO", "SIN": "FRA",
+                                             "TYO": "LAX", "LAX": "NYC"}
+    by_latency = CostModel(dz9, islands, 100_000_000, reduce_in_path=True)
+    assert by_latency.round_time([clique]) > balanced.round_time([clique]) + 0.9 * vector_ms
+
+
+def balanced_cases():
+    """(topology, islands, member groups): a generated topology dense enough to offer other paths (links up
+    to 6000 km, 25 for 12 cities), and doublezero9's global clique and three-island cliques with SIN and AMS
+    (SIN's vector reaches AMS, LON and NYC through FRA and AMS, or past AMS by FRA -> LON; some need two
+    moves)."""
+    generated = generate_topology(12, seed=1, radius_km=6000)
+    islands = generated.resolve_islands()
+    dz9 = load_topology("doublezero9")
+    others = [city for city in dz9.resolve_islands() if city not in ("SIN", "AMS")]
+    return [(generated, islands, [islands, islands[:5], islands[3:10:2], islands[6:]]),
+            (dz9, dz9.resolve_islands(), [dz9.resolve_islands()] + [("SIN", "AMS", city) for city in others])]
+
+
+def balanced_cliques(model, topology, groups):
+    """Each group's clique at every root, then as a ring."""
+    for members in groups:
+        members = model.canonical(members)
+        yield from (Clique(members, hub) for hub in topology.cities)
+        yield Clique(model.ring_order(members), None, "ring")
+
+
+def test_balanced_routing_is_never_slower_and_stops_where_no_move_helps():
+    """For every clique of `balanced_cases`, with and without reduction: balanced routing is never slower
+    than latency or bandwidth routing alone, and no single move of its own kind would shorten an
+    aggregating clique it returns (it stopped at a local optimum, not at the move bound)."""
+    for topology, islands, groups in balanced_cases():
+        for reduce_in_path in (False, True):
+            models = {routing: CostModel(topology, islands, 100_000_000, reduce_in_path=reduce_in_path,
+                                         routing=routing) for routing in ("latency", "bandwidth", "balanced")}
+            balanced = models["balanced"]
+            for clique in balanced_cliques(balanced, topology, groups):
+                times = {routing: model.clique_time_alone(clique) for routing, model in models.items()}
+                assert times["balanced"] <= min(times["latency"], times["bandwidth"]) + 1e-9, (clique, times)
+                if clique.exchange != AGGREGATE:
+                    continue
+                hub, parent = clique.aggregator, balanced._balanced_tree(clique)
+                best = balanced._aggregate_time_ms(clique, parent)[0]
+                for city in parent:
+                    for path in balanced._reroutes(city, hub):
+                        trial = balanced._moved(parent, city, path, hub, clique.members)
+                        if trial is not None:
+                            assert balanced._aggregate_time_ms(clique, trial)[0] >= best - cost.ROUTING_TOLERANCE_MS
+
+
+def test_balanced_routing_stops_by_itself(monkeypatch):
+    """Every move strictly shortens the clique, so the search ends without its move bound: with the bound
+    lifted, no clique of `balanced_cases` (with and without reduction, rings too) is scored more than 2,000
+    times."""
+    monkeypatch.setattr(cost, "ROUTING_MOVES", 10 ** 9)
+    scored = 0
+
+    def counting(score):
+        def counted(*args):
+            nonlocal scored
+            scored += 1
+            assert scored <= 2000, "still routing"
+            return score(*args)
+        return counted
+
+    for name in ("_aggregate_time_ms", "_ring_time_ms"):
+        monkeypatch.setattr(CostModel, name, counting(getattr(CostModel, name)))
+    for topology, islands, groups in balanced_cases():
+        for reduce_in_path in (False, True):
+            model = CostModel(topology, islands, 100_000_000, reduce_in_path=reduce_in_path, routing="balanced")
+            for clique in balanced_cliques(model, topology, groups):
+                scored = 0
+                model.profile(clique)
+
+
+def test_balanced_routing_is_deterministic():
+    """The cliques of `balanced_cases` routed in two fresh processes with different hash seeds give the same
+    propagation terms, loads and trees."""
+    here = str(Path(__file__).parent)
+    path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    outputs = {subprocess.run([sys.executable, "-c", "from test_plan import balanced_report; print(balanced_report())"],
+                              capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": seed}).stdout
+               for seed in ("1", "2")}
+    assert len(outputs) == 1 and "ring" in outputs.pop()
+
+
+def balanced_report():
+    """Every clique of `balanced_cases`, without and with reduction: its propagation term, loads and tree."""
+    lines = []
+    for topology, islands, groups in balanced_cases():
+        for reduce_in_path in (False, True):
+            model = CostModel(topology, islands, 100_000_000, reduce_in_path=reduce_in_path, routing="balanced")
+            for clique in balanced_cliques(model, topology, groups):
+                profile = model.profile(clique)
+                lines.append(f"{clique} {profile.latency_ms!r} {profile.loads_bits.tolist()} {profile.tree}")
+    return "\n".join(lines)
+
+
 # --- mixing and the local-step objective ------------------------------------------------------------
 
 def test_spectral_radius_and_reach_of_a_chain_by_hand():
@@ -397,6 +551,22 @@ def test_schedule_file_states_the_hardware_and_objective(tmp_path, capsys):
             assert ("tree" in clique) == (clique["exchange"] == AGGREGATE)
     assert load_schedule_file(out).document == document
     assert "reduce in path on" in capsys.readouterr().out
+
+
+def test_the_schedule_says_balanced_routing_was_used(tmp_path, capsys):
+    """`--routing balanced` is accepted, printed in the header and written in the file, and every clique time
+    in the file is the cost model's under that routing."""
+    out = tmp_path / "s.json"
+    islands = ["SIN", "FRA", "AMS", "LON"]
+    assert schedule_cli("--islands", ",".join(islands), "--model-mb", "100", "--routing", "balanced",
+                        "--out", str(out)) == 0
+    assert "routing balanced" in capsys.readouterr().out
+    document = json.loads(out.read_text())
+    assert document["routing"] == "balanced"
+    model = CostModel(load_topology("doublezero9"), islands, 100_000_000, routing="balanced")
+    for entry in document["rounds"]:
+        cliques = [Clique(tuple(c["members"]), c["aggregator"], c["exchange"]) for c in entry["cliques"]]
+        assert [c["time_ms"] for c in entry["cliques"]] == pytest.approx(model.clique_times(cliques))
 
 
 def test_a_tree_that_does_not_reach_the_root_is_rejected(tmp_path):

@@ -54,7 +54,8 @@ def add_arguments(parser):
                         help="every aggregating city on the way to a clique's root sums what it forwards")
     parser.add_argument("--routing", choices=ROUTINGS, default="latency",
                         help="latency: fixed latency-shortest paths (DoubleZero routes so); bandwidth: each "
-                             "transfer takes the candidate path that completes soonest")
+                             "transfer takes the candidate path that completes soonest, farthest first; balanced: "
+                             "flows then moved to other paths one at a time while that shortens their clique")
     parser.add_argument("--host-nic-gbps", type=float, metavar="GBPS",
                         help="every island's host NIC rate in and out, in Gb/s (default: unlimited)")
     parser.add_argument("--host-tree", action="store_true",

@@ -27,9 +27,13 @@ from .errors import ScheduleError
 
 AGGREGATE, ALL_TO_ALL, RING, HOST_TREE = "aggregate", "all-to-all", "ring", "host-tree"
 EXCHANGES = (AGGREGATE, ALL_TO_ALL, RING, HOST_TREE)
-ROUTINGS = ("latency", "bandwidth")
+ROUTINGS = ("latency", "bandwidth", "balanced")
 CANDIDATE_PATHS = 4
 """Bandwidth-aware routing chooses among this many latency-shortest simple paths per transfer."""
+ROUTING_MOVES = 100
+"""Balanced routing re-routes at most this many flows per clique (each move strictly shortens the clique)."""
+ROUTING_TOLERANCE_MS = 1e-9
+"""A move must shorten the clique by more than this to count, so rounding cannot make it cycle."""
 EXHAUSTIVE_AGGREGATOR_LIMIT = 2048
 """Aggregator assignments of a round tried exhaustively up to this many combinations."""
 SHORTLIST = 6
@@ -97,7 +101,9 @@ class CostModel:
     `aggregator` is the default profile (a name, a build report path or an AggregatorProfile); a city of
     the topology may set its own. `reduce_in_path` lets every aggregating city on the way to a clique's
     root sum what it forwards. `routing` is "latency" (fixed latency-shortest paths, as DoubleZero's
-    controller routes) or "bandwidth" (each transfer takes the candidate path that completes soonest).
+    controller routes), "bandwidth" (each transfer takes the candidate path that completes soonest, in
+    turn) or "balanced" (from the better of those two, flows are re-routed one at a time while that
+    shortens the clique).
     `host_nic_gbps` limits every island's host NIC, in and out (None: unlimited). `host_tree` offers the
     host-side tree all-reduce among each clique's options (it is always available as a baseline).
     """
@@ -150,6 +156,7 @@ class CostModel:
         self._ring_orders = {}
         self._host_trees = {}
         self._best_rounds = {}
+        self._reroute_paths = {}
 
     def latency_ms(self, a, b):
         return self.topology.latency_ms(a, b)
@@ -158,6 +165,11 @@ class CostModel:
         return tuple(sorted(members, key=self._position.__getitem__))
 
     # -- one clique ------------------------------------------------------------------------------
+    def _busiest_ms(self, loads):
+        """Time the busiest resource needs for `loads`."""
+        used = loads > 0
+        return 1e3 * float(np.max(loads[used] / self.capacity_bps[used])) if used.any() else 0.0
+
     def _add_path(self, loads, a, b, bits):
         edges = self._path_edges.get((a, b))
         if edges is None:
@@ -315,6 +327,141 @@ class CostModel:
             estimate[up[:carried]] += bits
             estimate[down[:carried]] += bits
         return parent
+
+    def _route(self, path):
+        """Directed edges of a path of cities and its one-way latency."""
+        hops = list(zip(path, path[1:]))
+        return ([self.edge_index[hop] for hop in hops],
+                sum(self.topology.graph.edges[a, b]["latency_ms"] for a, b in hops))
+
+    def _reroutes(self, city, target):
+        """Paths a balanced move may give a flow from `city` to `target`: the candidate paths, then through
+        each neighbour (in name order) the neighbour's latency-shortest path on, where it does not come back."""
+        key = (city, target)
+        if key not in self._reroute_paths:
+            paths = [tuple(path) for path in self.candidate_paths(city, target)]
+            for neighbour in sorted(self.topology.graph[city]):
+                path = (city,) + tuple(self.topology.path(neighbour, target))
+                if city not in path[1:] and path not in paths:
+                    paths.append(path)
+            self._reroute_paths[key] = paths
+        return self._reroute_paths[key]
+
+    @staticmethod
+    def _routes_of(parent, hub, members):
+        """`parent` cut to the cities on some member's route to `hub`."""
+        kept = {}
+        for member in members:
+            city = member
+            while city != hub and city not in kept:
+                kept[city] = parent[city]
+                city = parent[city]
+        return kept
+
+    def _aggregate_time_ms(self, clique, parent):
+        """An aggregating clique routed along `parent`: (its time alone, loads, tree, propagation term)."""
+        loads = np.zeros(len(self.capacity_bps))
+        tree = self._aggregate_on_tree(loads, clique, parent)
+        for member in clique.members:
+            self._charge_nic(loads, member, self.vector_bits, self.vector_bits)
+        latency = max(2 * self._route_latency_ms(parent, m, clique.aggregator) for m in clique.members)
+        return latency + self._busiest_ms(loads), loads, tree, latency
+
+    def _moved(self, parent, city, path, hub, members):
+        """`parent` with `city` (its own vector and every flow behind it) sent along `path` until the path
+        meets a city already routed; None where the path runs into the flows behind `city` or changes nothing."""
+        children = {}
+        for child, up in parent.items():
+            children.setdefault(up, []).append(child)
+        behind, stack = {city}, [city]
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                behind.add(child)
+                stack.append(child)
+        trial = dict(parent)
+        for a, b in zip(path, path[1:]):
+            if b in behind:
+                return None
+            trial[a] = b
+            if b == hub or b in parent:
+                break
+        trial = self._routes_of(trial, hub, members)
+        return None if trial == parent else trial
+
+    def _balanced_tree(self, clique):
+        """Routes to an aggregating clique's root that shorten its time (propagation plus busiest resource).
+
+        It starts from the faster of the latency-shortest tree and the bandwidth-aware one (the latency
+        tree on a tie). A move sends one routed city's flow (its vector and all behind it) another way:
+        along one of `_reroutes` until it meets the tree. Sweeps go over the routed cities in name order,
+        each taking its first move that makes the clique finish sooner by more than ROUTING_TOLERANCE_MS,
+        and repeat until a sweep moves nothing or ROUTING_MOVES moves are made. So it is deterministic,
+        never slower than its start, and ends at a tree no single such move improves.
+        """
+        hub, members = clique.aggregator, clique.members
+        starts = [self._routes_of(self._tree(hub)[0], hub, members), self._bandwidth_tree(hub, members)]
+        best_ms, parent = min(((self._aggregate_time_ms(clique, p)[0], p) for p in starts), key=lambda t: t[0])
+        moves, improved = 0, True
+        while improved and moves < ROUTING_MOVES:
+            improved = False
+            for city in sorted(parent):
+                if city not in parent:
+                    continue  # no longer on any member's route
+                for path in self._reroutes(city, hub):
+                    trial = self._moved(parent, city, path, hub, members)
+                    if trial is None:
+                        continue
+                    trial_ms = self._aggregate_time_ms(clique, trial)[0]
+                    if trial_ms < best_ms - ROUTING_TOLERANCE_MS:
+                        parent, best_ms, improved, moves = trial, trial_ms, True, moves + 1
+                        break
+                if moves == ROUTING_MOVES:
+                    break
+        return parent
+
+    def _ring_time_ms(self, members, routes, steps, bits):
+        """A ring whose hops take `routes` ((edges, one-way ms) each, `bits` per hop): its time alone and loads."""
+        loads = np.zeros(len(self.capacity_bps))
+        for edges, _ in routes:
+            loads[edges] += bits
+        for member in members:
+            self._charge_nic(loads, member, bits, bits)
+        return steps * max(ms for _, ms in routes) + self._busiest_ms(loads), loads
+
+    def _bandwidth_ring(self, hops, steps, bits):
+        """Each hop in ring order on the candidate path that completes soonest behind the hops before it."""
+        loads, routes = np.zeros(len(self.capacity_bps)), []
+        for a, b in hops:
+            best = None
+            for path in self.candidate_paths(a, b):
+                edges = [self.edge_index[hop] for hop in zip(path, path[1:])]
+                hop_ms = sum(self.topology.graph.edges[u, v]["latency_ms"] for u, v in zip(path, path[1:]))
+                cost = self._completion_ms(loads, edges, [], bits, steps * hop_ms)
+                if best is None or cost < best[0] - 1e-9:
+                    best = (cost, edges, hop_ms)
+            loads[best[1]] += bits
+            routes.append((best[1], best[2]))
+        return routes
+
+    def _balanced_ring(self, members, hops, steps, bits):
+        """Ring hops re-routed one at a time, as `_balanced_tree` does, from the faster of latency-shortest
+        and bandwidth-aware hops; a move gives one hop another of `_reroutes`."""
+        starts = [[self._route(self.topology.path(a, b)) for a, b in hops], self._bandwidth_ring(hops, steps, bits)]
+        best_ms, routes = min(((self._ring_time_ms(members, r, steps, bits)[0], r) for r in starts),
+                              key=lambda t: t[0])
+        moves, improved = 0, True
+        while improved and moves < ROUTING_MOVES:
+            improved = False
+            for i, (a, b) in enumerate(hops):
+                for path in self._reroutes(a, b):
+                    trial = routes[:i] + [self._route(path)] + routes[i + 1:]
+                    trial_ms = self._ring_time_ms(members, trial, steps, bits)[0]
+                    if trial_ms < best_ms - ROUTING_TOLERANCE_MS:
+                        routes, best_ms, improved, moves = trial, trial_ms, True, moves + 1
+                        break
+                if moves == ROUTING_MOVES:
+                    break
+        return routes
 
     def _aggregate_on_tree(self, loads, clique, parent):
         """Loads of an aggregating clique whose members reach the root along `parent` pointers.
@@ -488,9 +635,14 @@ class CostModel:
                 self._add_distribution(loads, hub, members, self.vector_bits)
                 self._charge_aggregator(loads, hub, k, 1 if self._replicates[hub] else k)
             else:
-                parent = self._tree(hub)[0] if self.routing == "latency" else self._bandwidth_tree(hub, members)
+                if self.routing == "latency":
+                    parent = self._tree(hub)[0]
+                elif self.routing == "bandwidth":
+                    parent = self._bandwidth_tree(hub, members)
+                else:
+                    parent = self._balanced_tree(clique)
                 tree = self._aggregate_on_tree(loads, clique, parent)
-                if self.routing == "bandwidth":
+                if self.routing != "latency":
                     latency = max(2 * self._route_latency_ms(parent, m, hub) for m in members)
             for member in members:
                 self._charge_nic(loads, member, self.vector_bits, self.vector_bits)
@@ -510,18 +662,12 @@ class CostModel:
                 for a, b in hops:
                     self._add_path(loads, a, b, steps * chunk_bits)
             else:
-                longest = 0.0
-                for a, b in hops:
-                    best = None
-                    for path in self.candidate_paths(a, b):
-                        edges = [self.edge_index[hop] for hop in zip(path, path[1:])]
-                        hop_ms = sum(self.topology.graph.edges[u, v]["latency_ms"] for u, v in zip(path, path[1:]))
-                        cost = self._completion_ms(loads, edges, [], steps * chunk_bits, steps * hop_ms)
-                        if best is None or cost < best[0] - 1e-9:
-                            best = (cost, edges, hop_ms)
-                    loads[best[1]] += steps * chunk_bits
-                    longest = max(longest, best[2])
-                latency = steps * longest
+                bits = steps * chunk_bits
+                routes = (self._bandwidth_ring(hops, steps, bits) if self.routing == "bandwidth"
+                          else self._balanced_ring(members, hops, steps, bits))
+                for edges, _ in routes:
+                    loads[edges] += bits
+                latency = steps * max(ms for _, ms in routes)
             for member in members:
                 self._charge_nic(loads, member, steps * chunk_bits, steps * chunk_bits)
         elif clique.exchange == HOST_TREE:

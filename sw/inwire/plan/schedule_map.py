@@ -422,7 +422,9 @@ def schedule_map_figure(topology, schedule, title, model=None):
                       loc="lower left", bbox_to_anchor=(0.25 / width, 0.1 / height), ncol=3, frameon=False,
                       fontsize=9.5, handlelength=2.8, columnspacing=1.6).set_gid("marks")
         routing = getattr(model, "routing", "latency")
-        notes = [f"routes: {'latency-shortest paths' if routing == 'latency' else 'bandwidth-aware paths'}"
+        described = {"latency": "latency-shortest paths", "bandwidth": "bandwidth-aware paths",
+                     "balanced": "paths balanced to shorten each clique"}
+        notes = [f"routes: {described[routing]}"
                  + (" as the cost model charges them" if model is not None else ""),
                  "a line leaving one edge comes back at the other (the map is cut where the fewest links cross)"]
         if outlines is None:
