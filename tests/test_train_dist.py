@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 from inwire.train.codec_average import clique_average  # noqa: E402
-from inwire.train.dist import DistributedRunError, check_bit_exact, launch_islands, run_dist  # noqa: E402
+from inwire.train.dist import DistributedRunError, check_bit_exact, launch_islands, main, run_dist  # noqa: E402
 from inwire.train.island import digest, load_log, save_log  # noqa: E402
 
 ISLANDS = ("LON", "NYC", "SIN")
@@ -136,3 +136,11 @@ def test_the_hook_check_catches_a_tampered_bucket(hook_run, tmp_path):
     bit_exact, _, problems = check_bit_exact(copy, ISLANDS)
     assert not bit_exact and all("differs from the codec's" in problem or "is not the average" in problem
                                  for problem in problems) and len(problems) == 2 * len(ISLANDS)
+
+
+def test_the_hook_refuses_a_schedule_without_a_clique_of_every_island(tmp_path, capsys):
+    """Rotating pairs have no clique of all islands for the hook to sum in: one line, before any launch."""
+    assert main(["--hook", "--strategy", "gossip", "--out-dir", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "the schedule has no clique of all of them" in error, error
+    assert not list(tmp_path.glob("*.log"))

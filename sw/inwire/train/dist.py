@@ -251,6 +251,11 @@ def run_dist(islands=("LON", "NYC", "SIN"), nproc=2, steps=40, period=10, seed=0
     document = schedule_for(topology, islands, strategy, round(model_mb * 1e6))
     schedule_path = out_dir / "schedule.json"
     schedule_path.write_text(json.dumps(document, indent=1) + "\n")
+    if hook:
+        from ..plan.schedule_file import load_schedule_file
+        from .ddp import global_clique
+
+        global_clique(load_schedule_file(schedule_path))  # ValueError when the schedule has no such clique
     started = time.monotonic()
     arguments = (schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s, outer_lr, outer_momentum,
                  hidden, hook, bucket_mb)
