@@ -86,15 +86,18 @@ def test_torchrun_islands_sum_along_a_tree_of_chained_services(tmp_path):
 def hook_run(tmp_path_factory):
     """3 torchrun islands x 2 gloo ranks training synchronously through the DDP hook for 3 steps: every
     gradient bucket averaged inside the island, then summed across islands along the tree LON -> NYC -> SIN
-    of two chained `inwire serve` processes (NYC sums LON's and its own, SIN is the root)."""
+    of two chained `inwire serve` processes (NYC sums LON's and its own, SIN is the root); every rank logs
+    its own buckets, so the island means are checked too."""
     return run_dist(ISLANDS, nproc=2, steps=3, strategy="tree", hidden=200, hook=True, bucket_mb=0.005,
+                    log_gradients=True,
                     out_dir=tmp_path_factory.mktemp("hook"), timeout_s=240)
 
 
 def test_torchrun_islands_through_the_ddp_hook_get_the_codec_average_of_the_island_means(hook_run):
     """Every bucket of every step leaves every rank of every island as `clique_average` of the islands'
-    means (rank 0's logged sent vectors), the islands' means differ, and the islands end with the same
-    parameters; the sums went through both services of the tree."""
+    means (rank 0's logged sent vectors, each the mean of its island's two ranks' buckets), the islands'
+    means differ, and the islands end with the same parameters; the sums went through both services of the
+    tree."""
     assert hook_run["bit_exact"], hook_run["problems"]
     assert hook_run["problems"] == [] and hook_run["mode"] == "ddp hook"
     sums = {island: result["averagings"] for island, result in hook_run["islands"].items()}
@@ -113,7 +116,8 @@ def test_torchrun_islands_through_the_ddp_hook_get_the_codec_average_of_the_isla
 
 
 def test_the_hook_check_catches_a_tampered_bucket(hook_run, tmp_path):
-    """One rank's bucket one ulp off the average, or one island's mean changed, is found."""
+    """One rank's bucket one ulp off the average, or one island's mean changed (no longer its ranks'), is
+    found."""
     copy = tmp_path / "copy"
     shutil.copytree(hook_run["out_dir"], copy)
     path = copy / "SIN-rank1.npz"
@@ -134,8 +138,10 @@ def test_the_hook_check_catches_a_tampered_bucket(hook_run, tmp_path):
     log["sent_sha"][1] = digest(log["sent"][1])
     save_log(path, log)
     bit_exact, _, problems = check_bit_exact(copy, ISLANDS)
-    assert not bit_exact and all("differs from the codec's" in problem or "is not the average" in problem
-                                 for problem in problems) and len(problems) == 2 * len(ISLANDS)
+    assert not bit_exact and problems[0] == f"LON round {log['round'][1]}: what rank 0 sent is not the mean of " \
+        "the island's buckets"
+    assert all("differs from the codec's" in problem or "is not the average" in problem
+               for problem in problems[1:]) and len(problems) == 1 + 2 * len(ISLANDS)
 
 
 def test_the_hook_refuses_a_schedule_without_a_clique_of_every_island(tmp_path, capsys):

@@ -97,6 +97,15 @@ def check_bit_exact(out_dir, islands, bound=16.0, plain=True):
                 problems.append(f"{island} round {round_index}: rank 0's sent vector does not match its digest")
             sent[(int(round_index), island)] = first["sent"][i]
     for island, ranks in logs.items():
+        # The island mean rank 0 sent, from the ranks' own buckets where they logged them: exact for one or
+        # two ranks (a + b rounds alike in any order; gloo's order for more ranks is its own).
+        if len(ranks) <= 2 and all("gradient" in log for log in ranks):
+            for i, round_index in enumerate(ranks[0]["round"]):
+                own = np.stack([log["gradient"][i] for log in ranks]).astype(np.float32)
+                if not np.array_equal(own.sum(axis=0, dtype=np.float32) / np.float32(len(ranks)),
+                                      ranks[0]["sent"][i]):
+                    problems.append(f"{island} round {round_index}: what rank 0 sent is not the mean of the "
+                                    f"island's buckets")
         log = ranks[0]
         for i, round_index in enumerate(log["round"]):
             members = str(log["members"][i]).split(",")
@@ -153,7 +162,7 @@ def _stop(processes):
 
 
 def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s,
-                   outer_lr=1.0, outer_momentum=0.0, hidden=32, hook=False, bucket_mb=25.0):
+                   outer_lr=1.0, outer_momentum=0.0, hidden=32, hook=False, bucket_mb=25.0, log_gradients=False):
     """Run one torchrun per island and wait for all; raises DistributedRunError on failure or timeout."""
     processes, logs = [], {}
     try:
@@ -165,7 +174,8 @@ def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period
                        "--period", str(period), "--seed", str(seed), "--alpha", alpha,
                        "--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum), "--hidden", str(hidden),
                        "--timeout", str(max(5.0, timeout_s / 4)),
-                       *(["--hook", "--bucket-mb", str(bucket_mb)] if hook else [])]
+                       *(["--hook", "--bucket-mb", str(bucket_mb)] if hook else []),
+                       *(["--log-gradients"] if hook and log_gradients else [])]
             with open(logs[island], "w") as log:
                 # A session per island, so that its torchrun and every rank can be stopped together.
                 processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -239,13 +249,15 @@ def serving(cities, out_dir, options=(), start_s=SERVE_START_S):
 
 def run_dist(islands=("LON", "NYC", "SIN"), nproc=2, steps=40, period=10, seed=0, alpha="0.3", strategy="schedule",
              topology="doublezero9", model_mb=100.0, server=None, sim=(), out_dir=None, timeout_s=300.0,
-             outer_lr=1.0, outer_momentum=0.0, hidden=32, golden=False, hook=False, bucket_mb=25.0):
+             outer_lr=1.0, outer_momentum=0.0, hidden=32, golden=False, hook=False, bucket_mb=25.0,
+             log_gradients=False):
     """The whole run; returns the report (also when averages are not bit-exact: `bit_exact` says so).
 
     Without `server`, one `inwire serve` per city the schedule sums at (only the root without trees), each at
     its own loopback address on one shared port, as a reduction tree needs (`--server` then names the city
     map file the islands read). With `hook`, the islands train synchronously through the DDP hook in the
-    schedule's clique of every island, and must also end with the same parameters."""
+    schedule's clique of every island, and must also end with the same parameters; with `log_gradients`
+    too, every rank logs its own buckets, and each island mean rank 0 sent is checked against them."""
     out_dir = pathlib.Path(out_dir or tempfile.mkdtemp(prefix="inwire-dist-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     document = schedule_for(topology, islands, strategy, round(model_mb * 1e6))
@@ -258,7 +270,7 @@ def run_dist(islands=("LON", "NYC", "SIN"), nproc=2, steps=40, period=10, seed=0
         global_clique(load_schedule_file(schedule_path))  # ValueError when the schedule has no such clique
     started = time.monotonic()
     arguments = (schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s, outer_lr, outer_momentum,
-                 hidden, hook, bucket_mb)
+                 hidden, hook, bucket_mb, log_gradients)
     if server:
         launch_islands(islands, server, *arguments)
         counters = None
@@ -314,6 +326,9 @@ def main(argv=None):
                              "(inwire.train.ddp) in the schedule's clique of every island, instead of averaging "
                              "models every --period steps")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb with --hook")
+    parser.add_argument("--log-gradients", action="store_true",
+                        help="with --hook, check each island mean against its ranks' own buckets (one or two "
+                             "ranks), which every rank then logs: a model's worth per step and rank")
     parser.add_argument("--outer-lr", type=float, default=1.0)
     parser.add_argument("--outer-momentum", type=float, default=0.0)
     parser.add_argument("--out-dir", default="", help="logs and per-rank records (default: a new temporary folder)")
@@ -329,7 +344,7 @@ def main(argv=None):
                           args.seed, args.alpha, args.strategy, model_mb=args.model_mb, server=args.server or None,
                           sim=sim, out_dir=args.out_dir or None, timeout_s=args.timeout, outer_lr=args.outer_lr,
                           outer_momentum=args.outer_momentum, hidden=args.hidden, golden=args.golden,
-                          hook=args.hook, bucket_mb=args.bucket_mb)
+                          hook=args.hook, bucket_mb=args.bucket_mb, log_gradients=args.log_gradients)
     except (DistributedRunError, ValueError, OSError) as error:
         print(f"inwire train-dist: {error}", file=sys.stderr)
         return 2

@@ -48,6 +48,9 @@ def parse_arguments(argv):
     parser.add_argument("--hook", action="store_true",
                         help="sum every gradient bucket across islands with the DDP hook instead of averaging models")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (with --hook)")
+    parser.add_argument("--log-gradients", action="store_true",
+                        help="with --hook, every rank also logs its own bucket before the hook (a model's worth "
+                             "per step and rank), so that the launcher checks the island means too")
     return parser.parse_args(argv)
 
 
@@ -56,7 +59,7 @@ def digest(vector):
     return hashlib.sha256(np.ascontiguousarray(vector, dtype=np.float32).tobytes()).hexdigest()
 
 
-VECTORS = ("sent", "average")
+VECTORS = ("sent", "average", "gradient")
 """Logged per averaging as whole vectors (their lengths differ between a hook's buckets), the rest as arrays."""
 
 
@@ -136,7 +139,8 @@ def main(argv=None):
         digests = ("sent_sha", "average_sha", "after_sha") if rank == 0 or not args.hook else ("after_sha",)
         vectors = ("sent",) if args.hook else ("sent", "average")
         log = {"round": [], "members": [], **{key: [] for key in digests},
-               **({key: [] for key in vectors} if rank == 0 else {})}
+               **({key: [] for key in vectors} if rank == 0 else {}),
+               **({"gradient": []} if args.hook and args.log_gradients else {})}
 
         def record(round_index, members, sent, average, after):
             log["round"].append(round_index)
@@ -154,6 +158,8 @@ def main(argv=None):
 
             def recording_hook(state, bucket):
                 step, index = state.step, bucket.index()
+                if "gradient" in log:
+                    log["gradient"].append(bucket.buffer().detach().cpu().numpy().copy())
                 future = inwire_hook(state, bucket)
                 sent, average = state.last[2:] if rank == 0 else (None, None)
                 record(step * state.buckets + index, clique, sent, average, future.value().cpu().numpy())
