@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run system-tools test sim formal fuzz coverage mutate verilog bitstream alveo docs bench demo lab train-demo train-study train-dist clean
+.PHONY: setup run system-tools test sim formal fuzz coverage mutate verilog bitstream alveo docs bench demo lab train-demo train-study train-dist train-dist-hook clean
 
 # Debian packages the tests use, as command:package.
 SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2 berkeley-abc:berkeley-abc
@@ -96,10 +96,16 @@ train-study:
 		--aggregator port10g --out-dir docs/training/port10g
 
 # Three islands of two gloo ranks each (torchrun), a 25-million-parameter model (100 MB of float32) averaged
-# along a reduction tree through two chained software aggregators on loopback (NYC sums LON's and its own).
+# along a reduction tree through two chained `inwire serve` processes on loopback (NYC sums LON's and its own).
 train-dist:
 	$(BIN)/python -m inwire.train.dist --islands LON,NYC,SIN --nproc-per-node 2 --strategy tree --hidden 333333 \
 		--steps 10 --period 5 --timeout 1200 --out-dir train/dist
+
+# The same islands, model and tree training synchronously through the DDP hook: every gradient bucket of every
+# step averaged inside the island, summed across islands along the tree and broadcast back.
+train-dist-hook:
+	$(BIN)/python -m inwire.train.dist --islands LON,NYC,SIN --nproc-per-node 2 --strategy tree --hidden 333333 \
+		--hook --steps 2 --timeout 1200 --out-dir train/dist-hook
 
 bench:
 	$(BIN)/inwire bench --out bench/results.json

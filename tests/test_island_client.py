@@ -23,7 +23,7 @@ from inwire.train.averaging import CliqueAverager, InwireExchange, anchor_parame
 
 
 def flat(model):
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().copy()
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy().copy()
 
 
 def models_for(names, size, seed=0):
@@ -120,11 +120,39 @@ def test_the_schedule_s_cities_and_tree_are_followed():
     assert counters["LAX"]["results_emitted"] >= chunks and counters["LAX"]["partials_emitted"] == 0
 
 
+def test_an_all_to_all_clique_sums_at_its_first_member_s_city_or_the_map_s_first():
+    """A clique the schedule exchanges all-to-all names no aggregator city; it is summed in the network all
+    the same: round 0's (B, A) at B's city, round 1's (A, C) at the map's first city, C (A has no service)."""
+    from inwire.plan.schedule_file import ScheduleFile
+
+    first = SoftwareAggregator(("127.0.0.2", 0), unicast=True, log=lambda line: None)
+    services = {"C": first, "B": SoftwareAggregator(("127.0.0.3", first.address[1]), unicast=True,
+                                                    log=lambda line: None)}
+    aggregators = {city: service.address for city, service in services.items()}
+    schedule = ScheduleFile(islands=("A", "B", "C"), topology=None, document={},
+                            period=(((("B", "A"), None), (("C",), None)), ((("A", "C"), None), (("B",), None))),
+                            trees=())
+    names = ("A", "B", "C")
+    models = models_for(names, 1000, seed=6)
+    before = {name: flat(models[name]) for name in names}
+    with serving_in_thread(services["C"]), serving_in_thread(services["B"]):
+        run_islands(models, lambda name: InwireExchange(aggregators), schedule, steps=2)
+        counters = {city: service.counters() for city, service in services.items()}
+    pair = clique_average([before["B"], before["A"]])
+    assert np.array_equal(flat(models["B"]), pair)
+    assert np.array_equal(flat(models["A"]), clique_average([pair, before["C"]]))
+    assert np.array_equal(flat(models["C"]), flat(models["A"]))
+    chunks = -(-1001 // 256)
+    assert counters["B"]["accumulated"] == 2 * chunks and counters["C"]["accumulated"] == 2 * chunks, counters
+
+
 def test_the_outer_optimizer_is_any_torch_optimizer_and_resumes_bit_for_bit():
-    """torchft's DiLoCo shape: SGD with Nesterov momentum on the anchor parameters. Three averagings in one
-    go equal two, a state_dict round trip through new objects, and one more."""
-    names = ("A", "B")
-    schedule = [[(names, "LON")]]
+    """torchft's DiLoCo shape: SGD with Nesterov momentum on the anchor parameters. Three steps of a rotation
+    of pairs (A-B, B-C, A-C: each island averages in two of them) in one go equal two, a state_dict round
+    trip through new objects, and one more: the resumed islands continue the rotation where it stopped."""
+    names = ("A", "B", "C")
+    schedule = [[(("A", "B"), "LON"), (("C",), None)], [(("B", "C"), "LON"), (("A",), None)],
+                [(("A", "C"), "LON"), (("B",), None)]]
 
     def averagers_for(models):
         outers = {name: torch.optim.SGD(anchor_parameters(models[name]), lr=0.7, momentum=0.9, nesterov=True)
@@ -157,17 +185,22 @@ def test_the_outer_optimizer_is_any_torch_optimizer_and_resumes_bit_for_bit():
         assert np.array_equal(flat(straight[name]), flat(resumed[name])), name
 
 
-def test_parameters_on_another_device_are_staged_through_the_host_buffer():
-    """No GPU here: parameters of another dtype stand in for the device path; the averager stages them
-    through its float32 host buffer and loads the average back in their own dtype and device."""
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parameters_on_another_device_are_staged_through_the_host_buffer(device):
+    """Parameters of another dtype (float64), on `device`, are staged through the averager's float32 host
+    buffer and the average is loaded back in their own dtype and device. No GPU here: only "cpu" runs; on a
+    machine with CUDA the same test runs on "cuda" (through the pinned buffer)."""
     names = ("A", "B")
-    models = {name: model.to(torch.float64) for name, model in models_for(names, 500, seed=4).items()}
+    models = {name: model.to(device, torch.float64) for name, model in models_for(names, 500, seed=4).items()}
     before = [flat(models[name]).astype(np.float32) for name in names]
     with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
         run_islands(models, lambda name: InwireExchange(server.address), [[(names, "LON")]])
     average = clique_average(before)
     for name in names:
-        assert models[name].weight.dtype == torch.float64
+        assert models[name].weight.dtype == torch.float64 and models[name].weight.device.type == device
         assert np.array_equal(flat(models[name]).astype(np.float32), average)
 
 

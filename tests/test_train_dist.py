@@ -1,4 +1,5 @@
-"""Islands as torchrun jobs (2 gloo ranks each) averaging through the software aggregator on loopback."""
+"""Islands as torchrun jobs (2 gloo ranks each) averaging, or training through the DDP hook, across
+`inwire serve` processes on loopback."""
 
 import json
 import shutil
@@ -9,8 +10,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-from inwire.train.dist import DistributedRunError, check_bit_exact, launch_islands, run_dist  # noqa: E402
-from inwire.train.island import digest  # noqa: E402
+from inwire.train.codec_average import clique_average  # noqa: E402
+from inwire.train.dist import DistributedRunError, check_bit_exact, launch_islands, main, run_dist  # noqa: E402
+from inwire.train.island import digest, load_log, save_log  # noqa: E402
 
 ISLANDS = ("LON", "NYC", "SIN")
 
@@ -38,19 +40,19 @@ def test_the_check_catches_one_rank_off_by_one_ulp(small_run, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(small_run["out_dir"], copy)
     path = copy / "NYC-rank1.npz"
-    log = dict(np.load(path))
-    average = dict(np.load(copy / "NYC-rank0.npz"))["average"][0].copy()
+    log = load_log(path)
+    average = load_log(copy / "NYC-rank0.npz")["average"][0].copy()
     average[3] = np.nextafter(average[3], np.float32(9))
     log["average_sha"] = log["average_sha"].copy()
     log["average_sha"][0] = digest(average)
-    np.savez(path, **log)
+    save_log(path, log)
     bit_exact, _, problems = check_bit_exact(copy, ISLANDS)
     assert not bit_exact and problems == ["NYC rank 1: average differs from rank 0"]
     for name in ISLANDS:
         path = copy / f"{name}-rank0.npz"
-        log = dict(np.load(path))
-        log["average"] = log["average"] * np.float32(1.0000001)
-        np.savez(path, **log)
+        log = load_log(path)
+        log["average"] = [vector * np.float32(1.0000001) for vector in log["average"]]
+        save_log(path, log)
     assert any("differs from the codec's" in p for p in check_bit_exact(copy, ISLANDS)[2])
 
 
@@ -78,3 +80,73 @@ def test_torchrun_islands_sum_along_a_tree_of_chained_services(tmp_path):
     assert sorted(counters) == ["NYC", "SIN"]
     assert counters["NYC"]["partials_emitted"] > 0 and counters["SIN"]["results_emitted"] > 0
     assert "partials_emitted" not in counters["SIN"]
+
+
+@pytest.fixture(scope="module")
+def hook_run(tmp_path_factory):
+    """3 torchrun islands x 2 gloo ranks training synchronously through the DDP hook for 3 steps: every
+    gradient bucket averaged inside the island, then summed across islands along the tree LON -> NYC -> SIN
+    of two chained `inwire serve` processes (NYC sums LON's and its own, SIN is the root); every rank logs
+    its own buckets, so the island means are checked too."""
+    return run_dist(ISLANDS, nproc=2, steps=3, strategy="tree", hidden=200, hook=True, bucket_mb=0.005,
+                    log_gradients=True,
+                    out_dir=tmp_path_factory.mktemp("hook"), timeout_s=240)
+
+
+def test_torchrun_islands_through_the_ddp_hook_get_the_codec_average_of_the_island_means(hook_run):
+    """Every bucket of every step leaves every rank of every island as `clique_average` of the islands'
+    means (rank 0's logged sent vectors, each the mean of its island's two ranks' buckets), the islands'
+    means differ, and the islands end with the same parameters; the sums went through both services of the
+    tree."""
+    assert hook_run["bit_exact"], hook_run["problems"]
+    assert hook_run["problems"] == [] and hook_run["mode"] == "ddp hook"
+    sums = {island: result["averagings"] for island, result in hook_run["islands"].items()}
+    # DDP's first step goes in one bucket, later steps in two once it has rebuilt them at the cap.
+    assert len(set(sums.values())) == 1 and sums["LON"] == 1 + 2 * 2, sums
+    assert hook_run["averagings_checked"] == sum(sums.values())
+    for island, result in hook_run["islands"].items():
+        assert result["ranks"] == 2 and result["backend"] == "gloo", island
+    logs = {island: load_log(f"{hook_run['out_dir']}/{island}-rank0.npz") for island in ISLANDS}
+    assert not np.array_equal(logs["LON"]["sent"][0], logs["NYC"]["sent"][0])
+    assert len(logs["LON"]["sent"][0]) != len(logs["LON"]["sent"][1])  # buckets of their own sizes
+    counters = hook_run["aggregator_counters"]
+    assert sorted(counters) == ["NYC", "SIN"]
+    assert counters["NYC"]["partials_emitted"] > 0 and counters["SIN"]["results_emitted"] > 0
+    assert "partials_emitted" not in counters["SIN"]
+
+
+def test_the_hook_check_catches_a_tampered_bucket(hook_run, tmp_path):
+    """One rank's bucket one ulp off the average, or one island's mean changed (no longer its ranks'), is
+    found."""
+    copy = tmp_path / "copy"
+    shutil.copytree(hook_run["out_dir"], copy)
+    path = copy / "SIN-rank1.npz"
+    log = load_log(path)
+    tampered = clique_average([load_log(copy / f"{island}-rank0.npz")["sent"][2] for island in ISLANDS])
+    tampered[0] = np.nextafter(tampered[0], np.float32(9))
+    log["after_sha"] = log["after_sha"].copy()
+    log["after_sha"][2] = digest(tampered)
+    save_log(path, log)
+    bit_exact, _, problems = check_bit_exact(copy, ISLANDS)
+    assert not bit_exact and problems == ["SIN rank 1: after differs from rank 0"]
+    shutil.rmtree(copy)
+    shutil.copytree(hook_run["out_dir"], copy)
+    path = copy / "LON-rank0.npz"
+    log = load_log(path)
+    log["sent"][1] = log["sent"][1] * np.float32(0.5)
+    log["sent_sha"] = log["sent_sha"].copy()
+    log["sent_sha"][1] = digest(log["sent"][1])
+    save_log(path, log)
+    bit_exact, _, problems = check_bit_exact(copy, ISLANDS)
+    assert not bit_exact and problems[0] == f"LON round {log['round'][1]}: what rank 0 sent is not the mean of " \
+        "the island's buckets"
+    assert all("differs from the codec's" in problem or "is not the average" in problem
+               for problem in problems[1:]) and len(problems) == 1 + 2 * len(ISLANDS)
+
+
+def test_the_hook_refuses_a_schedule_without_a_clique_of_every_island(tmp_path, capsys):
+    """Rotating pairs have no clique of all islands for the hook to sum in: one line, before any launch."""
+    assert main(["--hook", "--strategy", "gossip", "--out-dir", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "the schedule has no clique of all of them" in error, error
+    assert not list(tmp_path.glob("*.log"))

@@ -7,8 +7,10 @@
   last island holding the average. The ratio is inwire's median over gloo's median.
 - `loss`: the same averaging with 1 % of the islands' datagrams dropped on purpose; goodput relative to the
   lossless runs of the same benchmark.
-- `ddp_hook`: one training step of a 25 M-parameter MLP through `inwire_hook` (3 one-rank islands) against
-  plain DDP on a 3-rank gloo group (the same ranks), medians over steps after a warm-up.
+- `ddp_hook`: one training step of a 25 M-parameter MLP on 3 islands of 2 ranks each, through `inwire_hook`
+  (each island its own gloo DDP job, its buckets summed across islands through `inwire serve`) against
+  plain DDP on one 6-rank gloo group of the same processes; medians of the slowest rank's step after a
+  warm-up step.
 
 Each entry records the CPU seconds the islands spent in their averagings and the service in its run, the
 1-minute load average before and after, and the cores other programs kept busy meanwhile
@@ -38,6 +40,9 @@ CHUNK = JUMBO_ELEMENTS_PER_FRAME
 DDP_HIDDEN = 333_333
 """Hidden units of the hook's MLP (64 -> hidden -> 10): 75 x hidden + 10 = 25 M parameters."""
 DDP_STEPS = 4
+DDP_RANKS = 2
+"""Ranks per island of the hook's run (ISLANDS x DDP_RANKS processes either way)."""
+
 
 def _cpu_s(pid):
     """User + system CPU seconds of a process so far (Linux /proc)."""
@@ -105,7 +110,9 @@ def inwire_averaging(loss=0.0, seed=0, elements=ELEMENTS):
             "service_kernel_drops": int(kernel.group(1)) if kernel else None}
 
 
-def _ddp_worker(rank, port, folder, use_hook, steps, results):
+def _ddp_worker(process, port, folder, use_hook, steps, results):
+    """One of the ISLANDS x DDP_RANKS processes: with the hook, rank `process % DDP_RANKS` of island
+    `process // DDP_RANKS` (its own gloo group; rank 0 talks to inwire); else rank `process` of one group."""
     import torch
     import torch.distributed as dist
 
@@ -113,22 +120,25 @@ def _ddp_worker(rank, port, folder, use_hook, steps, results):
     from .ddp import InwireHookState, inwire_hook
 
     torch.set_num_threads(1)
+    island, rank = divmod(process, DDP_RANKS)
     if use_hook:
-        store = dist.FileStore(os.path.join(folder, f"island{rank}.store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        store = dist.FileStore(os.path.join(folder, f"island{island}.store"), DDP_RANKS)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=DDP_RANKS)
     else:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ISLANDS)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=process,
+                                world_size=ISLANDS * DDP_RANKS)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, DDP_HIDDEN), torch.nn.ReLU(), torch.nn.Linear(DDP_HIDDEN, 10))
     replica = torch.nn.parallel.DistributedDataParallel(model)
     exchange = None
     if use_hook:
-        # 4 pools x 8 buckets x a window of 8 = the service's 256 slots (DDP makes 5 buckets of this model).
-        exchange = InwireExchange(("127.0.0.1", port), job=7, chunk=CHUNK, window=8, deadline_s=300)
-        replica.register_comm_hook(InwireHookState(exchange, f"i{rank}", [f"i{k}" for k in range(ISLANDS)],
+        if rank == 0:
+            # 4 pools x 8 buckets x a window of 8 = the service's 256 slots (DDP makes 5 buckets of this model).
+            exchange = InwireExchange(("127.0.0.1", port), job=7, chunk=CHUNK, window=8, deadline_s=300)
+        replica.register_comm_hook(InwireHookState(exchange, f"i{island}", [f"i{k}" for k in range(ISLANDS)],
                                                    buckets=8), inwire_hook)
     optimizer = torch.optim.SGD(replica.parameters(), lr=0.01)
-    generator = torch.Generator().manual_seed(rank)
+    generator = torch.Generator().manual_seed(process)
     spans = []
     for _ in range(steps + 1):
         inputs, labels = torch.randn(32, 64, generator=generator), torch.randint(10, (32,), generator=generator)
@@ -139,12 +149,13 @@ def _ddp_worker(rank, port, folder, use_hook, steps, results):
         spans.append(time.perf_counter() - started)
     if exchange is not None:
         exchange.close()
-    results.put((rank, spans[1:]))
+    results.put((process, spans[1:]))
     dist.destroy_process_group()
 
 
 def ddp_step_s(use_hook, steps=DDP_STEPS):
-    """Median step time (the slowest rank's) of the 25 M-parameter MLP, through the hook or plain gloo DDP."""
+    """Median step time (the slowest rank's) of the 25 M-parameter MLP on ISLANDS x DDP_RANKS processes,
+    through the hook or plain gloo DDP."""
     import tempfile
 
     context = multiprocessing.get_context("spawn")
@@ -153,8 +164,8 @@ def ddp_step_s(use_hook, steps=DDP_STEPS):
     service = _serve(port) if use_hook else None
     try:
         with tempfile.TemporaryDirectory() as folder:
-            workers = [context.Process(target=_ddp_worker, args=(rank, port, folder, use_hook, steps, results))
-                       for rank in range(ISLANDS)]
+            workers = [context.Process(target=_ddp_worker, args=(process, port, folder, use_hook, steps, results))
+                       for process in range(ISLANDS * DDP_RANKS)]
             for worker in workers:
                 worker.start()
             spans = dict(results.get(timeout=900) for _ in workers)
@@ -164,7 +175,7 @@ def ddp_step_s(use_hook, steps=DDP_STEPS):
         if service is not None:
             service.terminate()
             service.communicate(timeout=30)
-    return statistics.median(max(spans[rank][step] for rank in spans) for step in range(steps))
+    return statistics.median(max(spans[process][step] for process in spans) for step in range(steps))
 
 
 def run():
@@ -192,8 +203,9 @@ def run():
         "goodput_relative_to_lossless": inwire_s / lossy_s})
     with MachineLoad() as load:
         hook_s, plain_s = ddp_step_s(True), ddp_step_s(False)
-    ddp = load.record({"parameters": 75 * DDP_HIDDEN + 10, "islands": ISLANDS, "steps": DDP_STEPS,
-                    "hook_step_s": hook_s, "gloo_ddp_step_s": plain_s, "ratio": hook_s / plain_s})
+    ddp = load.record({"parameters": 75 * DDP_HIDDEN + 10, "islands": ISLANDS, "ranks_per_island": DDP_RANKS,
+                       "steps": DDP_STEPS, "hook_step_s": hook_s, "gloo_ddp_step_s": plain_s,
+                       "ratio": hook_s / plain_s})
     return {"averaging": averaging, "loss": loss, "ddp_hook": ddp}
 
 

@@ -14,6 +14,8 @@ the island means (`codec_average.clique_average`). The hook blocks until the buc
 summed one after the other; a bucket's sum is named by the step and the bucket's index (round and clique
 fields), so islands whose buckets become ready in another order still meet in the same slots. Every island
 must build the same buckets (the same model and `bucket_cap_mb`), as every rank of one DDP job does.
+Buckets anywhere (CPU or CUDA) are staged through one reusable float32 host buffer (pinned where CUDA is
+present), as `CliqueAverager` stages parameters.
 """
 
 import numpy as np
@@ -43,6 +45,31 @@ class InwireHookState:
         self.buckets = buckets
         if dist.get_rank(process_group) == 0 and exchange is None:
             raise ValueError("the island's rank 0 needs an exchange to reach inwire")
+        self.host = None
+        """The reusable host buffer buckets are staged through (pinned where CUDA is present); it grows to the
+        largest bucket."""
+        self.last = None
+        """On rank 0: (step, bucket index, island mean sent, average received) of the latest bucket, for logs
+        and checks; the island mean is a view of the host buffer, valid until the next bucket."""
+
+    def stage(self, tensor):
+        """The bucket as a float32 numpy vector in the host buffer, whatever its device and dtype."""
+        if self.host is None or self.host.numel() < tensor.numel():
+            self.host = torch.empty(tensor.numel(), dtype=torch.float32, pin_memory=torch.cuda.is_available())
+        staged = self.host[:tensor.numel()]
+        staged.copy_(tensor.detach().reshape(-1))
+        return staged.numpy()
+
+
+def global_clique(schedule):
+    """(members, aggregator city, tree) of the schedule's first clique of every island (a loaded schedule file):
+    where the hook sums, as `InwireHookState`'s `islands`, `aggregator` and `tree`."""
+    for cliques, trees in zip(schedule.period, schedule.trees or [()] * len(schedule.period)):
+        for index, (members, aggregator) in enumerate(cliques):
+            if set(members) == set(schedule.islands):
+                return list(members), aggregator, (trees[index] if trees else None)
+    raise ValueError("the DDP hook sums across every island, but the schedule has no clique of all of them "
+                     "(a tree or the planner's global clique has)")
 
 
 def inwire_hook(state, bucket):
@@ -58,12 +85,13 @@ def inwire_hook(state, bucket):
                          f"allows; raise InwireHookState(buckets=) or DDP's bucket_cap_mb")
     error = None
     if dist.get_rank(group) == 0:
-        host = tensor.detach().to("cpu", torch.float32).numpy()
+        host = state.stage(tensor)
         try:
             average = state.exchange.average(state.step, index, state.islands, state.islands.index(state.island),
                                              host, aggregator=state.aggregator, tree=state.tree,
                                              max_cliques=state.buckets)
-            tensor.copy_(torch.from_numpy(np.ascontiguousarray(average)).to(tensor.device, tensor.dtype))
+            state.last = (state.step, index, host, average)
+            tensor.copy_(torch.from_numpy(np.ascontiguousarray(average)).view_as(tensor))
         except (AveragingError, ClientError, OSError, ValueError) as failure:
             error = failure
     if world > 1:

@@ -1,13 +1,15 @@
 """Islands as torchrun jobs averaging through an inwire aggregator on this machine (`make train-dist`).
 
-Starts the software aggregators (the fast path, the golden model with `--golden`, or the co-simulated
+Starts `inwire serve` processes (the fast path, the golden model with `--golden`, or the co-simulated
 gateware with `--sim`), one per city the schedule sums at, unless `--server` names one already up, writes
 the schedule, launches one `torchrun --standalone --nproc-per-node N`
 per island (each its own rendezvous on a free port; gloo inside), waits with a deadline, and checks the
 outcome: at every averaging, every rank of every member holds exactly the codec's quantized average of what
-the members sent, which `codec_average.clique_average` computes independently of the aggregator. Prints
-JSON with `bit_exact` and each island's accuracy. On any failure or timeout the islands' process groups
-are killed and the error names the island and the tail of its log.
+the members sent, which `codec_average.clique_average` computes independently of the aggregator. With
+`--hook` the islands average every gradient bucket through the DDP hook instead (`inwire.train.ddp`), and
+the same check holds for every bucket of every step. Prints JSON with `bit_exact` and each island's accuracy.
+On any failure or timeout the islands' process groups are killed and the error names the island and the tail
+of its log.
 
 On several machines: inside an island, launch torchrun as usual (`--nnodes`, `--rdzv-endpoint` of the
 island's own head node); between islands only inwire addresses are shared: every island's rank 0 gets the
@@ -68,30 +70,42 @@ def schedule_for(topology_name, islands, strategy, model_bytes):
 
 def check_bit_exact(out_dir, islands, bound=16.0, plain=True):
     """Compare every rank's logged averages with clique_average of the members' sent vectors: rank 0's
-    vectors directly, every rank's digests with rank 0's and with the expected average's.
+    vectors directly, every rank's digests with rank 0's and with the expected average's (with the DDP
+    hook only rank 0 logs what was sent; every rank what the bucket held after).
 
     Returns (bit_exact, averagings checked, list of mismatches)."""
-    from .island import digest
+    from .island import digest, load_log
 
     logs = {}
     for island in islands:
-        ranks = sorted(pathlib.Path(out_dir).glob(f"{island}-rank*.npz"))
+        ranks = sorted(pathlib.Path(out_dir).glob(f"{island}-rank*.npz"), key=lambda path: int(path.stem.rsplit(
+            "rank", 1)[1]))
         if not ranks:
             return False, 0, [f"{island}: no log"]
-        logs[island] = [dict(np.load(path)) for path in ranks]
+        logs[island] = [load_log(path) for path in ranks]
     problems, checked = [], 0
     sent = {}
     for island, ranks in logs.items():
         first = ranks[0]
         for rank, log in enumerate(ranks):
             for key in ("round", "members", "sent_sha", "average_sha", "after_sha"):
-                if not np.array_equal(log[key], first[key]):
+                if (key in log or key in ("round", "members", "after_sha")) and not np.array_equal(log.get(key),
+                                                                                                   first[key]):
                     problems.append(f"{island} rank {rank}: {key.removesuffix('_sha')} differs from rank 0")
         for i, round_index in enumerate(first["round"]):
             if digest(first["sent"][i]) != first["sent_sha"][i]:
                 problems.append(f"{island} round {round_index}: rank 0's sent vector does not match its digest")
             sent[(int(round_index), island)] = first["sent"][i]
     for island, ranks in logs.items():
+        # The island mean rank 0 sent, from the ranks' own buckets where they logged them: exact for one or
+        # two ranks (a + b rounds alike in any order; gloo's order for more ranks is its own).
+        if len(ranks) <= 2 and all("gradient" in log for log in ranks):
+            for i, round_index in enumerate(ranks[0]["round"]):
+                own = np.stack([log["gradient"][i] for log in ranks]).astype(np.float32)
+                if not np.array_equal(own.sum(axis=0, dtype=np.float32) / np.float32(len(ranks)),
+                                      ranks[0]["sent"][i]):
+                    problems.append(f"{island} round {round_index}: what rank 0 sent is not the mean of the "
+                                    f"island's buckets")
         log = ranks[0]
         for i, round_index in enumerate(log["round"]):
             members = str(log["members"][i]).split(",")
@@ -102,10 +116,11 @@ def check_bit_exact(out_dir, islands, bound=16.0, plain=True):
                 continue
             expected = clique_average(vectors, bound)
             checked += 1
-            if not np.array_equal(log["average"][i], expected) or log["average_sha"][i] != digest(expected):
+            if log["average_sha"][i] != digest(expected) or ("average" in log and not np.array_equal(
+                    log["average"][i], expected)):
                 problems.append(f"{island} round {round_index}: average differs from the codec's")
             if plain and log["after_sha"][i] != digest(expected):
-                problems.append(f"{island} round {round_index}: parameters after averaging are not the average")
+                problems.append(f"{island} round {round_index}: what it held after averaging is not the average")
     return not problems and checked > 0, checked, problems
 
 
@@ -147,7 +162,7 @@ def _stop(processes):
 
 
 def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s,
-                   outer_lr=1.0, outer_momentum=0.0, hidden=32):
+                   outer_lr=1.0, outer_momentum=0.0, hidden=32, hook=False, bucket_mb=25.0, log_gradients=False):
     """Run one torchrun per island and wait for all; raises DistributedRunError on failure or timeout."""
     processes, logs = [], {}
     try:
@@ -158,7 +173,9 @@ def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period
                        "--server", server, "--out-dir", str(out_dir), "--steps", str(steps),
                        "--period", str(period), "--seed", str(seed), "--alpha", alpha,
                        "--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum), "--hidden", str(hidden),
-                       "--timeout", str(max(5.0, timeout_s / 4))]
+                       "--timeout", str(max(5.0, timeout_s / 4)),
+                       *(["--hook", "--bucket-mb", str(bucket_mb)] if hook else []),
+                       *(["--log-gradients"] if hook and log_gradients else [])]
             with open(logs[island], "w") as log:
                 # A session per island, so that its torchrun and every rank can be stopped together.
                 processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -186,64 +203,101 @@ def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period
         _stop(processes)
 
 
+SERVE_START_S = 30.0
+"""Seconds `inwire serve` may take to say it listens (with a co-simulated gateware, which builds first: the
+run's timeout)."""
+
+
+@contextlib.contextmanager
+def serving(cities, out_dir, options=(), start_s=SERVE_START_S):
+    """One `inwire serve` process per city, each at its own loopback address (127.0.0.2, .3, ...) on one
+    shared port, as a reduction tree needs; yields {city: "HOST:PORT"}. The `counters` dict handed over
+    with it is filled on exit with each service's final non-zero counters (from its log)."""
+    from ..netns import package_environment
+
+    processes, addresses, counters, port = {}, {}, {}, 0
+    logs = {city: pathlib.Path(out_dir) / f"serve-{city or 'all'}.log" for city in cities}
+    try:
+        for k, city in enumerate(cities):
+            log_path = logs[city]
+            with open(log_path, "w") as log:
+                processes[city] = subprocess.Popen(
+                    [sys.executable, "-m", "inwire", "serve", "--listen", f"127.0.0.{2 + k}:{port}", "--unicast",
+                     *options], stdout=log, stderr=subprocess.STDOUT, env=package_environment())
+            deadline = time.monotonic() + start_s
+            while not (listening := re.search(r"listening on udp://([\d.]+):(\d+)", log_path.read_text())):
+                if processes[city].poll() is not None or time.monotonic() > deadline:
+                    raise DistributedRunError(f"inwire serve for {city or 'every clique'} did not start: "
+                                              f"{log_path.read_text().strip()[-500:] or 'no output'}")
+                time.sleep(0.05)
+            port = int(listening[2])
+            addresses[city] = f"{listening[1]}:{port}"
+        yield addresses, counters
+    finally:
+        for process in processes.values():
+            process.terminate()
+        for city, process in processes.items():
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+            final = re.search(r"final counters (.*)", logs[city].read_text())
+            counters[city] = {} if final is None else {name: int(value) for name, value in re.findall(
+                r"(\w+)=(\d+)", final[1]) if int(value) and name != "drops"}
+
+
 def run_dist(islands=("LON", "NYC", "SIN"), nproc=2, steps=40, period=10, seed=0, alpha="0.3", strategy="schedule",
              topology="doublezero9", model_mb=100.0, server=None, sim=(), out_dir=None, timeout_s=300.0,
-             outer_lr=1.0, outer_momentum=0.0, hidden=32, golden=False):
+             outer_lr=1.0, outer_momentum=0.0, hidden=32, golden=False, hook=False, bucket_mb=25.0,
+             log_gradients=False):
     """The whole run; returns the report (also when averages are not bit-exact: `bit_exact` says so).
 
-    Without `server`, one aggregator service per city the schedule sums at (only the root without trees),
-    each at its own loopback address on one shared port, as a reduction tree needs (`--server` then names
-    the city map file the islands read)."""
-    from ..model import Aggregator
-    from ..serve import SoftwareAggregator, serving_in_thread
-
+    Without `server`, one `inwire serve` per city the schedule sums at (only the root without trees), each at
+    its own loopback address on one shared port, as a reduction tree needs (`--server` then names the city
+    map file the islands read). With `hook`, the islands train synchronously through the DDP hook in the
+    schedule's clique of every island, and must also end with the same parameters; with `log_gradients`
+    too, every rank logs its own buckets, and each island mean rank 0 sent is checked against them."""
     out_dir = pathlib.Path(out_dir or tempfile.mkdtemp(prefix="inwire-dist-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     document = schedule_for(topology, islands, strategy, round(model_mb * 1e6))
     schedule_path = out_dir / "schedule.json"
     schedule_path.write_text(json.dumps(document, indent=1) + "\n")
+    if hook:
+        from ..plan.schedule_file import load_schedule_file
+        from .ddp import global_clique
+
+        global_clique(load_schedule_file(schedule_path))  # ValueError when the schedule has no such clique
     started = time.monotonic()
     arguments = (schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s, outer_lr, outer_momentum,
-                 hidden)
+                 hidden, hook, bucket_mb, log_gradients)
     if server:
         launch_islands(islands, server, *arguments)
         counters = None
     else:
-        options = {"engine": "fast"}
-        if sim:
-            from inwire_hdl.cosim import CoSimulation
-
-            options = {"make_aggregator": lambda config: CoSimulation(*sim, config)}
-        elif golden:
-            options = {"make_aggregator": Aggregator}
+        options = ["--sim", f"{sim[0]}:{sim[1]}"] if sim else ["--golden"] if golden else []
         cities = sorted({city for entry in document["rounds"] for clique in entry["cliques"]
                          for city in (clique.get("aggregator"), *clique.get("tree", {}).values()) if city}) or [None]
-        services, port = {}, 0
-        with contextlib.ExitStack() as stack:
-            for k, city in enumerate(cities):
-                service = SoftwareAggregator((f"127.0.0.{2 + k}", port), unicast=True, log=lambda line: None,
-                                             **options)
-                port = service.address[1]
-                services[city] = stack.enter_context(serving_in_thread(service))
+        with serving(cities, out_dir, options, timeout_s if sim else SERVE_START_S) as (addresses, counters):
             if any("tree" in clique for entry in document["rounds"] for clique in entry["cliques"]):
                 target = out_dir / "aggregators.json"
-                target.write_text(json.dumps({city: f"{s.address[0]}:{s.address[1]}" for city, s in services.items()}))
+                target.write_text(json.dumps(addresses))
             else:
                 # One aggregator for every clique (all-to-all ones too): the islands need no map.
-                only = next(iter(services.values()))
-                target = f"{only.address[0]}:{only.address[1]}"
+                target = next(iter(addresses.values()))
             launch_islands(islands, str(target), *arguments)
-            counters = {city: {key: value for key, value in service.counters().items() if value}
-                        for city, service in services.items()}
         if None in counters:
             counters = counters[None]
     bit_exact, checked, problems = check_bit_exact(out_dir, islands, plain=outer_lr == 1.0 and outer_momentum == 0.0)
     results = {island: json.loads((out_dir / f"{island}.json").read_text()) for island in islands}
+    if hook and len({result["parameters_sha"] for result in results.values()}) != 1:
+        bit_exact = False
+        problems.append("the islands end with different parameters")
     return {"bit_exact": bit_exact, "averagings_checked": checked, "problems": problems[:10],
             "islands": {island: {"accuracy": r["accuracy"], "ranks": r["ranks"], "backend": r["backend"],
                                  "averagings": r["averagings"]} for island, r in results.items()},
             "schedule_rounds": [[c["members"] for c in r["cliques"]] for r in document["rounds"]],
-            "steps": steps, "period": period,
+            "steps": steps, "period": None if hook else period, "mode": "ddp hook" if hook else "averager",
             "aggregator": f"{sim[0]} co-simulation" if sim else "golden model" if golden else "fast path",
             "aggregator_counters": counters, "out_dir": str(out_dir), "wall_s": round(time.monotonic() - started, 1)}
 
@@ -267,6 +321,14 @@ def main(argv=None):
     parser.add_argument("--server", default="", help="an aggregator already up (HOST:PORT); default: start one")
     parser.add_argument("--sim", default="", metavar="SIMULATOR[:WIDTH]",
                         help="start the co-simulated gateware (icarus or verilator) instead of the golden model")
+    parser.add_argument("--hook", action="store_true",
+                        help="train synchronously: every gradient bucket summed across islands by the DDP hook "
+                             "(inwire.train.ddp) in the schedule's clique of every island, instead of averaging "
+                             "models every --period steps")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb with --hook")
+    parser.add_argument("--log-gradients", action="store_true",
+                        help="with --hook, check each island mean against its ranks' own buckets (one or two "
+                             "ranks), which every rank then logs: a model's worth per step and rank")
     parser.add_argument("--outer-lr", type=float, default=1.0)
     parser.add_argument("--outer-momentum", type=float, default=0.0)
     parser.add_argument("--out-dir", default="", help="logs and per-rank records (default: a new temporary folder)")
@@ -281,7 +343,8 @@ def main(argv=None):
         report = run_dist(tuple(filter(None, args.islands.split(","))), args.nproc_per_node, args.steps, args.period,
                           args.seed, args.alpha, args.strategy, model_mb=args.model_mb, server=args.server or None,
                           sim=sim, out_dir=args.out_dir or None, timeout_s=args.timeout, outer_lr=args.outer_lr,
-                          outer_momentum=args.outer_momentum, hidden=args.hidden, golden=args.golden)
+                          outer_momentum=args.outer_momentum, hidden=args.hidden, golden=args.golden,
+                          hook=args.hook, bucket_mb=args.bucket_mb, log_gradients=args.log_gradients)
     except (DistributedRunError, ValueError, OSError) as error:
         print(f"inwire train-dist: {error}", file=sys.stderr)
         return 2

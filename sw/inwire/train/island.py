@@ -6,9 +6,11 @@
 Inside the island the ranks keep their usual data-parallel training (DistributedDataParallel: gloo on CPU,
 NCCL where there are GPUs), each on its half of the island's data. After every optimizer step the
 `CliqueAverager` counts; every `period` steps rank 0 averages with the island's clique through inwire and
-broadcasts the result inside the island. Each rank writes what it sent and received at every averaging
-(`<island>-rank<r>.npz`: digests, and on rank 0 the vectors), and rank 0 the island's test accuracy
-(`<island>.json`), for the launcher to check.
+broadcasts the result inside the island. With `--hook` there is no averager: DDP's gradient buckets go
+through `inwire_hook` at every step instead (synchronous data parallelism across islands), summed across
+islands in the schedule's clique of every island. Each rank writes what it sent and received at every
+averaging or bucket (`<island>-rank<r>.npz`: digests, and on rank 0 the vectors sent), and rank 0 the
+island's test accuracy and a digest of its final parameters (`<island>.json`), for the launcher to check.
 """
 
 import argparse
@@ -17,6 +19,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -42,12 +45,51 @@ def parse_arguments(argv):
     parser.add_argument("--job", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective or averaging may take")
     parser.add_argument("--backend", default="", help="gloo or nccl (default: nccl with CUDA, else gloo)")
+    parser.add_argument("--hook", action="store_true",
+                        help="sum every gradient bucket across islands with the DDP hook instead of averaging models")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (with --hook)")
+    parser.add_argument("--log-gradients", action="store_true",
+                        help="with --hook, every rank also logs its own bucket before the hook (a model's worth "
+                             "per step and rank), so that the launcher checks the island means too")
     return parser.parse_args(argv)
 
 
 def digest(vector):
     """SHA-256 of a float32 vector's bytes: what every rank logs of each averaging."""
     return hashlib.sha256(np.ascontiguousarray(vector, dtype=np.float32).tobytes()).hexdigest()
+
+
+VECTORS = ("sent", "average", "gradient")
+"""Logged per averaging as whole vectors (their lengths differ between a hook's buckets), the rest as arrays."""
+
+
+def save_log(path, log):
+    """One rank's log as .npz: each vector of VECTORS under its own key (`sent_0`, ...)."""
+    arrays = {key: np.array(value) for key, value in log.items() if key not in VECTORS}
+    for key in VECTORS:
+        arrays.update({f"{key}_{i}": vector for i, vector in enumerate(log.get(key, ()))})
+    np.savez(path, **arrays)
+
+
+def load_log(path):
+    """A log `save_log` wrote, with VECTORS back as lists (absent when the rank logged none)."""
+    log, vectors = {}, {}
+    with np.load(path) as stored:
+        for name in stored.files:
+            numbered = re.fullmatch(rf"({'|'.join(VECTORS)})_(\d+)", name)
+            if numbered:
+                vectors.setdefault(numbered[1], {})[int(numbered[2])] = stored[name]
+            else:
+                log[name] = stored[name]
+    log.update({key: [by_index[i] for i in sorted(by_index)] for key, by_index in vectors.items()})
+    return log
+
+
+def parameters_of(model):
+    """The model's parameters as one float32 numpy vector on the host."""
+    import torch
+
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy()
 
 
 def aggregators_of(server):
@@ -67,6 +109,7 @@ def main(argv=None):
 
     from ..plan.schedule_file import load_schedule_file
     from .averaging import CliqueAverager, InwireExchange, OuterOptimizer
+    from .ddp import InwireHookState, global_clique, inwire_hook
     from .training import split_data
 
     torch.set_num_threads(1)
@@ -87,19 +130,49 @@ def main(argv=None):
         torch.manual_seed(args.seed)
         model = torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
                                     torch.nn.Linear(args.hidden, 10)).to(device)
-        replica = torch.nn.parallel.DistributedDataParallel(model)
-        optimizer = torch.optim.SGD(replica.parameters(), lr=args.learning_rate)
-        loss_function = torch.nn.CrossEntropyLoss()
-        generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
         if rank == 0:
             # Half the group's timeout: rank 0 gives up on inwire while the other ranks still wait in the
             # status broadcast, so that they hear why instead of timing out on their own.
             exchange = InwireExchange(aggregators_of(args.server), job=args.job, deadline_s=args.timeout / 2)
-        averager = CliqueAverager(args.period, island=args.island, schedule=schedule, exchange=exchange,
-                                  outer=OuterOptimizer(args.outer_lr, args.outer_momentum))
-        # Every rank logs digests; rank 0 also the vectors, from which the launcher recomputes the average.
-        log = {"round": [], "members": [], "sent_sha": [], "average_sha": [], "after_sha": [],
-               **({"sent": [], "average": []} if rank == 0 else {})}
+        # Every rank logs digests; rank 0 also the vectors sent, from which the launcher recomputes the average.
+        # With the hook only rank 0 sees the island's mean and the average before they reach the bucket.
+        digests = ("sent_sha", "average_sha", "after_sha") if rank == 0 or not args.hook else ("after_sha",)
+        vectors = ("sent",) if args.hook else ("sent", "average")
+        log = {"round": [], "members": [], **{key: [] for key in digests},
+               **({key: [] for key in vectors} if rank == 0 else {}),
+               **({"gradient": []} if args.hook and args.log_gradients else {})}
+
+        def record(round_index, members, sent, average, after):
+            log["round"].append(round_index)
+            log["members"].append(",".join(members))
+            for key, vector in (("sent", sent), ("average", average), ("after", after)):
+                if f"{key}_sha" in log:
+                    log[f"{key}_sha"].append(digest(vector))
+                if key in log:
+                    log[key].append(np.array(vector, dtype=np.float32))  # a copy: the hook's buffer is reused
+
+        if args.hook:
+            clique, aggregator, tree = global_clique(schedule)
+            replica = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+            state = InwireHookState(exchange, args.island, clique, aggregator=aggregator, tree=tree)
+
+            def recording_hook(state, bucket):
+                step, index = state.step, bucket.index()
+                if "gradient" in log:
+                    log["gradient"].append(bucket.buffer().detach().cpu().numpy().copy())
+                future = inwire_hook(state, bucket)
+                sent, average = state.last[2:] if rank == 0 else (None, None)
+                record(step * state.buckets + index, clique, sent, average, future.value().cpu().numpy())
+                return future
+
+            replica.register_comm_hook(state, recording_hook)
+        else:
+            replica = torch.nn.parallel.DistributedDataParallel(model)
+            averager = CliqueAverager(args.period, island=args.island, schedule=schedule, exchange=exchange,
+                                      outer=OuterOptimizer(args.outer_lr, args.outer_momentum))
+        optimizer = torch.optim.SGD(replica.parameters(), lr=args.learning_rate)
+        loss_function = torch.nn.CrossEntropyLoss()
+        generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
         for _step in range(args.steps):
             batch = torch.randint(max(1, len(train_y)), (args.batch,), generator=generator).to(device)
             optimizer.zero_grad()
@@ -109,25 +182,19 @@ def main(argv=None):
                 loss = 0.0 * sum(p.sum() for p in replica.parameters())
             loss.backward()
             optimizer.step()
-            members = averager.average_parameters(model.parameters())
-            if members:
+            if not args.hook and (members := averager.average_parameters(model.parameters())):
                 round_index, _, sent, average = averager.last
-                after = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy()
-                log["round"].append(round_index)
-                log["members"].append(",".join(members))
-                for key, vector in (("sent", sent), ("average", average), ("after", after)):
-                    log[f"{key}_sha"].append(digest(vector))
-                    if key in log:
-                        log[key].append(vector)
+                record(round_index, members, sent, average, parameters_of(model))
         out = pathlib.Path(args.out_dir)
-        np.savez(out / f"{args.island}-rank{rank}.npz", **{key: np.array(value) for key, value in log.items()})
+        save_log(out / f"{args.island}-rank{rank}.npz", log)
         with torch.no_grad():
             logits = model(torch.from_numpy(test_x).to(device)).cpu()
             accuracy = float((logits.argmax(1) == torch.from_numpy(test_y)).float().mean())
         if rank == 0:
             (out / f"{args.island}.json").write_text(json.dumps(
                 {"island": args.island, "ranks": world, "backend": backend, "accuracy": accuracy,
-                 "averagings": len(log["round"]), "steps": args.steps}) + "\n")
+                 "averagings": len(log["round"]), "steps": args.steps,
+                 "parameters_sha": digest(parameters_of(model))}) + "\n")
         dist.barrier()
     finally:
         if exchange is not None:
