@@ -88,12 +88,16 @@ lab:
 train-demo:
 	$(BIN)/inwire train --model-mb 100 --out-dir train/demo
 
-# The study docs/training.md quotes: every cell with an ideal aggregator, then 100 MB with 10 Gb/s aggregator ports.
+# The study docs/training.md quotes: the digits cells with an ideal aggregator, then 100 MB with 10 Gb/s
+# aggregator ports, then the text workload's study (H swept, outer rates tuned per strategy, five seeds).
 train-study:
+	@echo "make train-study: the digits study (about 9 min here), then the text study (about an hour on one core;" \
+		"it prints its own estimate, measured on this machine, before it starts, and a line per training run)"
 	$(BIN)/inwire train --seeds 10 --alpha iid,1,0.3,0.1 --model-mb 1,100,1000 --step-ms 10,100 --outer avg,nesterov \
 		--aggregator ideal --out-dir docs/training
 	$(BIN)/inwire train --seeds 10 --alpha iid,1,0.3,0.1 --model-mb 100 --step-ms 10,100 --outer avg,nesterov \
 		--aggregator port10g --out-dir docs/training/port10g
+	$(BIN)/python -m inwire.train.text_study --out-dir docs/training/text
 
 # Three islands of two gloo ranks each (torchrun), a 25-million-parameter model (100 MB of float32) averaged
 # along a reduction tree through two chained `inwire serve` processes on loopback (NYC sums LON's and its own).

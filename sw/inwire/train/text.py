@@ -5,9 +5,11 @@ under `sysconfig.get_paths()["stdlib"]`, sorted by path, test folders left out. 
 on the Python build, so every run records each file's SHA-256 and one hash of the whole list.
 
 Islands are non-IID by construction: family f goes to island f mod n, so with nine islands each trains on
-one family alone (asyncio code, email code, tkinter code...). The validation split is common to all: the
-last tenth of every file's bytes, which no island trains on; its loss is the mean over families of the
-mean next-byte cross-entropy on a fixed set of windows spread evenly over each family's held-out bytes.
+one family alone (asyncio code, email code, tkinter code...); with a seed, the families are first put in
+that seed's random order, so which city trains on which family varies with the seed too. The validation
+split is common to all: the last tenth of every file's bytes, which no island trains on; its loss is the
+mean over families of the mean next-byte cross-entropy on a fixed set of windows spread evenly over each
+family's held-out bytes.
 
 The islands' models are stacked (torch.func.stack_module_state) and trained in one batched step
 (torch.func.functional_call under torch.vmap), each with its own AdamW state; one island's flattened
@@ -100,9 +102,13 @@ def load_corpus(root=None):
     return Corpus(str(root), tuple(families), tuple(files))
 
 
-def island_families(islands_count):
-    """Family names per island: family f trains island f mod n (disjoint; with n > 9 some islands get none)."""
-    return [[name for f, (name, _) in enumerate(FAMILIES) if f % islands_count == i] for i in range(islands_count)]
+def island_families(islands_count, seed=None):
+    """Family names per island: family f trains island f mod n (disjoint; with n > 9 some islands get none),
+    the families in their listed order, or with a seed in that seed's permutation of it."""
+    names = [name for name, _ in FAMILIES]
+    if seed is not None:
+        names = [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
+    return [[name for f, name in enumerate(names) if f % islands_count == i] for i in range(islands_count)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -182,7 +188,7 @@ class TextIslands:
         corpus = load_corpus()
         by_name = {name: (train, validation) for name, train, validation in corpus.families}
         self.streams = [torch.frombuffer(bytearray(b"".join(by_name[f][0] for f in families)), dtype=torch.uint8)
-                        for families in island_families(n)]
+                        for families in island_families(n, config.seed if config.text_shuffle_families else None)]
         self.generators = [torch.Generator().manual_seed(config.seed * 1000 + i) for i in range(n)]
         windows = []
         for _, _, validation in corpus.families:
@@ -217,7 +223,8 @@ class TextIslands:
         self.optimizer.step()
 
     def evaluate(self):
-        """Mean island validation loss, and the validation loss of the islands' exact mean model."""
+        """Mean island validation loss, the best single island's, and the validation loss of the islands' exact
+        mean model."""
         import torch
 
         with torch.no_grad():
@@ -225,7 +232,7 @@ class TextIslands:
             losses = self._losses(self.params, windows)
             mean = {name: p.mean(0) for name, p in self.params.items()}
             averaged = self._loss(mean, self.validation)
-        return {"loss": float(losses.mean()), "averaged_loss": float(averaged)}
+        return {"loss": float(losses.mean()), "best_island_loss": float(losses.min()), "averaged_loss": float(averaged)}
 
     def vectors(self):
         """(n, parameters) float32 array, each row one island's parameters in named_parameters order."""

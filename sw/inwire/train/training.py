@@ -105,6 +105,8 @@ class TrainConfig:
     """Windows per island and step."""
     text_learning_rate: float = 2e-3
     text_weight_decay: float = 0.1
+    text_shuffle_families: bool = False
+    """Whether the seed also permutes which island trains on which module family (text.island_families)."""
 
     def __post_init__(self):
         if self.workload not in WORKLOADS:
@@ -432,6 +434,7 @@ class _SimulationKey:
     text_batch: int
     text_learning_rate: float
     text_weight_decay: float
+    text_shuffle_families: bool
     islands_count: int
 
     @property
@@ -659,6 +662,8 @@ def _pm(stats, scale=1.0, digits=2, percent=False):
 
 
 def cell_title(cell):
+    if "title" in cell:
+        return cell["title"]
     return (f"{data_name(cell)}, charged {cell['model_bytes'] / 1e6:g} MB, {cell['aggregator']} aggregator, "
             f"{cell['step_ms']:g} ms per step, {outer_name(cell)}, {len(cell['seeds'])} seeds")
 
