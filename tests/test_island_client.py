@@ -334,6 +334,27 @@ def test_chunks_queued_behind_others_are_not_timed_while_results_flow():
     assert run.due(stalled + run.rto) == [sent[6]] and run.retransmits == 2
 
 
+def test_a_lost_tail_chunk_is_probed_after_two_round_trips_not_after_a_timeout():
+    """Results come back one every 10 ms (the window drains through a queue), so the round trips grow from
+    10 to 70 ms and the timeout (srtt + 4 rttvar) to about 150 ms; the last chunk is lost, and no later
+    result can reveal it. The newest chunk in flight goes out again two smoothed round trips after the last
+    result (the tail-loss probe), well before the timeout; one probe per stall only, then the probe's own
+    timeout."""
+    run, sent, answer = whole_window_sum()
+    for k, payload in enumerate(sent[:-1]):
+        for result in answer(payload):
+            assert not run.on_result(result, 0.010 * (k + 1))
+    assert list(run.deadline) == [7] and run.rto > 2 * client.PROBE_SRTTS * run.srtt
+    probe_at = 0.070 + client.PROBE_SRTTS * run.srtt
+    assert run.next_deadline() == pytest.approx(probe_at) and probe_at < 0.070 + run.rto
+    assert run.due(probe_at - 0.001) == [] and run.due(probe_at) == [sent[7]] and run.retransmits == 1
+    assert run.next_deadline() == pytest.approx(probe_at + run.rto)
+    assert run.due(probe_at + run.rto - 0.001) == [] and run.retransmits == 1
+    (result,) = answer(sent[7])
+    run.on_result(result, probe_at + 0.010)
+    assert run.done and np.array_equal(run.sums(), np.arange(32, dtype=np.int32))
+
+
 @pytest.fixture(params=["batched", "each"])
 def socket_path(request, monkeypatch):
     """`UdpMember` with recvmmsg/sendmmsg through the compiled kernel, and datagram by datagram without it."""

@@ -63,6 +63,8 @@ from .train.codec_average import ATTEMPTS, AveragingError, decode, encode
 SLOT_POOLS = 4
 FAST_RETRANSMIT = 3
 """Results of this many chunks sent after the oldest one in flight make it count as lost (adaptive timeouts)."""
+PROBE_SRTTS = 2
+"""A tail-loss probe goes out this many smoothed round trips after the last result (TCP's TLP, RFC 8985)."""
 MIN_TIMEOUT_S = 0.02
 """The shortest adaptive retransmission timeout `UdpMember` uses: a loss is usually found sooner by the
 results of later chunks; below this, a loaded host's scheduling delays read as losses (2 ms made a
@@ -212,7 +214,13 @@ class MemberSum:
     only, Karn's rule), between `min_timeout_s` and `timeout_s`; a chunk retransmitted again waits twice as
     long each time (up to `timeout_s`); and the oldest chunk in flight is sent again at once when results of
     FAST_RETRANSMIT later chunks have come back without it, since results of one member come back in the
-    order its chunks went out unless one was lost. `retries` None: no limit (the driver's deadline rules)."""
+    order its chunks went out unless one was lost. No later result reveals a loss among the last chunks in
+    flight (the tail), so when results stop with chunks outstanding, the newest of them is sent again
+    PROBE_SRTTS smoothed round trips (or smoothed intervals between results, if longer: results of a queue
+    that drains slowly have not stopped) after the last result, if that is sooner than the next timeout (a
+    tail-loss probe, as TCP's TLP): its result, or the gap it leaves, shows what was lost. One probe per
+    stall: the next one waits for a new result, so probes never outnumber results. `retries` None: no
+    limit (the driver's deadline rules)."""
     payloads: Sequence[bytes]
     key: CliqueKey
     elements: int
@@ -242,6 +250,10 @@ class MemberSum:
         self.rto = self.timeout_s
         self.progress_at = 0.0
         """When the last new result came back (or the sum started)."""
+        self.probed = False
+        """Whether the tail-loss probe of the current stall went out (cleared by a new result)."""
+        self.result_at = self.interval = None
+        """When the last result came back; the smoothed interval between results (read at different times)."""
         fanin = self.key.fanin
         self.expected_header = (self.key.exponent, fanin, (1 << fanin) - 1, fanin)
         self.owner = (self.key.job, self.key.round, self.key.clique)
@@ -280,6 +292,12 @@ class MemberSum:
         return sends
 
     def next_deadline(self) -> float | None:
+        timeout = self._timeout_at()
+        probe = self._probe_at()
+        return probe if probe is not None and probe < timeout else timeout
+
+    def _timeout_at(self):
+        """When the next retransmission timeout falls due; None with nothing in flight."""
         soonest = min(self.deadline.values(), default=None)
         if self.sent_at:
             # As TCP's retransmission timer: the oldest chunk sent once is due one current timeout after the
@@ -290,12 +308,27 @@ class MemberSum:
             soonest = early if soonest is None else min(soonest, early)
         return soonest
 
+    def _probe_at(self):
+        """When the tail-loss probe of the current stall is due; None when there is none to send."""
+        if self.probed or self.srtt is None or self.interval is None or not self.deadline:
+            return None
+        return self.progress_at + max(PROBE_SRTTS * max(self.srtt, self.interval), self.min_timeout_s)
+
     def due(self, now: float) -> list[bytes]:
+        sends = []
+        timeout, probe = self._timeout_at(), self._probe_at()
+        if probe is not None and probe <= now < timeout:
+            newest = next(reversed(self.deadline))
+            if self.retries is None or self.tries[newest] < self.retries:
+                self.tries[newest] += 1
+                self.retransmits += 1
+                self.sent_at.pop(newest, None)  # Karn: no round trip is measured from a chunk sent twice
+                self.deadline[newest] = now + self.rto  # the probe's own timeout, as TCP re-arms its timer
+                sends.append(self.payloads[newest])
         if self.sent_at and self.progress_at + self.rto <= now:
             oldest = next(iter(self.sent_at))  # sent_at keeps send order
             self.deadline[oldest] = min(self.deadline[oldest], self.progress_at + self.rto)
             self.progress_at = now  # one such retransmission per timeout while nothing comes back
-        sends = []
         for chunk, deadline in list(self.deadline.items()):
             if now < deadline:
                 continue
@@ -311,6 +344,8 @@ class MemberSum:
                 self.sent_at.pop(chunk, None)  # Karn: no round trip is measured from a retransmitted chunk
             self.deadline[chunk] = now + wait
             sends.append(self.payloads[chunk])
+        if sends:
+            self.probed = True  # a probe or a timeout's retransmission: the stall's one probe is spent
         return sends
 
     def _measured(self, chunk, now):
@@ -367,6 +402,11 @@ class MemberSum:
         self.progress_at = now
         if self.min_timeout_s is None:
             return self._refill(now)
+        self.probed = False
+        if self.result_at is not None and now > self.result_at:
+            interval = now - self.result_at
+            self.interval = interval if self.interval is None else 0.875 * self.interval + 0.125 * interval
+        self.result_at = now
         return (*self._measured(chunk, now), *self._refill(now))
 
 
