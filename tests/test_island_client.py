@@ -355,6 +355,39 @@ def test_a_lost_tail_chunk_is_probed_after_two_round_trips_not_after_a_timeout()
     assert run.done and np.array_equal(run.sums(), np.arange(32, dtype=np.int32))
 
 
+def failures_of_members_without(absent, names=None, deadline_s=2.0):
+    """Every member of a clique of three but `absent` sums through `inwire serve` (names given or not) and
+    fails; their errors, by member index."""
+    key = CliqueKey(job=4, round=9, clique=0, group=0xEF000001, fanin=3, exponent=0)
+    failures = {}
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        def member(index):
+            island = UdpMember(server.address, deadline_s=deadline_s)
+            try:
+                island.sum(key, index, np.arange(3000, dtype=np.int32), members=names)
+            except client.ClientError as error:
+                failures[index] = error
+            finally:
+                island.close()
+
+        each_island([index for index in range(3) if index != absent], member)
+    return failures
+
+
+def test_a_missing_member_is_named_by_every_other_member():
+    """Three islands, one of which never sends: each of the others fails at its deadline with an error that
+    names the missing one (by island name when the caller gave names, else by index), found by the roll call
+    at the aggregator; the members that answered it are not named."""
+    named = failures_of_members_without(1, names=["LON", "NYC", "TYO"])
+    assert sorted(named) == [0, 2]
+    for error in named.values():
+        assert error.missing == ("NYC",) and "no contribution of NYC arrived" in str(error), error
+    indexed = failures_of_members_without(0)
+    assert sorted(indexed) == [1, 2]
+    for error in indexed.values():
+        assert error.missing == (0,) and "no contribution of member 0 arrived" in str(error), error
+
+
 @pytest.fixture(params=["batched", "each"])
 def socket_path(request, monkeypatch):
     """`UdpMember` with recvmmsg/sendmmsg through the compiled kernel, and datagram by datagram without it."""

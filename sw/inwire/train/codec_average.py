@@ -23,7 +23,12 @@ after an odd number of re-sends (7r + 1, then 7r + 7)."""
 
 
 class AveragingError(InwireError, RuntimeError):
-    """An averaging round could not finish; the message says which and why."""
+    """An averaging round could not finish; the message says which and why. `missing`: the islands whose
+    contributions never arrived, where that is known (`inwire.client.ClientError.missing`)."""
+
+    def __init__(self, message: str, missing=()) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
 
 
 def encode_definition(values, bound, fanin):
