@@ -566,14 +566,17 @@ class UdpMember:
         run = self._run(key, member, quantized, city, route, members)
         return run.sums().astype(np.int32), run.overflow
 
-    def _run(self, key, member, quantized, city, route, members):
-        """`sum`'s work: the finished `MemberSum`, its sums still big-endian as they came."""
+    def _run(self, key, member, quantized, city, route, members, in_place=False):
+        """`sum`'s work: the finished `MemberSum`, its sums still big-endian as they came. `in_place`: the sums
+        overwrite `quantized` (big-endian int32), chunk by chunk as their results come: a chunk whose result
+        is in is never sent again, and one buffer the size of the vector is faulted in, not two."""
         host, port = self.aggregators.get(city) or next(iter(self.aggregators.values()))
         destination = (host, port) if compiled is None else (socket.gethostbyname(host), port)
         payloads = Contributions(quantized, member, key, self.chunk, self.window, route)
         # The sums in numpy's memory, which takes huge pages for large arrays: a bytearray of 100 MB costs
         # 25,000 page faults as it fills.
-        received = memoryview(np.empty(ELEMENT_BYTES * len(quantized), dtype=np.uint8))
+        received = payloads.wire if in_place else memoryview(np.empty(ELEMENT_BYTES * len(quantized),
+                                                                      dtype=np.uint8))
         run = MemberSum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries,
                         min(MIN_TIMEOUT_S, self.timeout_s), received=received)
         sockets = [self.socket] if self.listener is None else [self.socket, self.listener]
@@ -696,8 +699,10 @@ class UdpMember:
             exponent, elements = encode(vector, bound, key.fanin, ELEMENT_DTYPE)
             attempt_key = CliqueKey(key.job, key.round * ATTEMPTS + attempt, key.clique, key.group, key.fanin,
                                     exponent, key.max_cliques)
-            run = self._run(attempt_key, member, elements, city, route, members)
-            average, bound = decode(run.sums(), run.overflow, exponent, key.fanin, bound)
+            run = self._run(attempt_key, member, elements, city, route, members, in_place=True)
+            # Decoded in place too: the average is float32 over the sums' memory (one vector's pages in all).
+            average, bound = decode(run.sums(), run.overflow, exponent, key.fanin, bound,
+                                    out=elements.view(np.float32)[:-1])
             if average is not None:
                 return average, bound
         raise AveragingError(f"round {key.round}: sums still overflow at a bound of {bound}")

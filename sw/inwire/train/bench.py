@@ -10,9 +10,10 @@
 - `ddp_hook`: one training step of a 25 M-parameter MLP through `inwire_hook` (3 one-rank islands) against
   plain DDP on a 3-rank gloo group (the same ranks), medians over steps after a warm-up.
 
-Each entry records the 1-minute load average before and after, and the CPU seconds of the islands and of
-the service: on a loaded machine the references (gloo, the kernel's UDP) are starved more than inwire, so
-a ratio measured above LOAD_LIMIT is flagged `loaded` and should not be quoted as the machine's.
+Each entry records the 1-minute load average before and after, and the CPU seconds of the islands (their
+averagings) and of the service (from listening to the islands' end): on a loaded machine the references
+(gloo, the kernel's UDP) are starved more than inwire, so a ratio measured above LOAD_LIMIT is flagged
+`loaded` and should not be quoted as the machine's.
 """
 
 import multiprocessing
@@ -46,8 +47,6 @@ def _cpu_s(pid):
 
 
 def _island(index, address, barrier, results, loss, seed, elements):
-    import resource
-
     from .averaging import InwireExchange
 
     vector = np.random.default_rng([seed, index]).standard_normal(elements).astype(np.float32)
@@ -55,11 +54,11 @@ def _island(index, address, barrier, results, loss, seed, elements):
                               seed=seed * 10 + index)
     try:
         barrier.wait(timeout=120)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         exchange.average(0, 0, [f"i{k}" for k in range(ISLANDS)], index, vector)
         elapsed = time.perf_counter() - started
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        results.put((index, elapsed, exchange.client.retransmits, usage.ru_utime + usage.ru_stime))
+        # The averaging's CPU only: not the interpreter's start, torch's import or the vector's making.
+        results.put((index, elapsed, exchange.client.retransmits, time.process_time() - cpu))
     finally:
         exchange.close()
 
@@ -84,6 +83,7 @@ def inwire_averaging(loss=0.0, seed=0, elements=ELEMENTS):
     port = free_port()
     service = _serve(port)
     try:
+        service_cpu = -_cpu_s(service.pid)  # from listening on: not the interpreter's start and imports
         barrier, results = context.Barrier(ISLANDS), context.Queue()
         workers = [context.Process(target=_island, args=(i, ("127.0.0.1", port), barrier, results, loss, seed,
                                                          elements)) for i in range(ISLANDS)]
@@ -92,7 +92,7 @@ def inwire_averaging(loss=0.0, seed=0, elements=ELEMENTS):
         outcomes = [results.get(timeout=600) for _ in workers]
         for worker in workers:
             worker.join(timeout=60)
-        service_cpu = _cpu_s(service.pid)
+        service_cpu += _cpu_s(service.pid)
     finally:
         service.terminate()
         rest = service.communicate(timeout=30)[1]
