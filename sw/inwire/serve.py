@@ -9,7 +9,8 @@ checked against decides what happens to it, and each frame it sends is unwrapped
 answer goes to the clique's multicast group (a result) or to the requester (a stats reply).
 
 Each datagram's arrival time, in milliseconds since the service started (`model.LEASE_TICK_S`), is the
-time the decision takes it at: slot leases (docs/protocol.md) count in it.
+time the decision takes it at (the time its batch was read, with recvmmsg): slot leases (docs/protocol.md)
+count in it.
 
 Where multicast is not routable, `unicast=True` sends a result to each member instead, at the address the
 member's contributions came from; a result answering a retransmission goes to the requester only.
