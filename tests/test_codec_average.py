@@ -110,6 +110,12 @@ def test_the_fast_decoder_equals_its_definition(exponent, fanin, monkeypatch):
             expected, bound = decode_definition(given, False, exponent, fanin, 16.0)
         assert fast_bound == bound == 16.0 and fast.dtype == expected.dtype == np.float32
         assert np.array_equal(fast.view(np.int32), expected.view(np.int32))
+    # In place, as the client decodes: the average written over the big-endian sums it is read from.
+    wire = sums.astype(">i4")
+    with np.errstate(over="ignore"):
+        expected, _ = decode_definition(wire.copy(), False, exponent, fanin, 16.0)
+        in_place, _ = decode(wire, False, exponent, fanin, 16.0, out=wire.view(np.float32)[:-1])
+    assert np.shares_memory(in_place, wire) and np.array_equal(in_place.view(np.int32), expected.view(np.int32))
 
 
 def test_the_fast_decoder_asks_for_the_same_bound_and_refuses_the_same_inputs():

@@ -367,6 +367,60 @@ def test_chunks_queued_behind_others_are_not_timed_while_results_flow():
     assert run.due(stalled + run.rto) == [sent[6]] and run.retransmits == 2
 
 
+def test_a_lost_tail_chunk_is_probed_after_two_round_trips_not_after_a_timeout():
+    """Results come back one every 10 ms (the window drains through a queue), so the round trips grow from
+    10 to 70 ms and the timeout (srtt + 4 rttvar) to about 150 ms; the last chunk is lost, and no later
+    result can reveal it. The newest chunk in flight goes out again two smoothed round trips after the last
+    result (the tail-loss probe), well before the timeout; one probe per stall only, then the probe's own
+    timeout."""
+    run, sent, answer = whole_window_sum()
+    for k, payload in enumerate(sent[:-1]):
+        for result in answer(payload):
+            assert not run.on_result(result, 0.010 * (k + 1))
+    assert list(run.deadline) == [7] and run.rto > 2 * client.PROBE_SRTTS * run.srtt
+    probe_at = 0.070 + client.PROBE_SRTTS * run.srtt
+    assert run.next_deadline() == pytest.approx(probe_at) and probe_at < 0.070 + run.rto
+    assert run.due(probe_at - 0.001) == [] and run.due(probe_at) == [sent[7]] and run.retransmits == 1
+    assert run.next_deadline() == pytest.approx(probe_at + run.rto)
+    assert run.due(probe_at + run.rto - 0.001) == [] and run.retransmits == 1
+    (result,) = answer(sent[7])
+    run.on_result(result, probe_at + 0.010)
+    assert run.done and np.array_equal(run.sums(), np.arange(32, dtype=np.int32))
+
+
+def failures_of_members_without(absent, names=None, deadline_s=2.0):
+    """Every member of a clique of three but `absent` sums through `inwire serve` (names given or not) and
+    fails; their errors, by member index."""
+    key = CliqueKey(job=4, round=9, clique=0, group=0xEF000001, fanin=3, exponent=0)
+    failures = {}
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        def member(index):
+            island = UdpMember(server.address, deadline_s=deadline_s)
+            try:
+                island.sum(key, index, np.arange(3000, dtype=np.int32), members=names)
+            except client.ClientError as error:
+                failures[index] = error
+            finally:
+                island.close()
+
+        each_island([index for index in range(3) if index != absent], member)
+    return failures
+
+
+def test_a_missing_member_is_named_by_every_other_member():
+    """Three islands, one of which never sends: each of the others fails at its deadline with an error that
+    names the missing one (by island name when the caller gave names, else by index), found by the roll call
+    at the aggregator; the members that answered it are not named."""
+    named = failures_of_members_without(1, names=["LON", "NYC", "TYO"])
+    assert sorted(named) == [0, 2]
+    for error in named.values():
+        assert error.missing == ("NYC",) and "no contribution of NYC arrived" in str(error), error
+    indexed = failures_of_members_without(0)
+    assert sorted(indexed) == [1, 2]
+    for error in indexed.values():
+        assert error.missing == (0,) and "no contribution of member 0 arrived" in str(error), error
+
+
 @pytest.fixture(params=["batched", "each"])
 def socket_path(request, monkeypatch):
     """`UdpMember` with recvmmsg/sendmmsg through the compiled kernel, and datagram by datagram without it."""

@@ -69,6 +69,26 @@ def test_an_unreachable_aggregator_fails_in_bounded_time(tmp_path):
         in str(failure.value)
 
 
+def test_a_missing_island_is_named_on_every_rank_of_the_others(tmp_path):
+    """LON and SIN (2 ranks each) average with NYC, which never starts: rank 0 fails at its deadline naming
+    NYC (the roll call at the aggregator), and tells rank 1, whose error names NYC too."""
+    from inwire.serve import SoftwareAggregator, serving_in_thread
+
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps({"islands": list(ISLANDS), "rounds": [
+        {"cliques": [{"members": list(ISLANDS), "aggregator": "LON"}], "time_ms": 1.0}]}))
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        with pytest.raises(DistributedRunError, match="exited with status") as failure:
+            launch_islands(["LON", "SIN"], f"127.0.0.1:{server.address[1]}", schedule, tmp_path, 2, 5, 5, 0, "0.3",
+                           timeout_s=40)
+    text = str(failure.value)
+    assert "[rank0]: inwire.client.ClientError: " in text and "[rank1]: inwire.train.codec_average.AveragingError" \
+        in text, text
+    for rank in ("[rank0]", "[rank1]"):
+        assert any(line.startswith(rank) and "no contribution of NYC arrived" in line for line in text.splitlines()), \
+            text
+
+
 def test_torchrun_islands_sum_along_a_tree_of_chained_services(tmp_path):
     """The global clique LON -> NYC -> SIN: NYC's service sums LON's and its own and sends the partial to
     SIN's, the root; 2 ranks per island, bit-exact at every averaging."""

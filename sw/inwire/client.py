@@ -14,6 +14,8 @@ DDP communication hook) are thin users of this module, as SwitchML's client libr
   refills as results arrive, timeouts and retransmission, every result read and checked (owner, chunk,
   count, header, status), the sums gathered in place. A driver feeds it time and datagrams and sends what
   it returns: the stream's asyncio islands do, over any transport; `UdpMember` does over a blocking socket.
+- `RollCall`: who of a stalled sum's clique is there, asked of the aggregator with one-member records and
+  result requests, so that a sum that fails names the members whose contributions never arrived.
 - `UdpMember`: one island's socket to its aggregators (one address, or one per city for reduction trees),
   bound to the local address that routes to them (never 127.0.0.1 unless the aggregator is there), its
   receive buffer sized for the window; `sum` runs one `MemberSum` to its end, `average` adds the codec's
@@ -38,6 +40,7 @@ from .datagram import (
     PAYLOAD_OFFSET,
     Address,
     ip_int,
+    ip_str,
     payloads_of,
     set_receive_buffer,
     socket_drops,
@@ -63,6 +66,8 @@ from .train.codec_average import ATTEMPTS, AveragingError, decode, encode
 SLOT_POOLS = 4
 FAST_RETRANSMIT = 3
 """Results of this many chunks sent after the oldest one in flight make it count as lost (adaptive timeouts)."""
+PROBE_SRTTS = 2
+"""A tail-loss probe goes out this many smoothed round trips after the last result (TCP's TLP, RFC 8985)."""
 MIN_TIMEOUT_S = 0.02
 """The shortest adaptive retransmission timeout `UdpMember` uses: a loss is usually found sooner by the
 results of later chunks; below this, a loaded host's scheduling delays read as losses (2 ms made a
@@ -73,6 +78,11 @@ DEFAULT_TIMEOUT_S = 0.2
 DEFAULT_RETRIES = 25
 GROUP_PREFIX = ip_int("239.73.0.0")
 """Clique c of schedule round p multicasts to 239.73.p.c."""
+PRESENCE_CHUNK = 0xFFFFFFFF
+"""The `chunk` of a roll call's records (`RollCall`): an offset no vector reaches, so no sum reads their results."""
+ROLL_CALL_TIMEOUTS = 5
+"""A sum that got no result for this many of its longest retransmission timeouts (`timeout_s`, the longest
+round trip it allows for; or for a quarter of its deadline, if shorter) calls the roll."""
 RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
 """A result payload without elements: header and status trailer."""
 KERNEL_BYTES_PER_DATAGRAM = 1280
@@ -84,7 +94,13 @@ RECEIVE_SLOT = MAX_DATAGRAM + 1
 
 
 class ClientError(InwireError):
-    """A sum could not finish; the message says which chunk, of which clique, and what was tried."""
+    """A sum could not finish; the message says which chunk, of which clique, and what was tried. `missing`:
+    the members (names where the caller gave them, else indices) whose contributions never arrived, as
+    the roll call found them; empty when it found none or could not tell."""
+
+    def __init__(self, message: str, missing: Sequence[str | int] = ()) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
 
 
 class RouteError(InwireError):
@@ -192,8 +208,60 @@ class Contributions(Sequence[bytes]):
         return b"".join((header, self.wire[ELEMENT_BYTES * first:ELEMENT_BYTES * (first + count)]))
 
 
-_CHUNK_AT, _SLOT_AT = (FRAME_OFFSETS[name] - PAYLOAD_OFFSET for name in ("chunk", "slot"))
+_CHUNK_AT, _SLOT_AT, _OPCODE_AT = (FRAME_OFFSETS[name] - PAYLOAD_OFFSET for name in ("chunk", "slot", "opcode"))
 _CHUNK_FIELD, _SLOT_FIELD = (header_struct(name, name) for name in ("chunk", "slot"))
+
+
+def presence_slot(member: int, key: CliqueKey, window: int) -> int:
+    """The slot of member `member`'s roll-call record for clique `key.clique`: past every slot of the
+    schedule's layout (`slots_needed`), one per member per clique of a round."""
+    return slots_needed(key.max_cliques, window) + member * key.max_cliques + key.clique
+
+
+class RollCall:
+    """Which members of a stalled sum's clique are there, asked of the aggregator in the protocol's terms.
+
+    The aggregator does not tell who has contributed to an unfinished slot, so each member records its
+    presence as a one-member sum of its own (fan-in 1, `chunk` PRESENCE_CHUNK) in its `presence_slot`, and
+    asks for the others' records with result requests: the aggregator answers a request only for a record it
+    holds, and stays silent otherwise. `datagrams()` is one call: this member's record until the aggregator
+    has answered it, and one request per member not heard of yet; the aggregator answers each with at most
+    one result, so nothing is amplified. `read(payload)` notes the members whose records a result shows.
+    Its slots lie beyond the schedule's: an aggregator with no more slots than `slots_needed` answers none
+    (then `seen` stays without this member, and nothing can be told)."""
+
+    def __init__(self, key: CliqueKey, member: int, window: int) -> None:
+        self.member, self.fanin, self.max_cliques = member, key.fanin, key.max_cliques
+        self.owner = (key.job, key.round, key.clique)
+        self.first = presence_slot(0, key, window)
+        slots = [presence_slot(m, key, window) for m in range(key.fanin)]
+        frames = build_frames(np.ones((key.fanin, 1), dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=0,
+                              fanin=1, exponent=0, job=key.job, round=key.round, clique=key.clique, group=key.group,
+                              slot=np.array(slots), chunk=PRESENCE_CHUNK)
+        self.records = payloads_of(frames)
+        self.requests = []
+        for record in self.records:
+            request = bytearray(record[:PAYLOAD_HEADER_BYTES])  # a result request carries no elements
+            request[_OPCODE_AT] = Opcode.RESULT_REQUEST
+            self.requests.append(bytes(request))
+        self.seen: set[int] = set()
+        self.calls = 0
+
+    def datagrams(self) -> list[bytes]:
+        self.calls += 1
+        sends = [] if self.member in self.seen else [self.records[self.member]]
+        return sends + [self.requests[m] for m in range(self.fanin) if m != self.member and m not in self.seen]
+
+    def read(self, payload: bytes | memoryview) -> None:
+        if len(payload) < RESULT_MIN_BYTES:
+            return
+        fields = RESULT_HEADER.unpack_from(payload)
+        opcode, job, round_, clique, slot_, offset = fields[2], *fields[7:12]
+        if opcode != Opcode.RESULT or offset != PRESENCE_CHUNK or (job, round_, clique) != self.owner:
+            return
+        member, rest = divmod(slot_ - self.first, self.max_cliques)
+        if rest == 0 and 0 <= member < self.fanin:
+            self.seen.add(member)
 
 
 @dataclass
@@ -212,7 +280,13 @@ class MemberSum:
     only, Karn's rule), between `min_timeout_s` and `timeout_s`; a chunk retransmitted again waits twice as
     long each time (up to `timeout_s`); and the oldest chunk in flight is sent again at once when results of
     FAST_RETRANSMIT later chunks have come back without it, since results of one member come back in the
-    order its chunks went out unless one was lost. `retries` None: no limit (the driver's deadline rules)."""
+    order its chunks went out unless one was lost. No later result reveals a loss among the last chunks in
+    flight (the tail), so when results stop with chunks outstanding, the newest of them is sent again
+    PROBE_SRTTS smoothed round trips (or smoothed intervals between results, if longer: results of a queue
+    that drains slowly have not stopped) after the last result, if that is sooner than the next timeout (a
+    tail-loss probe, as TCP's TLP): its result, or the gap it leaves, shows what was lost. One probe per
+    stall: the next one waits for a new result, so probes never outnumber results. `retries` None: no
+    limit (the driver's deadline rules)."""
     payloads: Sequence[bytes]
     key: CliqueKey
     elements: int
@@ -242,6 +316,10 @@ class MemberSum:
         self.rto = self.timeout_s
         self.progress_at = 0.0
         """When the last new result came back (or the sum started)."""
+        self.probed = False
+        """Whether the tail-loss probe of the current stall went out (cleared by a new result)."""
+        self.result_at = self.interval = None
+        """When the last result came back; the smoothed interval between results (read at different times)."""
         fanin = self.key.fanin
         self.expected_header = (self.key.exponent, fanin, (1 << fanin) - 1, fanin)
         self.owner = (self.key.job, self.key.round, self.key.clique)
@@ -280,6 +358,12 @@ class MemberSum:
         return sends
 
     def next_deadline(self) -> float | None:
+        timeout = self._timeout_at()
+        probe = self._probe_at()
+        return probe if probe is not None and probe < timeout else timeout
+
+    def _timeout_at(self):
+        """When the next retransmission timeout falls due; None with nothing in flight."""
         soonest = min(self.deadline.values(), default=None)
         if self.sent_at:
             # As TCP's retransmission timer: the oldest chunk sent once is due one current timeout after the
@@ -290,12 +374,27 @@ class MemberSum:
             soonest = early if soonest is None else min(soonest, early)
         return soonest
 
+    def _probe_at(self):
+        """When the tail-loss probe of the current stall is due; None when there is none to send."""
+        if self.probed or self.srtt is None or self.interval is None or not self.deadline:
+            return None
+        return self.progress_at + max(PROBE_SRTTS * max(self.srtt, self.interval), self.min_timeout_s)
+
     def due(self, now: float) -> list[bytes]:
+        sends = []
+        timeout, probe = self._timeout_at(), self._probe_at()
+        if probe is not None and probe <= now < timeout:
+            newest = next(reversed(self.deadline))
+            if self.retries is None or self.tries[newest] < self.retries:
+                self.tries[newest] += 1
+                self.retransmits += 1
+                self.sent_at.pop(newest, None)  # Karn: no round trip is measured from a chunk sent twice
+                self.deadline[newest] = now + self.rto  # the probe's own timeout, as TCP re-arms its timer
+                sends.append(self.payloads[newest])
         if self.sent_at and self.progress_at + self.rto <= now:
             oldest = next(iter(self.sent_at))  # sent_at keeps send order
             self.deadline[oldest] = min(self.deadline[oldest], self.progress_at + self.rto)
             self.progress_at = now  # one such retransmission per timeout while nothing comes back
-        sends = []
         for chunk, deadline in list(self.deadline.items()):
             if now < deadline:
                 continue
@@ -311,6 +410,8 @@ class MemberSum:
                 self.sent_at.pop(chunk, None)  # Karn: no round trip is measured from a retransmitted chunk
             self.deadline[chunk] = now + wait
             sends.append(self.payloads[chunk])
+        if sends:
+            self.probed = True  # a probe or a timeout's retransmission: the stall's one probe is spent
         return sends
 
     def _measured(self, chunk, now):
@@ -367,6 +468,11 @@ class MemberSum:
         self.progress_at = now
         if self.min_timeout_s is None:
             return self._refill(now)
+        self.probed = False
+        if self.result_at is not None and now > self.result_at:
+            interval = now - self.result_at
+            self.interval = interval if self.interval is None else 0.875 * self.interval + 0.125 * interval
+        self.result_at = now
         return (*self._measured(chunk, now), *self._refill(now))
 
 
@@ -399,8 +505,11 @@ class UdpMember:
     member its copy (`inwire serve --unicast`). Its receive buffer holds the window's results of every clique
     it takes part in. Timeouts adapt to the measured round trip (`MemberSum`, from MIN_TIMEOUT_S up to
     `timeout_s`); members of a clique may arrive far apart (islands that compute at different speeds), so
-    only `deadline_s` ends a sum, unless `retries` bounds each chunk's retransmissions too. `loss` drops that
-    fraction of outgoing datagrams on purpose (seeded by `seed`), for measurements and tests."""
+    only `deadline_s` ends a sum, unless `retries` bounds each chunk's retransmissions too. A sum that got
+    no result for ROLL_CALL_TIMEOUTS x `timeout_s` (or a quarter of `deadline_s`) calls the roll at the
+    clique's root aggregator (`RollCall`) every `timeout_s` until it ends, so that its failure names the
+    missing members. `loss` drops that fraction of outgoing datagrams on purpose (seeded by `seed`), for
+    measurements and tests."""
 
     def __init__(self, aggregators: Address | Mapping[str, Address], job: int = 1, chunk: int = DEFAULT_CHUNK,
                  window: int = DEFAULT_WINDOW, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int | None = None,
@@ -457,14 +566,17 @@ class UdpMember:
         run = self._run(key, member, quantized, city, route, members)
         return run.sums().astype(np.int32), run.overflow
 
-    def _run(self, key, member, quantized, city, route, members):
-        """`sum`'s work: the finished `MemberSum`, its sums still big-endian as they came."""
+    def _run(self, key, member, quantized, city, route, members, in_place=False):
+        """`sum`'s work: the finished `MemberSum`, its sums still big-endian as they came. `in_place`: the sums
+        overwrite `quantized` (big-endian int32), chunk by chunk as their results come: a chunk whose result
+        is in is never sent again, and one buffer the size of the vector is faulted in, not two."""
         host, port = self.aggregators.get(city) or next(iter(self.aggregators.values()))
         destination = (host, port) if compiled is None else (socket.gethostbyname(host), port)
         payloads = Contributions(quantized, member, key, self.chunk, self.window, route)
         # The sums in numpy's memory, which takes huge pages for large arrays: a bytearray of 100 MB costs
         # 25,000 page faults as it fills.
-        received = memoryview(np.empty(ELEMENT_BYTES * len(quantized), dtype=np.uint8))
+        received = payloads.wire if in_place else memoryview(np.empty(ELEMENT_BYTES * len(quantized),
+                                                                      dtype=np.uint8))
         run = MemberSum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries,
                         min(MIN_TIMEOUT_S, self.timeout_s), received=received)
         sockets = [self.socket] if self.listener is None else [self.socket, self.listener]
@@ -474,6 +586,8 @@ class UdpMember:
             self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
         buffer, view, slot = self.buffer, self.view, RECEIVE_SLOT
         send = self._sender(destination)
+        roll, roll_send, roll_next = None, None, None
+        quiet = min(ROLL_CALL_TIMEOUTS * self.timeout_s, self.deadline_s / 4)
         began = time.monotonic()
         try:
             send(run.start(began))
@@ -481,13 +595,26 @@ class UdpMember:
                 now = time.monotonic()
                 send(run.due(now))
                 if run.failed_chunk is not None or now - began > self.deadline_s:
-                    raise ClientError(self._failure(run, key, members, now - began))
-                wait = max(0.0, min(run.next_deadline() or now, began + self.deadline_s) - now)
+                    message, missing = self._failure(run, key, member, members, now - began, roll)
+                    raise ClientError(message, missing)
+                # Stalled: ask the aggregator who is there, so that a failure can name who is not.
+                roll_at = (run.result_at or began) + quiet
+                if roll_next is not None:
+                    roll_at = max(roll_at, roll_next)
+                if now >= roll_at:
+                    if roll is None:
+                        roll = RollCall(key, member, self.window)
+                        roll_send = self._sender(self._root(host, port, route))
+                    roll_send(roll.datagrams())
+                    roll_next = roll_at = now + min(self.timeout_s, quiet)
+                wait = max(0.0, min(run.next_deadline() or now, began + self.deadline_s, roll_at) - now)
                 for ready in select.select(sockets, [], [], wait)[0]:
                     while sizes := _receive(ready, buffer, slot):
                         now, sends, at = time.monotonic(), [], 0
                         for size in sizes:
                             sends += run.on_result(view[at:at + size], now)
+                            if roll is not None:
+                                roll.read(view[at:at + size])
                             at += slot
                         send(sends)
         finally:
@@ -527,16 +654,40 @@ class UdpMember:
                     select.select([], [sock], [])  # a full send buffer, waited out as a blocking sendto would
         return send
 
-    def _failure(self, run, key, members, elapsed):
+    def _root(self, host, port, route):
+        """The (host, port) of the clique's root aggregator, where the roll call is kept: the member's own
+        aggregator, or the topmost hop its route names (the aggregators of a tree share one port)."""
+        hops = [route.get(f"hop{hop}", 0) for hop in range(1, 1 + ROUTE_HOPS)] if route else []
+        top = next((address for address in reversed(hops) if address), None)
+        host = host if top is None else ip_str(top)
+        return (host, port) if compiled is None else (socket.gethostbyname(host), port)
+
+    def _failure(self, run, key, member, members, elapsed, roll):
+        """The message of a sum that failed, and the members the roll call found missing."""
         chunk = run.failed_chunk if run.failed_chunk is not None else min(run.deadline, default=0)
         tries = run.tries.get(chunk, 0)
-        others = f" ({', '.join(members)})" if members else ""
+        names = list(members) if members else list(range(key.fanin))
+        named = [name if members else f"member {name}" for name in names]
         drops = self.kernel_drops()
         dropped = f"; the kernel dropped {drops} datagrams at this island's socket" if drops else ""
-        return (f"round {key.round}, clique {key.clique}{others}: no result for chunk {chunk} of "
-                f"{len(run.payloads)} after {tries} retransmissions in {elapsed:.1f} s: a member "
-                f"of the clique never contributed it, or the aggregator's results do not reach "
-                f"{self.address[0]}{dropped}")
+        missing = []
+        unknown = (f"a member of the clique never contributed it, or the aggregator's results do not reach "
+                   f"{self.address[0]}")
+        if roll is None:
+            cause = unknown
+        elif member not in roll.seen:
+            cause = (f"{unknown} (the aggregator answered none of {roll.calls} roll calls, which need "
+                     f"{presence_slot(key.fanin - 1, key, self.window) + 1} slots)")
+        else:
+            missing = [m for m in range(key.fanin) if m not in roll.seen]
+            absent = [named[m] for m in missing]
+            cause = (f"no contribution of {', '.join(absent)} arrived (the aggregator holds no roll-call record "
+                     f"of {'it' if len(absent) == 1 else 'them'})" if missing else
+                     f"every member answered the roll call, yet the aggregator's results do not reach "
+                     f"{self.address[0]}")
+        return (f"round {key.round}, clique {key.clique} ({', '.join(map(str, named))}): no result for chunk "
+                f"{chunk} of {len(run.payloads)} after {tries} retransmissions in {elapsed:.1f} s: {cause}"
+                f"{dropped}", [names[m] for m in missing])
 
     def average(self, key: CliqueKey, member: int, vector: npt.ArrayLike, bound: float, city: str | None = None,
                 route: Mapping[str, int] | None = None,
@@ -548,8 +699,10 @@ class UdpMember:
             exponent, elements = encode(vector, bound, key.fanin, ELEMENT_DTYPE)
             attempt_key = CliqueKey(key.job, key.round * ATTEMPTS + attempt, key.clique, key.group, key.fanin,
                                     exponent, key.max_cliques)
-            run = self._run(attempt_key, member, elements, city, route, members)
-            average, bound = decode(run.sums(), run.overflow, exponent, key.fanin, bound)
+            run = self._run(attempt_key, member, elements, city, route, members, in_place=True)
+            # Decoded in place too: the average is float32 over the sums' memory (one vector's pages in all).
+            average, bound = decode(run.sums(), run.overflow, exponent, key.fanin, bound,
+                                    out=elements.view(np.float32)[:-1])
             if average is not None:
                 return average, bound
         raise AveragingError(f"round {key.round}: sums still overflow at a bound of {bound}")

@@ -244,12 +244,18 @@ class CliqueAverager:
             return average
         if torch.distributed.get_backend(self.group) != "nccl":
             device = torch.device("cpu")
-        # A status first, so that the other ranks raise instead of waiting for a vector that never comes.
+        # A status first, so that the other ranks raise instead of waiting for a vector that never comes, then
+        # rank 0's reason, so that every rank's error says it (the islands whose contributions never arrived).
         status = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=device)
         torch.distributed.broadcast(status, src=self.source, group=self.group)
         if int(status.item()) != 0:
-            raise error if error is not None else AveragingError(
-                f"round {round_index}: rank 0 of island {self.island} could not average with its clique")
+            reason = [None if error is None else (str(error), getattr(error, "missing", ()))]
+            torch.distributed.broadcast_object_list(reason, src=self.source, group=self.group, device=device)
+            if error is not None:
+                raise error
+            message, missing = reason[0]
+            raise AveragingError(f"round {round_index}: rank 0 of island {self.island} could not average with its "
+                                 f"clique: {message}", missing)
         carrier = (torch.from_numpy(np.ascontiguousarray(average)) if average is not None
                    else torch.empty(len(flat), dtype=torch.float32)).to(device)
         torch.distributed.broadcast(carrier, src=self.source, group=self.group)

@@ -12,9 +12,9 @@
   plain DDP on one 6-rank gloo group of the same processes; medians of the slowest rank's step after a
   warm-up step.
 
-Each entry records the CPU seconds the islands spent in their averagings and the service in its run, the
-1-minute load average before and after, and the cores other programs kept busy meanwhile
-(`host_bench.MachineLoad`): on a loaded machine the references (gloo, the kernel's UDP) are starved more
+Each entry records the CPU seconds the islands spent in their averagings and the service from listening to
+the islands' end, the 1-minute load average before and after, and the cores other programs kept busy
+meanwhile (`host_bench.MachineLoad`): on a loaded machine the references (gloo, the kernel's UDP) are starved more
 than inwire, so a ratio flagged `loaded` should not be quoted as the machine's.
 """
 
@@ -52,8 +52,6 @@ def _cpu_s(pid):
 
 
 def _island(index, address, barrier, results, loss, seed, elements):
-    import resource
-
     from .averaging import InwireExchange
 
     vector = np.random.default_rng([seed, index]).standard_normal(elements).astype(np.float32)
@@ -61,13 +59,11 @@ def _island(index, address, barrier, results, loss, seed, elements):
                               seed=seed * 10 + index)
     try:
         barrier.wait(timeout=120)
-        cpu_before = resource.getrusage(resource.RUSAGE_SELF)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         exchange.average(0, 0, [f"i{k}" for k in range(ISLANDS)], index, vector)
         elapsed = time.perf_counter() - started
-        cpu_after = resource.getrusage(resource.RUSAGE_SELF)
-        cpu_s = cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime
-        results.put((index, elapsed, exchange.client.retransmits, cpu_s))
+        # The averaging's CPU only: not the interpreter's start, torch's import or the vector's making.
+        results.put((index, elapsed, exchange.client.retransmits, time.process_time() - cpu))
     finally:
         exchange.close()
 
@@ -92,6 +88,7 @@ def inwire_averaging(loss=0.0, seed=0, elements=ELEMENTS):
     port = free_port()
     service = _serve(port)
     try:
+        service_cpu = -_cpu_s(service.pid)  # from listening on: not the interpreter's start and imports
         barrier, results = context.Barrier(ISLANDS), context.Queue()
         workers = [context.Process(target=_island, args=(i, ("127.0.0.1", port), barrier, results, loss, seed,
                                                          elements)) for i in range(ISLANDS)]
@@ -100,7 +97,7 @@ def inwire_averaging(loss=0.0, seed=0, elements=ELEMENTS):
         outcomes = [results.get(timeout=600) for _ in workers]
         for worker in workers:
             worker.join(timeout=60)
-        service_cpu = _cpu_s(service.pid)
+        service_cpu += _cpu_s(service.pid)
     finally:
         service.terminate()
         rest = service.communicate(timeout=30)[1]

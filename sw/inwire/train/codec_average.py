@@ -23,7 +23,12 @@ after an odd number of re-sends (7r + 1, then 7r + 7)."""
 
 
 class AveragingError(InwireError, RuntimeError):
-    """An averaging round could not finish; the message says which and why."""
+    """An averaging round could not finish; the message says which and why. `missing`: the islands whose
+    contributions never arrived, where that is known (`inwire.client.ClientError.missing`)."""
+
+    def __init__(self, message: str, missing=()) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
 
 
 def encode_definition(values, bound, fanin):
@@ -90,11 +95,14 @@ DECODE_BLOCK = 1 << 16
 """Elements `decode` converts at a time: its float64 temporary (512 KiB) stays in cache."""
 
 
-def decode(sums, overflow, exponent, fanin, bound):
+def decode(sums, overflow, exponent, fanin, bound, out=None):
     """`decode_definition`, bit for bit (tests/test_codec_average.py holds it to that), for sums of any
     integer type and byte order (the client passes the big-endian sums as they came off the wire). The same
     float64 operations per element as `codec.dequantize`, block by block into the float32 average: no int32
-    copy and no float64 temporary the size of the vector, whose memory traffic cost more than the arithmetic."""
+    copy and no float64 temporary the size of the vector, whose memory traffic cost more than the arithmetic.
+    `out`: a float32 array for the average, which may share the sums' memory (a block is read whole before
+    its averages are written): the client decodes in place, so that a 100 MB averaging does not fault in
+    another 100 MB of fresh pages."""
     sums = np.asarray(sums)
     if sums.dtype.kind not in "iu" or sums.ndim != 1:
         return decode_definition(sums, overflow, exponent, fanin, bound)
@@ -103,7 +111,9 @@ def decode(sums, overflow, exponent, fanin, bound):
         return None, bound * 2 ** max(1, doublings)
     dequantize(sums[:0], exponent, fanin)  # the definition's checks of exponent and fan-in
     elements = len(sums) - 1
-    average = np.empty(elements, dtype=np.float32)
+    average = np.empty(elements, dtype=np.float32) if out is None else out
+    if average.dtype != np.float32 or average.shape != (elements,):
+        raise ValueError(f"out must be {elements} float32, got {average.shape} {average.dtype}")
     scratch = np.empty(min(elements, DECODE_BLOCK), dtype=np.float64)
     scale = math.ldexp(1.0, exponent)
     for first in range(0, elements, DECODE_BLOCK):
