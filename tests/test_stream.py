@@ -26,7 +26,8 @@ class Service:
         self.aggregator = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None, **options)
         if tamper:
             handle = self.aggregator.handle
-            self.aggregator.handle = lambda payload, peer: [(tamper(body), to) for body, to in handle(payload, peer)]
+            self.aggregator.handle = lambda payload, peer, now=None: [(tamper(body), to)
+                                                                      for body, to in handle(payload, peer, now)]
         self.thread = threading.Thread(target=self.aggregator.serve, daemon=True)
         self.thread.start()
         self.target = "udp://{}:{}".format(*self.aggregator.address)
