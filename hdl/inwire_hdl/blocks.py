@@ -4,8 +4,8 @@ Elements travel in wire order: lane l of a beat holds element bytes 4l..4l+3 wit
 byte first, so byte 4l sits in the lowest bits of the lane.
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, signed
-from amaranth.lib import wiring
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, signed
+from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
@@ -79,20 +79,34 @@ def ipv4_words(header):
 
 
 class RegisteredFIFO(wiring.Component):
-    """A synchronous FIFO of `depth` entries whose `r_data` comes from a register, not from the memory's
-    read port (a block RAM's clock-to-output would start every path that uses it).
+    """A synchronous FIFO of `depth` entries of `shape` whose `r_data` comes from a register, not from the
+    memory's read port (a block RAM's clock-to-output would start every path that uses it).
 
-    Same interface as `amaranth.lib.fifo.SyncFIFOBuffered`: `w_data`/`w_en`/`w_rdy`, `r_data`/`r_en`/`r_rdy`.
+    Same interface as `amaranth.lib.fifo.SyncFIFOBuffered`: `w_data`/`w_en`/`w_rdy`, `r_data`/`r_en`/`r_rdy`,
+    and the same ports as streams, `w_stream` and `r_stream`.
     """
 
-    def __init__(self, width, depth):
+    def __init__(self, shape, depth):
         if depth < 3:
             raise ValueError(f"depth must be at least 3, got {depth}")
-        self.width, self.depth = width, depth
+        self.shape, self.depth = shape, depth
+        self.width = Shape.cast(shape).width
         super().__init__({
-            "w_data": In(width), "w_en": In(1), "w_rdy": Out(1),
-            "r_data": Out(width), "r_en": In(1), "r_rdy": Out(1),
+            "w_data": In(shape), "w_en": In(1), "w_rdy": Out(1),
+            "r_data": Out(shape), "r_en": In(1), "r_rdy": Out(1),
         })
+
+    @property
+    def w_stream(self):
+        w_stream = stream.Signature(self.shape).flip().create()
+        w_stream.payload, w_stream.valid, w_stream.ready = self.w_data, self.w_en, self.w_rdy
+        return w_stream
+
+    @property
+    def r_stream(self):
+        r_stream = stream.Signature(self.shape).create()
+        r_stream.payload, r_stream.valid, r_stream.ready = self.r_data, self.r_rdy, self.r_en
+        return r_stream
 
     def elaborate(self, platform):
         m = Module()

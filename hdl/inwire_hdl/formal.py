@@ -148,18 +148,19 @@ def _saturating_add(total, element):
 
 def start_timer_anywhere(core):
     """Lets `core`'s 16-bit lease timer start at any value (an AnyConst) instead of 0, so that a bounded check
-    of a few ticks reaches its wrap. The timer is read only where C1 registers a frame's time (`c1.now`, the
-    timer's value at the header's end): that value plus the AnyConst is the time a timer started there reads.
-    Works on every gateware `mutants.build` makes (an inside mutant's own C1 changes stay)."""
-    core = getattr(core, "inner", core)
+    of a few ticks reaches its wrap. The timer is read only where the classifier's C1 registers a frame's
+    time (`c1.now`, the timer's value at the header's end): that value plus the AnyConst is the time a timer
+    started there reads. Works on every gateware `mutants.build` makes (an inside mutant's own C1 changes
+    stay)."""
+    classifier = getattr(core, "inner", core).classifier
     start = AnyConst(TIME_BITS)
-    classify = core._classify_header
+    classify = classifier._classify_header
 
-    def classify_from_start(p):
-        classify(p)
-        with p.m.If(p.adv & p.i0.hdr_end):
-            p.m.d.sync += p.c1.now.eq(p.hdr_now + start)
-    core._classify_header = classify_from_start
+    def classify_from_start(m):
+        classify(m)
+        with m.If(classifier.classified.advance & classifier.i0.hdr_end):
+            m.d.sync += classifier.c1.now.eq(classifier.header_time + start)
+    classifier._classify_header = classify_from_start
 
 
 class Harness(Elaboratable):

@@ -1,15 +1,16 @@
 """Broken aggregators: each formal check must fail on the mutant it is meant to catch.
 
 Most mutants wrap the real `Aggregator` and change what crosses its ports, so they need nothing from the
-inside and stay valid however the inside changes. The others are built from the inside without touching
-aggregator.py: `stale_memory` builds the real aggregator with a sum adder that ignores `base_zero`, so a
-slot's first contribution is added to whatever the sum memory held before (which is zero in simulation,
-and arbitrary in the formal harness); `no_lease` and `lease_early` decide a contribution's disposition
-against another lease than the configuration's (none, one tick less), which no port-level wrapper can do;
-`sender_overlap` replaces the aggregator's member-overlap test (`Aggregator._overlaps`) with a test of
-the sender's bit alone; `no_route` and `hops_kept` override what C1 registers about the frame's route
-(a later assignment wins in Amaranth); `stale_claims` hides from the disposition that a stale frame's
-slot is complete, as if the stale check came after the completed-slot claim.
+inside and stay valid however the inside changes. The others replace one of the aggregator's components
+(`Aggregator.*_type`) with a subclass that breaks one thing: `stale_memory` builds the output assembler
+with a sum adder that ignores `base_zero`, so a slot's first contribution is added to whatever the sum
+memory held before (which is zero in simulation, and arbitrary in the formal harness); `no_lease` and
+`lease_early` give the decider another lease than the configuration's (none, one tick less), which no
+port-level wrapper can do; `sender_overlap` replaces the slot table's member-overlap test
+(`SlotTable._overlaps`) with a test of the sender's bit alone; `no_route` and `hops_kept` override what the
+classifier's C1 registers about the frame's route (a later assignment wins in Amaranth); `stale_claims`
+hides from the decider that a stale frame's slot is complete, as if the stale check came after the
+completed-slot claim.
 
 More inside mutants of the same kind, each a small bug a real edit could make: `lease_unwrapped` and
 `stamp_at_claim` in the lease, `carry_lost`, `carry_counted`, `hop2_expect_lost`, `members_low32` and
@@ -20,7 +21,6 @@ More inside mutants of the same kind, each a small bug a real edit could make: `
 gateware.
 """
 
-from dataclasses import replace
 from unittest import mock
 
 from amaranth.hdl import Const, Module, Mux, Signal
@@ -29,7 +29,7 @@ from amaranth.lib import wiring
 from inwire.protocol import COUNTERS, FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
 
 from . import aggregator
-from .aggregator import Action, Aggregator
+from .aggregator import Action, Aggregator, Decider, HeaderClassifier, OutputAssembler, SlotTable
 from .blocks import SaturatingAdder
 from .layout import field_value
 
@@ -77,167 +77,206 @@ class _ForgetfulAdder(SaturatingAdder):
         return m
 
 
-class StaleMemory(Aggregator):
+class _ForgetfulAssembler(OutputAssembler):
     def elaborate(self, platform):
         with mock.patch.object(aggregator, "SaturatingAdder", _ForgetfulAdder):
             return super().elaborate(platform)
 
 
+class StaleMemory(Aggregator):
+    assembler_type = _ForgetfulAssembler
+
+
 class LeaseMutant(Aggregator):
-    """The real aggregator with its disposition decided against `lease` ticks instead of the configuration's:
-    the configuration is swapped for `_decide` only, the one stage that reads the lease."""
+    """The real aggregator with its disposition decided against `lease` ticks instead of the configuration's
+    (the decider is the one component that reads the lease)."""
 
     def __init__(self, lease, config, data_width, buffer_beats):
         super().__init__(config, data_width, buffer_beats=buffer_beats)
-        self.lease = lease
+        self.decider.lease = lease
 
-    def _decide(self, p):
-        config = self.config
-        self.config = replace(config, lease=self.lease)
-        try:
-            super()._decide(p)
-        finally:
-            self.config = config
+
+class _SenderOverlapTable(SlotTable):
+    @staticmethod
+    def _overlaps(bitmap, key):
+        return (bitmap & (Const(1, 64) << key.sender[:6])) != 0
 
 
 class SenderOverlap(Aggregator):
     """The real aggregator with the version 1 duplicate test: a frame holding several members is summed
     again when its sender alone is new."""
 
-    @staticmethod
-    def _overlaps(bitmap, c2):
-        return (bitmap & (Const(1, 64) << c2.sender[:6])) != 0
+    slot_table_type = _SenderOverlapTable
+
+
+class _ChangedC1(HeaderClassifier):
+    """The real classifier with some of C1's fields registered otherwise: `_changes(field)`, where
+    `field(name)` is a header field's value."""
+
+    def _classify_header(self, m):
+        super()._classify_header(m)
+        with m.If(self.classified.advance & self.i0.hdr_end):
+            m.d.sync += self._changes(lambda name: field_value(self.header, name))
+
+
+class _NoRouteClassifier(_ChangedC1):
+    def _changes(self, field):
+        return [self.c1.route_bad.eq(0)]
 
 
 class NoRoute(Aggregator):
     """The real aggregator with every frame's route allowed."""
 
-    def _classify_header(self, p):
-        super()._classify_header(p)
-        with p.m.If(p.adv & p.i0.hdr_end):
-            p.m.d.sync += p.c1.route_bad.eq(0)
+    classifier_type = _NoRouteClassifier
+
+
+class _HopsKeptClassifier(_ChangedC1):
+    def _changes(self, field):
+        return [self.c1.out_expect.eq(field("expect")), self.c1.out_hop1.eq(field("hop1")),
+                self.c1.out_hop1_expect.eq(field("hop1_expect"))]
 
 
 class HopsKept(Aggregator):
     """The real aggregator whose partials name the level and hops of the frame that caused them."""
 
-    def _classify_header(self, p):
-        super()._classify_header(p)
-        with p.m.If(p.adv & p.i0.hdr_end):
-            p.m.d.sync += [p.c1.out_expect.eq(field_value(p.hdr, "expect")),
-                           p.c1.out_hop1.eq(field_value(p.hdr, "hop1")),
-                           p.c1.out_hop1_expect.eq(field_value(p.hdr, "hop1_expect"))]
+    classifier_type = _HopsKeptClassifier
 
 
-class _DecideOnChangedC3(Aggregator):
-    """The real aggregator whose disposition (I3) sees C3 with some fields changed: `_changes(p, real)`."""
-
-    def _decide(self, p):
-        real = p.c3
-        p.c3 = Signal(real.shape(), name=f"c3_{type(self).__name__.lower()}")
-        p.m.d.comb += [p.c3.eq(real), *self._changes(p, real)]
-        try:
-            super()._decide(p)
-        finally:
-            p.c3 = real
-
-
-class StaleClaims(_DecideOnChangedC3):
-    """The real aggregator with the stale check applied to unfinished slots only: a completed slot is
-    claimed by an older frame of its job, its stored result lost."""
-
-    def _changes(self, p, real):
-        return [p.c3.older.eq(real.older & ~p.meta3.complete)]
-
-
-class LeaseUnwrapped(_DecideOnChangedC3):
-    """The real aggregator comparing times as plain numbers: a frame time below the slot's stamp (the timer
-    wrapped in between) is no idle time at all. Timers that start at 0 and run less than 2**16 ticks never
-    show it."""
-
-    def _changes(self, p, real):
-        return [p.c3.idle.eq(Mux(real.now >= p.meta3.stamp, real.idle, 0))]
-
-
-class StampAtClaim(Aggregator):
-    """The real aggregator stamping a slot only when it is claimed: a slot whose members keep coming
-    expires `lease` ticks after its first contribution."""
-
-    def _commit(self, p):
-        super()._commit(p)
-        with p.m.If(p.commit & ~p.fresh):
-            p.m.d.sync += p.commit_entry.stamp.eq(p.meta3.stamp)
-
-
-class CarryLost(Aggregator):
-    """The real aggregator reading a partial's trailer flag only when the partial does not complete its slot."""
-
-    def _lane_sources(self, p):
-        super()._lane_sources(p)
-        with p.m.If(p.actx.action == Action.SUM_RESULT):
-            p.m.d.comb += p.carried_lanes.eq(0)
-
-
-def _counter(p, name):
-    return p.counters[COUNTERS.index(name)]
-
-
-class CarryCounted(Aggregator):
-    """The real aggregator counting a summed partial whose trailer carries the overflow flag in saturations."""
-
-    def _stage_b(self, p):
-        super()._stage_b(p)
-        saturations = _counter(p, "saturations")
-        with p.m.If(p.advance & p.s_valid & p.s_end & ~p.s_bad & p.s_summing & (p.carried_acc | p.s_carried)):
-            p.m.d.sync += saturations.eq(saturations + 1)
-
-
-class PartialsResendUncounted(Aggregator):
-    """The real aggregator counting partials only as they complete a level, not a stored one sent again."""
-
-    def _stage_b(self, p):
-        super()._stage_b(p)
-        partials = _counter(p, "partials_emitted")
-        # A stored output: with the trailer, not summed.
-        with p.m.If(p.advance & p.s_valid & p.s_end & p.s_with_trailer & ~p.s_summing):
-            p.m.d.sync += partials.eq(partials)
+class _Hop2ExpectLostClassifier(_ChangedC1):
+    def _changes(self, field):
+        return [self.c1.out_hop1_expect.eq(0)]
 
 
 class Hop2ExpectLost(Aggregator):
     """The real aggregator moving hop2 up into a partial's hop1 but not hop2_expect into its hop1_expect."""
 
-    def _classify_header(self, p):
-        super()._classify_header(p)
-        with p.m.If(p.adv & p.i0.hdr_end):
-            p.m.d.sync += p.c1.out_hop1_expect.eq(0)
+    classifier_type = _Hop2ExpectLostClassifier
+
+
+class _MembersLow32Classifier(_ChangedC1):
+    def _changes(self, field):
+        bitmap, sender = field("bitmap"), field("sender")
+        members = Mux((field("version") == 1) | (bitmap == 0), Const(1, 64) << sender[:6], bitmap)
+        return [self.c1.members.eq(members[:32])]
 
 
 class MembersLow32(Aggregator):
     """The real aggregator holding a frame's members in 32 bits (its sender's bit or its bitmap)."""
 
-    def _classify_header(self, p):
-        super()._classify_header(p)
-        bitmap, sender = field_value(p.hdr, "bitmap"), field_value(p.hdr, "sender")
-        members = Mux((field_value(p.hdr, "version") == 1) | (bitmap == 0), Const(1, 64) << sender[:6], bitmap)
-        with p.m.If(p.adv & p.i0.hdr_end):
-            p.m.d.sync += p.c1.members.eq(members[:32])
+    classifier_type = _MembersLow32Classifier
+
+
+class _SourceRouteClassifier(_ChangedC1):
+    def _changes(self, field):
+        cfg = self.config
+        hop1, hop2 = field("hop1"), field("hop2")
+        network, length = cfg.upstream_prefix
+        mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
+        route_bad = (field("version") != 1) & Mux(
+            hop1 == 0, hop2 != 0,
+            (hop1 == cfg.ip) | ((hop1 & mask) != network) | (hop2 == hop1) | (hop2 == cfg.ip))
+        return [self.c1.route_bad.eq(route_bad)]
 
 
 class SourceRoute(Aggregator):
     """The real aggregator whose route check forgets the frame's source: a partial may go back where the
     frame came from."""
 
-    def _classify_header(self, p):
-        super()._classify_header(p)
-        cfg = self.config
-        hop1, hop2 = field_value(p.hdr, "hop1"), field_value(p.hdr, "hop2")
-        network, length = cfg.upstream_prefix
-        mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
-        route_bad = (field_value(p.hdr, "version") != 1) & Mux(
-            hop1 == 0, hop2 != 0,
-            (hop1 == cfg.ip) | ((hop1 & mask) != network) | (hop2 == hop1) | (hop2 == cfg.ip))
-        with p.m.If(p.adv & p.i0.hdr_end):
-            p.m.d.sync += p.c1.route_bad.eq(route_bad)
+    classifier_type = _SourceRouteClassifier
+
+
+class _DecideOnChangedMatch(Decider):
+    """The real decider whose disposition sees the slot table's match with some fields changed:
+    `_changes(changed, found)`."""
+
+    def _decide(self, m, found):
+        changed = Signal(found.shape(), name=f"found_{type(self).__name__.lower()}")
+        m.d.comb += [changed.eq(found), *self._changes(changed, found)]
+        super()._decide(m, changed)
+
+
+class _StaleClaimsDecider(_DecideOnChangedMatch):
+    def _changes(self, changed, found):
+        return [changed.older.eq(found.older & ~found.entry.complete)]
+
+
+class StaleClaims(Aggregator):
+    """The real aggregator with the stale check applied to unfinished slots only: a completed slot is
+    claimed by an older frame of its job, its stored result lost."""
+
+    decider_type = _StaleClaimsDecider
+
+
+class _LeaseUnwrappedDecider(_DecideOnChangedMatch):
+    def _changes(self, changed, found):
+        now = self.classified.frame.now
+        return [changed.idle.eq(Mux(now >= found.entry.stamp, found.idle, 0))]
+
+
+class LeaseUnwrapped(Aggregator):
+    """The real aggregator comparing times as plain numbers: a frame time below the slot's stamp (the timer
+    wrapped in between) is no idle time at all. Timers that start at 0 and run less than 2**16 ticks never
+    show it."""
+
+    decider_type = _LeaseUnwrappedDecider
+
+
+class _StampAtClaimDecider(Decider):
+    def _commit(self, m, ans):
+        bad = super()._commit(m, ans)
+        with m.If(~self.decision.fresh):
+            m.d.comb += self.access.commit_entry.stamp.eq(self.access.found.entry.stamp)
+        return bad
+
+
+class StampAtClaim(Aggregator):
+    """The real aggregator stamping a slot only when it is claimed: a slot whose members keep coming
+    expires `lease` ticks after its first contribution."""
+
+    decider_type = _StampAtClaimDecider
+
+
+class _CarryLostAssembler(OutputAssembler):
+    def _lane_sources(self, m, a, result_header, counters):
+        sources = super()._lane_sources(m, a, result_header, counters)
+        with m.If(a.ctx.action == Action.SUM_RESULT):
+            m.d.comb += sources.carried.eq(0)
+        return sources
+
+
+class CarryLost(Aggregator):
+    """The real aggregator reading a partial's trailer flag only when the partial does not complete its slot."""
+
+    assembler_type = _CarryLostAssembler
+
+
+class _CarryCountedAssembler(OutputAssembler):
+    def _stage_b(self, m, advance, b_valid, done, counters):
+        super()._stage_b(m, advance, b_valid, done, counters)
+        saturations, s = counters[COUNTERS.index("saturations")], done.s
+        with m.If(advance & s.valid & s.end & ~s.bad & s.summing & (done.carried_acc | s.carried)):
+            m.d.sync += saturations.eq(saturations + 1)
+
+
+class CarryCounted(Aggregator):
+    """The real aggregator counting a summed partial whose trailer carries the overflow flag in saturations."""
+
+    assembler_type = _CarryCountedAssembler
+
+
+class _PartialsResendUncountedAssembler(OutputAssembler):
+    def _stage_b(self, m, advance, b_valid, done, counters):
+        super()._stage_b(m, advance, b_valid, done, counters)
+        partials, s = counters[COUNTERS.index("partials_emitted")], done.s
+        # A stored output: with the trailer, not summed.
+        with m.If(advance & s.valid & s.end & s.with_trailer & ~s.summing):
+            m.d.sync += partials.eq(partials)
+
+
+class PartialsResendUncounted(Aggregator):
+    """The real aggregator counting partials only as they complete a level, not a stored one sent again."""
+
+    assembler_type = _PartialsResendUncountedAssembler
 
 
 class PortMutant(wiring.Component):

