@@ -90,6 +90,25 @@ class Schedule:
 
 
 
+
+def _descend(state, state_ms, elements, moves, time_ms):
+    """First-improvement descent of the balanced routings: sweeps over `elements(state)` (listed once per
+    sweep), each taking the first of `moves(state, element)` (from the current state) that finishes sooner
+    than the current state by more than ROUTING_TOLERANCE_MS, until a sweep moves nothing or ROUTING_MOVES
+    moves are made; returns the last state."""
+    made, improved = 0, True
+    while improved and made < ROUTING_MOVES:
+        improved = False
+        for element in elements(state):
+            for trial in moves(state, element):
+                trial_ms = time_ms(trial)
+                if trial_ms < state_ms - ROUTING_TOLERANCE_MS:
+                    state, state_ms, improved, made = trial, trial_ms, True, made + 1
+                    break
+            if made == ROUTING_MOVES:
+                break
+    return state
+
 class CostModel:
     """Round times of cliques over a topology for one model size and capability setting.
 
@@ -401,23 +420,16 @@ class CostModel:
         hub, members = clique.aggregator, clique.members
         starts = [self._routes_of(self._tree(hub)[0], hub, members), self._bandwidth_tree(hub, members)]
         best_ms, parent = min(((self._aggregate_time_ms(clique, p)[0], p) for p in starts), key=lambda t: t[0])
-        moves, improved = 0, True
-        while improved and moves < ROUTING_MOVES:
-            improved = False
-            for city in sorted(parent):
-                if city not in parent:
-                    continue  # no longer on any member's route
-                for path in self._reroutes(city, hub):
-                    trial = self._moved(parent, city, path, hub, members)
-                    if trial is None:
-                        continue
-                    trial_ms = self._aggregate_time_ms(clique, trial)[0]
-                    if trial_ms < best_ms - ROUTING_TOLERANCE_MS:
-                        parent, best_ms, improved, moves = trial, trial_ms, True, moves + 1
-                        break
-                if moves == ROUTING_MOVES:
-                    break
-        return parent
+
+        def moves(parent, city):
+            if city not in parent:  # no longer on any member's route
+                return
+            for path in self._reroutes(city, hub):
+                trial = self._moved(parent, city, path, hub, members)
+                if trial is not None:
+                    yield trial
+
+        return _descend(parent, best_ms, sorted, moves, lambda trial: self._aggregate_time_ms(clique, trial)[0])
 
     def _ring_time_ms(self, members, routes, steps, bits):
         """A ring whose hops take `routes` ((edges, one-way ms) each, `bits` per hop): its time alone and loads."""
@@ -449,19 +461,13 @@ class CostModel:
         starts = [[self._route(self.topology.path(a, b)) for a, b in hops], self._bandwidth_ring(hops, steps, bits)]
         best_ms, routes = min(((self._ring_time_ms(members, r, steps, bits)[0], r) for r in starts),
                               key=lambda t: t[0])
-        moves, improved = 0, True
-        while improved and moves < ROUTING_MOVES:
-            improved = False
-            for i, (a, b) in enumerate(hops):
-                for path in self._reroutes(a, b):
-                    trial = routes[:i] + [self._route(path)] + routes[i + 1:]
-                    trial_ms = self._ring_time_ms(members, trial, steps, bits)[0]
-                    if trial_ms < best_ms - ROUTING_TOLERANCE_MS:
-                        routes, best_ms, improved, moves = trial, trial_ms, True, moves + 1
-                        break
-                if moves == ROUTING_MOVES:
-                    break
-        return routes
+
+        def moves(routes, i):
+            for path in self._reroutes(*hops[i]):
+                yield routes[:i] + [self._route(path)] + routes[i + 1:]
+
+        return _descend(routes, best_ms, lambda routes: range(len(hops)), moves,
+                        lambda trial: self._ring_time_ms(members, trial, steps, bits)[0])
 
     def _aggregate_on_tree(self, loads, clique, parent):
         """Loads of an aggregating clique whose members reach the root along `parent` pointers.
