@@ -332,6 +332,40 @@ def test_balanced_routing_keeps_the_short_path_when_moving_does_not_help():
     assert set(loads_by_edge(small, clique)) == {("F", "N"), ("N", "H"), ("H", "N"), ("N", "F")}
 
 
+def two_crossings():
+    """A and C reach S, S reaches T over 10 ms, T reaches B and D; every hop 1 ms. A's other way to B, by P,
+    and C's to D, by Q, are 1 + 11.5 ms against 12 through S and T: half a millisecond longer. Every link
+    1 Gb/s."""
+    return hand(["A", "B", "C", "D", "S", "T", "P", "Q"],
+                [("A", "S", 1, 1), ("C", "S", 1, 1), ("S", "T", 10, 1), ("T", "B", 1, 1), ("T", "D", 1, 1),
+                 ("A", "P", 1, 1), ("P", "B", 11.5, 1), ("C", "Q", 1, 1), ("Q", "D", 11.5, 1)])
+
+
+def test_balanced_routing_sends_one_of_two_cliques_of_a_round_the_other_way(monkeypatch):
+    """Cliques {A, B} summed at B and {C, D} summed at D in one round. By hand: alone, each is done soonest
+    through S and T (2 x 12 + V against 2 x 12.5 + V by its own detour), so routed alone both put a vector
+    on S -> T and on T -> S and the round takes 2 x 12 + 2V. Routed as a round, the first clique's A moves
+    to P: it takes 2 x 12.5 + V, the other clique 2 x 12 + V alone on S -- T, and the round 2 x 12.5 + V;
+    no move of C shortens that. Every figure of each clique alone stays as it was."""
+    first, second = Clique(("A", "B"), "B"), Clique(("C", "D"), "D")
+    islands = ["A", "B", "C", "D"]
+    model = CostModel(two_crossings(), islands, FULL_FRAMES_MODEL, routing="balanced")
+    assert model.clique_time_alone(first) == pytest.approx(2 * 12 + V_MS_AT_1G)
+    assert model.clique_time_alone(second) == pytest.approx(2 * 12 + V_MS_AT_1G)
+    assert model.clique_times([first, second]) == pytest.approx([2 * 12.5 + V_MS_AT_1G, 2 * 12 + V_MS_AT_1G])
+    assert model.round_time([first, second]) == pytest.approx(2 * 12.5 + V_MS_AT_1G)
+    edges = {index: edge for edge, index in model.edge_index.items()}
+    routed = [{edges[i] for i in profile.used} for profile in model.round_profiles([first, second])]
+    assert routed == [{("A", "P"), ("P", "B"), ("B", "P"), ("P", "A")},
+                      {("C", "S"), ("S", "T"), ("T", "D"), ("D", "T"), ("T", "S"), ("S", "C")}]
+    # Latency routing, and balanced routing with no moves allowed, leave both on S -- T.
+    assert CostModel(two_crossings(), islands, FULL_FRAMES_MODEL).round_time([first, second]) == \
+        pytest.approx(2 * 12 + 2 * V_MS_AT_1G)
+    monkeypatch.setattr(cost, "ROUTING_MOVES", 0)
+    assert CostModel(two_crossings(), islands, FULL_FRAMES_MODEL, routing="balanced").round_time(
+        [first, second]) == pytest.approx(2 * 12 + 2 * V_MS_AT_1G)
+
+
 def test_balanced_routing_fits_the_doublezero9_global_tree_in_three_levels():
     """Global clique at NYC, 100 MB, with reduction. By hand: FRA sending straight to LON (4.96 ms instead of
     3.56 through AMS) sums SIN's vector with its own, LON sums AMS's and FRA's with its own, TYO sums SEO's
@@ -371,6 +405,30 @@ def balanced_cliques(model, topology, groups):
         members = model.canonical(members)
         yield from (Clique(members, hub) for hub in topology.cities)
         yield Clique(model.ring_order(members), None, "ring")
+
+
+def balanced_rounds(model, topology, groups):
+    """Rounds of `balanced_cases`: every group but the first at each of the topology's first six cities
+    (by name), with the second group's ring."""
+    groups = [model.canonical(members) for members in groups[1:]]
+    for hub in sorted(topology.cities)[:6]:
+        yield [Clique(members, hub) for members in groups] + [Clique(model.ring_order(groups[0]), None, "ring")]
+
+
+def test_balanced_routing_of_a_round_is_never_slower_than_its_cliques_alone():
+    """For every round of `balanced_rounds`, with and without reduction: routed together its time is no
+    longer than with each clique's own balanced routes, and shorter in some (the generated topology's and
+    doublezero9's both have rounds where one clique steps off a link another needs)."""
+    shorter = 0
+    for topology, islands, groups in balanced_cases():
+        for reduce_in_path in (False, True):
+            model = CostModel(topology, islands, 100_000_000, reduce_in_path=reduce_in_path, routing="balanced")
+            for cliques in balanced_rounds(model, topology, groups):
+                alone = max(model.clique_time_alone(c) for c in cliques)
+                assert model.round_time(cliques) <= model._round_time_alone(cliques) + 1e-9
+                assert model.round_time(cliques) >= alone - 1e-9  # sharing never beats the slowest alone
+                shorter += model.round_time(cliques) < model._round_time_alone(cliques) - 1.0
+    assert shorter >= 10
 
 
 def test_balanced_routing_is_never_slower_and_stops_where_no_move_helps():
@@ -422,15 +480,15 @@ def test_balanced_routing_stops_by_itself(monkeypatch):
 
 
 def test_balanced_routing_is_deterministic():
-    """The cliques of `balanced_cases` routed in two fresh processes with different hash seeds give the same
-    propagation terms, loads and trees."""
+    """The cliques of `balanced_cases`, alone and in the rounds of `balanced_rounds`, routed in two fresh
+    processes with different hash seeds give the same propagation terms, loads and trees."""
     here = str(Path(__file__).parent)
     path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     outputs = {subprocess.run([sys.executable, "-c", "from test_plan import balanced_report; print(balanced_report())"],
                               capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": seed}).stdout
                for seed in ("1", "2")}
-    assert len(outputs) == 1 and "ring" in outputs.pop()
+    assert len(outputs) == 1 and "round Clique" in outputs.pop()
 
 
 def balanced_report():
@@ -442,6 +500,9 @@ def balanced_report():
             for clique in balanced_cliques(model, topology, groups):
                 profile = model.profile(clique)
                 lines.append(f"{clique} {profile.latency_ms!r} {profile.loads_bits.tolist()} {profile.tree}")
+            for cliques in balanced_rounds(model, topology, groups):
+                for clique, profile in zip(cliques, model.round_profiles(cliques)):
+                    lines.append(f"round {clique} {profile.latency_ms!r} {profile.loads_bits.tolist()} {profile.tree}")
     return "\n".join(lines)
 
 

@@ -31,9 +31,10 @@ ROUTINGS = ("latency", "bandwidth", "balanced")
 CANDIDATE_PATHS = 4
 """Bandwidth-aware routing chooses among this many latency-shortest simple paths per transfer."""
 ROUTING_MOVES = 100
-"""Balanced routing re-routes at most this many flows per clique (each move strictly shortens the clique)."""
+"""Balanced routing re-routes at most this many flows per clique, then as many per round (each move strictly
+shortens the clique, then the round)."""
 ROUTING_TOLERANCE_MS = 1e-9
-"""A move must shorten the clique by more than this to count, so rounding cannot make it cycle."""
+"""A move must shorten the clique (the round) by more than this to count, so rounding cannot make it cycle."""
 EXHAUSTIVE_AGGREGATOR_LIMIT = 2048
 """Aggregator assignments of a round tried exhaustively up to this many combinations."""
 SHORTLIST = 6
@@ -122,7 +123,7 @@ class CostModel:
     root sum what it forwards. `routing` is "latency" (fixed latency-shortest paths, as DoubleZero's
     controller routes), "bandwidth" (each transfer takes the candidate path that completes soonest, in
     turn) or "balanced" (from the better of those two, flows are re-routed one at a time while that
-    shortens the clique).
+    shortens the clique, then, among the cliques of a round, while that shortens the round).
     `host_nic_gbps` limits every island's host NIC, in and out (None: unlimited). `host_tree` offers the
     host-side tree all-reduce among each clique's options (it is always available as a baseline).
     """
@@ -176,6 +177,8 @@ class CostModel:
         self._host_trees = {}
         self._best_rounds = {}
         self._reroute_paths = {}
+        self._balanced_routes = {}
+        self._round_profiles = {}
 
     def latency_ms(self, a, b):
         return self.topology.latency_ms(a, b)
@@ -420,6 +423,12 @@ class CostModel:
         hub, members = clique.aggregator, clique.members
         starts = [self._routes_of(self._tree(hub)[0], hub, members), self._bandwidth_tree(hub, members)]
         best_ms, parent = min(((self._aggregate_time_ms(clique, p)[0], p) for p in starts), key=lambda t: t[0])
+        return _descend(parent, best_ms, sorted, self._tree_moves(clique),
+                        lambda trial: self._aggregate_time_ms(clique, trial)[0])
+
+    def _tree_moves(self, clique):
+        """The balanced moves of an aggregating clique: (parent, city) -> each tree with `city` re-routed."""
+        hub, members = clique.aggregator, clique.members
 
         def moves(parent, city):
             if city not in parent:  # no longer on any member's route
@@ -428,8 +437,7 @@ class CostModel:
                 trial = self._moved(parent, city, path, hub, members)
                 if trial is not None:
                     yield trial
-
-        return _descend(parent, best_ms, sorted, moves, lambda trial: self._aggregate_time_ms(clique, trial)[0])
+        return moves
 
     def _ring_time_ms(self, members, routes, steps, bits):
         """A ring whose hops take `routes` ((edges, one-way ms) each, `bits` per hop): its time alone and loads."""
@@ -462,12 +470,15 @@ class CostModel:
         best_ms, routes = min(((self._ring_time_ms(members, r, steps, bits)[0], r) for r in starts),
                               key=lambda t: t[0])
 
+        return _descend(routes, best_ms, lambda routes: range(len(hops)), self._ring_moves(hops),
+                        lambda trial: self._ring_time_ms(members, trial, steps, bits)[0])
+
+    def _ring_moves(self, hops):
+        """The balanced moves of a ring: (routes, i) -> each routing with hop i on another of `_reroutes`."""
         def moves(routes, i):
             for path in self._reroutes(*hops[i]):
                 yield routes[:i] + [self._route(path)] + routes[i + 1:]
-
-        return _descend(routes, best_ms, lambda routes: range(len(hops)), moves,
-                        lambda trial: self._ring_time_ms(members, trial, steps, bits)[0])
+        return moves
 
     def _aggregate_on_tree(self, loads, clique, parent):
         """Loads of an aggregating clique whose members reach the root along `parent` pointers.
@@ -646,7 +657,7 @@ class CostModel:
                 elif self.routing == "bandwidth":
                     parent = self._bandwidth_tree(hub, members)
                 else:
-                    parent = self._balanced_tree(clique)
+                    parent = self._balanced_routes[clique] = self._balanced_tree(clique)
                 tree = self._aggregate_on_tree(loads, clique, parent)
                 if self.routing != "latency":
                     latency = max(2 * self._route_latency_ms(parent, m, hub) for m in members)
@@ -659,23 +670,21 @@ class CostModel:
                 copies = 1 if self._replicates[sender] else k - 1
                 self._charge_nic(loads, sender, (k - 1) * self.vector_bits, copies * self.vector_bits)
         elif clique.exchange == RING:
-            # Reduce-scatter then all-gather: 2(k-1) steps, each moving a 1/k chunk to the next member.
-            steps = 2 * (k - 1)
-            chunk_bits = 8 * wire_bytes(-(-self.model_bytes // k))
-            hops = list(zip(members, members[1:] + members[:1]))
+            hops, steps, bits = self._ring_shape(members)
             if self.routing == "latency":
                 latency = steps * max(self.latency_ms(a, b) for a, b in hops)
                 for a, b in hops:
-                    self._add_path(loads, a, b, steps * chunk_bits)
+                    self._add_path(loads, a, b, bits)
             else:
-                bits = steps * chunk_bits
-                routes = (self._bandwidth_ring(hops, steps, bits) if self.routing == "bandwidth"
-                          else self._balanced_ring(members, hops, steps, bits))
+                if self.routing == "bandwidth":
+                    routes = self._bandwidth_ring(hops, steps, bits)
+                else:
+                    routes = self._balanced_routes[clique] = self._balanced_ring(members, hops, steps, bits)
                 for edges, _ in routes:
                     loads[edges] += bits
                 latency = steps * max(ms for _, ms in routes)
             for member in members:
-                self._charge_nic(loads, member, steps * chunk_bits, steps * chunk_bits)
+                self._charge_nic(loads, member, bits, bits)
         elif clique.exchange == HOST_TREE:
             latency = self._host_tree(loads, members)
         else:
@@ -683,6 +692,13 @@ class CostModel:
         result = _Profile(latency, loads, np.flatnonzero(loads), tree)
         self._profiles[clique] = result
         return result
+
+    def _ring_shape(self, members):
+        """A ring's hops in order, its steps and the bits each hop carries over all of them: reduce-scatter
+        then all-gather, 2(k-1) steps, each moving a 1/k chunk to the next member."""
+        k = len(members)
+        steps = 2 * (k - 1)
+        return list(zip(members, members[1:] + members[:1])), steps, steps * 8 * wire_bytes(-(-self.model_bytes // k))
 
     def ring_order(self, members):
         """A ring order with short hops; the longest sets the ring's latency (2(k-1) times it).
@@ -763,15 +779,65 @@ class CostModel:
     # -- one round -------------------------------------------------------------------------------
     def clique_times(self, cliques):
         """Each clique's time in a round where all of them run at once and share links and aggregators."""
-        if not cliques:
-            return []
-        profiles = [self.profile(c) for c in cliques]
+        return self._times(self.round_profiles(cliques)) if cliques else []
+
+    def _times(self, profiles):
+        """Each clique's time, from its profile, when these profiles share the resources."""
         seconds = sum(p.loads_bits for p in profiles) / self.capacity_bps
         return [p.latency_ms + (1e3 * float(seconds[p.used].max()) if p.used.size else 0.0) for p in profiles]
+
+    def round_profiles(self, cliques):
+        """Each clique's profile in a round where all of them run at once.
+
+        Latency and bandwidth routing route each clique alone (`profile`). Balanced routing starts there
+        too, from each clique's own balanced routes, then re-routes flows of any aggregating or ring clique
+        of the round with the same moves, scored by the round's time (its slowest clique: propagation plus
+        the busiest resource it shares with the others): sweeps over the cliques in round order, their
+        routed cities in name order or hops in ring order, each taking its first move that shortens the
+        round by more than ROUTING_TOLERANCE_MS, at most ROUTING_MOVES moves (`_descend`). So a clique
+        can step off a link another clique of its round needs, and the round is never slower than its
+        cliques routed alone.
+        """
+        profiles = [self.profile(c) for c in cliques]
+        key = tuple(cliques)
+        if self.routing != "balanced" or len(key) < 2 or not any(c in self._balanced_routes for c in key):
+            return profiles
+        if key not in self._round_profiles:
+            start = tuple((p, self._balanced_routes.get(c)) for c, p in zip(key, profiles))
+            movers = [self._tree_moves(c) if c.exchange == AGGREGATE
+                      else self._ring_moves(self._ring_shape(c.members)[0]) for c in key]
+
+            def elements(state):
+                return [(i, element) for i, (_, routes) in enumerate(state) if routes is not None
+                        for element in (sorted(routes) if key[i].exchange == AGGREGATE else range(len(routes)))]
+
+            def moves(state, element):
+                i, item = element
+                for routes in movers[i](state[i][1], item):
+                    yield state[:i] + ((self._routed_profile(key[i], routes), routes),) + state[i + 1:]
+
+            end = _descend(start, max(self._times(profiles)), elements, moves,
+                           lambda state: max(self._times([p for p, _ in state])))
+            self._round_profiles[key] = [p for p, _ in end]
+        return self._round_profiles[key]
+
+    def _routed_profile(self, clique, routes):
+        """The profile of a balanced clique given its routes (parent pointers to its root, or its ring hops')."""
+        if clique.exchange == AGGREGATE:
+            _, loads, tree, latency = self._aggregate_time_ms(clique, routes)
+        else:
+            _, steps, bits = self._ring_shape(clique.members)
+            loads, tree = self._ring_time_ms(clique.members, routes, steps, bits)[1], None
+            latency = steps * max(ms for _, ms in routes)
+        return _Profile(latency, loads, np.flatnonzero(loads), tree)
 
     def round_time(self, cliques):
         """Time of a round whose cliques run at once and share links: its slowest clique's."""
         return max(self.clique_times(cliques), default=0.0)
+
+    def _round_time_alone(self, cliques):
+        """A round's time with each clique routed alone, as options are compared."""
+        return max(self._times([self.profile(c) for c in cliques]))
 
     def best_round(self, groups):
         """Cliques for these member groups with the combination of options that finishes soonest.
@@ -800,6 +866,8 @@ class CostModel:
                 cliques, duration = self._assign_exhaustively(option_lists)
             else:
                 cliques, duration = self._assign_by_descent(option_lists)
+            if self.routing == "balanced":  # options are compared routed alone; the chosen ones routed together
+                duration = self.round_time(cliques)
             result = (cliques, duration, exhaustive)
         self._best_rounds[key] = result
         return result
@@ -828,7 +896,7 @@ class CostModel:
 
     def _assign_by_descent(self, option_lists):
         chosen = [min(options, key=self.clique_time_alone) for options in option_lists]
-        duration = self.round_time(chosen)
+        duration = self._round_time_alone(chosen)
         for _ in range(3):
             improved = False
             for c, options in enumerate(option_lists):
@@ -836,7 +904,7 @@ class CostModel:
                     if option == chosen[c]:
                         continue
                     trial = chosen[:c] + [option] + chosen[c + 1:]
-                    trial_time = self.round_time(trial)
+                    trial_time = self._round_time_alone(trial)
                     if trial_time < duration - 1e-9:
                         chosen, duration, improved = trial, trial_time, True
             if not improved:

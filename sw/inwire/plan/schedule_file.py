@@ -24,9 +24,10 @@ def _rounds_json(schedule, model=None):
     for cliques, duration in zip(schedule.rounds, schedule.round_times_ms):
         entries = [{"members": list(c.members), "aggregator": c.aggregator, "exchange": c.exchange} for c in cliques]
         if model is not None:
-            for entry, clique, clique_ms in zip(entries, cliques, model.clique_times(cliques)):
+            profiles = model.round_profiles(cliques)
+            for entry, profile, clique_ms in zip(entries, profiles, model.clique_times(cliques)):
                 entry["time_ms"] = round(clique_ms, 6)
-                tree = model.profile(clique).tree
+                tree = profile.tree
                 if tree is not None:
                     entry["tree"] = tree
         rounds.append({"cliques": entries, "time_ms": round(duration, 6)})
@@ -277,8 +278,8 @@ def format_plan(plan):
     for i, (cliques, duration) in enumerate(zip(best.rounds, best.round_times_ms), 1):
         lines.append(f"  round {i} ({duration:,.1f} ms): {describe_round(cliques)}")
         if model is not None and plan.reduce_in_path:
-            for clique in cliques:
-                tree = model.profile(clique).tree
+            for clique, profile in zip(cliques, model.round_profiles(cliques)):
+                tree = profile.tree
                 if tree:
                     lines.append(f"    summed on the way to {clique.aggregator}: " +
                                  ", ".join(f"{city}->{parent}" for city, parent in sorted(tree.items())))

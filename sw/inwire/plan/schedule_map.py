@@ -139,12 +139,17 @@ def link_pieces(lon_a, lat_a, lon_b, lat_b, west):
 # ---------------------------------------------------------------------------------------------------
 # What each clique uses
 
-def clique_hops(topology, clique, model=None):
-    """Undirected city pairs the clique's traffic crosses: from the cost model's loads when given, else the
-    latency-shortest paths of its exchange."""
+def _round_profile(model, clique, cliques):
+    """The clique's profile as routed in its round `cliques` (balanced routing routes a round together)."""
+    return model.round_profiles(cliques)[list(cliques).index(clique)] if cliques else model.profile(clique)
+
+
+def clique_hops(topology, clique, model=None, cliques=()):
+    """Undirected city pairs the clique's traffic crosses: from the cost model's loads in its round `cliques`
+    when given, else the latency-shortest paths of its exchange."""
     if model is not None:
         edges = {index: edge for edge, index in model.edge_index.items()}
-        used = model.profile(clique).used
+        used = _round_profile(model, clique, cliques).used
         return sorted({tuple(sorted(edges[i])) for i in used if i in edges})
     if clique.exchange == AGGREGATE:
         pairs = [(m, clique.aggregator) for m in clique.members if m != clique.aggregator]
@@ -158,11 +163,12 @@ def clique_hops(topology, clique, model=None):
                    for hop in zip(topology.path(a, b), topology.path(a, b)[1:])})
 
 
-def summing_cities(clique, model=None):
-    """Cities below the root that sum what they forward (in-path reduction), from the cost model's tree."""
+def summing_cities(clique, model=None, cliques=()):
+    """Cities below the root that sum what they forward (in-path reduction), from the cost model's tree in
+    the clique's round `cliques`."""
     if model is None or clique.exchange != AGGREGATE:
         return []
-    tree = model.profile(clique).tree or {}
+    tree = _round_profile(model, clique, cliques).tree or {}
     return sorted(set(tree.values()) - {clique.aggregator})
 
 
@@ -341,7 +347,7 @@ def schedule_map_figure(topology, schedule, title, model=None):
             _draw_base(axis, topology, west, extent, outlines)
 
             # Routes, side by side where cliques share a link.
-            hops = [clique_hops(topology, clique, model) for clique in cliques]
+            hops = [clique_hops(topology, clique, model, cliques) for clique in cliques]
             sharing = {}
             for number, used in enumerate(hops):
                 for hop in used:
@@ -381,7 +387,7 @@ def schedule_map_figure(topology, schedule, title, model=None):
                 mark_box(x, city.lat, 4.5)
             for number, clique in enumerate(cliques):
                 colour = plotstyle.style(number)[0]
-                for name in summing_cities(clique, model):
+                for name in summing_cities(clique, model, cliques):
                     x = unwrap(cities[name].lon, west)
                     axis.plot([x], [cities[name].lat], marker="D", markersize=9, linestyle="none", color=colour,
                               markeredgecolor="black", markeredgewidth=0.8, zorder=5)
@@ -448,7 +454,7 @@ def _mark_handles(topology, cities, islands, rounds, model, replicates, aggregat
         handles.append(Line2D([], [], marker="*", linestyle="none", color=plotstyle.OKABE_ITO["blue"],
                               markeredgecolor="black", markersize=15,
                               label="aggregation city: sums the clique in line"))
-    if any(summing_cities(c, model) for cliques in rounds for c in cliques):
+    if any(summing_cities(c, model, cliques) for cliques in rounds for c in cliques):
         handles.append(Line2D([], [], marker="D", linestyle="none", color=plotstyle.OKABE_ITO["blue"],
                               markeredgecolor="black", markersize=8, label="sums what it forwards (in-path reduction)"))
     multicasting = [name for name in cities if replicates(name)]
