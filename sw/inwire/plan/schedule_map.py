@@ -429,7 +429,7 @@ def schedule_map_figure(topology, schedule, title, model=None):
                       fontsize=9.5, handlelength=2.8, columnspacing=1.6).set_gid("marks")
         routing = getattr(model, "routing", "latency")
         described = {"latency": "latency-shortest paths", "bandwidth": "bandwidth-aware paths",
-                     "balanced": "paths balanced to shorten each clique"}
+                     "balanced": "paths balanced to shorten each round"}
         notes = [f"routes: {described[routing]}"
                  + (" as the cost model charges them" if model is not None else ""),
                  "a line leaving one edge comes back at the other (the map is cut where the fewest links cross)"]
