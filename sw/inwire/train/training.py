@@ -766,9 +766,13 @@ def format_study(study):
 
 
 STRATEGY_COLOURS = {
-    # Okabe-Ito hues (plotstyle); yellow does not show on white, so of nine strategies two share one: global
-    # and global-equal, its equal-budget control. The planner's two schedules get vermillion and black.
+    # Okabe-Ito hues (plotstyle); yellow does not show on white, so of eleven strategies some share one: global
+    # and global-equal, its equal-budget control; the text study's sync and host-tree with the digits study's
+    # random and gossip (the two studies' default strategies never meet in one figure). The planner's two
+    # schedules get vermillion and black.
     "none": plotstyle.DARK_GREY,
+    "sync": plotstyle.OKABE_ITO["reddish purple"],
+    "host-tree": plotstyle.OKABE_ITO["orange"],
     "global": plotstyle.OKABE_ITO["blue"],
     "global-equal": plotstyle.OKABE_ITO["blue"],
     "hierarchical": plotstyle.OKABE_ITO["bluish green"],
