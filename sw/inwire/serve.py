@@ -508,11 +508,11 @@ def _is_local_address(host):
 
 
 _SERVICE_OPCODES = frozenset((int(Opcode.RESULT), int(Opcode.STATS_REQUEST)))
+"""Opcodes that the service itself looks at before the aggregator."""
 _PARTIAL, _RESULT = int(Opcode.PARTIAL), int(Opcode.RESULT)
 _LEARNED_OPCODES = frozenset((int(Opcode.CONTRIBUTION), _PARTIAL))
 """Opcodes whose sender the service learns for unicast copies, when the aggregator takes or answers them."""
 _ACCUMULATED, _ANSWERED = int(Disposition.ACCUMULATED), int(Disposition.ANSWERED)
-"""Opcodes that the service itself looks at before the aggregator."""
 _GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
 
 
