@@ -2,10 +2,12 @@
 `codec.quantize`): the same exponent and the same int32 elements, bit for bit, on random and adversarial
 vectors, at every bound and fan-in that matters; and the fast decoder (`decode`) against its definition
 (`decode_definition`, through `codec.dequantize`): the same float32 average, bit for bit, at every exponent
-and fan-in that matters."""
+and fan-in that matters. Each comparison runs both ways of computing: the compiled kernel (`inwire._fastpath`,
+as the client runs) and numpy (where it is not built); under CI=true a missing kernel fails."""
 
 import inspect
 import math
+import os
 import textwrap
 
 import numpy as np
@@ -15,6 +17,28 @@ from inwire.codec import EXPONENT_MAX, EXPONENT_MIN, choose_exponent
 from inwire.protocol import INT32_MAX
 from inwire.train import codec_average
 from inwire.train.codec_average import decode, decode_definition, encode, encode_definition
+
+
+def require_compiled():
+    if codec_average.compiled is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the compiled kernel inwire._fastpath is not built (make setup builds it)")
+        pytest.skip("the compiled kernel inwire._fastpath is not built")
+
+
+@pytest.fixture(params=["c", "numpy"])
+def backend(request, monkeypatch):
+    if request.param == "numpy":
+        monkeypatch.setattr(codec_average, "compiled", None)
+    else:
+        require_compiled()
+    return request.param
+
+
+@pytest.fixture
+def numpy_only(monkeypatch):
+    """The numpy path, whose source the tamper tests edit."""
+    monkeypatch.setattr(codec_average, "compiled", None)
 
 
 def adversarial(bound, fanin, rng):
@@ -34,7 +58,7 @@ def adversarial(bound, fanin, rng):
 
 @pytest.mark.parametrize("bound", [16.0, 1.0, 1e-3, 2.0**-100, 3e6, 2.0**90])
 @pytest.mark.parametrize("fanin", [1, 2, 3, 9, 64])
-def test_the_fast_encoder_equals_its_definition(bound, fanin, monkeypatch):
+def test_the_fast_encoder_equals_its_definition(bound, fanin, monkeypatch, backend):
     """In either byte order, across blocks (a block of 500 here, so that blocks and a short last one are
     crossed)."""
     monkeypatch.setattr(codec_average, "ENCODE_BLOCK", 500)
@@ -49,7 +73,7 @@ def test_the_fast_encoder_equals_its_definition(bound, fanin, monkeypatch):
         assert np.array_equal(fast[1], definition[1])
 
 
-def test_values_that_do_not_fit_take_the_definition_and_say_how_far():
+def test_values_that_do_not_fit_take_the_definition_and_say_how_far(backend):
     values = np.array([1.0, -5000.0, 3.0], dtype=np.float32)
     definition = encode_definition(values, 1.0, 3)
     for dtype in (np.dtype(np.int32), np.dtype(">i4")):
@@ -58,7 +82,7 @@ def test_values_that_do_not_fit_take_the_definition_and_say_how_far():
         assert fast[1].dtype == dtype
 
 
-def test_an_empty_vector_and_bad_values():
+def test_an_empty_vector_and_bad_values(backend):
     assert np.array_equal(encode(np.zeros(0, np.float32), 16.0, 2)[1], encode_definition(np.zeros(0), 16.0, 2)[1])
     for bad in (np.nan, np.inf, -np.inf):
         with pytest.raises(ValueError, match="NaN or infinity"):
@@ -68,9 +92,9 @@ def test_an_empty_vector_and_bad_values():
 @pytest.mark.parametrize("original, replacement, beyond", [
     ("        np.rint(scaled, out=scaled)\n", "", 0.0),
     ("np.multiply(block, factor", "np.multiply(block.astype(np.float16), factor", 0.0),
-    ("> math.ldexp(INT32_MAX, exponent)", "> 2 * math.ldexp(INT32_MAX, exponent)", 1.5),
+    ("high) > math.ldexp(INT32_MAX, exponent)", "high) > 2 * math.ldexp(INT32_MAX, exponent)", 1.5),
 ])
-def test_a_tampered_fast_encoder_is_caught(original, replacement, beyond):
+def test_a_tampered_fast_encoder_is_caught(original, replacement, beyond, numpy_only):
     """The comparison sees a fast encoder that truncates instead of rounding, scales in float16, or keeps
     values beyond the limit on the fast path."""
     source = textwrap.dedent(inspect.getsource(codec_average.encode))
@@ -87,6 +111,27 @@ def test_a_tampered_fast_encoder_is_caught(original, replacement, beyond):
         assert not np.array_equal(tampered(values, 16.0, 3)[1], encode_definition(values, 16.0, 3)[1])
 
 
+@pytest.mark.parametrize("original, replacement, beyond", [
+    ("math.ldexp(1.0, -exponent), elements[:-1]", "math.ldexp(1.0, 1 - exponent), elements[:-1]", 0.0),
+    ('dtype.byteorder == ">" or', 'dtype.byteorder == "<" or', 0.0),
+    ("if peak > math.ldexp(INT32_MAX, exponent)", "if peak > 2 * math.ldexp(INT32_MAX, exponent)", 1.5),
+])
+def test_a_tampered_compiled_encoder_is_caught(original, replacement, beyond):
+    """The same comparison sees the compiled path scale by the wrong power of two, write the wrong byte order,
+    or keep clamped elements of values beyond the limit."""
+    require_compiled()
+    source = textwrap.dedent(inspect.getsource(codec_average.encode))
+    assert source.count(original) == 1, original
+    namespace = {}
+    exec(compile(source.replace(original, replacement), codec_average.__file__, "exec"), vars(codec_average),
+         namespace)
+    values = adversarial(16.0, 3, np.random.default_rng(1))
+    if beyond:
+        values = np.append(values, np.float32(beyond * math.ldexp(INT32_MAX, choose_exponent(16.0, 3))))
+    assert not np.array_equal(namespace["encode"](values, 16.0, 3, np.dtype(">i4"))[1],
+                              encode_definition(values, 16.0, 3)[1])
+
+
 def adversarial_sums(rng, length=3000):
     """int32 sums at and around the limits, zero, ones, powers of two and their neighbours, and random ones,
     ending with a zero doublings element."""
@@ -98,7 +143,7 @@ def adversarial_sums(rng, length=3000):
 
 @pytest.mark.parametrize("exponent", [EXPONENT_MIN, -127, -100, -31, -20, -1, 0, 1, 30, 96, EXPONENT_MAX])
 @pytest.mark.parametrize("fanin", [1, 2, 3, 7, 9, 64])
-def test_the_fast_decoder_equals_its_definition(exponent, fanin, monkeypatch):
+def test_the_fast_decoder_equals_its_definition(exponent, fanin, monkeypatch, backend):
     """Bit for bit, from native and big-endian int32 sums (as the client reads them off the wire) and int64
     ones (the in-process aggregate), across blocks (a block of 1000 here, so that blocks and a short last one
     are crossed)."""
@@ -118,7 +163,7 @@ def test_the_fast_decoder_equals_its_definition(exponent, fanin, monkeypatch):
     assert np.shares_memory(in_place, wire) and np.array_equal(in_place.view(np.int32), expected.view(np.int32))
 
 
-def test_the_fast_decoder_asks_for_the_same_bound_and_refuses_the_same_inputs():
+def test_the_fast_decoder_asks_for_the_same_bound_and_refuses_the_same_inputs(backend):
     sums = adversarial_sums(np.random.default_rng(3), 10)
     for overflow, doublings in ((True, 0), (False, 3), (True, 2)):
         sums[-1] = doublings
@@ -139,7 +184,7 @@ def test_the_fast_decoder_asks_for_the_same_bound_and_refuses_the_same_inputs():
     ("        np.divide(block, fanin, out=block)\n", ""),
     ("last = min(first + DECODE_BLOCK, elements)", "last = min(first + DECODE_BLOCK, elements - 1)"),
 ])
-def test_a_tampered_fast_decoder_is_caught(original, replacement):
+def test_a_tampered_fast_decoder_is_caught(original, replacement, numpy_only):
     """The comparison sees a fast decoder that works in float32, forgets the fan-in, or leaves the last
     element out."""
     source = textwrap.dedent(inspect.getsource(codec_average.decode))

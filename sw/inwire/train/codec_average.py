@@ -3,17 +3,20 @@
 The member side (`encode`, `decode`) is what `UdpCliqueExchange` sends and reads; `clique_average` puts the
 aggregator's sum (int32, saturating at every contribution as the golden model and the gateware do) between
 them, so a study that simulates islands in one process gets bit for bit the average the aggregator gives.
-Numpy only: no torch.
+Numpy (and the compiled kernel `inwire._fastpath` where it is built) only: no torch.
 """
 
 import math
+import sys
 
 import numpy as np
 
 from ..codec import EXPONENT_MIN, choose_exponent, dequantize, quantize
 from ..errors import InwireError
-from ..protocol import INT32_MAX, INT32_MIN
+from ..fastpath import compiled
+from ..protocol import ELEMENT_BYTES, INT32_MAX, INT32_MIN
 
+BIG_ENDIAN_HOST = sys.byteorder == "big"
 ATTEMPTS = 7
 """Re-sends at a raised bound before giving up; also the stride of protocol round numbers per round: round r's
 attempt a is protocol round 7r + a. Odd, so that a member's consecutive sums (round r and r + 1, attempts a
@@ -58,6 +61,20 @@ def encode(values, bound, fanin, dtype=np.int32):
     take the definition."""
     values = np.asarray(values, dtype=np.float32)
     exponent = choose_exponent(bound, fanin)
+    dtype = np.dtype(dtype)
+    if compiled is not None and exponent > EXPONENT_MIN and dtype.kind == "i" and dtype.itemsize == ELEMENT_BYTES:
+        # One compiled pass: scaled, rounded and converted while the extremes are found.
+        values = np.ascontiguousarray(values)
+        elements = np.empty(len(values) + 1, dtype=dtype)
+        peak, finite = compiled.quantize(values, math.ldexp(1.0, -exponent), elements[:-1],
+                                         dtype.byteorder == ">" or (dtype.byteorder == "=" and BIG_ENDIAN_HOST))
+        if not finite:
+            raise ValueError("values contain NaN or infinity")
+        if peak > math.ldexp(INT32_MAX, exponent):
+            exponent, elements = encode_definition(values, bound, fanin)
+            return exponent, elements.astype(dtype, copy=False)
+        elements[-1] = 0
+        return exponent, elements
     if values.size:
         low, high = float(values.min()), float(values.max())
         if not (math.isfinite(low) and math.isfinite(high)):
@@ -114,8 +131,13 @@ def decode(sums, overflow, exponent, fanin, bound, out=None):
     average = np.empty(elements, dtype=np.float32) if out is None else out
     if average.dtype != np.float32 or average.shape != (elements,):
         raise ValueError(f"out must be {elements} float32, got {average.shape} {average.dtype}")
-    scratch = np.empty(min(elements, DECODE_BLOCK), dtype=np.float64)
     scale = math.ldexp(1.0, exponent)
+    if compiled is not None and sums.dtype.itemsize == ELEMENT_BYTES and sums.dtype.kind == "i" \
+            and sums.flags.c_contiguous and average.flags.c_contiguous:
+        compiled.dequantize(sums[:-1], scale, fanin, average,
+                            sums.dtype.byteorder == ">" or (sums.dtype.byteorder == "=" and BIG_ENDIAN_HOST))
+        return average, bound
+    scratch = np.empty(min(elements, DECODE_BLOCK), dtype=np.float64)
     for first in range(0, elements, DECODE_BLOCK):
         last = min(first + DECODE_BLOCK, elements)
         block = scratch[:last - first]
