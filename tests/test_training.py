@@ -13,8 +13,12 @@ from inwire.train.training import (  # noqa: E402
     Strategy,
     TrainConfig,
     compare,
+    format_study,
+    format_verdicts,
     gossip_rounds,
     plan_strategies,
+    random_rounds,
+    run_study,
     run_training,
     sign_test_p,
     split_data,
@@ -22,6 +26,11 @@ from inwire.train.training import (  # noqa: E402
 )
 
 ISLANDS = ("LON", "AMS", "FRA", "NYC")
+
+
+def partitions(rounds):
+    """Rounds as sets of member sets: the planner's evaluation may put a clique's members in another order."""
+    return [{frozenset(members) for members in round_} for round_ in rounds]
 SMALL = dict(islands=ISLANDS, steps=40, local_steps=10, model_bytes=100_000_000, step_ms=50.0)
 
 
@@ -48,13 +57,58 @@ def test_time_is_reproducible_run_to_run():
 
 
 def test_equal_budget_control_spends_what_the_schedule_spends():
-    islands, strategies, _ = plan_strategies("doublezero9", (), 100_000_000, 1e-3, 300, 10, 100.0)
+    islands, strategies, _ = plan_strategies("doublezero9", (), 100_000_000, 1e-3, 300, 10, 100.0, "ideal", 0)
     schedule, equal, plain = strategies["schedule"], strategies["global-equal"], strategies["global"]
     budget = schedule.communication_ms(300 // 10)
     spent = equal.communication_ms(300 // equal.period)
     assert equal.groups == plain.groups and equal.period > plain.period
     assert abs(spent - budget) <= plain.round_times_ms[0] / 2, "within half a global round of the budget"
     assert equal.detail["budget_ms"] == budget
+
+
+def test_the_seed_draws_the_random_partitions_and_seeds_the_planner(monkeypatch):
+    from inwire.train import training
+
+    seeds = []
+
+    def plan_schedule(*args, seed, **kwargs):
+        seeds.append(seed)
+        return planner(*args, seed=seed, **kwargs)
+
+    planner = training.plan_schedule
+    monkeypatch.setattr(training, "plan_schedule", plan_schedule)
+    plan_strategies.cache_clear()
+    randoms = []
+    for seed in (3, 4):
+        report = run_training(TrainConfig(**SMALL, seed=seed, strategies=("random",)))
+        randoms.append(partitions(report["strategies"]["random"]["rounds"]))
+        assert randoms[-1] == partitions(random_rounds(list(ISLANDS), seed))
+    assert randoms[0] != randoms[1]
+    assert seeds == [3, 3, 4, 4], "both plans (schedule and schedule-h) of each seed are searched with that seed"
+    plan_strategies.cache_clear()
+
+
+def test_the_study_reports_what_varies_by_seed_and_none_in_every_verdict_table():
+    study = run_study(TrainConfig(**SMALL), seeds=(0, 1))
+    (cell,) = study["cells"]
+    assert list(cell["schedule_vs"]) == ["none", "global", "global-equal", "hierarchical", "ring", "gossip",
+                                         "random", "schedule-h"]
+    header = format_verdicts(study).splitlines()[0]
+    assert header.split(" | ")[7:9] == ["none", "global"], "none is the first verdict column"
+    # The random strategy draws other partitions per seed: reported per seed, never one seed's for all.
+    random = cell["strategies"]["random"]
+    assert "rounds" not in random
+    assert list(map(partitions, random["per_seed"]["rounds"])) == [partitions(random_rounds(list(ISLANDS), seed))
+                                                                    for seed in (0, 1)]
+    assert random["period"] == 10
+    # Where the planner's search gives other rounds per seed, the verdicts name every kind and the cell's
+    # table the range of its objectives.
+    schedule = cell["strategies"]["schedule"]
+    schedule["per_seed"] = {"rounds": [schedule.pop("rounds"), [[list(ISLANDS[:2]), list(ISLANDS[2:])]]]}
+    assert "| 1 round of 2+2; global clique |" in format_verdicts(study)
+    cell["summary"]["schedule"]["local_step_objective_ms_per_seed"] = [1234.0, 2500.0]
+    (row,) = [line for line in format_study(study).splitlines() if line.startswith("| schedule |")]
+    assert "| 1.23–2.50 |" in row
 
 
 def test_communication_follows_the_rounds_in_order():

@@ -335,7 +335,7 @@ def _cell(settings, h, runs, target):
     cell["schedule_vs"] = {other: compare(runs, "schedule", other, target, "loss")
                            for other in settings.strategies if other != "schedule"}
     for name in cell["summary"]:
-        cell["summary"][name].pop("local_step_objective_ms")
+        cell["summary"][name].pop("local_step_objective_ms_per_seed")
     return cell
 
 

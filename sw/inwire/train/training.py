@@ -13,7 +13,8 @@ the charged model's FLOPs and a device rate), and each sync the time of its roun
 model for the charged model size. Wall clock is never read, so identical work costs identical time under
 every strategy.
 
-Strategies, all through the same simulator, same data, same initialization and batches per seed:
+Strategies, all through the same simulator, same data, same initialization and batches per seed; the seed
+also draws the random strategy's partitions and seeds the planner's search:
 - `none`: never synchronize;
 - `global`: one clique of every island every H steps (the planner's `global` baseline);
 - `global-equal`: the global clique every H' steps, H' chosen so that its total communication time over
@@ -209,14 +210,17 @@ def random_rounds(islands, seed, count=RANDOM_ROUNDS):
     return rounds
 
 
-@functools.lru_cache(maxsize=32)
-def plan_strategies(topology, islands, model_bytes, epsilon, steps, period, step_ms, aggregator="ideal"):
-    """Every strategy's rounds and round times in the planner's cost model, plus the plans' summaries."""
+# A study plans every seed of every charged setting once; cells that differ in the data split or the outer
+# step come back to the same plans.
+@functools.lru_cache(maxsize=1024)
+def plan_strategies(topology, islands, model_bytes, epsilon, steps, period, step_ms, aggregator, seed):
+    """Every strategy's rounds and round times in the planner's cost model, plus the plans' summaries. The
+    seed drives the planner's search and the random strategy's partitions, as it drives the training."""
     topology_object = load_topology(topology)
     islands = tuple(islands) or tuple(topology_object.cities)
-    plan = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=0,
+    plan = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=seed,
                          aggregator=aggregator)
-    local = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=0,
+    local = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=seed,
                           aggregator=aggregator, local_steps=period, step_ms=step_ms)
     model = CostModel(topology_object, islands, model_bytes, aggregator=aggregator)
     evaluator = Evaluator(model, epsilon)
@@ -224,7 +228,7 @@ def plan_strategies(topology, islands, model_bytes, epsilon, steps, period, step
     schedules["schedule"] = plan.best
     schedules["schedule-h"] = local.best
     schedules["gossip"] = evaluator.evaluate(gossip_rounds(list(islands)))
-    schedules["random"] = evaluator.evaluate(random_rounds(list(islands), seed=0))
+    schedules["random"] = evaluator.evaluate(random_rounds(list(islands), seed))
 
     def of(name, schedule, every=period):
         groups = tuple(tuple(tuple(c.members) for c in cliques if len(c.members) > 1) for cliques in schedule.rounds)
@@ -459,7 +463,7 @@ def run_training(config):
     """One seed, every strategy asked for: curves, plus what each strategy is and costs."""
     islands, strategies, plan = plan_strategies(config.topology, tuple(config.islands), charged_bytes(config),
                                                 config.epsilon, config.steps, config.local_steps, config.step_ms,
-                                                config.aggregator)
+                                                config.aggregator, config.seed)
     curves = {name: run_strategy(config, islands, strategies[name]) for name in config.strategies}
     described = {}
     for name in config.strategies:
@@ -528,8 +532,8 @@ def summarize(runs, target, score="accuracy"):
             "time_to_target_ms_per_seed": [time_to_target_ms(c, target, score) for c in curves],
             "averaged_time_to_target_ms": _stats([time_to_target_ms(c, target, f"averaged_{score}")
                                                   for c in curves]),
-            "period": runs[0]["strategies"][name]["period"],
-            "local_step_objective_ms": runs[0]["strategies"][name]["local_step_objective_ms"],
+            "period_per_seed": [run["strategies"][name]["period"] for run in runs],
+            "local_step_objective_ms_per_seed": [run["strategies"][name]["local_step_objective_ms"] for run in runs],
         }
     return summary
 
@@ -600,7 +604,9 @@ def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms
             cell = {"workload": config.workload, "aggregator": aggregator, "alpha": alpha,
                     "model_bytes": charged_bytes(cell_config),
                     "step_ms": step, "outer_lr": outer_lr, "outer_momentum": outer_momentum, "seeds": list(seeds),
-                    "strategies": runs[0]["strategies"], "plan": runs[0]["plan"],
+                    "strategies": {name: across_seeds([run["strategies"][name] for run in runs])
+                                   for name in runs[0]["strategies"]},
+                    "plan": across_seeds([run["plan"] for run in runs]),
                     "summary": summarize(runs, target, score),
                     "mean_curves": _mean_curves(runs, score)}
             if "schedule" in config.strategies:
@@ -612,6 +618,23 @@ def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms
     if config.workload == "text":
         study["corpus"] = text_corpus(len(islands))
     return study
+
+
+def across_seeds(descriptions):
+    """One description from one per seed: what every seed agrees on as it is, the rest under "per_seed", a
+    list in seed order (the random strategy's partitions, and the planner's schedules where its search
+    finds another per seed)."""
+    first, others = descriptions[0], descriptions[1:]
+    same = {key: value for key, value in first.items() if all(other[key] == value for other in others)}
+    varying = {key: [d[key] for d in descriptions] for key in first if key not in same}
+    return {**same, "per_seed": varying} if varying else same
+
+
+def per_seed(description, key, seeds):
+    """The value of `key` on each of `seeds` seeds, from a description made by `across_seeds`."""
+    if key in description:
+        return [description[key]] * seeds
+    return description["per_seed"][key]
 
 
 def _mean_curves(runs, score="accuracy"):
@@ -677,10 +700,11 @@ def format_cell(cell, target):
              f"{target:.0%} (s) | mean island acc. | averaged model acc. | objective (s) | schedule is |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, s in cell["summary"].items():
-        lines.append(f"| {name} | {s['period']} | {_pm(s['communication_ms'], 1e-3)} | {_pm(s['time_ms'], 1e-3)} | "
-                     f"{_pm(s['time_to_target_ms'], 1e-3)} | {_pm(s['averaged_time_to_target_ms'], 1e-3)} | "
-                     f"{_pm(s['accuracy'], 100, 1, True)} | "
-                     f"{_pm(s['averaged_accuracy'], 100, 1, True)} | {_seconds(s['local_step_objective_ms'])} | "
+        lines.append(f"| {name} | {_span(s['period_per_seed'])} | {_pm(s['communication_ms'], 1e-3)} | "
+                     f"{_pm(s['time_ms'], 1e-3)} | {_pm(s['time_to_target_ms'], 1e-3)} | "
+                     f"{_pm(s['averaged_time_to_target_ms'], 1e-3)} | {_pm(s['accuracy'], 100, 1, True)} | "
+                     f"{_pm(s['averaged_accuracy'], 100, 1, True)} | "
+                     f"{_span(s['local_step_objective_ms_per_seed'], _seconds)} | "
                      f"{_verdict(cell, name)} |")
     return "\n".join(lines)
 
@@ -692,10 +716,11 @@ def _format_text_cell(cell, target):
              "objective (s) | schedule is |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, s in cell["summary"].items():
-        lines.append(f"| {name} | {s['period']} | {_pm(s['communication_ms'], 1e-3)} | {_pm(s['time_ms'], 1e-3)} | "
-                     f"{_pm(s['time_to_target_ms'], 1e-3)} | {_pm(s['averaged_time_to_target_ms'], 1e-3)} | "
-                     f"{_pm(s['loss'], digits=3)} | {_pm(s['averaged_loss'], digits=3)} | "
-                     f"{_pm(s['perplexity'])} | {_seconds(s['local_step_objective_ms'])} | {_verdict(cell, name)} |")
+        lines.append(f"| {name} | {_span(s['period_per_seed'])} | {_pm(s['communication_ms'], 1e-3)} | "
+                     f"{_pm(s['time_ms'], 1e-3)} | {_pm(s['time_to_target_ms'], 1e-3)} | "
+                     f"{_pm(s['averaged_time_to_target_ms'], 1e-3)} | {_pm(s['loss'], digits=3)} | "
+                     f"{_pm(s['averaged_loss'], digits=3)} | {_pm(s['perplexity'])} | "
+                     f"{_span(s['local_step_objective_ms_per_seed'], _seconds)} | {_verdict(cell, name)} |")
     return "\n".join(lines)
 
 
@@ -711,7 +736,18 @@ def _seconds(ms):
     return "–" if ms is None else f"{ms / 1000:.2f}"
 
 
-VERDICT_COLUMNS = ("global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule-h")
+def _span(values, show=str):
+    """Per-seed values in one table cell: the value where every seed shows the same, else the range over the
+    seeds, with how many have one where some have none."""
+    shown = [show(v) for v in values]
+    if len(set(shown)) == 1:
+        return shown[0]
+    known = [v for v in values if v is not None]
+    text = f"{show(min(known))}–{show(max(known))}"
+    return text if len(known) == len(values) else f"{text} ({len(known)}/{len(values)})"
+
+
+VERDICT_COLUMNS = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule-h")
 
 
 def format_verdicts(study):
@@ -723,7 +759,7 @@ def format_verdicts(study):
              "| --- | --- | ---: | ---: | --- | --- | --- | " + " | ".join("---" for _ in columns) + " |"]
     for cell in study["cells"]:
         versus = cell.get("schedule_vs", {})
-        kinds = [_kind(cell["strategies"].get(name, {}).get("rounds")) for name in ("schedule", "schedule-h")]
+        kinds = [_kinds(cell, name) for name in ("schedule", "schedule-h")]
         outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "Nesterov"
         verdicts = [f"{versus[c]['verdict']} {versus[c]['sooner']}↑{versus[c]['later']}↓" if c in versus else ""
                     for c in columns]
@@ -735,9 +771,15 @@ def format_verdicts(study):
     return "\n".join(lines)
 
 
-def _kind(rounds):
-    if rounds is None:
+def _kinds(cell, name):
+    """What the strategy's rounds are: every kind the seeds give, in order of their names."""
+    if name not in cell["strategies"]:
         return "–"
+    rounds = per_seed(cell["strategies"][name], "rounds", len(cell["seeds"]))
+    return "; ".join(sorted({_kind(r) for r in rounds}))
+
+
+def _kind(rounds):
     if len(rounds) == 1 and len(rounds[0]) == 1 and len(rounds[0][0]) > 2:
         return "global clique"
     return f"{len(rounds)} round{'s' if len(rounds) > 1 else ''} of {'+'.join(str(len(c)) for c in rounds[0])}"
@@ -749,7 +791,9 @@ def format_study(study):
              f"{target_name(study['target'], text)} with the row's strategy, paired over seeds (↑ sooner, ↓ later; "
              "win or lose: every seed, or a sign test at p < 0.05; a run that never reaches the target is the later "
              "one); 'objective' is the planner's local-step objective for the row's strategy: time to ε-consensus "
-             "with H local steps before every round."]
+             "with H local steps before every round. Seeds vary the random strategy's partitions and the planner's "
+             "search too: where they give different rounds, H or objectives, a table shows every kind of rounds, or "
+             "the range over seeds."]
     if text:
         corpus = study["corpus"]
         parts.append(f"Text workload: a byte-level transformer of {study['parameters']:,} parameters per island, "
