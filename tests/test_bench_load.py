@@ -49,3 +49,25 @@ def test_only_the_busy_time_that_is_not_the_benchmarks_is_foreign(monkeypatch, o
     with MachineLoad() as load:
         time.sleep(0.2)
     assert load.record({})["loaded"] is loaded
+
+
+def test_where_the_time_goes_measures_every_part_of_a_real_averaging():
+    """The parts are timed on the real code: the service's results of every member's contributions finish
+    the member's sum (the measurement fails otherwise), and every part costs some CPU."""
+    from inwire.train import bench
+
+    parts = bench.where_the_time_goes(elements=3 * bench.CHUNK * 40, sample=bench.CHUNK * 20)
+    assert parts["results_per_member"] == 3 * 40 and parts["contributions_at_service"] == 3 * 3 * 40
+    assert all(parts[name] > 0 for name in ("encode_s", "decode_s", "member_us_per_result",
+                                            "service_us_per_contribution"))
+
+
+def test_where_the_time_goes_fails_when_the_results_do_not_finish_the_sum(monkeypatch):
+    """A service that answers nothing leaves the member's sum unfinished: the measurement says so instead of
+    timing nothing."""
+    from inwire.serve import SoftwareAggregator
+    from inwire.train import bench
+
+    monkeypatch.setattr(SoftwareAggregator, "_handle_fast", lambda self, payload, peer, now=None: [])
+    with pytest.raises(RuntimeError, match="did not finish"):
+        bench.where_the_time_goes(elements=bench.CHUNK * 30, sample=bench.CHUNK * 10)

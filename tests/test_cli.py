@@ -249,7 +249,7 @@ FAKE_MEASUREMENTS = {
                                    "packet_rates": dict}),
     "training": ("inwire.train.bench", {"inwire_averaging": lambda **_: MEASURED,
                                         "gloo_all_reduce_spans": lambda *_: [1.0],
-                                        "ddp_step_s": lambda hook: 1.0}),
+                                        "ddp_step_s": lambda hook: 1.0, "where_the_time_goes": dict}),
 }
 
 

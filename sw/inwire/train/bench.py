@@ -12,6 +12,8 @@
   plain DDP on one 6-rank gloo group of the same processes; medians of the slowest rank's step after a
   warm-up step.
 
+- `cpu_by_part`: where the averaging's CPU goes, each part timed alone (`where_the_time_goes`).
+
 Each entry records the CPU seconds the islands spent in their averagings and the service from listening to
 the islands' end, the 1-minute load average before and after, and the cores other programs kept busy
 meanwhile (`host_bench.MachineLoad`): on a loaded machine the references (gloo, the kernel's UDP) are starved more
@@ -175,6 +177,51 @@ def ddp_step_s(use_hook, steps=DDP_STEPS):
     return statistics.median(max(spans[process][step] for process in spans) for step in range(steps))
 
 
+def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
+    """CPU seconds of one averaging's parts, each measured alone in this process (no sockets): a member's
+    encode and decode of `elements` float32 (`codec_average`, with the compiled kernel where built); a member's
+    handling of one result (`client.MemberSum.on_result`, with the refill it sends) and the service's
+    decision on one contribution (`SoftwareAggregator.handle`, unicast copies), per datagram, measured on
+    `sample` elements. What the averaging's measured CPU holds beyond these is the sockets' system calls
+    and the loops around them."""
+    from ..client import CliqueKey, Contributions, MemberSum
+    from ..serve import SoftwareAggregator
+    from .codec_average import decode, encode
+
+    vector = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
+    started = time.process_time()
+    exponent, wire = encode(vector, 16.0, ISLANDS, ">i4")
+    encoded = time.process_time()
+    decode(wire, False, exponent, ISLANDS, 16.0, out=wire.view(np.float32)[:-1])
+    decoded = time.process_time()
+
+    key = CliqueKey(1, 0, 0, 0xEF4A0000, ISLANDS, exponent, 1)
+    members = [Contributions(encode(vector[m::ISLANDS][:sample], 16.0, ISLANDS, ">i4")[1], m, key, CHUNK, WINDOW)
+               for m in range(ISLANDS)]
+    service = SoftwareAggregator(("127.0.0.1", 0), unicast=True, max_elements=CHUNK, receive_buffer=None)
+    try:
+        peers = [("127.0.0.1", 40000 + m) for m in range(ISLANDS)]
+        arrivals = [(bytes(members[m][c]), peers[m]) for c in range(len(members[0])) for m in range(ISLANDS)]
+        deciding = time.process_time()
+        results = [bytes(payload) for datagram, peer in arrivals
+                   for payload, destination in service.handle(memoryview(datagram), peer, 0) if destination == peers[0]]
+        decided = time.process_time()
+    finally:
+        service.close()
+    run = MemberSum(members[0], key, len(members[0].wire) // 4, CHUNK, WINDOW, 1.0, None, 0.002)
+    run.start(0.0)
+    reading = time.process_time()
+    for index, result in enumerate(results):
+        run.on_result(result, 1e-4 * index)
+    read = time.process_time()
+    if not run.done:
+        raise RuntimeError("the member's sum did not finish on the service's results")
+    return {"elements": elements, "encode_s": round(encoded - started, 4), "decode_s": round(decoded - encoded, 4),
+            "member_us_per_result": round(1e6 * (read - reading) / len(results), 2),
+            "service_us_per_contribution": round(1e6 * (decided - deciding) / len(arrivals), 2),
+            "results_per_member": -(-elements // CHUNK), "contributions_at_service": ISLANDS * -(-elements // CHUNK)}
+
+
 def run():
     """The `training` key of bench/results.json."""
     inwire, gloo, lossy = [], [], []
@@ -203,7 +250,9 @@ def run():
     ddp = load.record({"parameters": 75 * DDP_HIDDEN + 10, "islands": ISLANDS, "ranks_per_island": DDP_RANKS,
                        "steps": DDP_STEPS, "hook_step_s": hook_s, "gloo_ddp_step_s": plain_s,
                        "ratio": hook_s / plain_s})
-    return {"averaging": averaging, "loss": loss, "ddp_hook": ddp}
+    with MachineLoad() as load:
+        parts = where_the_time_goes()
+    return {"averaging": averaging, "loss": loss, "ddp_hook": ddp, "cpu_by_part": load.record(parts)}
 
 
 if __name__ == "__main__":
