@@ -1,6 +1,6 @@
-"""The text workload's study (`make train-study`) at a tiny size: reruns write the same bytes, the outer rate
-kept is the grid's best on the tuning seed, the target is one no island reaches alone, and every verdict table
-holds `none`, `sync` and the host tree."""
+"""The text workload's study (`make train-study`) at a tiny size: reruns write the same bytes, on one worker
+process or two, the outer rate kept is the grid's best on the tuning seed, the target is one no island reaches
+alone, and every verdict table holds `none`, `sync` and the host tree."""
 
 import json
 import math
@@ -20,15 +20,15 @@ TINY = ["--islands", "LON,AMS,FRA,NYC", "--steps", "40", "--local-steps", "5,20"
 @pytest.fixture(scope="module")
 def reruns(tmp_path_factory):
     outputs = []
-    for run in ("first", "second"):
+    for run, workers in (("first", "1"), ("second", "2")):
         _simulate_cached.cache_clear()
         out = tmp_path_factory.mktemp(run)
-        assert text_study.main([*TINY, "--out-dir", str(out)]) == 0
+        assert text_study.main([*TINY, "--workers", workers, "--out-dir", str(out)]) == 0
         outputs.append({name: (out / name).read_bytes() for name in ("study.json", "study.md", "text-h5.png")})
     return outputs
 
 
-def test_a_rerun_writes_byte_identical_files(reruns):
+def test_a_rerun_on_two_worker_processes_writes_the_files_of_one(reruns):
     assert reruns[0] == reruns[1]
     assert reruns[0]["text-h5.png"][:4] == b"\x89PNG"
 
@@ -75,6 +75,15 @@ def test_the_target_rule_on_made_up_curves():
     assert target["loss"] == 2.53 and target["sync_reaches"] == 1 and target["seeds"] == 2
     assert text_study.choose_target([curve(3.0, best=2.54)], sync)["loss"] == 2.53
     assert not math.isclose(text_study.choose_target([curve(3.0, best=2.5399)], sync)["loss"], 2.53)
+
+
+def test_the_estimate_counts_the_workers_and_the_phases():
+    """Runs go longest first onto the first free worker; the evaluation phase waits for the tuning phase."""
+    assert text_study.makespan([[3, 2, 2, 1]], 1) == 8
+    assert text_study.makespan([[3, 2, 2, 1]], 2) == 4
+    assert text_study.makespan([[3], [2, 2]], 2) == 5
+    assert text_study.makespan([[2, 2]], 2, busy=[1.5]) == 3.5
+    assert text_study.makespan([], 2, busy=[1.5]) == 1.5
 
 
 @pytest.mark.parametrize("change", [{"seeds": (0, 1)}, {"seeds": (1,)}, {"local_steps": (500,)},

@@ -20,16 +20,21 @@ In order:
    time to target paired over seeds (`training.compare`).
 
 Everything is a function of the settings and the machine's standard library files (hashed in the output):
-reruns write the same bytes. Wall clock goes to stderr only (the estimate and progress).
+reruns write the same bytes, whatever the number of worker processes (`--workers`: independent training runs
+go in parallel, each process on one torch thread; the tuning runs finish before the evaluation runs that use
+their choice start). Wall clock goes to stderr only (the estimate and progress).
 """
 
 import argparse
 import contextlib
 import json
 import math
+import multiprocessing
+import os
 import pathlib
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 
 from ..output import atomic_output
@@ -43,6 +48,7 @@ from .training import (
     TrainConfig,
     _mean_curves,
     _pm,
+    _simulate_cached,
     compare,
     gossip_rounds,
     plot_cell,
@@ -51,6 +57,7 @@ from .training import (
     summarize,
     text_corpus,
     time_to_target_ms,
+    training_inputs,
 )
 
 STRATEGIES = ("none", "sync", "global", "ring", HOST_TREE, "hierarchical", "gossip", "random", "schedule")
@@ -159,13 +166,6 @@ def strategy_run(settings, seed, islands, rounds, name, local_steps, outer):
     return settings.config(seed, period, *outer), Strategy(name, groups, times, period)
 
 
-def _training_key(config, islands, strategy):
-    """What run_strategy's training depends on: runs with equal keys train once."""
-    index = {name: i for i, name in enumerate(islands)}
-    groups = tuple(tuple(tuple(index[m] for m in members) for members in r) for r in strategy.groups)
-    return (config.seed, config.local_steps, config.outer_lr, config.outer_momentum, groups, strategy.period)
-
-
 def _calibrate(settings, islands):
     """Seconds of one training step of every island, one evaluation and one sync of all, measured now."""
     from .codec_average import clique_average
@@ -193,13 +193,52 @@ def _say(text):
     print(f"train-study: {text}", file=sys.stderr, flush=True)
 
 
-class _Runner:
-    """Runs training once per distinct key, saying how far it is and how long is left."""
+def _worker_start():
+    import torch
 
-    def __init__(self, settings, islands, planned_keys, costs):
-        self.settings, self.islands = settings, islands
-        self.keys, self.done = planned_keys, set()
+    torch.set_num_threads(1)
+
+
+class _InProcess:
+    """The executor of one worker: runs each call in this process when it is submitted."""
+
+    def submit(self, function, *args):
+        future = Future()
+        future.set_result(function(*args))
+        return future
+
+
+@contextlib.contextmanager
+def _executor(workers):
+    if workers == 1:
+        yield _InProcess()
+        return
+    # spawn: a fresh interpreter per worker, not a fork of one whose torch thread pools are already running.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_start) as pool:
+        yield pool
+
+
+def makespan(phases, workers, busy=()):
+    """Wall seconds of `phases` (each a list of run seconds) on `workers` processes, longest run first onto
+    the first free process, each phase starting once the one before has ended; `busy`: seconds left of the
+    runs under way when the first phase starts."""
+    clock = sorted([*busy, *[0.0] * (workers - len(busy))])
+    for phase in phases:
+        for seconds in sorted(phase, reverse=True):
+            clock[clock.index(min(clock))] += seconds
+        clock = [max(clock)] * workers
+    return max(clock)
+
+
+class _Runner:
+    """Trains each distinct run once, up to `workers` at a time, saying how far it is and how long is left."""
+
+    def __init__(self, settings, islands, executor, workers, costs):
+        self.settings, self.islands, self.executor, self.workers = settings, islands, executor, workers
         self.step_s, self.evaluation_s, self.sync_s = costs
+        self.points = {}
+        self.measured_s = self.estimated_s = 0.0
         self.started = time.perf_counter()
 
     def run_seconds(self, strategy):
@@ -208,63 +247,101 @@ class _Runner:
         syncs = steps // strategy.period if strategy.groups else 0
         return steps * self.step_s + evaluations * self.evaluation_s + syncs * self.sync_s
 
+    def train(self, phase, later=()):
+        """Trains the runs of `phase` ({training inputs: (config, strategy)}) not trained yet, longest first;
+        `later`: the seconds of each run planned after this phase, for the time left."""
+        pending = sorted(((inputs, run) for inputs, run in phase.items() if inputs not in self.points),
+                         key=lambda item: -self.run_seconds(item[1][1]))
+        running = {}
+        while pending or running:
+            while pending and len(running) < self.workers:
+                inputs, run = pending.pop(0)
+                started = time.perf_counter()
+                running[self.executor.submit(_simulate_cached, *inputs)] = (inputs, run, started)
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                inputs, (config, strategy), started = running.pop(future)
+                self.points[inputs] = future.result()
+                now = time.perf_counter()
+                self.measured_s += now - started
+                self.estimated_s += self.run_seconds(strategy)
+                # The estimate scaled by how long the runs done so far took against theirs.
+                scale = self.measured_s / self.estimated_s
+                busy = [max(0.0, self.run_seconds(s) * scale - (now - t)) for _, (_, s), t in running.values()]
+                left = makespan([[self.run_seconds(s) * scale for _, (_, s) in pending], [s * scale for s in later]],
+                                self.workers, busy)
+                total = len(self.points) + len(running) + len(pending) + len(later)
+                outer = outer_label((config.outer_lr, config.outer_momentum))
+                _say(f"training run {len(self.points)} of {total} done (seed {config.seed}, {strategy.name}, "
+                     f"H {strategy.period}, {outer}); {(now - self.started) / 60:.1f} min so far, about "
+                     f"{left / 60:.0f} min left")
+
     def curve(self, config, strategy):
-        key = _training_key(config, self.islands, strategy)
-        points = run_strategy(config, self.islands, strategy)
-        if key not in self.done:
-            self.done.add(key)
-            elapsed = time.perf_counter() - self.started
-            total = max(len(self.keys), len(self.done))
-            left = total - len(self.done)
-            rate = elapsed / len(self.done)
-            _say(f"training run {len(self.done)} of {total} done (seed {config.seed}, {strategy.name}, "
-                 f"H {strategy.period}, {outer_label((config.outer_lr, config.outer_momentum))}); "
-                 f"{elapsed / 60:.1f} min so far, about "
-                 f"{left * rate / 60:.0f} min left")
-        return points
+        return run_strategy(config, self.islands, strategy,
+                            self.points[training_inputs(config, self.islands, strategy)])
 
 
-def run_text_study(settings, estimate_only=False):
-    """The study as a JSON-ready dict (see the module's docstring for what it does in which order); with
-    `estimate_only`, None once the estimate is said."""
+def default_workers():
+    return os.cpu_count() or 1
+
+
+def run_text_study(settings, estimate_only=False, workers=None):
+    """The study as a JSON-ready dict (see the module's docstring for what it does in which order), training
+    on `workers` processes (default: one per core; never more than there are runs); with `estimate_only`,
+    None once the estimate is said."""
     started = time.perf_counter()
     plans = {seed: plan_seed(settings, seed) for seed in (settings.tuning_seed, *settings.seeds)}
     _say(f"planned {len(plans)} seeds in {time.perf_counter() - started:.0f} s")
     islands = plans[settings.tuning_seed][0]
     hs, grid = settings.local_steps, settings.outer_steps
 
-    def keyed(seed, name, h, outer):
-        config, strategy = strategy_run(settings, seed, islands, plans[seed][1], name, h, outer)
-        return _training_key(config, islands, strategy), strategy
+    def phase(runs):
+        """{training inputs: (config, strategy)} of (seed, strategy name, H, outer step) runs, the first of
+        equal inputs kept."""
+        planned = {}
+        for seed, name, h, outer in runs:
+            config, strategy = strategy_run(settings, seed, islands, plans[seed][1], name, h, outer)
+            planned.setdefault(training_inputs(config, islands, strategy), (config, strategy))
+        return planned
 
-    # Every distinct training run, for the estimate: on evaluation seeds one rate per strategy and H (the
-    # first of the grid stands in for the chosen one; strategies that train alike choose alike).
-    planned = {}
-    for name in settings.tuned:
-        for h in hs:
-            for outer in grid:
-                planned.setdefault(*keyed(settings.tuning_seed, name, h, outer))
-    for seed in settings.seeds:
-        for name in settings.strategies:
-            for h in hs:
-                planned.setdefault(*keyed(seed, name, h, grid[0]))
-    costs = _calibrate(settings, islands)
-    runner = _Runner(settings, islands, planned, costs)
-    estimate = sum(runner.run_seconds(strategy) for strategy in planned.values())
-    _say(f"{len(planned)} training runs of {settings.steps} steps, estimated {estimate / 60:.0f} min (measured "
-         f"now: a step of every island {costs[0] * 1e3:.0f} ms, an evaluation {costs[1] * 1e3:.0f} ms, a sync of "
-         f"all {costs[2] * 1e3:.0f} ms)")
-    if estimate_only:
-        return None
+    # First the tuning runs, and `none` on the evaluation seeds (it has no outer step to wait for); then the
+    # evaluation runs, planned here with the grid's first outer step standing in for the chosen one (strategies
+    # that train alike choose alike, so the count holds).
+    first = phase([*((settings.tuning_seed, name, h, outer) for name in settings.tuned for h in hs for outer in grid),
+                   *((seed, "none", h, grid[0]) for seed in settings.seeds for h in hs)])
+    second = {inputs: run for inputs, run in phase((seed, name, h, grid[0]) for seed in settings.seeds
+                                                   for name in settings.strategies for h in hs).items()
+              if inputs not in first}
+    workers = min(workers or default_workers(), len(first) + len(second))
+    with _executor(workers) as executor:
+        # Measured in every worker at once: the cores' speed when all of them train.
+        measured = [executor.submit(_calibrate, settings, islands) for _ in range(workers)]
+        costs = tuple(sum(values) / workers for values in zip(*(future.result() for future in measured)))
+        runner = _Runner(settings, islands, executor, workers, costs)
+        estimate = makespan([[runner.run_seconds(s) for _, s in first.values()],
+                             [runner.run_seconds(s) for _, s in second.values()]], workers)
+        _say(f"{len(first) + len(second)} training runs of {settings.steps} steps on {workers} worker "
+             f"process{'es' if workers > 1 else ''}, estimated {estimate / 60:.0f} min (measured now, "
+             f"{workers} at once: a step of every island {costs[0] * 1e3:.0f} ms, an evaluation "
+             f"{costs[1] * 1e3:.0f} ms, a sync of all {costs[2] * 1e3:.0f} ms)")
+        if estimate_only:
+            return None
+        runner.train(first, later=[runner.run_seconds(s) for _, s in second.values()])
 
-    def final_loss(seed, name, h, outer):
-        config, strategy = strategy_run(settings, seed, islands, plans[seed][1], name, h, outer)
-        return runner.curve(config, strategy)[-1]["loss"]
+        def final_loss(seed, name, h, outer):
+            config, strategy = strategy_run(settings, seed, islands, plans[seed][1], name, h, outer)
+            return runner.curve(config, strategy)[-1]["loss"]
 
-    tuning = {name: {str(h): {outer_label(outer): final_loss(settings.tuning_seed, name, h, outer) for outer in grid}
-                     for h in hs} for name in settings.tuned}
-    chosen = {name: {h: min(grid, key=lambda outer: tuning[name][str(h)][outer_label(outer)]) for h in hs}
-              for name in settings.tuned}
+        tuning = {name: {str(h): {outer_label(outer): final_loss(settings.tuning_seed, name, h, outer)
+                                  for outer in grid} for h in hs} for name in settings.tuned}
+        chosen = {name: {h: min(grid, key=lambda outer: tuning[name][str(h)][outer_label(outer)]) for h in hs}
+                  for name in settings.tuned}
+
+        def outer_of(name, h):
+            return chosen[name][h] if name in chosen else (1.0, 0.0)
+
+        runner.train(phase((seed, name, h, outer_of(name, h)) for seed in settings.seeds
+                           for name in settings.strategies for h in hs))
 
     runs = {}
     for seed in settings.seeds:
@@ -272,8 +349,7 @@ def run_text_study(settings, estimate_only=False):
         for h in hs:
             curves, strategies = {}, {}
             for name in settings.strategies:
-                outer = chosen[name][h] if name in chosen else (1.0, 0.0)
-                config, strategy = strategy_run(settings, seed, islands, rounds, name, h, outer)
+                config, strategy = strategy_run(settings, seed, islands, rounds, name, h, outer_of(name, h))
                 curves[name] = runner.curve(config, strategy)
                 strategies[name] = {**described[name], "period": strategy.period, "outer_lr": config.outer_lr,
                                     "outer_momentum": config.outer_momentum, "local_step_objective_ms": None}
@@ -454,6 +530,9 @@ def main(argv=None):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--out-dir", default="docs/training/text")
     parser.add_argument("--estimate", action="store_true", help="plan, measure a step, say how long it would take")
+    parser.add_argument("--workers", type=int, default=default_workers(),
+                        help="training processes at once, each on one torch thread (default: one per core); the "
+                             "output does not depend on it")
     args = parser.parse_args(argv)
     import torch
 
@@ -468,7 +547,9 @@ def main(argv=None):
                                      ("text_width", "text_layers", "text_heads", "text_context", "text_batch")})
     except ValueError as error:
         parser.error(str(error))
-    study = run_text_study(settings, estimate_only=args.estimate)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    study = run_text_study(settings, estimate_only=args.estimate, workers=args.workers)
     if study is None:
         return 0
     written = write_text_study(study, pathlib.Path(args.out_dir))

@@ -446,13 +446,20 @@ class _SimulationKey:
         return OuterOptimizer(self.outer_lr, self.outer_momentum)
 
 
-def run_strategy(config, islands, strategy):
-    """The curve of one strategy: training points with the time each is reached."""
+def training_inputs(config, islands, strategy):
+    """The arguments of `_simulate_cached` for one strategy: all its training depends on (hashable; runs with
+    equal inputs train alike, whatever their rounds cost)."""
     index = {name: i for i, name in enumerate(islands)}
     groups = tuple(tuple(tuple(index[m] for m in members) for members in round_) for round_ in strategy.groups)
     key = _SimulationKey(**{f.name: getattr(config, f.name) for f in fields(_SimulationKey)
                             if f.name != "islands_count"}, islands_count=len(islands))
-    points = _simulate_cached(key, groups, strategy.period)
+    return key, groups, strategy.period
+
+
+def run_strategy(config, islands, strategy, points=None):
+    """The curve of one strategy: training points (`points`, else trained now) with the time each is reached."""
+    if points is None:
+        points = _simulate_cached(*training_inputs(config, islands, strategy))
     return [{**point, "compute_ms": point["step"] * config.step_ms,
              "communication_ms": strategy.communication_ms(point["syncs"]),
              "time_ms": point["step"] * config.step_ms + strategy.communication_ms(point["syncs"])}
