@@ -62,8 +62,8 @@ from .training import (
 
 STRATEGIES = ("none", "sync", "global", "ring", HOST_TREE, "hierarchical", "gossip", "random", "schedule")
 DEFAULT_STRATEGIES = ("none", "sync", "global", "ring", HOST_TREE, "schedule")
-"""What `make train-study` runs: on one core in an hour the grid has room for two trained rotations at most
-(the exact average, which global, ring and host-tree share, and the planner's schedule)."""
+"""What `make train-study` runs: on two cores in about an hour the grid has room for two trained rotations at
+most (the exact average, which global, ring and host-tree share, and the planner's schedule)."""
 EXACT_AVERAGES = ("global", "ring", HOST_TREE)
 """The planner's strategies that compute the exact average of every island, each charged its own way."""
 EPSILON = 1e-3
@@ -75,10 +75,10 @@ MARGIN = 0.01
 class StudySettings:
     topology: str = "doublezero9"
     islands: tuple = ()
-    steps: int = 300
-    local_steps: tuple = (10, 50, 150)
-    outer_steps: tuple = ((1.0, 0.0), (0.5, 0.9), (1.0, 0.9))
-    """The grid, (learning rate, momentum) each: plain averaging, and DiLoCo's Nesterov at two rates."""
+    steps: int = 400
+    local_steps: tuple = (10, 50, 100)
+    outer_steps: tuple = ((1.0, 0.0), (0.7, 0.9))
+    """The grid, (learning rate, momentum) each: plain averaging, and DiLoCo's Nesterov at torchft's rate."""
     tuning_seed: int = 0
     seeds: tuple = (1, 2, 3, 4, 5)
     strategies: tuple = DEFAULT_STRATEGIES
@@ -86,10 +86,10 @@ class StudySettings:
     """The size communication is charged for."""
     aggregator: str = "ideal"
     step_ms: float = 100.0
-    text_width: int = 48
-    text_layers: int = 2
+    text_width: int = 128
+    text_layers: int = 5
     text_heads: int = 4
-    text_context: int = 32
+    text_context: int = 64
     text_batch: int = 4
     text_learning_rate: float = 2e-3
 
