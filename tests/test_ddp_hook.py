@@ -91,3 +91,61 @@ def test_every_island_steps_with_the_codec_average_of_the_island_gradients(tmp_p
     assert not np.array_equal(got["LON"]["0-0-before"], got["NYC"]["0-0-before"])
     for island in ISLANDS:
         assert np.array_equal(got[island]["parameters"], got["LON"]["parameters"])
+
+
+class Bucket:
+    """What the hook reads of a DDP gradient bucket."""
+
+    def __init__(self, tensor, index):
+        self.tensor, self._index = tensor, index
+
+    def buffer(self):
+        return self.tensor
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return True
+
+
+def lone_island(address, folder, buckets, out):
+    """LON, one rank, sums its last bucket with NYC, which never comes: what the hook raised."""
+    import torch.distributed as dist
+
+    from inwire.train.averaging import InwireExchange
+    from inwire.train.ddp import InwireHookState, inwire_hook
+
+    store = dist.FileStore(str(pathlib.Path(folder) / "lone.store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    exchange = InwireExchange(tuple(address), deadline_s=2.0, timeout_s=0.05)
+    try:
+        state = InwireHookState(exchange, "LON", ["LON", "NYC"], buckets=buckets)
+        try:
+            inwire_hook(state, Bucket(torch.ones(1000), state.buckets - 1))
+            out.put(("no error", "", ()))
+        except Exception as error:  # what the hook raised, reported to the test
+            out.put((type(error).__name__, str(error), tuple(getattr(error, "missing", ()))))
+    finally:
+        exchange.close()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("buckets, named", [(None, True), (16, False)])
+def test_the_hook_names_a_missing_island_with_its_default_buckets(tmp_path, buckets, named):
+    """With the default bucket count the roll call's records fit the service's default slots beside every
+    bucket's sums, so the hook's failure names the island that never came, even for its last bucket; with
+    16 buckets (4 x 16 x 4 = every one of the 256 slots) the aggregator cannot keep them and the failure
+    says it cannot tell."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        process = context.Process(target=lone_island, args=(server.address, str(tmp_path), buckets, out))
+        process.start()
+        kind, message, missing = out.get(timeout=60)
+        process.join(timeout=30)
+    assert kind == "ClientError", message
+    if named:
+        assert missing == ("NYC",) and "no contribution of NYC arrived" in message, message
+    else:
+        assert missing == () and "answered none of" in message, message

@@ -22,8 +22,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..client import ClientError
+from ..client import DEFAULT_WINDOW, SLOT_POOLS, ClientError
+from ..serve import DEFAULT_SLOTS
 from .codec_average import AveragingError
+
+
+def default_buckets(islands):
+    """The most buckets whose sums (4 x buckets x the default window slots, `client.slots_needed`) and roll-call
+    records (one per island per bucket, `client.presence_slot`) fit the service's default slots: so that a
+    missing island can be named."""
+    return DEFAULT_SLOTS // (SLOT_POOLS * DEFAULT_WINDOW + islands)
 
 
 class InwireHookState:
@@ -32,12 +40,14 @@ class InwireHookState:
     process group (None: the default group), and the clique's aggregator city and tree when the exchange
     has per-city aggregators. `buckets` bounds the buckets of the model (the slot layout's stride: 4 x
     buckets x the exchange's window slots at the aggregator; DDP's default 25 MB buckets give one per 25 MB
-    of gradients)."""
+    of gradients); None: `default_buckets` (13 for 3 islands, 10 for 9)."""
 
-    def __init__(self, exchange, island, islands, process_group=None, aggregator=None, tree=None, buckets=16):
+    def __init__(self, exchange, island, islands, process_group=None, aggregator=None, tree=None, buckets=None):
         islands = list(islands)
         if island not in islands:
             raise ValueError(f"island {island!r} is not one of {', '.join(islands)}")
+        if buckets is None:
+            buckets = default_buckets(len(islands))
         self.exchange, self.island, self.islands = exchange, island, islands
         self.group = process_group
         self.aggregator, self.tree = aggregator, tree
