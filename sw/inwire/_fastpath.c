@@ -180,6 +180,26 @@ static void swap_block(int32_t *restrict block, Py_ssize_t count)
         block[i] = (int32_t)__builtin_bswap32((uint32_t)block[i]);
 }
 
+/* The input and the writable output of a codec call, of the same number of 4-byte elements; -1 with an error
+   set (and neither held) otherwise. */
+static Py_ssize_t get_elements(PyObject *in_object, Py_buffer *in, PyObject *out_object, Py_buffer *out,
+                               const char *what)
+{
+    if (get_buffer(in_object, in, 0, what) < 0)
+        return -1;
+    if (get_buffer(out_object, out, 1, "out") < 0) {
+        PyBuffer_Release(in);
+        return -1;
+    }
+    if (in->len % 4 || out->len != in->len) {
+        PyErr_Format(PyExc_ValueError, "%s and out must hold the same number of 4-byte elements", what);
+        PyBuffer_Release(in);
+        PyBuffer_Release(out);
+        return -1;
+    }
+    return in->len / 4;
+}
+
 static PyObject *quantize(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4) {
@@ -191,19 +211,9 @@ static PyObject *quantize(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if ((factor == -1.0f && PyErr_Occurred()) || big_endian < 0)
         return NULL;
     Py_buffer values, out;
-    if (get_buffer(args[0], &values, 0, "values") < 0)
+    Py_ssize_t count = get_elements(args[0], &values, args[2], &out, "values");
+    if (count < 0)
         return NULL;
-    if (get_buffer(args[2], &out, 1, "out") < 0) {
-        PyBuffer_Release(&values);
-        return NULL;
-    }
-    Py_ssize_t count = values.len / 4;
-    if (values.len % 4 || out.len != values.len) {
-        PyErr_SetString(PyExc_ValueError, "quantize: values and out must hold the same number of 4-byte elements");
-        PyBuffer_Release(&values);
-        PyBuffer_Release(&out);
-        return NULL;
-    }
     uint32_t peak = 0;
     const float *value = (const float *)values.buf;
     int32_t *element = (int32_t *)out.buf;
@@ -248,19 +258,9 @@ static PyObject *dequantize(PyObject *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     Py_buffer sums, out;
-    if (get_buffer(args[0], &sums, 0, "sums") < 0)
+    Py_ssize_t count = get_elements(args[0], &sums, args[3], &out, "sums");
+    if (count < 0)
         return NULL;
-    if (get_buffer(args[3], &out, 1, "out") < 0) {
-        PyBuffer_Release(&sums);
-        return NULL;
-    }
-    Py_ssize_t count = sums.len / 4;
-    if (sums.len % 4 || out.len != sums.len) {
-        PyErr_SetString(PyExc_ValueError, "dequantize: sums and out must hold the same number of 4-byte elements");
-        PyBuffer_Release(&sums);
-        PyBuffer_Release(&out);
-        return NULL;
-    }
     const int32_t *sum = (const int32_t *)sums.buf;
     float *average = (float *)out.buf;
     Py_BEGIN_ALLOW_THREADS
