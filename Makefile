@@ -91,7 +91,7 @@ train-demo:
 # The study docs/training.md quotes: the digits cells with an ideal aggregator, then 100 MB with 10 Gb/s
 # aggregator ports, then the text workload's study (H swept, outer rates tuned per strategy, five seeds).
 train-study:
-	@echo "make train-study: the digits study (about 30 min here), then the text study (about an hour on one core;" \
+	@echo "make train-study: the digits study (about 30 min here), then the text study (about 70-80 min on two cores;" \
 		"it prints its own estimate, measured on this machine, before it starts, and a line per training run)"
 	$(BIN)/inwire train --seeds 10 --alpha iid,1,0.3,0.1 --model-mb 1,100,1000 --step-ms 10,100 --outer avg,nesterov \
 		--aggregator ideal --out-dir docs/training
