@@ -90,9 +90,9 @@ def test_an_empty_vector_and_bad_values(backend):
 
 
 @pytest.mark.parametrize("original, replacement, beyond", [
-    ("        np.rint(scaled, out=scaled)\n", "", 0.0),
+    ("            np.rint(scaled, out=scaled)\n", "", 0.0),
     ("np.multiply(block, factor", "np.multiply(block.astype(np.float16), factor", 0.0),
-    ("high) > math.ldexp(INT32_MAX, exponent)", "high) > 2 * math.ldexp(INT32_MAX, exponent)", 1.5),
+    ("if peak > math.ldexp(INT32_MAX, exponent)", "if peak > 2 * math.ldexp(INT32_MAX, exponent)", 1.5),
 ])
 def test_a_tampered_fast_encoder_is_caught(original, replacement, beyond, numpy_only):
     """The comparison sees a fast encoder that truncates instead of rounding, scales in float16, or keeps

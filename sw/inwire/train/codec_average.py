@@ -54,47 +54,43 @@ ENCODE_BLOCK = 1 << 16
 def encode(values, bound, fanin, dtype=np.int32):
     """`encode_definition`, bit for bit (tests/test_codec_average.py holds it to that), in float32: for
     float32 values that fit, scaling by a power of two is exact in float32 (|x / 2**e| <= 2**31; a result too
-    small to be normal rounds to 0 either way), so rounding it gives the same integer as in float64. Two
-    passes over the vector (its extremes) and one that scales, rounds and converts it block by block, with no
-    temporary the size of the vector. `dtype`: int32 in either byte order (the client asks for the wire's
-    big-endian, so that the elements need no second conversion). Values that do not fit (a re-send follows)
-    take the definition."""
+    small to be normal rounds to 0 either way), so rounding it gives the same integer as in float64. With the
+    compiled kernel one pass scales, rounds and converts while it finds the peak; with numpy, two passes find
+    the extremes and one scales, rounds and converts block by block, with no temporary the size of the vector.
+    `dtype`: int32 in either byte order (the client asks for the wire's big-endian, so that the elements need
+    no second conversion). Values that do not fit (a re-send follows) take the definition."""
     values = np.asarray(values, dtype=np.float32)
     exponent = choose_exponent(bound, fanin)
     dtype = np.dtype(dtype)
-    if compiled is not None and exponent > EXPONENT_MIN and dtype.kind == "i" and dtype.itemsize == ELEMENT_BYTES:
-        # One compiled pass: scaled, rounded and converted while the extremes are found.
+    elements = np.empty(len(values) + 1, dtype=dtype)
+    compiled_pass = (compiled is not None and exponent > EXPONENT_MIN and dtype.kind == "i"
+                     and dtype.itemsize == ELEMENT_BYTES)
+    if compiled_pass:
+        # The elements of values beyond the limit are written too, and dropped below.
         values = np.ascontiguousarray(values)
-        elements = np.empty(len(values) + 1, dtype=dtype)
         peak, finite = compiled.quantize(values, math.ldexp(1.0, -exponent), elements[:-1],
                                          dtype.byteorder == ">" or (dtype.byteorder == "=" and BIG_ENDIAN_HOST))
-        if not finite:
-            raise ValueError("values contain NaN or infinity")
-        if peak > math.ldexp(INT32_MAX, exponent):
-            exponent, elements = encode_definition(values, bound, fanin)
-            return exponent, elements.astype(dtype, copy=False)
-        elements[-1] = 0
-        return exponent, elements
-    if values.size:
-        low, high = float(values.min()), float(values.max())
-        if not (math.isfinite(low) and math.isfinite(high)):
-            raise ValueError("values contain NaN or infinity")
-        if max(-low, high) > math.ldexp(INT32_MAX, exponent):
-            exponent, elements = encode_definition(values, bound, fanin)
-            return exponent, elements.astype(dtype, copy=False)
-    # 2**-exponent is a float32 for every exponent but the floor's (2**128): the product is then ldexp's.
-    factor = np.float32(math.ldexp(1.0, -exponent)) if exponent > EXPONENT_MIN else None
-    elements = np.empty(len(values) + 1, dtype=dtype)
-    scratch = np.empty(min(len(values), ENCODE_BLOCK), dtype=np.float32)
-    for first in range(0, len(values), ENCODE_BLOCK):
-        block = values[first:first + ENCODE_BLOCK]
-        scaled = scratch[:len(block)]
-        if factor is not None:
-            np.multiply(block, factor, out=scaled)
-        else:
-            np.ldexp(block, np.int32(-exponent), out=scaled)
-        np.rint(scaled, out=scaled)
-        np.copyto(elements[first:first + len(block)], scaled, casting="unsafe")
+    else:
+        low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+        peak, finite = max(-low, high), math.isfinite(low) and math.isfinite(high)
+    if not finite:
+        raise ValueError("values contain NaN or infinity")
+    if peak > math.ldexp(INT32_MAX, exponent):
+        exponent, elements = encode_definition(values, bound, fanin)
+        return exponent, elements.astype(dtype, copy=False)
+    if not compiled_pass:
+        # 2**-exponent is a float32 for every exponent but the floor's (2**128): the product is then ldexp's.
+        factor = np.float32(math.ldexp(1.0, -exponent)) if exponent > EXPONENT_MIN else None
+        scratch = np.empty(min(len(values), ENCODE_BLOCK), dtype=np.float32)
+        for first in range(0, len(values), ENCODE_BLOCK):
+            block = values[first:first + ENCODE_BLOCK]
+            scaled = scratch[:len(block)]
+            if factor is not None:
+                np.multiply(block, factor, out=scaled)
+            else:
+                np.ldexp(block, np.int32(-exponent), out=scaled)
+            np.rint(scaled, out=scaled)
+            np.copyto(elements[first:first + len(block)], scaled, casting="unsafe")
     elements[-1] = 0
     return exponent, elements
 
