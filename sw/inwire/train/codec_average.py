@@ -16,7 +16,6 @@ from ..errors import InwireError
 from ..fastpath import compiled
 from ..protocol import ELEMENT_BYTES, INT32_MAX, INT32_MIN
 
-BIG_ENDIAN_HOST = sys.byteorder == "big"
 ATTEMPTS = 7
 """Re-sends at a raised bound before giving up; also the stride of protocol round numbers per round: round r's
 attempt a is protocol round 7r + a. Odd, so that a member's consecutive sums (round r and r + 1, attempts a
@@ -47,6 +46,11 @@ def encode_definition(values, bound, fanin):
     return exponent, np.append(quantize(clipped, exponent), np.int32(need))
 
 
+def _big_endian(dtype):
+    """Whether an int32 dtype's bytes are big-endian (for the compiled kernel, which takes a flag)."""
+    return dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big")
+
+
 ENCODE_BLOCK = 1 << 16
 """Elements `encode` scales at a time: its float32 temporary (256 KiB) stays in cache."""
 
@@ -69,7 +73,7 @@ def encode(values, bound, fanin, dtype=np.int32):
         # The elements of values beyond the limit are written too, and dropped below.
         values = np.ascontiguousarray(values)
         peak, finite = compiled.quantize(values, math.ldexp(1.0, -exponent), elements[:-1],
-                                         dtype.byteorder == ">" or (dtype.byteorder == "=" and BIG_ENDIAN_HOST))
+                                         _big_endian(dtype))
     else:
         low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
         peak, finite = max(-low, high), math.isfinite(low) and math.isfinite(high)
@@ -131,7 +135,7 @@ def decode(sums, overflow, exponent, fanin, bound, out=None):
     if compiled is not None and sums.dtype.itemsize == ELEMENT_BYTES and sums.dtype.kind == "i" \
             and sums.flags.c_contiguous and average.flags.c_contiguous:
         compiled.dequantize(sums[:-1], scale, fanin, average,
-                            sums.dtype.byteorder == ">" or (sums.dtype.byteorder == "=" and BIG_ENDIAN_HOST))
+                            _big_endian(sums.dtype))
         return average, bound
     scratch = np.empty(min(elements, DECODE_BLOCK), dtype=np.float64)
     for first in range(0, elements, DECODE_BLOCK):
