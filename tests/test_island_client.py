@@ -350,6 +350,24 @@ def test_a_lost_last_chunk_waits_one_measured_timeout_not_the_first():
     assert run.next_deadline() == pytest.approx(due_at + 2 * run.rto)
 
 
+def test_every_gap_in_a_window_is_sent_again_at_once_not_only_the_oldest():
+    """Chunks 1 and 3 of a whole window are lost. Each is sent again as soon as the result of a chunk
+    FAST_RETRANSMIT after it is in (1 at 4's result, 3 at 6's), once, long before the first timeout (1 s),
+    which a window with several losses used to wait out for all but its oldest gap."""
+    run, sent, answer = whole_window_sum()
+    resent = {}
+    for k in (0, 2, 4, 5, 6, 7):
+        for result in answer(sent[k]):
+            resent[k] = list(run.on_result(result, 0.010 + 0.001 * k))
+    assert resent[4] == [sent[1]] and resent[6] == [sent[3]]
+    assert not any(resent[k] for k in (0, 2, 5, 7)) and run.retransmits == 2
+    assert sorted(run.deadline) == [1, 3] and max(run.deadline.values()) < 0.1
+    for k in (1, 3):
+        for result in answer(sent[k]):
+            run.on_result(result, 0.030)
+    assert run.done and np.array_equal(run.sums(), np.arange(32, dtype=np.int32))
+
+
 def test_chunks_queued_behind_others_are_not_timed_while_results_flow():
     """A window of 8 whose results come back one every 30 ms (each chunk waits behind the ones before it):
     the timeout measured from the first (10 ms) is far shorter than the later chunks' waits, yet none is

@@ -65,7 +65,7 @@ from .train.codec_average import ATTEMPTS, AveragingError, decode, encode
 
 SLOT_POOLS = 4
 FAST_RETRANSMIT = 3
-"""Results of this many chunks sent after the oldest one in flight make it count as lost (adaptive timeouts)."""
+"""A chunk in flight counts as lost when the result of a chunk this many after it is in (adaptive timeouts)."""
 PROBE_SRTTS = 2
 """A tail-loss probe goes out this many smoothed round trips after the last result (TCP's TLP, RFC 8985)."""
 MIN_TIMEOUT_S = 0.02
@@ -278,9 +278,11 @@ class MemberSum:
     Retransmission: with `min_timeout_s` None, every chunk's timeout is `timeout_s`. With `min_timeout_s`
     set, the timeout adapts to the round trips measured (RFC 6298's smoothed estimate, from chunks sent once
     only, Karn's rule), between `min_timeout_s` and `timeout_s`; a chunk retransmitted again waits twice as
-    long each time (up to `timeout_s`); and the oldest chunk in flight is sent again at once when results of
-    FAST_RETRANSMIT later chunks have come back without it, since results of one member come back in the
-    order its chunks went out unless one was lost. No later result reveals a loss among the last chunks in
+    long each time (up to `timeout_s`); and any chunk in flight is sent again at once (once) when the result
+    of a chunk FAST_RETRANSMIT or more after it has come back, since results of one member come back in the
+    order its chunks went out unless one was lost (SACK's duplicate threshold, RFC 6675: every gap below
+    the highest result, not only the oldest, or a window with several losses waits out its first, long
+    timeout for all but one). No later result reveals a loss among the last chunks in
     flight (the tail), so when results stop with chunks outstanding, the newest of them is sent again
     PROBE_SRTTS smoothed round trips (or smoothed intervals between results, if longer: results of a queue
     that drains slowly have not stopped) after the last result, if that is sooner than the next timeout (a
@@ -415,7 +417,7 @@ class MemberSum:
         return sends
 
     def _measured(self, chunk, now):
-        """Fold a chunk's round trip into the timeout; the oldest chunk in flight, when it looks lost."""
+        """Fold a chunk's round trip into the timeout; the chunks in flight that look lost, each once."""
         sent = self.sent_at.pop(chunk, None)
         if sent is not None:
             sample = now - sent
@@ -426,17 +428,19 @@ class MemberSum:
                 self.srtt = 0.875 * self.srtt + 0.125 * sample
             self.rto = min(max(self.srtt + 4 * self.rttvar, self.min_timeout_s), self.timeout_s)
         self.backoff.pop(chunk, None)
-        if not self.deadline:
-            return ()
-        oldest = next(iter(self.deadline))  # chunks enter the dict in ascending order and keep their place
-        if chunk - oldest < FAST_RETRANSMIT or oldest in self.fast_resent:
-            return ()
-        self.fast_resent.add(oldest)
-        self.tries[oldest] += 1
-        self.retransmits += 1
-        self.sent_at.pop(oldest, None)
-        self.deadline[oldest] = now + self.rto
-        return (self.payloads[oldest],)
+        lost = []
+        for earlier in self.deadline:  # chunks enter the dict in ascending order and keep their place
+            if chunk - earlier < FAST_RETRANSMIT:
+                break
+            if earlier not in self.fast_resent:
+                lost.append(earlier)
+        for earlier in lost:
+            self.fast_resent.add(earlier)
+            self.tries[earlier] += 1
+            self.retransmits += 1
+            self.sent_at.pop(earlier, None)
+            self.deadline[earlier] = now + self.rto
+        return [self.payloads[earlier] for earlier in lost]
 
     def on_result(self, payload: bytes | memoryview, now: float) -> Sequence[bytes]:
         """A datagram (bytes, or a view valid only during the call); the payloads it lets out."""
