@@ -184,7 +184,7 @@ def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
     decision on one contribution (`SoftwareAggregator.handle`, unicast copies), per datagram, measured on
     `sample` elements. What the averaging's measured CPU holds beyond these is the sockets' system calls
     and the loops around them."""
-    from ..client import CliqueKey, Contributions, MemberSum
+    from ..client import CliqueKey, Contributions, member_sum
     from ..serve import SoftwareAggregator
     from .codec_average import decode, encode
 
@@ -208,7 +208,7 @@ def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
         decided = time.process_time()
     finally:
         service.close()
-    run = MemberSum(members[0], key, len(members[0].wire) // 4, CHUNK, WINDOW, 1.0, None, 0.002)
+    run = member_sum(members[0], key, len(members[0].wire) // 4, CHUNK, WINDOW, 1.0, None, 0.002)
     run.start(0.0)
     reading = time.process_time()
     for index, result in enumerate(results):
