@@ -755,19 +755,41 @@ static int lane_discard(PyObject *dict, PyObject *key)
     return present == 1 ? PyDict_DelItem(dict, key) : present;
 }
 
-/* The MemberSum's dicts and sets a result touches (borrowed from its __dict__). */
+/* The MemberSum's dicts and sets a result touches, held for the call: making a payload may run Python code
+   (payloads[index]), which could rebind them. */
+#define LANE_STATE 7
+static const int lane_state_keys[LANE_STATE] = {LK_DEADLINE, LK_SENT_AT, LK_BACKOFF, LK_TRIES, LK_FAST_RESENT,
+                                                LK_OVERFLOWED, LK_WRONG};
 typedef struct {
     PyObject *deadline, *sent_at, *backoff, *tries, *fast_resent, *overflowed, *wrong;
 } LaneState;
 
+static void lane_state_fields(LaneState *s, PyObject **fields[LANE_STATE])
+{
+    fields[0] = &s->deadline, fields[1] = &s->sent_at, fields[2] = &s->backoff, fields[3] = &s->tries;
+    fields[4] = &s->fast_resent, fields[5] = &s->overflowed, fields[6] = &s->wrong;
+}
+
 static int lane_state(PyObject *state, LaneState *s)
 {
-    return (s->sent_at = lane_get(state, LK_SENT_AT)) == NULL || (s->backoff = lane_get(state, LK_BACKOFF)) == NULL ||
-                   (s->tries = lane_get(state, LK_TRIES)) == NULL ||
-                   (s->fast_resent = lane_get(state, LK_FAST_RESENT)) == NULL ||
-                   (s->overflowed = lane_get(state, LK_OVERFLOWED)) == NULL || (s->wrong = lane_get(state, LK_WRONG)) == NULL
-               ? -1
-               : 0;
+    PyObject **fields[LANE_STATE];
+    lane_state_fields(s, fields);
+    for (int i = 0; i < LANE_STATE; i++)
+        *fields[i] = NULL;
+    for (int i = 0; i < LANE_STATE; i++) {
+        if ((*fields[i] = lane_get(state, lane_state_keys[i])) == NULL)
+            return -1;
+        Py_INCREF(*fields[i]);
+    }
+    return 0;
+}
+
+static void lane_state_release(LaneState *s)
+{
+    PyObject **fields[LANE_STATE];
+    lane_state_fields(s, fields);
+    for (int i = 0; i < LANE_STATE; i++)
+        Py_XDECREF(*fields[i]);
 }
 
 /* The window's refill (MemberSum._refill) under timeout `rto`: every chunk the results let out, appended to
@@ -896,19 +918,18 @@ static int lane_result(Lane *lane, PyObject *state, const uint8_t *data, Py_ssiz
         return 0;
     Py_ssize_t index = (Py_ssize_t)(offset / (uint64_t)lane->chunk);
     LaneState s;
-    if ((s.deadline = lane_get(state, LK_DEADLINE)) == NULL)
-        return -1;
-    PyObject *key = PyLong_FromSsize_t(index);
-    if (key == NULL)
-        return -1;
-    int outcome = -1, in_flight = PyDict_Contains(s.deadline, key);
+    PyObject *key = NULL;
+    int outcome = -1, in_flight;
+    if (lane_state(state, &s) < 0 || (key = PyLong_FromSsize_t(index)) == NULL)
+        goto out;
+    in_flight = PyDict_Contains(s.deadline, key);
     if (in_flight <= 0) {
         outcome = in_flight;
         goto out;
     }
     Py_ssize_t want = lane->elements - (Py_ssize_t)offset, checked, remaining;
     want = want < lane->chunk ? want : lane->chunk;
-    if (lane_state(state, &s) < 0 || lane_get_size(state, LK_CHECKED, &checked) < 0 ||
+    if (lane_get_size(state, LK_CHECKED, &checked) < 0 ||
         lane_set_size(state, LK_CHECKED, checked + 1) < 0)
         goto out;
     if ((read_be(data + size - lane->trailer, lane->trailer) & lane->overflow_bit) && PySet_Add(s.overflowed, key) < 0)
@@ -953,7 +974,8 @@ static int lane_result(Lane *lane, PyObject *state, const uint8_t *data, Py_ssiz
     }
     outcome = lane_refill(lane, state, &s, now_object, now, rto, sends);
 out:
-    Py_DECREF(key);
+    Py_XDECREF(key);
+    lane_state_release(&s);
     return outcome;
 }
 
