@@ -14,6 +14,8 @@ DDP communication hook) are thin users of this module, as SwitchML's client libr
   refills as results arrive, timeouts and retransmission, every result read and checked (owner, chunk,
   count, header, status), the sums gathered in place. A driver feeds it time and datagrams and sends what
   it returns: the stream's asyncio islands do, over any transport; `UdpMember` does over a blocking socket.
+  `CompiledMemberSum` (what `member_sum` makes where the kernel is built) reads results in the compiled
+  kernel, a batch per call, over the same state: `MemberSum.on_result` stays the definition.
 - `RollCall`: who of a stalled sum's clique is there, asked of the aggregator with one-member records and
   result requests, so that a sum that fails names the members whose contributions never arrived.
 - `UdpMember`: one island's socket to its aggregators (one address, or one per city for reduction trees),

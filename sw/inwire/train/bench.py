@@ -180,7 +180,8 @@ def ddp_step_s(use_hook, steps=DDP_STEPS):
 def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
     """CPU seconds of one averaging's parts, each measured alone in this process (no sockets): a member's
     encode and decode of `elements` float32 (`codec_average`, with the compiled kernel where built); a member's
-    handling of one result (`client.MemberSum.on_result`, with the refill it sends) and the service's
+    handling of one result (`on_result` of the sum `client.member_sum` makes, as `UdpMember` does: the compiled
+    lane where built; with the refill it sends) and the service's
     decision on one contribution (`SoftwareAggregator.handle`, unicast copies), per datagram, measured on
     `sample` elements. What the averaging's measured CPU holds beyond these is the sockets' system calls
     and the loops around them."""
