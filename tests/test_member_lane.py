@@ -88,6 +88,19 @@ def adversarial(rnd, result, chunk):
         + result[-RESULT_TRAILER_BYTES:]
 
 
+def model_results(vectors, key, chunk, window):
+    """Every chunk's result, from the golden model, of the clique's `vectors` (one row per member)."""
+    config = AggregatorConfig(slots=slots_needed(3, window), max_elements=16)
+    model, address = Aggregator(config), ("10.73.87.1", config.port)
+    members = [contributions(vector, m, key, chunk, window) for m, vector in enumerate(vectors)]
+    results = []
+    for index in range(len(members[0])):
+        frames = [frame for m, payloads in enumerate(members)
+                  for frame in model.process(wrap(payloads[index], ("10.0.0.9", 4000 + m), address, bytes(6)))]
+        results.append(payload_of(frames[-1]))
+    return results
+
+
 def make_sum(kind, vector, key, chunk, window, timeouts, as_list, in_place=False):
     """A sum of `kind` over member 0's `vector`; `in_place`: the sums overwrite the payloads' elements, as
     `UdpMember.average` runs them."""
@@ -114,15 +127,7 @@ def differential(seed, steps=400):
     definition = make_sum(MemberSum, vectors[0], key, chunk, window, timeouts, as_list, in_place)
     lane = make_sum(CompiledMemberSum, vectors[0], key, chunk, window, timeouts, as_list, in_place)
     assert lane.lane is not None
-    # Every chunk's true result, from the golden model.
-    config = AggregatorConfig(slots=slots_needed(3, window), max_elements=16)
-    model, address = Aggregator(config), ("10.73.87.1", config.port)
-    others = [contributions(vectors[m], m, key, chunk, window) for m in range(fanin)]
-    results = []
-    for index in range(len(others[0])):
-        frames = [f for m in range(fanin) for f in model.process(wrap(others[m][index], ("10.0.0.9", 4000 + m),
-                                                                     address, bytes(6)))]
-        results.append(payload_of(frames[-1]))
+    results = model_results(vectors, key, chunk, window)
     now = 0.0
     sent = definition.start(now)
     assert lane.start(now) == sent
@@ -183,11 +188,7 @@ def test_a_batch_of_results_is_read_as_one_by_one(seed):
     vectors = np.random.default_rng(seed).integers(-1000, 1000, (2, elements)).astype(np.int32)
     runs = [make_sum(kind, vectors[0], key, chunk, window, (1.0, None, 0.002), False)
             for kind in (MemberSum, CompiledMemberSum)]
-    config = AggregatorConfig(slots=slots_needed(3, window), max_elements=16)
-    model, address = Aggregator(config), ("10.73.87.1", config.port)
-    both = [contributions(vectors[m], m, key, chunk, window) for m in range(2)]
-    results = [payload_of([f for m in range(2) for f in model.process(wrap(both[m][i], ("10.0.0.9", 4000 + m), address,
-                                                                           bytes(6)))][-1]) for i in range(len(both[0]))]
+    results = model_results(vectors, key, chunk, window)
     assert runs[0].start(0.0) == runs[1].start(0.0)
     now = 0.0
     while not runs[0].done:
@@ -223,6 +224,7 @@ def replace(sequence, index, value):
     lambda a: replace(a, 2, replace(a[2], 3, 2)),  # another status bit read as the overflow
     lambda a: replace(a, 0, replace(a[0], 6, a[0][7])),  # the job read where the round is
     lambda a: replace(a, 1, replace(a[1], 4, None)),  # the exponent not compared
+    lambda a: a if a[7] is None else replace(a, 7, replace(a[7], 4, a[7][4][1:] + a[7][4][:1])),  # slots shifted
 ])
 def test_the_differential_test_catches_a_tampered_lane(monkeypatch, change):
     tampered(monkeypatch, lambda arguments: list(change(arguments)))
