@@ -14,6 +14,8 @@ DDP communication hook) are thin users of this module, as SwitchML's client libr
   refills as results arrive, timeouts and retransmission, every result read and checked (owner, chunk,
   count, header, status), the sums gathered in place. A driver feeds it time and datagrams and sends what
   it returns: the stream's asyncio islands do, over any transport; `UdpMember` does over a blocking socket.
+  `CompiledMemberSum` (what `member_sum` makes where the kernel is built) reads results in the compiled
+  kernel, a batch per call, over the same state: `MemberSum.on_result` stays the definition.
 - `RollCall`: who of a stalled sum's clique is there, asked of the aggregator with one-member records and
   result requests, so that a sum that fails names the members whose contributions never arrived.
 - `UdpMember`: one island's socket to its aggregators (one address, or one per city for reduction trees),
@@ -53,6 +55,7 @@ from .plan.schedule_file import member_paths
 from .protocol import (
     ELEMENT_BYTES,
     ELEMENT_DTYPE,
+    FIELDS_BY_NAME,
     FRAME_OFFSETS,
     MAGIC,
     RESULT_TRAILER_BYTES,
@@ -198,14 +201,18 @@ class Contributions(Sequence[bytes]):
         first = index * self.chunk
         count = min(self.chunk, self.elements - first)
         key = self.key
+        header = bytearray(self.template(count))
+        _CHUNK_FIELD.pack_into(header, _CHUNK_AT, first)
+        _SLOT_FIELD.pack_into(header, _SLOT_AT, slot(key.round, key.clique, index, self.window, key.max_cliques))
+        return b"".join((header, self.wire[ELEMENT_BYTES * first:ELEMENT_BYTES * (first + count)]))
+
+    def template(self, count: int) -> bytes:
+        """The header of a chunk of `count` elements, its `chunk` and `slot` 0."""
         template = self.templates.get(count)
         if template is None:
             frame = build_frames(np.zeros((1, count), dtype=np.int32), chunk=0, slot=0, **self.common)
             template = self.templates[count] = payloads_of(frame)[0][:PAYLOAD_HEADER_BYTES]
-        header = bytearray(template)
-        _CHUNK_FIELD.pack_into(header, _CHUNK_AT, first)
-        _SLOT_FIELD.pack_into(header, _SLOT_AT, slot(key.round, key.clique, index, self.window, key.max_cliques))
-        return b"".join((header, self.wire[ELEMENT_BYTES * first:ELEMENT_BYTES * (first + count)]))
+        return template
 
 
 _CHUNK_AT, _SLOT_AT, _OPCODE_AT = (FRAME_OFFSETS[name] - PAYLOAD_OFFSET for name in ("chunk", "slot", "opcode"))
@@ -479,6 +486,85 @@ class MemberSum:
         self.result_at = now
         return (*self._measured(chunk, now), *self._refill(now))
 
+    def on_results(self, buffer: bytes | bytearray | memoryview, sizes: Sequence[int], slot_size: int,
+                   now: float) -> list[bytes]:
+        """`on_result` of each datagram of `sizes`, the i-th at buffer[i * slot_size:] (as `_receive` reads
+        them); the payloads they let out, in order."""
+        view, sends = memoryview(buffer), []
+        for index, size in enumerate(sizes):
+            sends += self.on_result(view[index * slot_size:index * slot_size + size], now)
+        return sends
+
+
+_LANE_FIELDS = ("magic", "version", "opcode", "fanin", "exponent", "contributors", "job", "round", "clique", "chunk",
+                "count", "bitmap")
+"""The result fields the compiled lane reads, in the order of its `enum LaneField` (inwire/_fastpath.c)."""
+
+
+def _field_at(name):
+    """(offset in the payload, bytes) of an aggregation header field."""
+    return FRAME_OFFSETS[name] - PAYLOAD_OFFSET, FIELDS_BY_NAME[name].nbytes
+
+
+def _field_contents(name, value):
+    """`value` as the unsigned contents of field `name`; None when the field cannot hold it."""
+    bits = FIELDS_BY_NAME[name].bits
+    low = -(1 << (bits - 1)) if FIELDS_BY_NAME[name].signed else 0
+    return value & ((1 << bits) - 1) if low <= value < low + (1 << bits) else None
+
+
+class CompiledMemberSum(MemberSum):
+    """`MemberSum` whose results are read by the compiled kernel (`inwire._fastpath.member_result`): the
+    same steps as `MemberSum.on_result`, which stays the definition, over the same state (the instance's
+    attributes, dicts and sets), so that `start`, `due` and `next_deadline` run unchanged in Python between
+    results. A full chunk's payload is made in the kernel too when `payloads` is a `Contributions` of this
+    sum. tests/test_member_lane.py drives both with the same result streams and compares every payload and
+    every piece of state. A sum the kernel cannot take (no kernel; a key or vector no header field can hold,
+    which no result could match) reads its results in Python."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.lane = self._lane()
+
+    def _lane(self):
+        key, payloads = self.key, self.payloads
+        if compiled is None or len(payloads) != -(-self.elements // self.chunk):
+            return None
+        wanted = dict(magic=MAGIC, version=VERSION, opcode=Opcode.RESULT, fanin=key.fanin, exponent=key.exponent,
+                      contributors=key.fanin, job=key.job, round=key.round, clique=key.clique,
+                      bitmap=(1 << key.fanin) - 1)
+        expected = tuple(_field_contents(name, wanted[name]) if name in wanted else None for name in _LANE_FIELDS)
+        if any(expected[_LANE_FIELDS.index(name)] is None for name in wanted):
+            return None
+        build = None
+        if (isinstance(payloads, Contributions) and (payloads.elements, payloads.chunk) == (self.elements, self.chunk)
+                and _field_contents("chunk", max(self.elements - 1, 0)) is not None):
+            slots = tuple(slot(payloads.key.round, payloads.key.clique, index, payloads.window,
+                               payloads.key.max_cliques) for index in range(2 * payloads.window))
+            if all(_field_contents("slot", value) is not None for value in slots):
+                build = (payloads.template(self.chunk), payloads.wire, _field_at("chunk"), _field_at("slot"), slots)
+        return compiled.member_lane(
+            tuple(_field_at(name) for name in _LANE_FIELDS), expected,
+            (PAYLOAD_HEADER_BYTES, RESULT_TRAILER_BYTES, ELEMENT_BYTES, STATUS_OVERFLOW, self.chunk, self.elements,
+             self.window, FAST_RETRANSMIT), (self.timeout_s, self.min_timeout_s), self.received, self.done_chunks,
+            payloads, build)
+
+    def on_result(self, payload: bytes | memoryview, now: float) -> Sequence[bytes]:
+        if self.lane is None:
+            return super().on_result(payload, now)
+        return compiled.member_result(self.lane, self.__dict__, payload, now)
+
+    def on_results(self, buffer: bytes | bytearray | memoryview, sizes: Sequence[int], slot_size: int,
+                   now: float) -> list[bytes]:
+        if self.lane is None:
+            return super().on_results(buffer, sizes, slot_size, now)
+        return compiled.member_results(self.lane, self.__dict__, buffer, list(sizes), slot_size, now)
+
+
+def member_sum(*args, **kwargs) -> MemberSum:
+    """A `MemberSum(*args, **kwargs)`, its results read by the compiled kernel where it is built."""
+    return (MemberSum if compiled is None else CompiledMemberSum)(*args, **kwargs)
+
 
 def _receive(sock, buffer, slot):
     """Sizes of the datagrams waiting at `sock`, read without blocking into `buffer`, the i-th at i * slot:
@@ -581,8 +667,8 @@ class UdpMember:
         # 25,000 page faults as it fills.
         received = payloads.wire if in_place else memoryview(np.empty(ELEMENT_BYTES * len(quantized),
                                                                       dtype=np.uint8))
-        run = MemberSum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries,
-                        min(MIN_TIMEOUT_S, self.timeout_s), received=received)
+        run = member_sum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries,
+                         min(MIN_TIMEOUT_S, self.timeout_s), received=received)
         sockets = [self.socket] if self.listener is None else [self.socket, self.listener]
         membership = None
         if self.listener is not None:
@@ -614,12 +700,11 @@ class UdpMember:
                 wait = max(0.0, min(run.next_deadline() or now, began + self.deadline_s, roll_at) - now)
                 for ready in select.select(sockets, [], [], wait)[0]:
                     while sizes := _receive(ready, buffer, slot):
-                        now, sends, at = time.monotonic(), [], 0
-                        for size in sizes:
-                            sends += run.on_result(view[at:at + size], now)
-                            if roll is not None:
-                                roll.read(view[at:at + size])
-                            at += slot
+                        now = time.monotonic()
+                        sends = run.on_results(view, sizes, slot, now)
+                        if roll is not None:
+                            for index, size in enumerate(sizes):
+                                roll.read(view[index * slot:index * slot + size])
                         send(sends)
         finally:
             if membership is not None:

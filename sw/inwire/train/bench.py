@@ -180,11 +180,12 @@ def ddp_step_s(use_hook, steps=DDP_STEPS):
 def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
     """CPU seconds of one averaging's parts, each measured alone in this process (no sockets): a member's
     encode and decode of `elements` float32 (`codec_average`, with the compiled kernel where built); a member's
-    handling of one result (`client.MemberSum.on_result`, with the refill it sends) and the service's
+    handling of one result (`on_result` of the sum `client.member_sum` makes, as `UdpMember` does: the compiled
+    lane where built; with the refill it sends) and the service's
     decision on one contribution (`SoftwareAggregator.handle`, unicast copies), per datagram, measured on
     `sample` elements. What the averaging's measured CPU holds beyond these is the sockets' system calls
     and the loops around them."""
-    from ..client import CliqueKey, Contributions, MemberSum
+    from ..client import CliqueKey, Contributions, member_sum
     from ..serve import SoftwareAggregator
     from .codec_average import decode, encode
 
@@ -208,7 +209,7 @@ def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
         decided = time.process_time()
     finally:
         service.close()
-    run = MemberSum(members[0], key, len(members[0].wire) // 4, CHUNK, WINDOW, 1.0, None, 0.002)
+    run = member_sum(members[0], key, len(members[0].wire) // 4, CHUNK, WINDOW, 1.0, None, 0.002)
     run.start(0.0)
     reading = time.process_time()
     for index, result in enumerate(results):
