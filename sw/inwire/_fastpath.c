@@ -838,8 +838,8 @@ static int lane_refill(Lane *lane, PyObject *state, LaneState *s, PyObject *now_
     return outcome < 0 ? -1 : lane_set_size(state, LK_NEXT, chunk);
 }
 
-/* MemberSum._measured: the round trip of chunk `key` folded into the timeout `*rto`, and the oldest chunk in
-   flight sent again (appended to `sends`) when FAST_RETRANSMIT later chunks' results came back without it. */
+/* MemberSum._measured: the round trip of chunk `key` folded into the timeout `*rto`, and every chunk in flight
+   FAST_RETRANSMIT or more before it sent again once (appended to `sends`). */
 static int lane_measured(Lane *lane, PyObject *state, LaneState *s, PyObject *key, Py_ssize_t index, double now,
                          double *rto, PyObject *sends)
 {
@@ -874,41 +874,51 @@ static int lane_measured(Lane *lane, PyObject *state, LaneState *s, PyObject *ke
     }
     if (lane_discard(s->backoff, key) < 0)
         return -1;
-    Py_ssize_t position = 0;
-    PyObject *oldest, *value;
-    if (!PyDict_Next(s->deadline, &position, &oldest, &value))
-        return 0;
-    Py_ssize_t first = PyLong_AsSsize_t(oldest);
-    if (first == -1 && PyErr_Occurred())
+    /* Every chunk in flight FAST_RETRANSMIT or more before `index` and not sent again yet, in send order:
+       collected first, then each sent again (the loop below updates the dict it would walk). */
+    PyObject *lost = PyList_New(0);
+    if (lost == NULL)
         return -1;
-    if (index - first < lane->fast_retransmit)
-        return 0;
-    int resent = PySet_Contains(s->fast_resent, oldest);
-    if (resent != 0)
-        return resent < 0 ? -1 : 0;
-    /* fast_resent.add(oldest); tries[oldest] += 1; retransmits += 1; sent_at.pop(oldest, None);
-       deadline[oldest] = now + rto; the payload of oldest */
-    Py_INCREF(oldest);
+    Py_ssize_t position = 0;
+    PyObject *earlier, *value;
     int outcome = -1;
-    Py_ssize_t tried, retransmits;
-    PyObject *tried_object = PyDict_GetItemWithError(s->tries, oldest), *payload = NULL;
-    if (tried_object == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetObject(PyExc_KeyError, oldest);
-        goto out;
+    while (PyDict_Next(s->deadline, &position, &earlier, &value)) {
+        Py_ssize_t chunk = PyLong_AsSsize_t(earlier);
+        if (chunk == -1 && PyErr_Occurred())
+            goto out;
+        if (index - chunk < lane->fast_retransmit)
+            break;
+        int resent = PySet_Contains(s->fast_resent, earlier);
+        if (resent < 0 || (!resent && PyList_Append(lost, earlier) < 0))
+            goto out;
     }
-    if ((tried = PyLong_AsSsize_t(tried_object)) == -1 && PyErr_Occurred())
-        goto out;
-    if (PySet_Add(s->fast_resent, oldest) < 0 || lane_set_item(s->tries, oldest, PyLong_FromSsize_t(tried + 1)) < 0 ||
-        lane_get_size(state, LK_RETRANSMITS, &retransmits) < 0 ||
-        lane_set_size(state, LK_RETRANSMITS, retransmits + 1) < 0 || lane_discard(s->sent_at, oldest) < 0 ||
-        lane_set_item(s->deadline, oldest, PyFloat_FromDouble(now + *rto)) < 0 ||
-        (payload = lane_payload(lane, first)) == NULL || PyList_Append(sends, payload) < 0)
-        goto out;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(lost); k++) {
+        /* fast_resent.add(c); tries[c] += 1; retransmits += 1; sent_at.pop(c, None); deadline[c] = now + rto;
+           the payload of c */
+        PyObject *chunk_object = PyList_GET_ITEM(lost, k), *payload = NULL;
+        Py_ssize_t chunk = PyLong_AsSsize_t(chunk_object), tried, retransmits;
+        PyObject *tried_object = PyDict_GetItemWithError(s->tries, chunk_object);
+        if (tried_object == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, chunk_object);
+            goto out;
+        }
+        if ((tried = PyLong_AsSsize_t(tried_object)) == -1 && PyErr_Occurred())
+            goto out;
+        if (PySet_Add(s->fast_resent, chunk_object) < 0 ||
+            lane_set_item(s->tries, chunk_object, PyLong_FromSsize_t(tried + 1)) < 0 ||
+            lane_get_size(state, LK_RETRANSMITS, &retransmits) < 0 ||
+            lane_set_size(state, LK_RETRANSMITS, retransmits + 1) < 0 || lane_discard(s->sent_at, chunk_object) < 0 ||
+            lane_set_item(s->deadline, chunk_object, PyFloat_FromDouble(now + *rto)) < 0 ||
+            (payload = lane_payload(lane, chunk)) == NULL || PyList_Append(sends, payload) < 0) {
+            Py_XDECREF(payload);
+            goto out;
+        }
+        Py_DECREF(payload);
+    }
     outcome = 0;
 out:
-    Py_XDECREF(payload);
-    Py_DECREF(oldest);
+    Py_DECREF(lost);
     return outcome;
 }
 
