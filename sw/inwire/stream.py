@@ -28,7 +28,8 @@ import numpy as np
 from inwire_hdl import parse_simulator
 
 from . import client
-from .client import MemberSum, RouteError, clique_group
+from .client import RouteError, clique_group
+from .client import member_sum as member_sum_of
 from .codec import choose_exponent, dequantize, quantize
 from .datagram import parse_endpoint, parse_stats_reply
 from .diagnosis import diagnose
@@ -400,8 +401,8 @@ class Island:
         clique, payloads, expected = self.prepared
         self.prepared = None
         self.tally = tally
-        member_sum = MemberSum(payloads, self.workload.key(clique), config.elements, config.chunk, config.window,
-                               config.timeout_ms / 1000, config.retries)
+        member_sum = member_sum_of(payloads, self.workload.key(clique), config.elements, config.chunk, config.window,
+                                   config.timeout_ms / 1000, config.retries)
         self.transport.subscribe(self.name, clique.group)
         self.finished = asyncio.Event()
         self.loop = loop = asyncio.get_running_loop()
