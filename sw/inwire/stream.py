@@ -357,7 +357,8 @@ class RoundTally:
 
 
 class Island:
-    """One island: its socket (through the transport), its round state (a `client.MemberSum`) and its model.
+    """One island: its socket (through the transport), its round state (`client.member_sum`: a `MemberSum`,
+    its results read by the compiled kernel where it is built) and its model.
 
     A result's elements are copied straight into the round's buffer and its header fields are checked on the
     spot (`MemberSum.on_result`); the elements are compared with the expected sum once per round, when every
