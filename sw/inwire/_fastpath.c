@@ -49,19 +49,25 @@ static int get_buffer(PyObject *object, Py_buffer *view, int writable, const cha
     return 0;
 }
 
-__attribute__((target_clones("avx2", "default")))
-static int accumulate_elements(int64_t *restrict sum, const uint8_t *restrict element, Py_ssize_t count)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+static int accumulate_elements(uint8_t *restrict sum, const uint8_t *restrict element, Py_ssize_t count)
 {
-    /* Branch-free, so that it vectorizes: each sum clipped at the int32 limits, a flag of whether any was. */
+    /* Big-endian int32 sums, updated in place: each clipped at the int32 limits as it is made (the model
+       saturates per contribution), so each fits int32 and the sum of two overflows exactly when int64's would
+       pass a limit: the wrapped sum's sign then differs from both addends', and the limit is the addends'
+       sign's. Branch-free, so that it vectorizes; returns whether any sum clipped. */
     int saturated = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        uint32_t wire;
-        memcpy(&wire, element + 4 * i, 4);
-        int64_t total = sum[i] + (int32_t)__builtin_bswap32(wire);
-        int64_t clipped = total > INT32_MAX ? INT32_MAX : total;
-        clipped = clipped < INT32_MIN ? INT32_MIN : clipped;
-        saturated |= clipped != total;
-        sum[i] = clipped;
+        uint32_t a, b;
+        memcpy(&a, sum + 4 * i, 4);
+        memcpy(&b, element + 4 * i, 4);
+        int32_t x = (int32_t)__builtin_bswap32(a), y = (int32_t)__builtin_bswap32(b);
+        int32_t total = (int32_t)((uint32_t)x + (uint32_t)y);
+        int over = ((x ^ total) & (y ^ total)) < 0;
+        int32_t limit = (x >> 31) ^ INT32_MAX;
+        saturated |= over;
+        uint32_t wire = __builtin_bswap32((uint32_t)(over ? limit : total));
+        memcpy(sum + 4 * i, &wire, 4);
     }
     return saturated;
 }
@@ -464,9 +470,10 @@ typedef struct {
     shape_t shape;        /* the owner's, level resolved as the model's */
     uint64_t bitmap;      /* members summed */
     int overflow;
-    PyObject *result;     /* the completed output (bytes), as first sent; NULL while unfinished */
-    int64_t *sums;
-    Py_ssize_t capacity;  /* elements allocated in sums */
+    /* The slot's output (bytes, owned here alone until it completes): its elements are the running sums, as
+       big-endian int32, so that completing it writes only the header and status. */
+    PyObject *output;
+    int done;             /* completed: the output is as first sent */
     uint64_t stamp;       /* arrival time of the last accepted contribution */
     /* serve.py's learning: the members (by sender index) and children (a set of peers) of `learned_key`. */
     int learned;
@@ -607,13 +614,13 @@ static PyObject *answer(Decider *d, slot_t *s, const uint8_t *p, uint64_t versio
     int partial = causes_partial(d, p, version);
     uint64_t opcode = partial ? d->k[K_PARTIAL] : d->k[K_RESULT];
     count_output(d, partial);
-    const uint8_t *out = (const uint8_t *)PyBytes_AS_STRING(s->result);
+    const uint8_t *out = (const uint8_t *)PyBytes_AS_STRING(s->output);
     if (FIELD(d, out, F_SENDER) == sender && FIELD(d, out, F_OPCODE) == opcode && FIELD(d, out, F_VERSION) == version
         && route_matches(d, out, p, partial)) {
-        Py_INCREF(s->result);
-        return s->result;
+        Py_INCREF(s->output);
+        return s->output;
     }
-    PyObject *patched = PyBytes_FromStringAndSize((const char *)out, PyBytes_GET_SIZE(s->result));
+    PyObject *patched = PyBytes_FromStringAndSize((const char *)out, PyBytes_GET_SIZE(s->output));
     if (patched == NULL)
         return NULL;
     uint8_t *bytes = (uint8_t *)PyBytes_AS_STRING(patched);
@@ -624,17 +631,14 @@ static PyObject *answer(Decider *d, slot_t *s, const uint8_t *p, uint64_t versio
     return patched;
 }
 
-/* The slot's output for the datagram that completed it, packed once (fastpath._complete). */
+/* The slot's output for the datagram that completed it, its header and status written once (fastpath._complete);
+   its elements are the sums already. */
 static PyObject *complete(Decider *d, slot_t *s, uint64_t slot, const uint8_t *p, uint64_t version, uint64_t sender)
 {
     const uint64_t *k = d->k;
     int partial = causes_partial(d, p, version);
-    Py_ssize_t count = (Py_ssize_t)s->shape.count, header = (Py_ssize_t)k[K_HEADER];
-    PyObject *output = PyBytes_FromStringAndSize(NULL, header + (Py_ssize_t)k[K_ELEMENT] * count + (Py_ssize_t)k[K_TRAILER]);
-    if (output == NULL)
-        return NULL;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(output);
-    memset(out, 0, header);
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(s->output);
+    memset(out, 0, k[K_HEADER]);
     PUT(d, out, F_MAGIC, k[K_MAGIC]);
     PUT(d, out, F_VERSION, version);
     PUT(d, out, F_OPCODE, partial ? k[K_PARTIAL] : k[K_RESULT]);
@@ -651,14 +655,12 @@ static PyObject *complete(Decider *d, slot_t *s, uint64_t slot, const uint8_t *p
     PUT(d, out, F_GROUP, s->shape.group);
     PUT(d, out, F_BITMAP, s->bitmap);
     write_route(d, out, p, partial);
-    uint8_t *element = out + header;
-    for (Py_ssize_t i = 0; i < count; i++, element += 4)
-        write_be(element, 4, (uint32_t)(int32_t)s->sums[i]); /* clipped as they were made: each fits int32 */
-    write_be(element, (Py_ssize_t)k[K_TRAILER], s->overflow ? k[K_STATUS_OVERFLOW] : 0);
+    write_be(out + k[K_HEADER] + k[K_ELEMENT] * s->shape.count, (Py_ssize_t)k[K_TRAILER],
+             s->overflow ? k[K_STATUS_OVERFLOW] : 0);
     count_output(d, partial);
-    Py_INCREF(output);
-    s->result = output;
-    return output;
+    s->done = 1;
+    Py_INCREF(s->output);
+    return s->output;
 }
 
 /* Counters before this request, one element each (their low bits); every other field zero (fastpath._stats_reply). */
@@ -682,26 +684,24 @@ static PyObject *stats_reply(Decider *d, uint64_t version, uint64_t sender, uint
     return reply;
 }
 
-/* A new owner for the slot: its sums zeroed (grown to its count), no members, no output. */
-static int claim(slot_t *s, const owner_t *key, const shape_t *shape)
+/* A new owner for the slot: no members, no sums yet (its first contribution's elements are copied in). An unfinished slot's output was never sent, so it is
+   reused when its size fits; a completed one's belongs to whoever it was sent to: a new one is made. */
+static int claim(Decider *d, slot_t *s, const owner_t *key, const shape_t *shape)
 {
-    Py_ssize_t count = (Py_ssize_t)shape->count;
-    if (count > s->capacity) {
-        int64_t *sums = PyMem_Realloc(s->sums, sizeof(int64_t) * count);
-        if (sums == NULL) {
-            PyErr_NoMemory();
+    const uint64_t *k = d->k;
+    Py_ssize_t size = (Py_ssize_t)(k[K_HEADER] + k[K_ELEMENT] * shape->count + k[K_TRAILER]);
+    if (s->output == NULL || s->done || PyBytes_GET_SIZE(s->output) != size) {
+        PyObject *output = PyBytes_FromStringAndSize(NULL, size);
+        if (output == NULL)
             return -1;
-        }
-        s->sums = sums;
-        s->capacity = count;
+        Py_XSETREF(s->output, output);
     }
-    memset(s->sums, 0, sizeof(int64_t) * count);
     s->owned = 1;
+    s->done = 0;
     s->key = *key;
     s->shape = *shape;
     s->bitmap = 0;
     s->overflow = 0;
-    Py_CLEAR(s->result);
     return 0;
 }
 
@@ -778,7 +778,7 @@ static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObjec
     slot_t *s = &d->slot[slot];
     int same = s->owned && same_owner(&s->key, &key);
     if (opcode == k[K_RESULT_REQUEST]) {
-        if (same && s->result != NULL) {
+        if (same && s->done) {
             *reply = answer(d, s, p, version, sender);
             return *reply ? (long long)k[K_ANSWERED] : -1;
         }
@@ -788,14 +788,14 @@ static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObjec
     if (same) {
         if (!same_shape(&s->shape, &shape))
             return k[K_DROP_MISMATCH];
-        if (s->result != NULL) {
+        if (s->done) {
             *reply = answer(d, s, p, version, sender);
             return *reply ? (long long)k[K_ANSWERED] : -1;
         }
         if (s->bitmap & members)
             return k[K_DROP_DUPLICATE];
     } else if (!s->owned) {
-        if (claim(s, &key, &shape) < 0)
+        if (claim(d, s, &key, &shape) < 0)
             return -1;
     } else if (job == s->key.job
                && (key.round != s->key.round ? newer(d, s->key.round, key.round)
@@ -803,22 +803,26 @@ static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObjec
                && !lease_over(d, s)) {
         /* An older frame of the owner's job (a delayed copy) never evicts the slot while its lease runs. */
         return k[K_DROP_STALE];
-    } else if (s->result != NULL) {
-        if (claim(s, &key, &shape) < 0)
+    } else if (s->done) {
+        if (claim(d, s, &key, &shape) < 0)
             return -1;
     } else if (job == s->key.job && newer(d, key.round, s->key.round)) {
-        if (claim(s, &key, &shape) < 0)
+        if (claim(d, s, &key, &shape) < 0)
             return -1;
         d->counts[k[K_SLOTS_RECLAIMED]]++;
     } else if (lease_over(d, s)) {
-        if (claim(s, &key, &shape) < 0)
+        if (claim(d, s, &key, &shape) < 0)
             return -1;
         d->counts[k[K_LEASES_EXPIRED]]++;
     } else {
         return k[K_DROP_COLLISION];
     }
-    /* length == header + 4 * count (+ trailer) and count <= capacity: the elements lie within both. */
-    if (accumulate_elements(s->sums, p + k[K_HEADER], (Py_ssize_t)count)) {
+    /* length == header + 4 * count (+ trailer), and the output was made for this count: the elements lie
+       within both. The first members' elements are the sums (0 + x saturates nowhere). */
+    uint8_t *sums = (uint8_t *)PyBytes_AS_STRING(s->output) + k[K_HEADER];
+    if (s->bitmap == 0)
+        memcpy(sums, p + k[K_HEADER], k[K_ELEMENT] * count);
+    else if (accumulate_elements(sums, p + k[K_HEADER], (Py_ssize_t)count)) {
         d->counts[k[K_SATURATIONS]]++;
         s->overflow = 1;
     }
@@ -1102,9 +1106,6 @@ static int set_config(Decider *d, PyObject *table, int first)
         return refuse("slots out of range");
     if (config[C_MAX_FANIN] > d->k[K_MAX_MEMBERS])
         return refuse("max_fanin above the members a bitmap holds");
-    /* Bounds every sums buffer and output: (header + count elements + trailer) fits a Py_ssize_t easily. */
-    if (config[C_MAX_ELEMENTS] > d->k[K_MAX_PAYLOAD])
-        return refuse("max_elements above the longest payload");
     memcpy(d->config, config, sizeof(config));
     return 0;
 }
@@ -1142,6 +1143,8 @@ static int Decider_init(Decider *d, PyObject *args, PyObject *kwargs)
             (uint64_t)(d->at[f] + d->width[f]) > k[K_HEADER])
             return refuse("a field lies outside the header or is wider than 8 bytes");
     }
+    /* A slot's output is made only for a datagram whose length matched its count, at most the longest payload:
+       that bounds every output's size. */
     if (k[K_HEADER] > (uint64_t)k[K_MAX_PAYLOAD] || k[K_MAX_PAYLOAD] > INT32_MAX)
         return refuse("header or longest payload out of range");
     if (k[K_ELEMENT] != 4)
@@ -1186,8 +1189,7 @@ static void Decider_dealloc(Decider *d)
             slot_t *s = &d->slot[i];
             forget(d, s);
             PyMem_Free(s->members);
-            PyMem_Free(s->sums);
-            Py_CLEAR(s->result);
+            Py_CLEAR(s->output);
         }
     PyMem_Free(d->slot);
     PyMem_Free(d->counts);

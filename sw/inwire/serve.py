@@ -197,7 +197,10 @@ class SoftwareAggregator:
         if engine == "fast":
             self.model = None
             self.fast = FastAggregator(self.config, backend)
-            self.handle = self._handle_fast
+            # The compiled decider also keeps the learning table (`learned`) and makes the unicast copies.
+            self.handle = self._handle_compiled if self.fast.learns else self._handle_fast
+            if self.fast.learns:
+                self._decide, self._compiled_copies = self.fast.handle, self.fast.copies
             # recvmmsg/sendmmsg come with the compiled kernel; the numpy variant stays all Python.
             self.batch_io = self.fast.backend == "c"
         else:
@@ -206,15 +209,20 @@ class SoftwareAggregator:
             self.handle = self._handle_golden
             self.batch_io = False
         self.dst_mac = self.config.mac.to_bytes(6, "big")
-        self.learned = {}
-        """slot -> (owner key, {sender index: (ip, port)} of members, {(ip, port)} of child aggregators),
-        learned from the accepted contributions and partials of the slot's current owner."""
+        self._learned = {}
         self.parents = {}
         """slot -> (owner key, (ip, port)) of the partial this service last sent up for the slot: the one
         result it may relay next."""
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
         self._groups = {}
         self._stop = threading.Event()
+
+    @property
+    def learned(self) -> dict:
+        """slot -> (owner key, {sender index: (ip, port)} of members, {(ip, port)} of child aggregators),
+        learned from the accepted contributions and partials of the slot's current owner. With the compiled
+        decider the table lives in it, and this is a copy."""
+        return self.fast.learned() if self.fast is not None and self.fast.learns else self._learned
 
     @property
     def description(self) -> str:
@@ -258,6 +266,26 @@ class SoftwareAggregator:
             self._learn(payload, peer)
         if answer is None:
             return []
+        return self._send_answer(payload, peer, disposition, answer)
+
+    def _handle_compiled(self, payload, peer, now=None):
+        """`_handle_fast` with the compiled decider, which learns the peer as `_learn` would."""
+        if len(payload) > 3 and payload[3] in _SERVICE_OPCODES:
+            refused = self._refused_before_deciding(payload, peer)
+            if refused is not None:
+                return refused
+        disposition, answer = self._decide(payload, self.ticks() if now is None else now, peer[0], peer)
+        if answer is None:
+            return []
+        if self.unicast and answer[3] == _RESULT and disposition != _ANSWERED:
+            # `_unicast_copies` inline: the completion of every slot comes here.
+            copies = self._unless_own(self._compiled_copies(answer, None))
+            self.own["unicast_copies"] += len(copies)
+            return copies
+        return self._send_answer(payload, peer, disposition, answer)
+
+    def _send_answer(self, payload, peer, disposition, answer):
+        """Where the fast path's answer to `payload` from `peer` goes."""
         if answer[3] == _PARTIAL:
             return self._partial(answer, (ip_str(next_hop(payload)), self.config.port))
         if answer[3] != _RESULT:
@@ -314,9 +342,9 @@ class SoftwareAggregator:
         if payload[3] not in _LEARNED_OPCODES:
             return
         slot, key, sender = _owner(payload)
-        entry = self.learned.get(slot)
+        entry = self._learned.get(slot)
         if entry is None or entry[0] != key:
-            entry = self.learned[slot] = (key, {}, set())
+            entry = self._learned[slot] = (key, {}, set())
         if payload[3] == _PARTIAL:
             entry[2].add(peer)
         else:
@@ -332,8 +360,10 @@ class SoftwareAggregator:
     def _copies(self, body, parent=None):
         """A result for each member and child aggregator learned for its slot's owner, except `parent`
         (where a relayed result came from) and this service."""
+        if self.fast is not None and self.fast.learns:
+            return self._unless_own(self._compiled_copies(body, parent))
         slot, key, _ = _owner(body)
-        entry = self.learned.get(slot)
+        entry = self._learned.get(slot)
         if entry is None or entry[0] != key:
             return []
         bitmap, = _BITMAP.unpack_from(body, _BITMAP_AT)
@@ -358,7 +388,11 @@ class SoftwareAggregator:
 
     def _unless_own(self, sends):
         """`sends` without those addressed to this service, which are counted."""
-        kept = [send for send in sends if not self._is_own(send[1])]
+        if self.wildcard:
+            kept = [send for send in sends if not self._is_own(send[1])]
+        else:
+            address = self.address  # `_is_own` without a wildcard, inline: once per unicast copy
+            kept = [send for send in sends if tuple(send[1]) != address]
         self.own["sends_refused"] += len(sends) - len(kept)
         return kept
 
