@@ -368,7 +368,8 @@ def test_a_tampered_decider_is_caught(pair, monkeypatch, tamper):
 
 def test_the_decider_refuses_numbers_that_would_take_it_out_of_bounds():
     """A field beyond the header, a counter index beyond the counters, a bitmap narrower than the members or
-    another number of slots is refused when the decider is made (or configured), not found out by a datagram."""
+    another number of slots is refused when the decider is made (or configured), not found out by a datagram;
+    so are a decider that was never made and a payload that is no contiguous buffer."""
     from inwire.model import AggregatorConfig
 
     backend_available("c")
@@ -386,6 +387,14 @@ def test_the_decider_refuses_numbers_that_would_take_it_out_of_bounds():
     fast = fastpath.FastAggregator(config, "c")
     with pytest.raises(ValueError, match="slots"):
         fast.config = dataclasses.replace(config, slots=5)
+    with pytest.raises(RuntimeError, match="not made"):
+        fastpath.compiled.Decider.__new__(fastpath.compiled.Decider).handle(b"")
+    released = memoryview(bytes(100))
+    released.release()
+    for payload in (released, memoryview(bytes(200))[::2]):
+        with pytest.raises(TypeError, match="contiguous"):
+            fast.handle(payload)
+    assert fast.stats()["frames_in"] == 0
 
 
 def test_a_missing_kernel_fails_under_ci(monkeypatch):

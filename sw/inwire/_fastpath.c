@@ -494,6 +494,15 @@ typedef struct {
     uint64_t round_mask, round_half; /* serial-number arithmetic on the round field's width */
 } Decider;
 
+/* Whether the decider was made (its __init__ ran): a bare Decider.__new__ has no slots to decide on. */
+static int ready(const Decider *d)
+{
+    if (d->slot != NULL)
+        return 1;
+    PyErr_SetString(PyExc_RuntimeError, "Decider: not made (call Decider(fields, constants, config))");
+    return 0;
+}
+
 static inline uint64_t read_be(const uint8_t *p, Py_ssize_t width)
 {
     uint64_t value = 0;
@@ -877,6 +886,8 @@ static int learn(Decider *d, const uint8_t *p, PyObject *peer)
    `peer` (any hashable, serve's (host, port)), an accepted or answered contribution or partial is learned. */
 static PyObject *Decider_handle(Decider *d, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (!ready(d))
+        return NULL;
     if (nargs < 1 || nargs > 4) {
         PyErr_SetString(PyExc_TypeError, "handle(payload, now=None, source=0, peer=None)");
         return NULL;
@@ -892,12 +903,30 @@ static PyObject *Decider_handle(Decider *d, PyObject *const *args, Py_ssize_t na
             return NULL;
         d->now = ticks & d->k[K_TIME_MASK];
     }
+    /* The payload's bytes: a bytes object's or a memoryview's directly (the GIL is held throughout, so
+       neither can change or be released meanwhile), any other buffer's through the buffer protocol. */
     Py_buffer view;
-    if (get_buffer(args[0], &view, 0, "payload") < 0)
-        return NULL;
-    const uint8_t *p = (const uint8_t *)view.buf;
+    const uint8_t *p;
+    Py_ssize_t length;
+    int held = 0;
+    if (PyBytes_CheckExact(args[0])) {
+        p = (const uint8_t *)PyBytes_AS_STRING(args[0]);
+        length = PyBytes_GET_SIZE(args[0]);
+#ifdef _Py_MEMORYVIEW_RELEASED
+    } else if (PyMemoryView_Check(args[0]) && !(((PyMemoryViewObject *)args[0])->flags & _Py_MEMORYVIEW_RELEASED) &&
+               PyBuffer_IsContiguous(PyMemoryView_GET_BUFFER(args[0]), 'C')) {
+        p = (const uint8_t *)PyMemoryView_GET_BUFFER(args[0])->buf;
+        length = PyMemoryView_GET_BUFFER(args[0])->len;
+#endif
+    } else {
+        if (get_buffer(args[0], &view, 0, "payload") < 0)
+            return NULL;
+        p = (const uint8_t *)view.buf;
+        length = view.len;
+        held = 1;
+    }
     PyObject *reply;
-    long long disposition = decide(d, p, view.len, source, &reply);
+    long long disposition = decide(d, p, length, source, &reply);
     if (disposition >= 0) {
         d->counts[disposition]++;
         d->counts[d->k[K_FRAMES_IN]]++;
@@ -907,7 +936,8 @@ static PyObject *Decider_handle(Decider *d, PyObject *const *args, Py_ssize_t na
                 disposition = -1;
         }
     }
-    PyBuffer_Release(&view);
+    if (held)
+        PyBuffer_Release(&view);
     if (disposition < 0) {
         Py_XDECREF(reply);
         return NULL;
@@ -952,6 +982,8 @@ static int append_copy(PyObject *list, PyObject *body, PyObject *address, PyObje
    (sorted), except `parent`. */
 static PyObject *Decider_copies(Decider *d, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (!ready(d))
+        return NULL;
     if (nargs < 1 || nargs > 2) {
         PyErr_SetString(PyExc_TypeError, "copies(body, parent=None)");
         return NULL;
@@ -1024,6 +1056,8 @@ done:
 /* learned() -> {slot: entry}: serve.py's learning table, for the slots that learned something. */
 static PyObject *Decider_learned(Decider *d, PyObject *unused)
 {
+    if (!ready(d))
+        return NULL;
     PyObject *table = PyDict_New();
     for (Py_ssize_t slot = 0; table != NULL && slot < d->slots; slot++) {
         if (!d->slot[slot].learned)
@@ -1039,6 +1073,8 @@ static PyObject *Decider_learned(Decider *d, PyObject *unused)
 
 static PyObject *Decider_slot_key(Decider *d, PyObject *argument)
 {
+    if (!ready(d))
+        return NULL;
     Py_ssize_t slot = PyLong_AsSsize_t(argument);
     if (slot == -1 && PyErr_Occurred())
         return NULL;
@@ -1054,6 +1090,8 @@ static PyObject *Decider_slot_key(Decider *d, PyObject *argument)
 
 static PyObject *Decider_counts(Decider *d, PyObject *unused)
 {
+    if (!ready(d))
+        return NULL;
     PyObject *list = PyList_New((Py_ssize_t)d->k[K_COUNTERS]);
     if (list == NULL)
         return NULL;
@@ -1112,6 +1150,8 @@ static int set_config(Decider *d, PyObject *table, int first)
 
 static PyObject *Decider_configure(Decider *d, PyObject *table)
 {
+    if (!ready(d))
+        return NULL;
     if (set_config(d, table, 0) < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -1155,7 +1195,7 @@ static int Decider_init(Decider *d, PyObject *args, PyObject *kwargs)
         return refuse("members must fit the bitmap field (at most 64)");
     if (k[K_TIME_MASK] & (k[K_TIME_MASK] + 1))
         return refuse("the time mask must be all ones below a power of two");
-    if (d->width[F_SENDER] > 1 || d->at[F_HOP1_EXPECT] > d->at[F_RESERVED] || d->at[F_EXPECT] > d->at[F_HOP1_EXPECT])
+    if (d->at[F_HOP1_EXPECT] > d->at[F_RESERVED] || d->at[F_EXPECT] > d->at[F_HOP1_EXPECT])
         return refuse("the route's fields are out of order");
     if (k[K_COUNTERS] < 1 || k[K_COUNTERS] > (k[K_MAX_PAYLOAD] - k[K_HEADER]) / k[K_ELEMENT])
         return refuse("a stats reply of the counters must fit a payload");
