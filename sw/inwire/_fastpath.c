@@ -544,9 +544,9 @@ static inline int lease_over(const Decider *d, const slot_t *s)
     return lease && ((d->now - s->stamp) & d->k[K_TIME_MASK]) >= lease;
 }
 
-static inline uint64_t clique_bits(const Decider *d, uint64_t fanin)
+static inline uint64_t clique_bits(uint64_t fanin)
 {
-    /* fanin <= max_fanin <= max_members <= 64, checked when they came in */
+    /* fanin <= max_fanin <= max_members <= 64 (a uint64_t's bits), checked when they came in */
     return fanin >= 64 ? UINT64_MAX : ((uint64_t)1 << fanin) - 1;
 }
 
@@ -751,7 +751,7 @@ static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObjec
         return k[K_DROP_FANIN];
     if (sender >= fanin)
         return k[K_DROP_SENDER];
-    uint64_t whole = clique_bits(d, fanin), members, level;
+    uint64_t whole = clique_bits(fanin), members, level;
     if (version == k[K_VERSION_1]) {
         /* Whatever its tree bytes hold: one member, the whole clique, the root. */
         members = (uint64_t)1 << sender;
