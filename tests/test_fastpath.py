@@ -236,6 +236,18 @@ def test_fast_path_equals_the_model_on_timed_cliques_with_leases(pair, backend, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_fast_path_equals_the_model_when_members_send_from_the_service_s_own_address(pair, backend):
+    """Unicast copies never go to the service itself: members whose datagrams come from its own address (a
+    forged source) get none, and each copy left out is counted, on either path, as the golden service does."""
+    golden, fast = pair(backend_available(backend), unicast=True, slots=4, max_elements=32)
+    stream = [(payload, golden.address if index % 5 == 0 else peer)
+              for index, (payload, peer) in enumerate(CliqueStream(seed=8, slots=4, max_elements=32).stream(DATAGRAMS))]
+    assert first_difference(golden, fast, stream) is None
+    counters = fast.counters()
+    assert counters["sends_refused"] > 0 and counters["unicast_copies"] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_saturation_is_per_contribution(pair, backend):
     """MAX + MAX - MAX: the sum clips at MAX after the second member, so the third brings it to 0."""
     golden, fast = pair(backend_available(backend), slots=2, max_elements=4)

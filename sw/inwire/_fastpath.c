@@ -881,6 +881,85 @@ static int learn(Decider *d, const uint8_t *p, PyObject *peer)
     return 0;
 }
 
+/* A payload's bytes: a bytes object's or a memoryview's directly (the GIL is held throughout, so neither can
+   change or be released meanwhile), any other buffer's through the buffer protocol. */
+typedef struct {
+    const uint8_t *p;
+    Py_ssize_t length;
+    Py_buffer view;
+    int held;
+} payload_t;
+
+static int open_payload(PyObject *object, payload_t *payload)
+{
+    payload->held = 0;
+    if (PyBytes_CheckExact(object)) {
+        payload->p = (const uint8_t *)PyBytes_AS_STRING(object);
+        payload->length = PyBytes_GET_SIZE(object);
+#ifdef _Py_MEMORYVIEW_RELEASED
+    } else if (PyMemoryView_Check(object) && !(((PyMemoryViewObject *)object)->flags & _Py_MEMORYVIEW_RELEASED) &&
+               PyBuffer_IsContiguous(PyMemoryView_GET_BUFFER(object), 'C')) {
+        payload->p = (const uint8_t *)PyMemoryView_GET_BUFFER(object)->buf;
+        payload->length = PyMemoryView_GET_BUFFER(object)->len;
+#endif
+    } else {
+        if (get_buffer(object, &payload->view, 0, "payload") < 0)
+            return -1;
+        payload->p = (const uint8_t *)payload->view.buf;
+        payload->length = payload->view.len;
+        payload->held = 1;
+    }
+    return 0;
+}
+
+static void close_payload(payload_t *payload)
+{
+    if (payload->held)
+        PyBuffer_Release(&payload->view);
+}
+
+/* The arrival time of the datagrams from now on: `now` (lease ticks, any int) modulo the timer; None: no time
+   passed. */
+static int set_now(Decider *d, PyObject *now)
+{
+    if (now == Py_None)
+        return 0;
+    unsigned long long ticks = PyLong_AsUnsignedLongLongMask(now);
+    if (ticks == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    d->now = ticks & d->k[K_TIME_MASK];
+    return 0;
+}
+
+/* decide, then count the disposition and, with a peer, learn an accepted or answered contribution or partial. */
+static long long decide_counted(Decider *d, const uint8_t *p, Py_ssize_t length, PyObject *source, PyObject *peer,
+                                PyObject **reply)
+{
+    long long disposition = decide(d, p, length, source, reply);
+    if (disposition < 0)
+        return -1;
+    d->counts[disposition]++;
+    d->counts[d->k[K_FRAMES_IN]]++;
+    if (peer != Py_None && (disposition == (long long)d->k[K_ACCUMULATED] || disposition == (long long)d->k[K_ANSWERED])) {
+        uint64_t opcode = FIELD(d, p, F_OPCODE);
+        if ((opcode == d->k[K_CONTRIBUTION] || opcode == d->k[K_PARTIAL]) && learn(d, p, peer) < 0) {
+            Py_CLEAR(*reply);
+            return -1;
+        }
+    }
+    return disposition;
+}
+
+/* (disposition, reply or None), taking the reference to reply. */
+static PyObject *outcome(long long disposition, PyObject *reply)
+{
+    PyObject *number = PyLong_FromLongLong(disposition);
+    PyObject *pair = number ? PyTuple_Pack(2, number, reply ? reply : Py_None) : NULL;
+    Py_XDECREF(number);
+    Py_XDECREF(reply);
+    return pair;
+}
+
 /* handle(payload, now=None, source=0, peer=None) -> (disposition, answer or None): one datagram that arrived at
    `now` (lease ticks; None: no time passed) from `source` (read only when it names a next hop), counted; with
    `peer` (any hashable, serve's (host, port)), an accepted or answered contribution or partial is learned. */
@@ -892,82 +971,92 @@ static PyObject *Decider_handle(Decider *d, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "handle(payload, now=None, source=0, peer=None)");
         return NULL;
     }
-    PyObject *now = nargs > 1 ? args[1] : Py_None, *peer = nargs > 3 ? args[3] : Py_None;
     static PyObject *zero = NULL;
     if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL)
         return NULL;
-    PyObject *source = nargs > 2 ? args[2] : zero;
-    if (now != Py_None) {
-        unsigned long long ticks = PyLong_AsUnsignedLongLongMask(now);
-        if (ticks == (unsigned long long)-1 && PyErr_Occurred())
-            return NULL;
-        d->now = ticks & d->k[K_TIME_MASK];
-    }
-    /* The payload's bytes: a bytes object's or a memoryview's directly (the GIL is held throughout, so
-       neither can change or be released meanwhile), any other buffer's through the buffer protocol. */
-    Py_buffer view;
-    const uint8_t *p;
-    Py_ssize_t length;
-    int held = 0;
-    if (PyBytes_CheckExact(args[0])) {
-        p = (const uint8_t *)PyBytes_AS_STRING(args[0]);
-        length = PyBytes_GET_SIZE(args[0]);
-#ifdef _Py_MEMORYVIEW_RELEASED
-    } else if (PyMemoryView_Check(args[0]) && !(((PyMemoryViewObject *)args[0])->flags & _Py_MEMORYVIEW_RELEASED) &&
-               PyBuffer_IsContiguous(PyMemoryView_GET_BUFFER(args[0]), 'C')) {
-        p = (const uint8_t *)PyMemoryView_GET_BUFFER(args[0])->buf;
-        length = PyMemoryView_GET_BUFFER(args[0])->len;
-#endif
-    } else {
-        if (get_buffer(args[0], &view, 0, "payload") < 0)
-            return NULL;
-        p = (const uint8_t *)view.buf;
-        length = view.len;
-        held = 1;
-    }
-    PyObject *reply;
-    long long disposition = decide(d, p, length, source, &reply);
-    if (disposition >= 0) {
-        d->counts[disposition]++;
-        d->counts[d->k[K_FRAMES_IN]]++;
-        if (peer != Py_None && (disposition == (long long)d->k[K_ACCUMULATED] || disposition == (long long)d->k[K_ANSWERED])) {
-            uint64_t opcode = FIELD(d, p, F_OPCODE);
-            if ((opcode == d->k[K_CONTRIBUTION] || opcode == d->k[K_PARTIAL]) && learn(d, p, peer) < 0)
-                disposition = -1;
-        }
-    }
-    if (held)
-        PyBuffer_Release(&view);
-    if (disposition < 0) {
-        Py_XDECREF(reply);
+    PyObject *source = nargs > 2 ? args[2] : zero, *peer = nargs > 3 ? args[3] : Py_None, *reply = NULL;
+    payload_t payload;
+    if (set_now(d, nargs > 1 ? args[1] : Py_None) < 0 || open_payload(args[0], &payload) < 0)
         return NULL;
-    }
-    PyObject *number = PyLong_FromLongLong(disposition);
-    if (number == NULL) {
-        Py_XDECREF(reply);
-        return NULL;
-    }
-    PyObject *outcome = PyTuple_New(2);
-    if (outcome == NULL) {
-        Py_DECREF(number);
-        Py_XDECREF(reply);
-        return NULL;
-    }
-    if (reply == NULL) {
-        Py_INCREF(Py_None);
-        reply = Py_None;
-    }
-    PyTuple_SET_ITEM(outcome, 0, number);
-    PyTuple_SET_ITEM(outcome, 1, reply);
-    return outcome;
+    long long disposition = decide_counted(d, payload.p, payload.length, source, peer, &reply);
+    close_payload(&payload);
+    return disposition < 0 ? NULL : outcome(disposition, reply);
 }
 
-static int append_copy(PyObject *list, PyObject *body, PyObject *address, PyObject *parent)
+static PyObject *make_copies(Decider *d, PyObject *body, PyObject *parent, PyObject *own, Py_ssize_t *refused);
+
+/* serve(payload, now, source, peer, own) -> None, [], (disposition, answer) or (copies, refused): inwire serve's
+   handling of one datagram from `peer` up to where its answer goes, for its common case.
+   None: the payload's opcode is one the service looks at before the aggregator (a result, a stats request,
+   serve.py's `_refused_before_deciding`); nothing was decided. []: decided, nothing to send.
+   (copies, refused): `own` (the service's address; given in unicast mode where no wildcard address makes
+   other addresses the service's too) and a result that completed its slot: its copies for the members and
+   children learned (as `copies`), without those to `own`, and how many those were.
+   (disposition, answer): any other answer, for serve to send where it goes. */
+static PyObject *Decider_serve(Decider *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!ready(d))
+        return NULL;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "serve(payload, now, source, peer, own)");
+        return NULL;
+    }
+    PyObject *reply = NULL, *own = args[4];
+    payload_t payload;
+    if (open_payload(args[0], &payload) < 0)
+        return NULL;
+    if (payload.length >= d->at[F_OPCODE] + d->width[F_OPCODE]) {
+        uint64_t opcode = FIELD(d, payload.p, F_OPCODE);
+        if (opcode == d->k[K_RESULT] || opcode == d->k[K_STATS_REQUEST]) {
+            close_payload(&payload);
+            Py_RETURN_NONE;
+        }
+    }
+    if (set_now(d, args[1]) < 0) {
+        close_payload(&payload);
+        return NULL;
+    }
+    long long disposition = decide_counted(d, payload.p, payload.length, args[2], args[3], &reply);
+    close_payload(&payload);
+    if (disposition < 0)
+        return NULL;
+    if (reply == NULL)
+        return PyList_New(0);
+    if (own == Py_None || disposition == (long long)d->k[K_ANSWERED] ||
+        FIELD(d, (const uint8_t *)PyBytes_AS_STRING(reply), F_OPCODE) != d->k[K_RESULT])
+        return outcome(disposition, reply);
+    Py_ssize_t refused = 0;
+    PyObject *copies = make_copies(d, reply, Py_None, own, &refused);
+    Py_DECREF(reply);
+    if (copies == NULL)
+        return NULL;
+    PyObject *count = PyLong_FromSsize_t(refused);
+    PyObject *pair = count ? PyTuple_Pack(2, copies, count) : NULL;
+    Py_DECREF(copies);
+    Py_XDECREF(count);
+    return pair;
+}
+
+/* Appends (body, address) to `list` unless the address is `parent` or `own` (counted in *refused); -1 on error. */
+static int append_copy(PyObject *list, PyObject *body, PyObject *address, PyObject *parent, PyObject *own,
+                       Py_ssize_t *refused)
 {
     if (parent != Py_None) {
         int other = PyObject_RichCompareBool(address, parent, Py_NE);
         if (other <= 0)
             return other;
+    }
+    if (own != Py_None) {
+        /* serve.py's `_is_own` without a wildcard address: the address as a tuple equals the service's. */
+        PyObject *as_tuple = PySequence_Tuple(address);
+        int mine = as_tuple ? PyObject_RichCompareBool(as_tuple, own, Py_EQ) : -1;
+        Py_XDECREF(as_tuple);
+        if (mine < 0)
+            return -1;
+        if (mine) {
+            (*refused)++;
+            return 0;
+        }
     }
     PyObject *copy = PyTuple_Pack(2, body, address);
     if (copy == NULL)
@@ -977,18 +1066,10 @@ static int append_copy(PyObject *list, PyObject *body, PyObject *address, PyObje
     return failed;
 }
 
-/* copies(body, parent=None) -> [(body, address)]: serve.py's `_copies` before its own-address filter: the
-   members learned for the result's slot and owner whose bits its bitmap holds (by index), then the children
-   (sorted), except `parent`. */
-static PyObject *Decider_copies(Decider *d, PyObject *const *args, Py_ssize_t nargs)
+/* serve.py's `_copies`: the members learned for the result's slot and owner whose bits its bitmap holds (by
+   index), then the children (sorted), except `parent` and, when given, `own`. */
+static PyObject *make_copies(Decider *d, PyObject *body, PyObject *parent, PyObject *own, Py_ssize_t *refused)
 {
-    if (!ready(d))
-        return NULL;
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "copies(body, parent=None)");
-        return NULL;
-    }
-    PyObject *body = args[0], *parent = nargs > 1 ? args[1] : Py_None;
     Py_buffer view;
     if (get_buffer(body, &view, 0, "body") < 0)
         return NULL;
@@ -1008,7 +1089,8 @@ static PyObject *Decider_copies(Decider *d, PyObject *const *args, Py_ssize_t na
         return list;
     if (s->members != NULL)
         for (uint64_t i = 0; i < d->k[K_MAX_MEMBERS]; i++)
-            if (s->members[i] != NULL && (bitmap >> i & 1) && append_copy(list, body, s->members[i], parent) < 0)
+            if (s->members[i] != NULL && (bitmap >> i & 1) &&
+                append_copy(list, body, s->members[i], parent, own, refused) < 0)
                 goto failed;
     if (s->children != NULL) {
         PyObject *children = PySequence_List(s->children);
@@ -1017,7 +1099,7 @@ static PyObject *Decider_copies(Decider *d, PyObject *const *args, Py_ssize_t na
             goto failed;
         }
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(children); i++)
-            if (append_copy(list, body, PyList_GET_ITEM(children, i), parent) < 0) {
+            if (append_copy(list, body, PyList_GET_ITEM(children, i), parent, own, refused) < 0) {
                 Py_DECREF(children);
                 goto failed;
             }
@@ -1027,6 +1109,19 @@ static PyObject *Decider_copies(Decider *d, PyObject *const *args, Py_ssize_t na
 failed:
     Py_DECREF(list);
     return NULL;
+}
+
+/* copies(body, parent=None) -> [(body, address)]: serve.py's `_copies` before its own-address filter. */
+static PyObject *Decider_copies(Decider *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!ready(d))
+        return NULL;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "copies(body, parent=None)");
+        return NULL;
+    }
+    Py_ssize_t refused = 0;
+    return make_copies(d, args[0], nargs > 1 ? args[1] : Py_None, Py_None, &refused);
 }
 
 /* One slot's entry of serve.py's learning table: ((job, round, clique, chunk), {sender: peer}, {peers}). */
@@ -1239,6 +1334,8 @@ static void Decider_dealloc(Decider *d)
 static PyMethodDef Decider_methods[] = {
     {"handle", (PyCFunction)(void (*)(void))Decider_handle, METH_FASTCALL,
      "handle(payload, now=None, source=0, peer=None) -> (disposition, answer or None)"},
+    {"serve", (PyCFunction)(void (*)(void))Decider_serve, METH_FASTCALL,
+     "serve(payload, now, source, peer, own) -> None, [], (disposition, answer) or (copies, refused)"},
     {"copies", (PyCFunction)(void (*)(void))Decider_copies, METH_FASTCALL,
      "copies(body, parent=None) -> [(body, address)]: a result for each learned member and child"},
     {"learned", (PyCFunction)Decider_learned, METH_NOARGS, "learned() -> serve's learning table, as a dict"},

@@ -192,6 +192,7 @@ class SoftwareAggregator:
         network, length = stats_from or self.config.upstream_prefix
         self.stats_from = ipaddress.IPv4Network((network, length))
         self.wildcard = self.address[0] == "0.0.0.0"
+        self._copies_in_decider = unicast and not self.wildcard
         self._local = {}
         self._started = time.monotonic()
         if engine == "fast":
@@ -200,7 +201,7 @@ class SoftwareAggregator:
             # The compiled decider also keeps the learning table (`learned`) and makes the unicast copies.
             self.handle = self._handle_compiled if self.fast.learns else self._handle_fast
             if self.fast.learns:
-                self._decide, self._compiled_copies = self.fast.handle, self.fast.copies
+                self._serve, self._compiled_copies = self.fast.serve, self.fast.copies
             # recvmmsg/sendmmsg come with the compiled kernel; the numpy variant stays all Python.
             self.batch_io = self.fast.backend == "c"
         else:
@@ -269,20 +270,28 @@ class SoftwareAggregator:
         return self._send_answer(payload, peer, disposition, answer)
 
     def _handle_compiled(self, payload, peer, now=None):
-        """`_handle_fast` with the compiled decider, which learns the peer as `_learn` would."""
-        if len(payload) > 3 and payload[3] in _SERVICE_OPCODES:
+        """`_handle_fast` with the compiled decider, which learns the peer as `_learn` would and, in the common
+        case, makes the unicast copies of a completed result too (`Decider.serve`)."""
+        now = self.ticks() if now is None else now
+        # The service's address, for the decider to leave out of unicast copies; without it (multicast, or a
+        # wildcard address, which makes other addresses the service's too) copies are made here.
+        own = self.address if self._copies_in_decider else None
+        decided = self._serve(payload, now, peer[0], peer, own)
+        if decided is None:  # a result or stats request: the service looks first
             refused = self._refused_before_deciding(payload, peer)
             if refused is not None:
                 return refused
-        disposition, answer = self._decide(payload, self.ticks() if now is None else now, peer[0], peer)
-        if answer is None:
-            return []
-        if self.unicast and answer[3] == _RESULT and disposition != _ANSWERED:
-            # `_unicast_copies` inline: the completion of every slot comes here.
-            copies = self._unless_own(self._compiled_copies(answer, None))
-            self.own["unicast_copies"] += len(copies)
-            return copies
-        return self._send_answer(payload, peer, disposition, answer)
+            disposition, answer = self.fast.handle(payload, now, peer[0], peer)
+            return [] if answer is None else self._send_answer(payload, peer, disposition, answer)
+        if decided.__class__ is list:  # nothing to send
+            return decided
+        first, second = decided
+        if first.__class__ is list:  # a completed result's unicast copies, and how many were to this service
+            own_counts = self.own
+            own_counts["sends_refused"] += second
+            own_counts["unicast_copies"] += len(first)
+            return first
+        return self._send_answer(payload, peer, first, second)
 
     def _send_answer(self, payload, peer, disposition, answer):
         """Where the fast path's answer to `payload` from `peer` goes."""
