@@ -10,8 +10,10 @@ datagrams left out, so that abandoned slots expire. Both backends of the fast pa
 run them: numpy and, when built, the C kernel; under CI=true a missing kernel fails the test.
 Reduction-tree traffic (protocol v2: partials, member bitmaps, levels, routes of up to three levels,
 version 1 frames mixed in) is compared with the model aggregator by aggregator, payload and destination,
-and through a chain of three with a lost partial; mutants of the fast path show that it catches a missing
-rule.
+and through a chain of three with a lost partial; datagrams at the edge of every check are compared one by
+one. Mutants of the numpy fast path show that the comparison catches a missing rule, and deciders of the C
+backend made with one number wrong (a counter index, a flag, an opcode, a limit, a field offset) that it
+catches those.
 `INWIRE_FUZZ_FRAMES` scales the streams as it does for the fuzz tests.
 """
 
@@ -25,7 +27,7 @@ import numpy as np
 import pytest
 
 from inwire import fastpath
-from inwire.datagram import PAYLOAD_OFFSET, ip_str, payload_of, wrap
+from inwire.datagram import PAYLOAD_OFFSET, ip_int, ip_str, payload_of, wrap
 from inwire.packets import build_frames, frame_field
 from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, Disposition, Opcode, clique_mask
 from inwire.serve import SoftwareAggregator
@@ -234,6 +236,18 @@ def test_fast_path_equals_the_model_on_timed_cliques_with_leases(pair, backend, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_fast_path_equals_the_model_when_members_send_from_the_service_s_own_address(pair, backend):
+    """Unicast copies never go to the service itself: members whose datagrams come from its own address (a
+    forged source) get none, and each copy left out is counted, on either path, as the golden service does."""
+    golden, fast = pair(backend_available(backend), unicast=True, slots=4, max_elements=32)
+    stream = [(payload, golden.address if index % 5 == 0 else peer)
+              for index, (payload, peer) in enumerate(CliqueStream(seed=8, slots=4, max_elements=32).stream(DATAGRAMS))]
+    assert first_difference(golden, fast, stream) is None
+    counters = fast.counters()
+    assert counters["sends_refused"] > 0 and counters["unicast_copies"] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_saturation_is_per_contribution(pair, backend):
     """MAX + MAX - MAX: the sum clips at MAX after the second member, so the third brings it to 0."""
     golden, fast = pair(backend_available(backend), slots=2, max_elements=4)
@@ -306,21 +320,93 @@ def test_unknown_or_missing_backend_is_refused(monkeypatch):
         fastpath.FastAggregator(AggregatorConfig(), backend="c")
 
 
-def test_a_tampered_kernel_is_caught(pair, monkeypatch):
-    """The compiled backend is held to the model too: a kernel that loses the saturation flag is caught."""
-    real = backend_available("c") and fastpath.compiled
+def _set(part, name, value):
+    """A tamper of the compiled decider: its `part` ("fields" or "constants") with `name` set to `value(part)`."""
+    def tamper(fields, constants):
+        table = fields if part == "fields" else constants
+        assert name in table, name
+        table[name] = value(table)
+    return tamper
 
-    class Forgetful:
-        encode_result = staticmethod(real.encode_result)
 
-        @staticmethod
-        def accumulate(sums, payload, offset, count):
-            real.accumulate(sums, payload, offset, count)
-            return False
+DECIDER_TAMPERS = {
+    # name: (stream the differential test runs, the decider's numbers altered)
+    "saturation_counted_as_lease_expiry": ("cliques", _set("constants", "saturations", lambda c: c["leases_expired"])),
+    "overflow_flag_lost": ("cliques", _set("constants", "status_overflow", lambda c: 0)),
+    "answer_counted_as_accumulation": ("cliques", _set("constants", "answered", lambda c: c["accumulated"])),
+    "result_request_opcode_wrong": ("cliques", _set("constants", "result_request", lambda c: c["stats_reply"])),
+    "timer_17_bits": ("timed", _set("constants", "time_mask", lambda c: 2**17 - 1)),
+    "lease_one_tick_longer": ("timed", None),
+    "hop2_read_at_hop1": ("tree", _set("fields", "hop2", lambda f: f["hop1"])),
+    "stale_counted_as_collision": ("tree", _set("constants", "drop_stale", lambda c: c["drop_collision"])),
+    "runt_limit_one_byte_short": ("edge", _set("constants", "runt_payload", lambda c: c["runt_payload"] - 1)),
+    "longest_payload_one_element_longer": ("edge", _set("constants", "max_payload", lambda c: c["max_payload"] + 4)),
+}
 
-    monkeypatch.setattr(fastpath, "compiled", Forgetful)
-    golden, fast = pair("c", unicast=False, slots=4, max_elements=32)
-    assert first_difference(golden, fast, CliqueStream(seed=4, slots=4, max_elements=32).stream(DATAGRAMS))
+
+@pytest.mark.parametrize("tamper", DECIDER_TAMPERS)
+def test_a_tampered_decider_is_caught(pair, monkeypatch, tamper):
+    """The compiled backend is held to the model too: a decider made with one of its numbers wrong (a counter
+    index, the overflow flag, an opcode, the timer's width, the lease, a field's offset, a length limit) is
+    caught, by the stream that reaches it."""
+    backend_available("c")
+    stream, alter = DECIDER_TAMPERS[tamper]
+    if alter is not None:
+        original = fastpath.decider_parameters
+
+        def tampered(config):
+            fields, constants, decider_config = original(config)
+            alter(fields, constants)
+            return fields, constants, decider_config
+        monkeypatch.setattr(fastpath, "decider_parameters", tampered)
+    if stream == "tree":
+        tree = ModelAndFast("c", ip=AGGREGATOR_IPS[0], slots=4, max_elements=32)
+        difference = tree_difference(tree, TreeStream(seed=44, slots=4, max_elements=32).stream(DATAGRAMS))
+    elif stream == "edge":
+        edges = ModelAndFast("c", ip=AGGREGATOR_IPS[0], slots=4, max_elements=2**16 - 1)
+        difference = tree_difference(edges, [(payload, PEERS[0]) for payload in edge_datagrams(
+            AGGREGATOR_IPS[0], ip_int(PEERS[0][0]))])
+    else:
+        lease = 20 if stream == "timed" else 0
+        golden, fast = pair("c", unicast=False, slots=4, max_elements=32, lease=lease)
+        if alter is None:  # the lease, through the configuration the decider is given
+            fast.fast.config = dataclasses.replace(golden.config, lease=lease + 1)
+        clique = CliqueStream(seed=4, slots=4, max_elements=32)
+        datagrams = clique.timed_stream(DATAGRAMS, lease) if stream == "timed" else clique.stream(DATAGRAMS)
+        difference = first_difference(golden, fast, datagrams)
+    assert difference is not None
+    print(f"{tamper}: caught at datagram {difference[0]}: {difference[1][:200]}")
+
+
+def test_the_decider_refuses_numbers_that_would_take_it_out_of_bounds():
+    """A field beyond the header, a counter index beyond the counters, a bitmap narrower than the members or
+    another number of slots is refused when the decider is made (or configured), not found out by a datagram;
+    so are a decider that was never made and a payload that is no contiguous buffer."""
+    from inwire.model import AggregatorConfig
+
+    backend_available("c")
+    config = AggregatorConfig(slots=4)
+    fields, constants, decider_config = fastpath.decider_parameters(config)
+    assert fastpath.compiled.Decider(fields, constants, decider_config).slot_key(3) is None
+    for part, name, value in (("fields", "chunk", (85, 4)), ("fields", "job", (0, 9)),
+                              ("constants", "saturations", constants["counters"]),
+                              ("constants", "drop_slot", 1000), ("constants", "max_members", 65),
+                              ("constants", "element_bytes", 8), ("constants", "time_mask", 1000)):
+        table = {"fields": dict(fields), "constants": dict(constants)}
+        table[part][name] = value
+        with pytest.raises(ValueError):
+            fastpath.compiled.Decider(table["fields"], table["constants"], decider_config)
+    fast = fastpath.FastAggregator(config, "c")
+    with pytest.raises(ValueError, match="slots"):
+        fast.config = dataclasses.replace(config, slots=5)
+    with pytest.raises(RuntimeError, match="not made"):
+        fastpath.compiled.Decider.__new__(fastpath.compiled.Decider).handle(b"")
+    released = memoryview(bytes(100))
+    released.release()
+    for payload in (released, memoryview(bytes(200))[::2]):
+        with pytest.raises(TypeError, match="contiguous"):
+            fast.handle(payload)
+    assert fast.stats()["frames_in"] == 0
 
 
 def test_a_missing_kernel_fails_under_ci(monkeypatch):
@@ -683,3 +769,73 @@ def test_three_level_tree_with_a_lost_partial(backend):
     assert [counters[ip]["partials_emitted"] for ip in (a, b, c)] == [2, 2, 0]
     assert [counters[ip]["saturations"] for ip in (a, b, c)] == [1, 0, 0]
     assert counters[c]["results_emitted"] == 1
+
+
+def _with(payload, **values):
+    """`payload` with header fields set to `values` (lengths and counts as given, not made to agree)."""
+    changed = bytearray(payload)
+    for name, value in values.items():
+        at, size = FRAME_OFFSETS[name] - PAYLOAD_OFFSET, fastpath.FIELDS_BY_NAME[name].nbytes
+        changed[at:at + size] = (value & (1 << 8 * size) - 1).to_bytes(size, "big")
+    return bytes(changed)
+
+
+def edge_datagrams(own, source):
+    """Datagrams at the edges of every check, in order: truncations of a header at every length, counts of 0,
+    at and past the aggregator's maximum and the longest payload, fan-ins of 0, 1, 64 and beyond, senders and
+    bitmaps at and past the fan-in, slots at and past the last, hops to the aggregator itself, to the sender,
+    outside the upstream prefix, hop2 equal to hop1 or to the aggregator, unknown magic, versions and opcodes,
+    and stats requests with every header byte set."""
+    def frame(count=1, **fields):
+        fields = dict(dict(opcode=Opcode.CONTRIBUTION, fanin=2, sender=0, job=9, round=1, clique=0, slot=0,
+                           chunk=0, group=0xEF000001), **fields)
+        values = np.full((1, count), INT32_MAX if count % 2 else INT32_MIN + 1, dtype=np.int64)
+        return payload_of(build_frames(values, **fields)[0])
+
+    base = frame()
+    datagrams = [base[:length] for length in range(len(base))]
+    longest = (fastpath.MAX_PAYLOAD - fastpath.PAYLOAD_HEADER_BYTES) // 4
+    # Fan-in 2: the model cannot build a result this long (its IPv4 length would not fit), so none completes.
+    datagrams += [frame(longest, slot=2), _with(frame(longest, slot=2, sender=1) + bytes(4), count=longest + 1),
+                  frame(longest - 1, slot=2),
+                  _with(base, count=0), _with(base, count=0xFFFF), _with(base[:86], count=0), frame(2, slot=2)]
+    for fanin in (0, 1, 63, 64, 65, 255):
+        datagrams += [frame(fanin=fanin, sender=max(fanin - 1, 0), slot=3),
+                      frame(fanin=fanin, sender=fanin & 0xFF, slot=3),
+                      frame(fanin=fanin, sender=0, slot=3, bitmap=2**64 - 1, expect=clique_mask(fanin))]
+    datagrams += [frame(fanin=64, sender=63, slot=0, chunk=64, bitmap=1 << 63, expect=2**64 - 1),
+                  frame(fanin=64, sender=0, slot=0, chunk=64, bitmap=2**63 - 1, expect=2**64 - 1),
+                  frame(slot=4), frame(slot=5), frame(slot=0xFFFF), frame(fanin=3, expect=0b1000),
+                  frame(bitmap=0b100), frame(fanin=3, expect=0b011, bitmap=0b011, sender=2)]
+    aggregators = AGGREGATOR_IPS[1:]
+    for hops in (dict(hop1=own), dict(hop1=source), dict(hop1=0x0A000001), dict(hop1=aggregators[0],
+                 hop2=aggregators[0]), dict(hop1=aggregators[0], hop2=own), dict(hop2=aggregators[0]),
+                 dict(hop1=aggregators[0], hop2=aggregators[1], hop1_expect=2**64 - 1)):
+        datagrams += [frame(slot=1, chunk=8, **hops), frame(slot=1, chunk=8, version=1, **hops)]
+    datagrams += [frame(slot=1, chunk=8, sender=1, hop1=aggregators[0], hop2=aggregators[1])]
+    datagrams += [_with(base, magic=0x4956), _with(base, version=0), _with(base, version=3), _with(base, version=255)]
+    datagrams += [_with(base, opcode=opcode) for opcode in (0, 2, 5, 7, 255)]
+    datagrams += [_with(base[:86], opcode=Opcode.STATS_REQUEST, sender=255, job=2**32 - 1, fanin=0, count=0xFFFF),
+                  _with(base[:86], opcode=Opcode.RESULT_REQUEST, slot=1, chunk=8, sender=1),
+                  _with(base[:86], opcode=Opcode.RESULT_REQUEST, slot=2), _with(base[:86], opcode=Opcode.RESULT_REQUEST,
+                                                                                slot=0xFFFF)]
+    return datagrams
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fast_path_equals_the_model_on_edge_datagrams(backend):
+    """Every check at and just past its limit, one datagram each, model and fast path compared on each (and
+    the source given as an int as well as a string: the route rule reads it)."""
+    pair = ModelAndFast(backend_available(backend), ip=AGGREGATOR_IPS[0], slots=4, max_elements=2**16 - 1,
+                        max_fanin=64)
+    source = ip_int(PEERS[0][0])
+    datagrams = edge_datagrams(AGGREGATOR_IPS[0], source)
+    assert tree_difference(pair, [(payload, PEERS[0]) for payload in datagrams]) is None
+    counters = pair.fast.stats()
+    for name in ("drop_runt", "drop_length", "drop_version", "drop_opcode", "drop_fanin", "drop_sender", "drop_count",
+                 "drop_slot", "drop_route", "drop_no_result", "partials_emitted", "results_emitted", "saturations"):
+        assert counters[name] > 0, name
+    by_string, by_int = (fastpath.FastAggregator(pair.config, backend) for _ in range(2))
+    for payload in datagrams:
+        assert by_int.handle(payload, None, source) == by_string.handle(payload, None, PEERS[0][0])
+    assert by_int.stats() == counters

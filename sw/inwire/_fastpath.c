@@ -1,12 +1,8 @@
-/* The per-element work of the fast software aggregator (inwire.fastpath), compiled.
+/* The compiled kernel of the fast software aggregator (inwire.fastpath) and of the hosts' codec and sockets.
 
-   accumulate(sums, payload, offset, count) -> bool
-       Adds `count` big-endian int32 elements of `payload` (from byte `offset`) into `sums` (int64,
-       writable, at least `count` long), each sum clipped at the int32 limits as it is made: the model
-       saturates per contribution. Returns whether any sum clipped.
-   encode_result(header, sums, status) -> bytes
-       header + the sums as big-endian int32 + status: a result or partial payload (they share a layout)
-       in one allocation.
+   Decider(fields, constants, config)
+       The fast aggregator's decisions on UDP payloads with its slot table, and inwire serve's learning table
+       (below, before the module table).
 
    recv_batch(fd, buffer, slot_size, addresses) -> list
        Reads up to len(buffer) // slot_size datagrams with one recvmmsg (non-blocking), datagram i into
@@ -29,7 +25,7 @@
        steps, element by element).
 
    One system call per batch instead of one per datagram: the way past Python's per-datagram loop.
-   The Python fallback in fastpath.py does the same with numpy; tests/test_fastpath.py runs both against
+   The Python fallback in fastpath.py decides the same with numpy; tests/test_fastpath.py runs both against
    the golden model. */
 
 #define _GNU_SOURCE
@@ -53,92 +49,27 @@ static int get_buffer(PyObject *object, Py_buffer *view, int writable, const cha
     return 0;
 }
 
-__attribute__((target_clones("avx2", "default")))
-static int accumulate_elements(int64_t *restrict sum, const uint8_t *restrict element, Py_ssize_t count)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+static int accumulate_elements(uint8_t *restrict sum, const uint8_t *restrict element, Py_ssize_t count)
 {
-    /* Branch-free, so that it vectorizes: each sum clipped at the int32 limits, a flag of whether any was. */
+    /* Big-endian int32 sums, updated in place: each clipped at the int32 limits as it is made (the model
+       saturates per contribution), so each fits int32 and the sum of two overflows exactly when int64's would
+       pass a limit: the wrapped sum's sign then differs from both addends', and the limit is the addends'
+       sign's. Branch-free, so that it vectorizes; returns whether any sum clipped. */
     int saturated = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        uint32_t wire;
-        memcpy(&wire, element + 4 * i, 4);
-        int64_t total = sum[i] + (int32_t)__builtin_bswap32(wire);
-        int64_t clipped = total > INT32_MAX ? INT32_MAX : total;
-        clipped = clipped < INT32_MIN ? INT32_MIN : clipped;
-        saturated |= clipped != total;
-        sum[i] = clipped;
+        uint32_t a, b;
+        memcpy(&a, sum + 4 * i, 4);
+        memcpy(&b, element + 4 * i, 4);
+        int32_t x = (int32_t)__builtin_bswap32(a), y = (int32_t)__builtin_bswap32(b);
+        int32_t total = (int32_t)((uint32_t)x + (uint32_t)y);
+        int over = ((x ^ total) & (y ^ total)) < 0;
+        int32_t limit = (x >> 31) ^ INT32_MAX;
+        saturated |= over;
+        uint32_t wire = __builtin_bswap32((uint32_t)(over ? limit : total));
+        memcpy(sum + 4 * i, &wire, 4);
     }
     return saturated;
-}
-
-static PyObject *accumulate(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "accumulate(sums, payload, offset, count)");
-        return NULL;
-    }
-    Py_ssize_t offset = PyLong_AsSsize_t(args[2]), count = PyLong_AsSsize_t(args[3]);
-    if ((offset == -1 || count == -1) && PyErr_Occurred())
-        return NULL;
-    Py_buffer sums, payload;
-    if (get_buffer(args[0], &sums, 1, "sums") < 0)
-        return NULL;
-    if (get_buffer(args[1], &payload, 0, "payload") < 0) {
-        PyBuffer_Release(&sums);
-        return NULL;
-    }
-    int saturated = 0;
-    if (offset < 0 || count < 0 || sums.len < count * 8 || payload.len < offset + count * 4) {
-        PyErr_SetString(PyExc_ValueError, "accumulate: sums or payload shorter than count elements");
-        saturated = -1;
-    } else {
-        saturated = accumulate_elements((int64_t *)sums.buf, (const uint8_t *)payload.buf + offset, count);
-    }
-    PyBuffer_Release(&sums);
-    PyBuffer_Release(&payload);
-    if (saturated < 0)
-        return NULL;
-    return PyBool_FromLong(saturated);
-}
-
-static PyObject *encode_result(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "encode_result(header, sums, status)");
-        return NULL;
-    }
-    Py_buffer header, sums, status;
-    if (get_buffer(args[0], &header, 0, "header") < 0)
-        return NULL;
-    if (get_buffer(args[1], &sums, 0, "sums") < 0) {
-        PyBuffer_Release(&header);
-        return NULL;
-    }
-    if (get_buffer(args[2], &status, 0, "status") < 0) {
-        PyBuffer_Release(&header);
-        PyBuffer_Release(&sums);
-        return NULL;
-    }
-    Py_ssize_t count = sums.len / 8;
-    PyObject *result = PyBytes_FromStringAndSize(NULL, header.len + 4 * count + status.len);
-    if (result != NULL) {
-        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
-        memcpy(out, header.buf, header.len);
-        out += header.len;
-        const int64_t *sum = (const int64_t *)sums.buf;
-        for (Py_ssize_t i = 0; i < count; i++, out += 4) {
-            /* The sums were clipped as they were made: each fits int32. */
-            uint32_t value = (uint32_t)(int32_t)sum[i];
-            out[0] = value >> 24;
-            out[1] = value >> 16;
-            out[2] = value >> 8;
-            out[3] = value;
-        }
-        memcpy(out, status.buf, status.len);
-    }
-    PyBuffer_Release(&header);
-    PyBuffer_Release(&sums);
-    PyBuffer_Release(&status);
-    return result;
 }
 
 /* The codec's loops run at memory speed: one pass each, vectorized where the CPU allows (AVX2 where present,
@@ -481,6 +412,951 @@ done:
     return outcome;
 }
 
+/* The decider: `FastAggregator`'s whole decision on one UDP payload (fastpath.py's `_decide` and `handle`, the
+   numpy backend, stays its definition), with the slot table it decides on and, for `inwire serve`, who sent
+   each slot's accepted contributions and partials (serve.py's learning table).
+
+   No protocol number is written here. Decider(fields, constants, config) takes them from the protocol tables:
+   `fields` maps each aggregation header field's name to (offset within the payload, width in bytes);
+   `constants` maps the names in CONSTANT_NAMES to numbers (sizes, magic, versions, opcodes, dispositions,
+   counter indexes, multicast prefix, status flag, time mask); `config` the names in CONFIG_NAMES
+   (fastpath.decider_parameters builds all three). Every number is checked against the others when it comes
+   in (each field within the header, each counter index within the counters, ...), so that no datagram can
+   make the decider read or write outside its payload, its slots or its counters. */
+
+enum {
+    F_MAGIC, F_VERSION, F_OPCODE, F_SENDER, F_FANIN, F_EXPONENT, F_CONTRIBUTORS, F_JOB, F_ROUND, F_CLIQUE, F_SLOT,
+    F_CHUNK, F_COUNT, F_GROUP, F_BITMAP, F_EXPECT, F_HOP1, F_HOP1_EXPECT, F_HOP2, F_HOP2_EXPECT, F_RESERVED, N_FIELDS
+};
+static const char *const FIELD_NAMES[N_FIELDS] = {
+    "magic", "version", "opcode", "sender", "fanin", "exponent", "contributors", "job", "round", "clique", "slot",
+    "chunk", "count", "group", "bitmap", "expect", "hop1", "hop1_expect", "hop2", "hop2_expect", "reserved"};
+
+enum {
+    K_HEADER, K_ELEMENT, K_TRAILER, K_RUNT, K_MAX_PAYLOAD, K_MAX_MEMBERS, K_MAGIC, K_VERSION, K_VERSION_1,
+    K_CONTRIBUTION, K_PARTIAL, K_RESULT, K_RESULT_REQUEST, K_STATS_REQUEST, K_STATS_REPLY,
+    K_MULTICAST_MASK, K_MULTICAST_PREFIX, K_STATUS_OVERFLOW, K_TIME_MASK,
+    K_ACCUMULATED, K_ANSWERED, K_DROP_RUNT, K_DROP_LENGTH, K_DROP_VERSION, K_DROP_OPCODE, K_DROP_FANIN,
+    K_DROP_SENDER, K_DROP_COUNT, K_DROP_GROUP, K_DROP_SLOT, K_DROP_DUPLICATE, K_DROP_MISMATCH, K_DROP_COLLISION,
+    K_DROP_NO_RESULT, K_DROP_ROUTE, K_DROP_STALE,
+    K_FRAMES_IN, K_RESULTS_EMITTED, K_SLOTS_RECLAIMED, K_SATURATIONS, K_LEASES_EXPIRED, K_PARTIALS_EMITTED,
+    K_COUNTERS, N_CONSTANTS
+};
+static const char *const CONSTANT_NAMES[N_CONSTANTS] = {
+    "header_bytes", "element_bytes", "trailer_bytes", "runt_payload", "max_payload", "max_members", "magic",
+    "version", "version_1", "contribution", "partial", "result", "result_request", "stats_request", "stats_reply",
+    "multicast_mask", "multicast_prefix", "status_overflow", "time_mask",
+    "accumulated", "answered", "drop_runt", "drop_length", "drop_version", "drop_opcode", "drop_fanin",
+    "drop_sender", "drop_count", "drop_group", "drop_slot", "drop_duplicate", "drop_mismatch", "drop_collision",
+    "drop_no_result", "drop_route", "drop_stale",
+    "frames_in", "results_emitted", "slots_reclaimed", "saturations", "leases_expired", "partials_emitted",
+    "counters"};
+
+enum { C_SLOTS, C_MAX_FANIN, C_MAX_ELEMENTS, C_LEASE, C_IP, C_UPSTREAM_NETWORK, C_UPSTREAM_MASK, N_CONFIG };
+static const char *const CONFIG_NAMES[N_CONFIG] = {
+    "slots", "max_fanin", "max_elements", "lease", "ip", "upstream_network", "upstream_mask"};
+
+typedef struct {
+    uint64_t job, round, clique, chunk;
+} owner_t;
+
+typedef struct {
+    uint64_t fanin, group, count, exponent, level;
+} shape_t;
+
+typedef struct {
+    int owned;            /* has an owner (key) */
+    owner_t key;
+    shape_t shape;        /* the owner's, level resolved as the model's */
+    uint64_t bitmap;      /* members summed */
+    int overflow;
+    /* The slot's output (bytes, owned here alone until it completes): its elements are the running sums, as
+       big-endian int32, so that completing it writes only the header and status. */
+    PyObject *output;
+    int done;             /* completed: the output is as first sent */
+    uint64_t stamp;       /* arrival time of the last accepted contribution */
+    /* serve.py's learning: the members (by sender index) and children (a set of peers) of `learned_key`. */
+    int learned;
+    owner_t learned_key;
+    PyObject **members;   /* max_members entries, NULL where none was learned */
+    PyObject *children;   /* a set, NULL until a partial is learned */
+} slot_t;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t at[N_FIELDS], width[N_FIELDS];
+    uint64_t k[N_CONSTANTS];
+    uint64_t config[N_CONFIG];
+    Py_ssize_t slots;
+    slot_t *slot;
+    uint64_t *counts;
+    uint64_t now;
+    uint64_t round_mask, round_half; /* serial-number arithmetic on the round field's width */
+} Decider;
+
+/* Whether the decider was made (its __init__ ran): a bare Decider.__new__ has no slots to decide on. */
+static int ready(const Decider *d)
+{
+    if (d->slot != NULL)
+        return 1;
+    PyErr_SetString(PyExc_RuntimeError, "Decider: not made (call Decider(fields, constants, config))");
+    return 0;
+}
+
+static inline uint64_t read_be(const uint8_t *p, Py_ssize_t width)
+{
+    uint64_t value = 0;
+    for (Py_ssize_t i = 0; i < width; i++)
+        value = value << 8 | p[i];
+    return value;
+}
+
+static inline void write_be(uint8_t *p, Py_ssize_t width, uint64_t value)
+{
+    for (Py_ssize_t i = width - 1; i >= 0; i--, value >>= 8)
+        p[i] = (uint8_t)value;
+}
+
+#define FIELD(d, p, f) read_be((p) + (d)->at[f], (d)->width[f])
+#define PUT(d, p, f, value) write_be((p) + (d)->at[f], (d)->width[f], (value))
+
+static inline int same_owner(const owner_t *a, const owner_t *b)
+{
+    return a->job == b->job && a->round == b->round && a->clique == b->clique && a->chunk == b->chunk;
+}
+
+static inline int same_shape(const shape_t *a, const shape_t *b)
+{
+    return a->fanin == b->fanin && a->group == b->group && a->count == b->count && a->exponent == b->exponent &&
+           a->level == b->level;
+}
+
+/* `a` is after `b` in serial-number order on the round field: 0 < (a - b) mod 2**bits < 2**(bits - 1). */
+static inline int newer(const Decider *d, uint64_t a, uint64_t b)
+{
+    uint64_t distance = (a - b) & d->round_mask;
+    return 0 < distance && distance < d->round_half;
+}
+
+static inline int lease_over(const Decider *d, const slot_t *s)
+{
+    uint64_t lease = d->config[C_LEASE];
+    return lease && ((d->now - s->stamp) & d->k[K_TIME_MASK]) >= lease;
+}
+
+static inline uint64_t clique_bits(uint64_t fanin)
+{
+    /* fanin <= max_fanin <= max_members <= 64 (a uint64_t's bits), checked when they came in */
+    return fanin >= 64 ? UINT64_MAX : ((uint64_t)1 << fanin) - 1;
+}
+
+/* Whether a datagram from `source` (a dotted string or an int) may send a partial to hop1 (not 0) and hop2: the
+   model's route rule. -1 with an error set when `source` is neither. */
+static int route_allowed(const Decider *d, uint64_t hop1, uint64_t hop2, PyObject *source)
+{
+    long long from;
+    int far = 0;
+    if (PyUnicode_Check(source)) {
+        const char *text = PyUnicode_AsUTF8(source);
+        struct in_addr address;
+        if (text == NULL)
+            return -1;
+        if (inet_pton(AF_INET, text, &address) != 1) {
+            PyErr_Format(PyExc_ValueError, "%s is not an IPv4 address", text);
+            return -1;
+        }
+        from = ntohl(address.s_addr);
+    } else if (PyLong_Check(source)) {
+        from = PyLong_AsLongLongAndOverflow(source, &far);
+        if (from == -1 && PyErr_Occurred())
+            return -1;
+    } else {
+        PyErr_SetString(PyExc_TypeError, "source must be an IPv4 address as a string or an int");
+        return -1;
+    }
+    const uint64_t *c = d->config;
+    return hop1 != c[C_IP] && (far || (long long)hop1 != from) && (hop1 & c[C_UPSTREAM_MASK]) == c[C_UPSTREAM_NETWORK]
+           && hop2 != hop1 && hop2 != c[C_IP];
+}
+
+/* The output a datagram causes is a partial (up to its hop1) when it is below the root: version 2 with hop1
+   set; else the result. */
+static inline int causes_partial(const Decider *d, const uint8_t *p, uint64_t version)
+{
+    return version != d->k[K_VERSION_1] && FIELD(d, p, F_HOP1) != 0;
+}
+
+/* An output's route (`expect` up to `reserved`): a partial's is its asker's from hop1_expect on, moved up one
+   level (fastpath._route), the result's is all zero. */
+static void write_route(const Decider *d, uint8_t *out, const uint8_t *p, int partial)
+{
+    Py_ssize_t at = d->at[F_EXPECT], end = d->at[F_RESERVED], moved = end - d->at[F_HOP1_EXPECT];
+    memset(out + at, 0, end - at);
+    if (partial)
+        memcpy(out + at, p + d->at[F_HOP1_EXPECT], moved);
+}
+
+static int route_matches(const Decider *d, const uint8_t *out, const uint8_t *p, int partial)
+{
+    Py_ssize_t at = d->at[F_EXPECT], end = d->at[F_RESERVED], moved = end - d->at[F_HOP1_EXPECT];
+    Py_ssize_t from = at;
+    if (partial) {
+        if (memcmp(out + at, p + d->at[F_HOP1_EXPECT], moved) != 0)
+            return 0;
+        from += moved;
+    }
+    for (Py_ssize_t i = from; i < end; i++)
+        if (out[i])
+            return 0;
+    return 1;
+}
+
+static inline void count_output(Decider *d, int partial)
+{
+    d->counts[partial ? d->k[K_PARTIALS_EMITTED] : d->k[K_RESULTS_EMITTED]]++;
+}
+
+/* A completed slot's stored output as sent to the datagram `p` that asked for it (fastpath._answer): its
+   version, sender index and route; the stored bytes themselves when they already say so. */
+static PyObject *answer(Decider *d, slot_t *s, const uint8_t *p, uint64_t version, uint64_t sender)
+{
+    int partial = causes_partial(d, p, version);
+    uint64_t opcode = partial ? d->k[K_PARTIAL] : d->k[K_RESULT];
+    count_output(d, partial);
+    const uint8_t *out = (const uint8_t *)PyBytes_AS_STRING(s->output);
+    if (FIELD(d, out, F_SENDER) == sender && FIELD(d, out, F_OPCODE) == opcode && FIELD(d, out, F_VERSION) == version
+        && route_matches(d, out, p, partial)) {
+        Py_INCREF(s->output);
+        return s->output;
+    }
+    PyObject *patched = PyBytes_FromStringAndSize((const char *)out, PyBytes_GET_SIZE(s->output));
+    if (patched == NULL)
+        return NULL;
+    uint8_t *bytes = (uint8_t *)PyBytes_AS_STRING(patched);
+    PUT(d, bytes, F_VERSION, version);
+    PUT(d, bytes, F_OPCODE, opcode);
+    PUT(d, bytes, F_SENDER, sender);
+    write_route(d, bytes, p, partial);
+    return patched;
+}
+
+/* The slot's output for the datagram that completed it, its header and status written once (fastpath._complete);
+   its elements are the sums already. */
+static PyObject *complete(Decider *d, slot_t *s, uint64_t slot, const uint8_t *p, uint64_t version, uint64_t sender)
+{
+    const uint64_t *k = d->k;
+    int partial = causes_partial(d, p, version);
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(s->output);
+    memset(out, 0, k[K_HEADER]);
+    PUT(d, out, F_MAGIC, k[K_MAGIC]);
+    PUT(d, out, F_VERSION, version);
+    PUT(d, out, F_OPCODE, partial ? k[K_PARTIAL] : k[K_RESULT]);
+    PUT(d, out, F_SENDER, sender);
+    PUT(d, out, F_FANIN, s->shape.fanin);
+    PUT(d, out, F_EXPONENT, s->shape.exponent);
+    PUT(d, out, F_CONTRIBUTORS, (uint64_t)__builtin_popcountll(s->bitmap));
+    PUT(d, out, F_JOB, s->key.job);
+    PUT(d, out, F_ROUND, s->key.round);
+    PUT(d, out, F_CLIQUE, s->key.clique);
+    PUT(d, out, F_SLOT, slot);
+    PUT(d, out, F_CHUNK, s->key.chunk);
+    PUT(d, out, F_COUNT, s->shape.count);
+    PUT(d, out, F_GROUP, s->shape.group);
+    PUT(d, out, F_BITMAP, s->bitmap);
+    write_route(d, out, p, partial);
+    write_be(out + k[K_HEADER] + k[K_ELEMENT] * s->shape.count, (Py_ssize_t)k[K_TRAILER],
+             s->overflow ? k[K_STATUS_OVERFLOW] : 0);
+    count_output(d, partial);
+    s->done = 1;
+    Py_INCREF(s->output);
+    return s->output;
+}
+
+/* Counters before this request, one element each (their low bits); every other field zero (fastpath._stats_reply). */
+static PyObject *stats_reply(Decider *d, uint64_t version, uint64_t sender, uint64_t job)
+{
+    const uint64_t *k = d->k;
+    Py_ssize_t header = (Py_ssize_t)k[K_HEADER], element = (Py_ssize_t)k[K_ELEMENT];
+    PyObject *reply = PyBytes_FromStringAndSize(NULL, header + element * (Py_ssize_t)k[K_COUNTERS]);
+    if (reply == NULL)
+        return NULL;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(reply);
+    memset(out, 0, header);
+    PUT(d, out, F_MAGIC, k[K_MAGIC]);
+    PUT(d, out, F_VERSION, version);
+    PUT(d, out, F_OPCODE, k[K_STATS_REPLY]);
+    PUT(d, out, F_SENDER, sender);
+    PUT(d, out, F_JOB, job);
+    PUT(d, out, F_COUNT, k[K_COUNTERS]);
+    for (uint64_t i = 0; i < k[K_COUNTERS]; i++)
+        write_be(out + header + element * (Py_ssize_t)i, element, d->counts[i]);
+    return reply;
+}
+
+/* A new owner for the slot: no members, no sums yet (its first contribution's elements are copied in). An unfinished slot's output was never sent, so it is
+   reused when its size fits; a completed one's belongs to whoever it was sent to: a new one is made. */
+static int claim(Decider *d, slot_t *s, const owner_t *key, const shape_t *shape)
+{
+    const uint64_t *k = d->k;
+    Py_ssize_t size = (Py_ssize_t)(k[K_HEADER] + k[K_ELEMENT] * shape->count + k[K_TRAILER]);
+    if (s->output == NULL || s->done || PyBytes_GET_SIZE(s->output) != size) {
+        PyObject *output = PyBytes_FromStringAndSize(NULL, size);
+        if (output == NULL)
+            return -1;
+        Py_XSETREF(s->output, output);
+    }
+    s->owned = 1;
+    s->done = 0;
+    s->key = *key;
+    s->shape = *shape;
+    s->bitmap = 0;
+    s->overflow = 0;
+    return 0;
+}
+
+/* The disposition of one payload of `length` bytes, and its answer (a new reference, or NULL) in *reply: the
+   checks of fastpath.FastAggregator._decide in its order. -1 with an error set on failure (no memory, a
+   source that is no address). */
+static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObject *source, PyObject **reply)
+{
+    const uint64_t *k = d->k, *c = d->config;
+    *reply = NULL;
+    if ((uint64_t)length < k[K_RUNT])
+        return k[K_DROP_RUNT];
+    if ((uint64_t)length < k[K_HEADER])
+        return k[K_DROP_LENGTH];
+    /* From here the whole header is there: every field lies within it (checked at construction). */
+    uint64_t version = FIELD(d, p, F_VERSION), opcode = FIELD(d, p, F_OPCODE);
+    if (FIELD(d, p, F_MAGIC) != k[K_MAGIC] || (version != k[K_VERSION] && version != k[K_VERSION_1]))
+        return k[K_DROP_VERSION];
+    uint64_t count = FIELD(d, p, F_COUNT), expected;
+    /* A count beyond the longest payload cannot match the length (and its product must not wrap). */
+    if (opcode == k[K_CONTRIBUTION])
+        expected = count > k[K_MAX_PAYLOAD] ? UINT64_MAX : k[K_HEADER] + k[K_ELEMENT] * count;
+    else if (opcode == k[K_PARTIAL])
+        expected = count > k[K_MAX_PAYLOAD] ? UINT64_MAX : k[K_HEADER] + k[K_ELEMENT] * count + k[K_TRAILER];
+    else if (opcode == k[K_RESULT_REQUEST] || opcode == k[K_STATS_REQUEST])
+        expected = k[K_HEADER];
+    else
+        return k[K_DROP_OPCODE];
+    if ((uint64_t)length != expected || (uint64_t)length > k[K_MAX_PAYLOAD])
+        return k[K_DROP_LENGTH];
+    uint64_t sender = FIELD(d, p, F_SENDER), job = FIELD(d, p, F_JOB);
+    if (opcode == k[K_STATS_REQUEST]) {
+        *reply = stats_reply(d, version, sender, job);
+        return *reply ? (long long)k[K_ANSWERED] : -1;
+    }
+    uint64_t fanin = FIELD(d, p, F_FANIN);
+    if (fanin < 1 || fanin > c[C_MAX_FANIN])
+        return k[K_DROP_FANIN];
+    if (sender >= fanin)
+        return k[K_DROP_SENDER];
+    uint64_t whole = clique_bits(fanin), members, level;
+    if (version == k[K_VERSION_1]) {
+        /* Whatever its tree bytes hold: one member, the whole clique, the root. */
+        members = (uint64_t)1 << sender;
+        level = whole;
+    } else {
+        uint64_t bitmap = FIELD(d, p, F_BITMAP), expect = FIELD(d, p, F_EXPECT);
+        members = bitmap ? bitmap : (uint64_t)1 << sender;
+        level = expect ? expect : whole;
+        if ((members | level) != level || level > whole)
+            return k[K_DROP_SENDER];
+    }
+    if (count < 1 || count > c[C_MAX_ELEMENTS])
+        return k[K_DROP_COUNT];
+    uint64_t group = FIELD(d, p, F_GROUP);
+    if ((group & k[K_MULTICAST_MASK]) != k[K_MULTICAST_PREFIX])
+        return k[K_DROP_GROUP];
+    uint64_t slot = FIELD(d, p, F_SLOT);
+    if (slot >= (uint64_t)d->slots)
+        return k[K_DROP_SLOT];
+    if (version != k[K_VERSION_1]) {
+        uint64_t hop1 = FIELD(d, p, F_HOP1), hop2 = FIELD(d, p, F_HOP2);
+        if (hop1) {
+            int allowed = route_allowed(d, hop1, hop2, source);
+            if (allowed < 0)
+                return -1;
+            if (!allowed)
+                return k[K_DROP_ROUTE];
+        } else if (hop2) {
+            return k[K_DROP_ROUTE];
+        }
+    }
+    owner_t key = {job, FIELD(d, p, F_ROUND), FIELD(d, p, F_CLIQUE), FIELD(d, p, F_CHUNK)};
+    slot_t *s = &d->slot[slot];
+    int same = s->owned && same_owner(&s->key, &key);
+    if (opcode == k[K_RESULT_REQUEST]) {
+        if (same && s->done) {
+            *reply = answer(d, s, p, version, sender);
+            return *reply ? (long long)k[K_ANSWERED] : -1;
+        }
+        return k[K_DROP_NO_RESULT];
+    }
+    shape_t shape = {fanin, group, count, FIELD(d, p, F_EXPONENT), level};
+    if (same) {
+        if (!same_shape(&s->shape, &shape))
+            return k[K_DROP_MISMATCH];
+        if (s->done) {
+            *reply = answer(d, s, p, version, sender);
+            return *reply ? (long long)k[K_ANSWERED] : -1;
+        }
+        if (s->bitmap & members)
+            return k[K_DROP_DUPLICATE];
+    } else if (!s->owned) {
+        if (claim(d, s, &key, &shape) < 0)
+            return -1;
+    } else if (job == s->key.job
+               && (key.round != s->key.round ? newer(d, s->key.round, key.round)
+                                             : key.clique == s->key.clique && key.chunk < s->key.chunk)
+               && !lease_over(d, s)) {
+        /* An older frame of the owner's job (a delayed copy) never evicts the slot while its lease runs. */
+        return k[K_DROP_STALE];
+    } else if (s->done) {
+        if (claim(d, s, &key, &shape) < 0)
+            return -1;
+    } else if (job == s->key.job && newer(d, key.round, s->key.round)) {
+        if (claim(d, s, &key, &shape) < 0)
+            return -1;
+        d->counts[k[K_SLOTS_RECLAIMED]]++;
+    } else if (lease_over(d, s)) {
+        if (claim(d, s, &key, &shape) < 0)
+            return -1;
+        d->counts[k[K_LEASES_EXPIRED]]++;
+    } else {
+        return k[K_DROP_COLLISION];
+    }
+    /* length == header + 4 * count (+ trailer), and the output was made for this count: the elements lie
+       within both. The first members' elements are the sums (0 + x saturates nowhere). */
+    uint8_t *sums = (uint8_t *)PyBytes_AS_STRING(s->output) + k[K_HEADER];
+    if (s->bitmap == 0)
+        memcpy(sums, p + k[K_HEADER], k[K_ELEMENT] * count);
+    else if (accumulate_elements(sums, p + k[K_HEADER], (Py_ssize_t)count)) {
+        d->counts[k[K_SATURATIONS]]++;
+        s->overflow = 1;
+    }
+    if (opcode == k[K_PARTIAL] && (p[length - 1] & k[K_STATUS_OVERFLOW]))
+        s->overflow = 1; /* saturated at a level below: carried into this slot's status, not counted here */
+    s->bitmap |= members;
+    s->stamp = d->now;
+    if (s->bitmap != level)
+        return k[K_ACCUMULATED];
+    *reply = complete(d, s, slot, p, version, sender);
+    return *reply ? (long long)k[K_ACCUMULATED] : -1;
+}
+
+static void forget(Decider *d, slot_t *s)
+{
+    if (s->members != NULL)
+        for (uint64_t i = 0; i < d->k[K_MAX_MEMBERS]; i++)
+            Py_CLEAR(s->members[i]);
+    Py_CLEAR(s->children);
+}
+
+/* serve.py's learning of an accepted or answered contribution or partial (whose header is whole) from `peer`:
+   a member by its index, a child aggregator by its address, per slot, for the slot's current owner. */
+static int learn(Decider *d, const uint8_t *p, PyObject *peer)
+{
+    uint64_t slot = FIELD(d, p, F_SLOT), sender = FIELD(d, p, F_SENDER);
+    if (slot >= (uint64_t)d->slots || sender >= d->k[K_MAX_MEMBERS])
+        return 0; /* not for an accepted datagram: its slot and sender were checked */
+    slot_t *s = &d->slot[slot];
+    owner_t key = {FIELD(d, p, F_JOB), FIELD(d, p, F_ROUND), FIELD(d, p, F_CLIQUE), FIELD(d, p, F_CHUNK)};
+    if (!s->learned || !same_owner(&s->learned_key, &key)) {
+        forget(d, s);
+        s->learned = 1;
+        s->learned_key = key;
+    }
+    if (FIELD(d, p, F_OPCODE) == d->k[K_PARTIAL]) {
+        if (s->children == NULL && (s->children = PySet_New(NULL)) == NULL)
+            return -1;
+        return PySet_Add(s->children, peer);
+    }
+    if (s->members == NULL && (s->members = PyMem_Calloc(d->k[K_MAX_MEMBERS], sizeof(PyObject *))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_INCREF(peer);
+    Py_XSETREF(s->members[sender], peer);
+    return 0;
+}
+
+/* A payload's bytes: a bytes object's or a memoryview's directly (the GIL is held throughout, so neither can
+   change or be released meanwhile), any other buffer's through the buffer protocol. */
+typedef struct {
+    const uint8_t *p;
+    Py_ssize_t length;
+    Py_buffer view;
+    int held;
+} payload_t;
+
+static int open_payload(PyObject *object, payload_t *payload)
+{
+    payload->held = 0;
+    if (PyBytes_CheckExact(object)) {
+        payload->p = (const uint8_t *)PyBytes_AS_STRING(object);
+        payload->length = PyBytes_GET_SIZE(object);
+#ifdef _Py_MEMORYVIEW_RELEASED
+    } else if (PyMemoryView_Check(object) && !(((PyMemoryViewObject *)object)->flags & _Py_MEMORYVIEW_RELEASED) &&
+               PyBuffer_IsContiguous(PyMemoryView_GET_BUFFER(object), 'C')) {
+        payload->p = (const uint8_t *)PyMemoryView_GET_BUFFER(object)->buf;
+        payload->length = PyMemoryView_GET_BUFFER(object)->len;
+#endif
+    } else {
+        if (get_buffer(object, &payload->view, 0, "payload") < 0)
+            return -1;
+        payload->p = (const uint8_t *)payload->view.buf;
+        payload->length = payload->view.len;
+        payload->held = 1;
+    }
+    return 0;
+}
+
+static void close_payload(payload_t *payload)
+{
+    if (payload->held)
+        PyBuffer_Release(&payload->view);
+}
+
+/* The arrival time of the datagrams from now on: `now` (lease ticks, any int) modulo the timer; None: no time
+   passed. */
+static int set_now(Decider *d, PyObject *now)
+{
+    if (now == Py_None)
+        return 0;
+    unsigned long long ticks = PyLong_AsUnsignedLongLongMask(now);
+    if (ticks == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    d->now = ticks & d->k[K_TIME_MASK];
+    return 0;
+}
+
+/* decide, then count the disposition and, with a peer, learn an accepted or answered contribution or partial. */
+static long long decide_counted(Decider *d, const uint8_t *p, Py_ssize_t length, PyObject *source, PyObject *peer,
+                                PyObject **reply)
+{
+    long long disposition = decide(d, p, length, source, reply);
+    if (disposition < 0)
+        return -1;
+    d->counts[disposition]++;
+    d->counts[d->k[K_FRAMES_IN]]++;
+    if (peer != Py_None && (disposition == (long long)d->k[K_ACCUMULATED] || disposition == (long long)d->k[K_ANSWERED])) {
+        uint64_t opcode = FIELD(d, p, F_OPCODE);
+        if ((opcode == d->k[K_CONTRIBUTION] || opcode == d->k[K_PARTIAL]) && learn(d, p, peer) < 0) {
+            Py_CLEAR(*reply);
+            return -1;
+        }
+    }
+    return disposition;
+}
+
+/* (disposition, reply or None), taking the reference to reply. */
+static PyObject *outcome(long long disposition, PyObject *reply)
+{
+    PyObject *number = PyLong_FromLongLong(disposition);
+    PyObject *pair = number ? PyTuple_Pack(2, number, reply ? reply : Py_None) : NULL;
+    Py_XDECREF(number);
+    Py_XDECREF(reply);
+    return pair;
+}
+
+/* handle(payload, now=None, source=0, peer=None) -> (disposition, answer or None): one datagram that arrived at
+   `now` (lease ticks; None: no time passed) from `source` (read only when it names a next hop), counted; with
+   `peer` (any hashable, serve's (host, port)), an accepted or answered contribution or partial is learned. */
+static PyObject *Decider_handle(Decider *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!ready(d))
+        return NULL;
+    if (nargs < 1 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "handle(payload, now=None, source=0, peer=None)");
+        return NULL;
+    }
+    static PyObject *zero = NULL;
+    if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
+    PyObject *source = nargs > 2 ? args[2] : zero, *peer = nargs > 3 ? args[3] : Py_None, *reply = NULL;
+    payload_t payload;
+    if (set_now(d, nargs > 1 ? args[1] : Py_None) < 0 || open_payload(args[0], &payload) < 0)
+        return NULL;
+    long long disposition = decide_counted(d, payload.p, payload.length, source, peer, &reply);
+    close_payload(&payload);
+    return disposition < 0 ? NULL : outcome(disposition, reply);
+}
+
+static PyObject *make_copies(Decider *d, PyObject *body, PyObject *parent, PyObject *own, Py_ssize_t *refused);
+
+/* serve(payload, now, source, peer, own) -> None, [], (disposition, answer) or (copies, refused): inwire serve's
+   handling of one datagram from `peer` up to where its answer goes, for its common case.
+   None: the payload's opcode is one the service looks at before the aggregator (a result, a stats request,
+   serve.py's `_refused_before_deciding`); nothing was decided. []: decided, nothing to send.
+   (copies, refused): `own` (the service's address; given in unicast mode where no wildcard address makes
+   other addresses the service's too) and a result that completed its slot: its copies for the members and
+   children learned (as `copies`), without those to `own`, and how many those were.
+   (disposition, answer): any other answer, for serve to send where it goes. */
+static PyObject *Decider_serve(Decider *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!ready(d))
+        return NULL;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "serve(payload, now, source, peer, own)");
+        return NULL;
+    }
+    PyObject *reply = NULL, *own = args[4];
+    payload_t payload;
+    if (open_payload(args[0], &payload) < 0)
+        return NULL;
+    if (payload.length >= d->at[F_OPCODE] + d->width[F_OPCODE]) {
+        uint64_t opcode = FIELD(d, payload.p, F_OPCODE);
+        if (opcode == d->k[K_RESULT] || opcode == d->k[K_STATS_REQUEST]) {
+            close_payload(&payload);
+            Py_RETURN_NONE;
+        }
+    }
+    if (set_now(d, args[1]) < 0) {
+        close_payload(&payload);
+        return NULL;
+    }
+    long long disposition = decide_counted(d, payload.p, payload.length, args[2], args[3], &reply);
+    close_payload(&payload);
+    if (disposition < 0)
+        return NULL;
+    if (reply == NULL)
+        return PyList_New(0);
+    if (own == Py_None || disposition == (long long)d->k[K_ANSWERED] ||
+        FIELD(d, (const uint8_t *)PyBytes_AS_STRING(reply), F_OPCODE) != d->k[K_RESULT])
+        return outcome(disposition, reply);
+    Py_ssize_t refused = 0;
+    PyObject *copies = make_copies(d, reply, Py_None, own, &refused);
+    Py_DECREF(reply);
+    if (copies == NULL)
+        return NULL;
+    PyObject *count = PyLong_FromSsize_t(refused);
+    PyObject *pair = count ? PyTuple_Pack(2, copies, count) : NULL;
+    Py_DECREF(copies);
+    Py_XDECREF(count);
+    return pair;
+}
+
+/* Appends (body, address) to `list` unless the address is `parent` or `own` (counted in *refused); -1 on error. */
+static int append_copy(PyObject *list, PyObject *body, PyObject *address, PyObject *parent, PyObject *own,
+                       Py_ssize_t *refused)
+{
+    if (parent != Py_None) {
+        int other = PyObject_RichCompareBool(address, parent, Py_NE);
+        if (other <= 0)
+            return other;
+    }
+    if (own != Py_None) {
+        /* serve.py's `_is_own` without a wildcard address: the address as a tuple equals the service's. */
+        PyObject *as_tuple = PySequence_Tuple(address);
+        int mine = as_tuple ? PyObject_RichCompareBool(as_tuple, own, Py_EQ) : -1;
+        Py_XDECREF(as_tuple);
+        if (mine < 0)
+            return -1;
+        if (mine) {
+            (*refused)++;
+            return 0;
+        }
+    }
+    PyObject *copy = PyTuple_Pack(2, body, address);
+    if (copy == NULL)
+        return -1;
+    int failed = PyList_Append(list, copy);
+    Py_DECREF(copy);
+    return failed;
+}
+
+/* serve.py's `_copies`: the members learned for the result's slot and owner whose bits its bitmap holds (by
+   index), then the children (sorted), except `parent` and, when given, `own`. */
+static PyObject *make_copies(Decider *d, PyObject *body, PyObject *parent, PyObject *own, Py_ssize_t *refused)
+{
+    Py_buffer view;
+    if (get_buffer(body, &view, 0, "body") < 0)
+        return NULL;
+    PyObject *list = PyList_New(0);
+    if (list == NULL || view.len < (Py_ssize_t)d->k[K_HEADER]) {
+        PyBuffer_Release(&view);
+        return list;
+    }
+    const uint8_t *p = (const uint8_t *)view.buf;
+    uint64_t slot = FIELD(d, p, F_SLOT), bitmap = FIELD(d, p, F_BITMAP);
+    owner_t key = {FIELD(d, p, F_JOB), FIELD(d, p, F_ROUND), FIELD(d, p, F_CLIQUE), FIELD(d, p, F_CHUNK)};
+    PyBuffer_Release(&view);
+    if (slot >= (uint64_t)d->slots)
+        return list;
+    slot_t *s = &d->slot[slot];
+    if (!s->learned || !same_owner(&s->learned_key, &key))
+        return list;
+    if (s->members != NULL)
+        for (uint64_t i = 0; i < d->k[K_MAX_MEMBERS]; i++)
+            if (s->members[i] != NULL && (bitmap >> i & 1) &&
+                append_copy(list, body, s->members[i], parent, own, refused) < 0)
+                goto failed;
+    if (s->children != NULL) {
+        PyObject *children = PySequence_List(s->children);
+        if (children == NULL || PyList_Sort(children) < 0) {
+            Py_XDECREF(children);
+            goto failed;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(children); i++)
+            if (append_copy(list, body, PyList_GET_ITEM(children, i), parent, own, refused) < 0) {
+                Py_DECREF(children);
+                goto failed;
+            }
+        Py_DECREF(children);
+    }
+    return list;
+failed:
+    Py_DECREF(list);
+    return NULL;
+}
+
+/* copies(body, parent=None) -> [(body, address)]: serve.py's `_copies` before its own-address filter. */
+static PyObject *Decider_copies(Decider *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!ready(d))
+        return NULL;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "copies(body, parent=None)");
+        return NULL;
+    }
+    Py_ssize_t refused = 0;
+    return make_copies(d, args[0], nargs > 1 ? args[1] : Py_None, Py_None, &refused);
+}
+
+/* One slot's entry of serve.py's learning table: ((job, round, clique, chunk), {sender: peer}, {peers}). */
+static PyObject *learned_entry(Decider *d, slot_t *s)
+{
+    PyObject *members = PyDict_New(), *entry = NULL;
+    PyObject *children = s->children ? PySet_New(s->children) : PySet_New(NULL);
+    if (members == NULL || children == NULL)
+        goto done;
+    for (uint64_t i = 0; s->members != NULL && i < d->k[K_MAX_MEMBERS]; i++) {
+        if (s->members[i] == NULL)
+            continue;
+        PyObject *index = PyLong_FromUnsignedLongLong(i);
+        int failed = index == NULL || PyDict_SetItem(members, index, s->members[i]) < 0;
+        Py_XDECREF(index);
+        if (failed)
+            goto done;
+    }
+    entry = Py_BuildValue("((KKKK)OO)", s->learned_key.job, s->learned_key.round, s->learned_key.clique,
+                          s->learned_key.chunk, members, children);
+done:
+    Py_XDECREF(members);
+    Py_XDECREF(children);
+    return entry;
+}
+
+/* learned() -> {slot: entry}: serve.py's learning table, for the slots that learned something. */
+static PyObject *Decider_learned(Decider *d, PyObject *unused)
+{
+    if (!ready(d))
+        return NULL;
+    PyObject *table = PyDict_New();
+    for (Py_ssize_t slot = 0; table != NULL && slot < d->slots; slot++) {
+        if (!d->slot[slot].learned)
+            continue;
+        PyObject *entry = learned_entry(d, &d->slot[slot]), *index = PyLong_FromSsize_t(slot);
+        if (entry == NULL || index == NULL || PyDict_SetItem(table, index, entry) < 0)
+            Py_CLEAR(table);
+        Py_XDECREF(entry);
+        Py_XDECREF(index);
+    }
+    return table;
+}
+
+static PyObject *Decider_slot_key(Decider *d, PyObject *argument)
+{
+    if (!ready(d))
+        return NULL;
+    Py_ssize_t slot = PyLong_AsSsize_t(argument);
+    if (slot == -1 && PyErr_Occurred())
+        return NULL;
+    if (slot < 0 || slot >= d->slots) {
+        PyErr_SetString(PyExc_IndexError, "slot out of range");
+        return NULL;
+    }
+    slot_t *s = &d->slot[slot];
+    if (!s->owned)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KKKK)", s->key.job, s->key.round, s->key.clique, s->key.chunk);
+}
+
+static PyObject *Decider_counts(Decider *d, PyObject *unused)
+{
+    if (!ready(d))
+        return NULL;
+    PyObject *list = PyList_New((Py_ssize_t)d->k[K_COUNTERS]);
+    if (list == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < (Py_ssize_t)d->k[K_COUNTERS]; i++) {
+        PyObject *value = PyLong_FromUnsignedLongLong(d->counts[i]);
+        if (value == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, value);
+    }
+    return list;
+}
+
+/* Each of `names` from dict `table` as a non-negative integer below 2**64 into `values`. */
+static int read_numbers(PyObject *table, const char *const *names, int count, uint64_t *values, const char *what)
+{
+    if (!PyDict_Check(table)) {
+        PyErr_Format(PyExc_TypeError, "Decider: %s must be a dict", what);
+        return -1;
+    }
+    for (int i = 0; i < count; i++) {
+        PyObject *value = PyDict_GetItemString(table, names[i]);
+        if (value == NULL) {
+            PyErr_Format(PyExc_KeyError, "Decider: %s lacks %s", what, names[i]);
+            return -1;
+        }
+        values[i] = PyLong_AsUnsignedLongLong(value);
+        if (values[i] == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+static int refuse(const char *why)
+{
+    PyErr_Format(PyExc_ValueError, "Decider: %s", why);
+    return -1;
+}
+
+/* configure(config): new limits, addresses and lease; the number of slots stays. */
+static int set_config(Decider *d, PyObject *table, int first)
+{
+    uint64_t config[N_CONFIG];
+    if (read_numbers(table, CONFIG_NAMES, N_CONFIG, config, "config") < 0)
+        return -1;
+    if (!first && (Py_ssize_t)config[C_SLOTS] != d->slots)
+        return refuse("the number of slots is fixed when the decider is made");
+    if (config[C_SLOTS] < 1 || config[C_SLOTS] > (uint64_t)PY_SSIZE_T_MAX / sizeof(slot_t))
+        return refuse("slots out of range");
+    if (config[C_MAX_FANIN] > d->k[K_MAX_MEMBERS])
+        return refuse("max_fanin above the members a bitmap holds");
+    memcpy(d->config, config, sizeof(config));
+    return 0;
+}
+
+static PyObject *Decider_configure(Decider *d, PyObject *table)
+{
+    if (!ready(d))
+        return NULL;
+    if (set_config(d, table, 0) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int Decider_init(Decider *d, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"fields", "constants", "config", NULL};
+    PyObject *fields, *constants, *config;
+    if (d->slot != NULL)
+        return refuse("already made");
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!", keywords, &PyDict_Type, &fields, &PyDict_Type,
+                                     &constants, &PyDict_Type, &config))
+        return -1;
+    if (read_numbers(constants, CONSTANT_NAMES, N_CONSTANTS, d->k, "constants") < 0)
+        return -1;
+    const uint64_t *k = d->k;
+    for (int f = 0; f < N_FIELDS; f++) {
+        PyObject *place = PyDict_GetItemString(fields, FIELD_NAMES[f]);
+        if (place == NULL) {
+            PyErr_Format(PyExc_KeyError, "Decider: fields lacks %s", FIELD_NAMES[f]);
+            return -1;
+        }
+        if (!PyArg_ParseTuple(place, "nn", &d->at[f], &d->width[f]))
+            return -1;
+        /* Every field read lies within the header that is checked to be there first; the reserved field
+           only marks where the route ends. */
+        if (d->at[f] < 0 || d->width[f] < 1 || (f != F_RESERVED && d->width[f] > 8) ||
+            (uint64_t)(d->at[f] + d->width[f]) > k[K_HEADER])
+            return refuse("a field lies outside the header or is wider than 8 bytes");
+    }
+    /* A slot's output is made only for a datagram whose length matched its count, at most the longest payload:
+       that bounds every output's size. */
+    if (k[K_HEADER] > (uint64_t)k[K_MAX_PAYLOAD] || k[K_MAX_PAYLOAD] > INT32_MAX)
+        return refuse("header or longest payload out of range");
+    if (k[K_ELEMENT] != 4)
+        return refuse("elements must be int32: the saturating sum is int32's");
+    if (k[K_TRAILER] < 1 || k[K_TRAILER] > 8 || k[K_STATUS_OVERFLOW] > 0xFF)
+        return refuse("the status trailer must be 1 to 8 bytes, the overflow flag in its last byte");
+    if (k[K_MAX_MEMBERS] < 1 || (uint64_t)d->width[F_BITMAP] * 8 < k[K_MAX_MEMBERS] || k[K_MAX_MEMBERS] > 64)
+        return refuse("members must fit the bitmap field (at most 64)");
+    if (k[K_TIME_MASK] & (k[K_TIME_MASK] + 1))
+        return refuse("the time mask must be all ones below a power of two");
+    if (d->at[F_HOP1_EXPECT] > d->at[F_RESERVED] || d->at[F_EXPECT] > d->at[F_HOP1_EXPECT])
+        return refuse("the route's fields are out of order");
+    if (k[K_COUNTERS] < 1 || k[K_COUNTERS] > (k[K_MAX_PAYLOAD] - k[K_HEADER]) / k[K_ELEMENT])
+        return refuse("a stats reply of the counters must fit a payload");
+    for (int i = K_ACCUMULATED; i < K_COUNTERS; i++)
+        if (k[i] >= k[K_COUNTERS])
+            return refuse("a disposition or counter index lies beyond the counters");
+    int round_bits = 8 * (int)d->width[F_ROUND];
+    d->round_mask = round_bits >= 64 ? UINT64_MAX : ((uint64_t)1 << round_bits) - 1;
+    d->round_half = (uint64_t)1 << (round_bits - 1);
+    if (set_config(d, config, 1) < 0)
+        return -1;
+    d->slots = (Py_ssize_t)d->config[C_SLOTS];
+    d->counts = PyMem_Calloc(k[K_COUNTERS], sizeof(uint64_t));
+    d->slot = PyMem_Calloc(d->slots, sizeof(slot_t));
+    if (d->counts == NULL || d->slot == NULL) {
+        PyMem_Free(d->counts);
+        PyMem_Free(d->slot);
+        d->counts = NULL;
+        d->slot = NULL;
+        PyErr_NoMemory();
+        return -1;
+    }
+    d->now = 0;
+    return 0;
+}
+
+static void Decider_dealloc(Decider *d)
+{
+    if (d->slot != NULL)
+        for (Py_ssize_t i = 0; i < d->slots; i++) {
+            slot_t *s = &d->slot[i];
+            forget(d, s);
+            PyMem_Free(s->members);
+            Py_CLEAR(s->output);
+        }
+    PyMem_Free(d->slot);
+    PyMem_Free(d->counts);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+static PyMethodDef Decider_methods[] = {
+    {"handle", (PyCFunction)(void (*)(void))Decider_handle, METH_FASTCALL,
+     "handle(payload, now=None, source=0, peer=None) -> (disposition, answer or None)"},
+    {"serve", (PyCFunction)(void (*)(void))Decider_serve, METH_FASTCALL,
+     "serve(payload, now, source, peer, own) -> None, [], (disposition, answer) or (copies, refused)"},
+    {"copies", (PyCFunction)(void (*)(void))Decider_copies, METH_FASTCALL,
+     "copies(body, parent=None) -> [(body, address)]: a result for each learned member and child"},
+    {"learned", (PyCFunction)Decider_learned, METH_NOARGS, "learned() -> serve's learning table, as a dict"},
+    {"slot_key", (PyCFunction)Decider_slot_key, METH_O, "slot_key(slot) -> (job, round, clique, chunk) or None"},
+    {"counts", (PyCFunction)Decider_counts, METH_NOARGS, "counts() -> the counters, as a list"},
+    {"configure", (PyCFunction)Decider_configure, METH_O, "configure(config): new limits, addresses, lease"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject DeciderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "inwire._fastpath.Decider",
+    .tp_doc = "Decider(fields, constants, config): the fast aggregator's decisions and slot table",
+    .tp_basicsize = sizeof(Decider),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Decider_init,
+    .tp_dealloc = (destructor)Decider_dealloc,
+    .tp_methods = Decider_methods,
+};
+
 /* The member's result lane: MemberSum.on_result (inwire.client) for a sum that CompiledMemberSum runs,
    the same steps over the same state. The Python method is the definition; tests/test_member_lane.py
    drives both with the same result streams and compares every payload and every piece of state.
@@ -561,20 +1437,6 @@ static void lane_prefetch(const uint8_t *p, Py_ssize_t bytes, int write)
         else
             __builtin_prefetch(p + i, 0, 0);
     }
-}
-
-static uint64_t read_be(const uint8_t *p, Py_ssize_t width)
-{
-    uint64_t value = 0;
-    for (Py_ssize_t i = 0; i < width; i++)
-        value = value << 8 | p[i];
-    return value;
-}
-
-static void write_be(uint8_t *p, Py_ssize_t width, uint64_t value)
-{
-    for (Py_ssize_t i = width - 1; i >= 0; i--, value >>= 8)
-        p[i] = (uint8_t)value;
 }
 
 /* A field of a header `header` bytes long: (offset, bytes) inside it, at most 8 bytes. */
@@ -1074,10 +1936,6 @@ static PyMethodDef methods[] = {
      "recv_batch(fd, buffer, slot_size, addresses) -> list: datagrams read with one recvmmsg"},
     {"send_batch", (PyCFunction)(void (*)(void))send_batch, METH_FASTCALL,
      "send_batch(fd, messages, start) -> (next, errors): datagrams sent with sendmmsg"},
-    {"accumulate", (PyCFunction)(void (*)(void))accumulate, METH_FASTCALL,
-     "accumulate(sums, payload, offset, count) -> bool: saturating sum of big-endian int32 elements"},
-    {"encode_result", (PyCFunction)(void (*)(void))encode_result, METH_FASTCALL,
-     "encode_result(header, sums, status) -> bytes: a result or partial payload"},
     {"quantize", (PyCFunction)(void (*)(void))quantize, METH_FASTCALL,
      "quantize(values, factor, out, big_endian) -> (peak, finite): float32 values as rounded int32 elements"},
     {"dequantize", (PyCFunction)(void (*)(void))dequantize, METH_FASTCALL,
@@ -1096,5 +1954,16 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", "Compile
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&DeciderType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&DeciderType);
+    if (PyModule_AddObject(m, "Decider", (PyObject *)&DeciderType) < 0) {
+        Py_DECREF(&DeciderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -22,9 +22,14 @@ Where the time goes, and what is done about it:
 - slot leases: each slot's stamp is the arrival time of its last accepted contribution, compared only
   when another owner wants an unfinished slot.
 
-The per-element work (saturating sum, big-endian encoding) runs in `inwire._fastpath` when that C
-extension was built (`make setup`), else in numpy. Both are run by the same differential tests. The C code
-takes no decision: no disposition, opcode or header offset is written in it (offsets are passed in).
+Two backends. "numpy" is the Python above (the per-element work in numpy): it is the fast path's
+definition. "c" (the default where the C extension `inwire._fastpath` was built, `make setup`) hands each
+datagram to its `Decider`, which holds the slot table and takes the same decisions in the same order in C,
+one call per datagram; for `inwire serve` it also keeps serve.py's learning table (who sent each slot's
+contributions and partials) and makes a result's unicast copies. No disposition, opcode, header offset,
+counter index or other protocol number is written in the C code: `decider_parameters` passes them in from
+the protocol tables. Both backends run the same differential tests against the golden model, and the C one
+is shown to fail them when one of its numbers is wrong.
 """
 
 import os
@@ -34,11 +39,12 @@ from types import ModuleType
 import numpy as np
 
 from .datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET, ip_int
-from .model import TIME_BITS
+from .model import TIME_BITS, _prefix_mask
 from .protocol import (
     AGGREGATION_FIELDS,
     COUNTERS,
     ELEMENT_BYTES,
+    FIELDS_BY_NAME,
     FRAME_HEADER_BYTES,
     FRAME_OFFSETS,
     INT32_MAX,
@@ -117,9 +123,34 @@ _FRAMES_IN, _RESULTS, _RECLAIMED, _SATURATIONS, _EXPIRED, _PARTIALS = (_COUNTER_
 _CLIQUES = [clique_mask(fanin) for fanin in range(MAX_FANIN + 1)]
 _TIME_MASK = 2**TIME_BITS - 1
 assert STATUS_OVERFLOW < 0x100, "a partial's carried overflow is read from the trailer's last byte"
+assert MAX_FANIN <= 8 * FIELDS_BY_NAME["bitmap"].nbytes, "a member bitmap holds every member"
 _STATUS = (bytes(RESULT_TRAILER_BYTES), STATUS_OVERFLOW.to_bytes(RESULT_TRAILER_BYTES, "big"))
 _PADDING = bytes(AGGREGATION_FIELDS[-1].nbytes)
 _BACKENDS = ("numpy", "c")
+
+
+def decider_parameters(config):
+    """(fields, constants, config) of the compiled `Decider` for `config`: each aggregation header field's
+    (offset within the payload, width), and every number it decides with, named as `_fastpath.c` reads them,
+    from the protocol tables."""
+    fields = {field.name: (_at(field.name), field.nbytes) for field in AGGREGATION_FIELDS}
+    constants = {
+        "header_bytes": PAYLOAD_HEADER_BYTES, "element_bytes": ELEMENT_BYTES, "trailer_bytes": RESULT_TRAILER_BYTES,
+        "runt_payload": RUNT_PAYLOAD, "max_payload": MAX_PAYLOAD, "max_members": MAX_FANIN, "magic": MAGIC,
+        "version": VERSION, "version_1": _V1, "multicast_mask": MULTICAST_MASK, "multicast_prefix": MULTICAST_PREFIX,
+        "status_overflow": STATUS_OVERFLOW, "time_mask": _TIME_MASK, "counters": len(COUNTERS),
+        **{opcode.name.lower(): int(opcode) for opcode in Opcode},
+        **{member.name.lower(): int(member) for member in Disposition},
+        **{name: _COUNTER_INDEX[name] for name in ("frames_in", "results_emitted", "slots_reclaimed", "saturations",
+                                                    "leases_expired", "partials_emitted")}}
+    return fields, constants, _decider_config(config)
+
+
+def _decider_config(config):
+    network, length = config.upstream_prefix
+    return {"slots": config.slots, "max_fanin": config.max_fanin, "max_elements": config.max_elements,
+            "lease": config.lease, "ip": config.ip, "upstream_network": network,
+            "upstream_mask": _prefix_mask(length)}
 
 
 def default_backend():
@@ -145,7 +176,19 @@ class FastAggregator:
         if backend == "c" and compiled is None:
             raise ValueError("the compiled fast path (inwire._fastpath) is not built; run `make setup`")
         self.backend = backend
-        self.config = config
+        self.learns = backend == "c"
+        """Whether `handle` also learns serve's table (given a peer), `copies` makes unicast copies and `serve`
+        takes serve's common case (`_fastpath.Decider`)."""
+        if backend == "c":
+            self._config = config
+            self._decider = compiled.Decider(*decider_parameters(config))
+            # The compiled methods themselves: no Python frame around them, once per datagram.
+            self.handle = self._decider.handle
+            self.serve = self._decider.serve
+            self.copies = self._decider.copies
+            self.learned = self._decider.learned
+            return
+        self._config = config
         slots = config.slots
         self.keys = [None] * slots
         self.shapes = [None] * slots
@@ -159,18 +202,32 @@ class FastAggregator:
         self.now = 0
         """Arrival time of the latest datagram, in lease ticks modulo 2**TIME_BITS (as the model's)."""
         self.counts = [0] * len(COUNTERS)
-        self._accumulate = self._accumulate_c if backend == "c" else self._accumulate_numpy
+
+    @property
+    def config(self):
+        return self._config
+
+    @config.setter
+    def config(self, config):
+        """Another configuration (addresses, limits, lease) for the same number of slots; the state stays."""
+        if config.slots != self._config.slots:
+            raise ValueError(f"the fast path has {self._config.slots} slots; a configuration cannot change that")
+        if self.backend == "c":
+            self._decider.configure(_decider_config(config))
+        self._config = config
 
     def stats(self):
-        return dict(zip(COUNTERS, self.counts, strict=True))
+        counts = self._decider.counts() if self.backend == "c" else self.counts
+        return dict(zip(COUNTERS, counts, strict=True))
 
     def slot_key(self, slot):
-        return self.keys[slot]
+        return self._decider.slot_key(slot) if self.backend == "c" else self.keys[slot]
 
     def handle(self, payload, now=None, source=0):
         """Disposition and answer (a payload, or None) of one datagram that arrived at `now` (lease ticks;
         None: no time passed since the previous one) from IPv4 address `source` (an int, or a dotted string
-        as a socket gives it, read only when the datagram names a next hop); counts it."""
+        as a socket gives it, read only when the datagram names a next hop); counts it. The compiled
+        backend's `handle` takes a fourth argument, the peer to learn for serve (see `learns`)."""
         if now is not None:
             self.now = now & _TIME_MASK
         disposition, answer = self._decide(payload, source)
@@ -263,7 +320,7 @@ class FastAggregator:
         else:
             return _DISPOSITION.DROP_COLLISION, None
 
-        if self._accumulate(self.sums[slot], payload, count):
+        if self._accumulate_numpy(self.sums[slot], payload, count):
             self.counts[_SATURATIONS] += 1
             self.overflow[slot] = True
         if opcode == _PARTIAL and payload[length - 1] & STATUS_OVERFLOW:
@@ -307,9 +364,6 @@ class FastAggregator:
             return True
         return False
 
-    def _accumulate_c(self, sums, payload, count):
-        return compiled.accumulate(sums, payload, PAYLOAD_HEADER_BYTES, count)
-
     def _count_output(self, opcode):
         self.counts[_PARTIALS if opcode == _PARTIAL else _RESULTS] += 1
 
@@ -320,11 +374,7 @@ class FastAggregator:
         opcode, route = _route(payload, version)
         header = b"".join((HEADER.pack(MAGIC, version, opcode, sender, fanin, exponent, bitmap.bit_count(), job,
                                        round_, clique, slot, chunk, count, 0, group, bitmap), route, _PADDING))
-        status = _STATUS[self.overflow[slot]]
-        if self.backend == "c":
-            output = compiled.encode_result(header, self.sums[slot], status)
-        else:
-            output = b"".join((header, self.sums[slot].astype(">i4").tobytes(), status))
+        output = b"".join((header, self.sums[slot].astype(">i4").tobytes(), _STATUS[self.overflow[slot]]))
         self.results[slot] = output
         self._count_output(opcode)
         return output

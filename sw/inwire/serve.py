@@ -192,12 +192,16 @@ class SoftwareAggregator:
         network, length = stats_from or self.config.upstream_prefix
         self.stats_from = ipaddress.IPv4Network((network, length))
         self.wildcard = self.address[0] == "0.0.0.0"
+        self._copies_in_decider = unicast and not self.wildcard
         self._local = {}
         self._started = time.monotonic()
         if engine == "fast":
             self.model = None
             self.fast = FastAggregator(self.config, backend)
-            self.handle = self._handle_fast
+            # The compiled decider also keeps the learning table (`learned`) and makes the unicast copies.
+            self.handle = self._handle_compiled if self.fast.learns else self._handle_fast
+            if self.fast.learns:
+                self._serve, self._compiled_copies = self.fast.serve, self.fast.copies
             # recvmmsg/sendmmsg come with the compiled kernel; the numpy variant stays all Python.
             self.batch_io = self.fast.backend == "c"
         else:
@@ -206,15 +210,20 @@ class SoftwareAggregator:
             self.handle = self._handle_golden
             self.batch_io = False
         self.dst_mac = self.config.mac.to_bytes(6, "big")
-        self.learned = {}
-        """slot -> (owner key, {sender index: (ip, port)} of members, {(ip, port)} of child aggregators),
-        learned from the accepted contributions and partials of the slot's current owner."""
+        self._learned = {}
         self.parents = {}
         """slot -> (owner key, (ip, port)) of the partial this service last sent up for the slot: the one
         result it may relay next."""
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
         self._groups = {}
         self._stop = threading.Event()
+
+    @property
+    def learned(self) -> dict:
+        """slot -> (owner key, {sender index: (ip, port)} of members, {(ip, port)} of child aggregators),
+        learned from the accepted contributions and partials of the slot's current owner. With the compiled
+        decider the table lives in it, and this is a copy."""
+        return self.fast.learned() if self.fast is not None and self.fast.learns else self._learned
 
     @property
     def description(self) -> str:
@@ -258,6 +267,34 @@ class SoftwareAggregator:
             self._learn(payload, peer)
         if answer is None:
             return []
+        return self._send_answer(payload, peer, disposition, answer)
+
+    def _handle_compiled(self, payload, peer, now=None):
+        """`_handle_fast` with the compiled decider, which learns the peer as `_learn` would and, in the common
+        case, makes the unicast copies of a completed result too (`Decider.serve`)."""
+        now = self.ticks() if now is None else now
+        # The service's address, for the decider to leave out of unicast copies; without it (multicast, or a
+        # wildcard address, which makes other addresses the service's too) copies are made here.
+        own = self.address if self._copies_in_decider else None
+        decided = self._serve(payload, now, peer[0], peer, own)
+        if decided is None:  # a result or stats request: the service looks first
+            refused = self._refused_before_deciding(payload, peer)
+            if refused is not None:
+                return refused
+            disposition, answer = self.fast.handle(payload, now, peer[0], peer)
+            return [] if answer is None else self._send_answer(payload, peer, disposition, answer)
+        if decided.__class__ is list:  # nothing to send
+            return decided
+        first, second = decided
+        if first.__class__ is list:  # a completed result's unicast copies, and how many were to this service
+            own_counts = self.own
+            own_counts["sends_refused"] += second
+            own_counts["unicast_copies"] += len(first)
+            return first
+        return self._send_answer(payload, peer, first, second)
+
+    def _send_answer(self, payload, peer, disposition, answer):
+        """Where the fast path's answer to `payload` from `peer` goes."""
         if answer[3] == _PARTIAL:
             return self._partial(answer, (ip_str(next_hop(payload)), self.config.port))
         if answer[3] != _RESULT:
@@ -314,9 +351,9 @@ class SoftwareAggregator:
         if payload[3] not in _LEARNED_OPCODES:
             return
         slot, key, sender = _owner(payload)
-        entry = self.learned.get(slot)
+        entry = self._learned.get(slot)
         if entry is None or entry[0] != key:
-            entry = self.learned[slot] = (key, {}, set())
+            entry = self._learned[slot] = (key, {}, set())
         if payload[3] == _PARTIAL:
             entry[2].add(peer)
         else:
@@ -332,8 +369,10 @@ class SoftwareAggregator:
     def _copies(self, body, parent=None):
         """A result for each member and child aggregator learned for its slot's owner, except `parent`
         (where a relayed result came from) and this service."""
+        if self.fast is not None and self.fast.learns:
+            return self._unless_own(self._compiled_copies(body, parent))
         slot, key, _ = _owner(body)
-        entry = self.learned.get(slot)
+        entry = self._learned.get(slot)
         if entry is None or entry[0] != key:
             return []
         bitmap, = _BITMAP.unpack_from(body, _BITMAP_AT)
@@ -358,7 +397,11 @@ class SoftwareAggregator:
 
     def _unless_own(self, sends):
         """`sends` without those addressed to this service, which are counted."""
-        kept = [send for send in sends if not self._is_own(send[1])]
+        if self.wildcard:
+            kept = [send for send in sends if not self._is_own(send[1])]
+        else:
+            address = self.address  # `_is_own` without a wildcard, inline: once per unicast copy
+            kept = [send for send in sends if tuple(send[1]) != address]
         self.own["sends_refused"] += len(sends) - len(kept)
         return kept
 
