@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from inwire.cli import main
+from inwire.datagram import payload_of
 from inwire.model import Aggregator, AggregatorConfig
-from inwire.packets import frame_field
+from inwire.packets import build_frames, frame_field
 from inwire.pcap import read_frames
 from inwire.protocol import FRAME_HEADER_BYTES, Opcode
 from inwire.serve import SoftwareAggregator
 from inwire.stream import StreamConfig, Workload, load_plan, run_stream
-from inwire.transport import UdpTransport
+from inwire.transport import CaptureTransport, UdpTransport, probe_stats
 from schedules import ISLANDS, PERIOD, write_schedule
 
 
@@ -271,3 +272,70 @@ def test_jumbo_chunks_on_loopback(service, schedule):
 def test_chunk_above_8_kib_is_refused(schedule, capsys):
     assert stream_cli("--target", "pcap:/dev/null", "--schedule", str(schedule), "--chunk", "2049") == 2
     assert "--chunk must lie in [1, 2048]" in capsys.readouterr().err
+
+
+class BatchingCapture(CaptureTransport):
+    """The golden model's answers held and handed to the islands in batches, as recvmmsg reads them: through
+    `deliver_batch` (`batched`) or datagram by datagram through `deliver`, the same batches either way. Each
+    batch also carries what no island's sum takes: the island's previous batch again (results it already has,
+    or of an earlier round), a datagram too short to have an opcode, and one of another job; stats are asked
+    in-band, so their replies share those batches."""
+
+    SLOT = UdpTransport.SLOT
+
+    def __init__(self, batched, plan, config):
+        super().__init__(None, plan.islands, 64, config.chunk)
+        self.batched = batched
+        self.queued, self.previous, self.sent = {}, {}, {}
+        self.batches = 0
+        self.foreign = payload_of(build_frames(np.ones(4, dtype=np.int32), status=0, opcode=Opcode.RESULT,
+                                               job=config.job + 1)[0].tobytes())
+
+    async def start(self, deliver, deliver_batch=None):
+        await super().start(self.hold)
+        self.deliver_each, self.deliver_batch = deliver, deliver_batch if self.batched else None
+
+    def hold(self, island, payload):
+        if not self.queued:
+            self.loop.call_soon(self.flush)
+        self.queued.setdefault(island, []).append(bytes(payload))
+
+    def flush(self):
+        queued, self.queued = self.queued, {}
+        for island, payloads in queued.items():
+            batch = [*self.previous.get(island, []), b"\x01", *payloads, self.foreign]
+            self.previous[island] = payloads
+            sizes, buffer = [len(p) for p in batch], bytearray(self.SLOT * len(batch))
+            for index, payload in enumerate(batch):
+                buffer[index * self.SLOT:index * self.SLOT + len(payload)] = payload
+            self.batches += 1
+            if self.deliver_batch is not None:
+                self.deliver_batch(island, buffer, sizes, self.SLOT)
+            else:
+                for index, size in enumerate(sizes):
+                    self.deliver_each(island, memoryview(buffer)[index * self.SLOT:index * self.SLOT + size])
+
+    def send(self, island, payload, city=None):
+        self.sent.setdefault(island, []).append(bytes(payload))
+        super().send(island, payload, city)
+
+    async def stats(self, island, stats_future, timeout, city=None):
+        return await probe_stats(self, island, stats_future, timeout, city)
+
+
+def test_batched_delivery_sends_what_per_datagram_delivery_sends(schedule):
+    """A batch handed over at once (`deliver_batch`, one `on_results` call) and the same batch datagram by
+    datagram: every island sends the same datagrams in the same order, and the stats replies, in batches with
+    results and other datagrams, reach the stats requests."""
+    plan = load_plan(schedule)
+    config = StreamConfig(rounds=3, elements=3000, chunk=200, window=6, job=23)
+    runs = {}
+    for batched in (True, False):
+        transport = BatchingCapture(batched, plan, config)
+        runs[batched] = transport, run_stream(plan, config, transport)
+    (batched, report), (each, expected) = runs[True], runs[False]
+    assert batched.batches == each.batches > 3 * len(plan.islands)
+    assert batched.sent == each.sent
+    assert report["bit_exact"] and report["retransmits"] == 0
+    assert report["aggregator"] == expected["aggregator"] and report["aggregator"]["accumulated"] > 0
+    assert [r["results_checked"] for r in report["rounds"]] == [r["results_checked"] for r in expected["rounds"]]

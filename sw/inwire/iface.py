@@ -52,7 +52,7 @@ class IfaceTransport:
         self._stop = threading.Event()
         self.reader = None
 
-    async def start(self, deliver):
+    async def start(self, deliver, deliver_batch=None):
         loop = asyncio.get_running_loop()
         self.reader = threading.Thread(target=self._read, args=(loop, deliver), daemon=True)
         self.reader.start()

@@ -31,7 +31,7 @@ from . import client
 from .client import RouteError, clique_group
 from .client import member_sum as member_sum_of
 from .codec import choose_exponent, dequantize, quantize
-from .datagram import parse_endpoint, parse_stats_reply
+from .datagram import opcode_of, parse_endpoint, parse_stats_reply
 from .diagnosis import diagnose
 from .errors import InwireError
 from .plan.cost import ScheduleError
@@ -456,6 +456,17 @@ class Island:
         if member_sum.done:
             self.finished.set()
 
+    def on_results(self, buffer, sizes, slot):
+        """`on_result` of a batch of datagrams, the i-th at buffer[i * slot:][:sizes[i]] (results or not),
+        read in one call at one clock reading; the payloads they free go out in the same order."""
+        member_sum = self.sum
+        if member_sum is None:
+            return
+        for freed in member_sum.on_results(buffer, sizes, slot, self.loop.time()):
+            self.transmit(freed, self.tally)
+        if member_sum.done:
+            self.finished.set()
+
 
 async def stream_async(plan, config, transport, progress=lambda _round: None, target_kind=None):
     """`run_stream` inside a running event loop."""
@@ -465,15 +476,30 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
                for i, name in enumerate(plan.islands)}
     stats_future = None
 
-    def deliver(island, payload):
-        nonlocal stats_future
-        opcode = payload[3] if len(payload) > 3 else None  # opcode_of, inline: once per datagram
-        if opcode == Opcode.RESULT:
-            islands[island].on_result(payload)
-        elif opcode == Opcode.STATS_REPLY and stats_future is not None and not stats_future.done():
+    def take_stats(payload):
+        """A stats reply's counters to the stats request awaiting them, if one is."""
+        if stats_future is not None and not stats_future.done():
             counters = parse_stats_reply(bytes(payload))
             if counters is not None:
                 stats_future.set_result(counters)
+
+    def deliver(island, payload):
+        opcode = payload[3] if len(payload) > 3 else None  # opcode_of, inline: once per datagram
+        if opcode == Opcode.RESULT:
+            islands[island].on_result(payload)
+        elif opcode == Opcode.STATS_REPLY:
+            take_stats(payload)
+
+    def deliver_batch(island, buffer, sizes, slot):
+        # Every datagram goes to the round's sum, which ignores what is not one of its results; stats replies
+        # are looked for only while a request awaits one, so a batch of results costs no per-datagram Python.
+        islands[island].on_results(buffer, sizes, slot)
+        if stats_future is not None and not stats_future.done():
+            view = memoryview(buffer)
+            for index, size in enumerate(sizes):
+                payload = view[index * slot:index * slot + size]
+                if opcode_of(payload) == Opcode.STATS_REPLY:
+                    take_stats(payload)
 
     async def ask_stats():
         """Counters of every aggregator (city -> counters; one aggregator: None -> counters); None for an
@@ -487,7 +513,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
                                                    *(() if city is None else (city,)))
         return counters
 
-    await transport.start(deliver)
+    await transport.start(deliver, deliver_batch)
     kernel_before = kernel_drops(transport)
     failed_slot = None
     try:

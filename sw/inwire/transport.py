@@ -1,10 +1,13 @@
 """Transports: how the islands of `inwire stream` reach an aggregator.
 
-Every transport has `start(deliver)`, `send(island, payload)`, `subscribe` / `unsubscribe(island, group)`,
-`stats(island, stats_future, timeout)` and `close()`; `deliver(island, payload)` hands each received UDP
-payload to the islands. `UdpTransport` uses the kernel's UDP sockets; `CaptureTransport` wraps the
-payloads into frames for an in-process aggregator (the golden model, or the gateware in co-simulation)
-and can write them to a capture. `inwire.iface.IfaceTransport` sends raw frames through a NIC.
+Every transport has `start(deliver, deliver_batch=None)`, `send(island, payload)`, `subscribe` /
+`unsubscribe(island, group)`, `stats(island, stats_future, timeout)` and `close()`; `deliver(island, payload)`
+hands each received UDP payload to the islands. A transport that reads datagrams in batches may hand each
+batch over at once instead, as `deliver_batch(island, buffer, sizes, slot)` (the i-th payload at
+buffer[i * slot:][:sizes[i]]); one that does not ignores `deliver_batch`. `UdpTransport` uses the kernel's
+UDP sockets; `CaptureTransport` wraps the payloads into frames for an in-process aggregator (the golden
+model, or the gateware in co-simulation) and can write them to a capture. `inwire.iface.IfaceTransport`
+sends raw frames through a NIC.
 """
 
 import asyncio
@@ -57,7 +60,8 @@ class UdpTransport:
 
     The sockets are non-blocking and read in batches: one readiness event drains a socket (up to
     DRAIN_BATCH datagrams) into a preallocated buffer, and each payload is handed over as a view of it,
-    valid during the `deliver` call. Each socket's receive buffer holds `window` results of `chunk`
+    valid during the `deliver` call (with recvmmsg and a `deliver_batch`, each batch at once: the buffer,
+    valid during the call). Each socket's receive buffer holds `window` results of `chunk`
     elements twice over (results beyond the window are retransmission answers). With the compiled kernel
     (`inwire._fastpath`) a socket is read with recvmmsg and the datagrams the islands send in answer to
     a batch leave with one sendmmsg."""
@@ -84,9 +88,10 @@ class UdpTransport:
         self.readers, self.listeners = {}, {}
         self.send_errors = 0
 
-    async def start(self, deliver):
+    async def start(self, deliver, deliver_batch=None):
         self.loop = asyncio.get_running_loop()
         self.deliver = deliver
+        self.deliver_batch = deliver_batch
         self.buffer = bytearray(MAX_DATAGRAM)
         self.view = memoryview(self.buffer)
         self.pending = None
@@ -130,7 +135,8 @@ class UdpTransport:
 
     def _drain_batched(self, island, sock):
         """recvmmsg in, and what the islands send in answer leaves with one sendmmsg per socket."""
-        deliver, buffer, view, slot = self.deliver, self.batch_buffer, self.batch_view, self.SLOT
+        deliver, deliver_batch = self.deliver, self.deliver_batch
+        buffer, view, slot = self.batch_buffer, self.batch_view, self.SLOT
         self.pending = pending = {}
         try:
             for _ in range(DRAIN_BATCH // BATCH):
@@ -138,10 +144,15 @@ class UdpTransport:
                     sizes = compiled.recv_batch(sock.fileno(), buffer, slot, False)
                 except OSError:
                     continue
-                at = 0
-                for size in sizes:
-                    deliver(island, view[at:at + size])
-                    at += slot
+                if not sizes:
+                    break
+                if deliver_batch is not None:
+                    deliver_batch(island, buffer, sizes, slot)
+                else:
+                    at = 0
+                    for size in sizes:
+                        deliver(island, view[at:at + size])
+                        at += slot
                 if len(sizes) < BATCH:
                     break
         finally:
@@ -247,7 +258,7 @@ class CaptureTransport:
         self.frames = []
         self.send_errors = 0
 
-    async def start(self, deliver):
+    async def start(self, deliver, deliver_batch=None):
         self.deliver, self.loop = deliver, asyncio.get_running_loop()
 
     def send(self, island, payload, city=None):
