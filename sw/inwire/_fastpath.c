@@ -1037,6 +1037,85 @@ static PyObject *Decider_serve(Decider *d, PyObject *const *args, Py_ssize_t nar
     return pair;
 }
 
+/* serve_batch(buffer, batch, slot_size, start, now, own, sends) -> (next, decided, refused, copies): `serve` on
+   each datagram of a recv_batch `batch` from index `start` on (batch[i] is its (size, peer), its bytes at
+   i * slot_size in `buffer`), all arrived at `now`, with the common case's unicast copies appended to `sends`,
+   until one whose answer serve.py sends itself. `next` is that datagram's index (len(batch): none), `decided`
+   what `serve` returned for it (None: nothing was decided; or (disposition, answer)); `refused` and `copies`
+   count the copies to `own` left out and those appended. One call per batch instead of one per datagram. */
+static PyObject *Decider_serve_batch(Decider *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!ready(d))
+        return NULL;
+    if (nargs != 7 || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "serve_batch(buffer, batch: list, slot_size, start, now, own, sends: list)");
+        return NULL;
+    }
+    PyObject *batch = args[1], *own = args[5], *sends = args[6], *decided = NULL;
+    Py_ssize_t slot_size = PyLong_AsSsize_t(args[2]), index = PyLong_AsSsize_t(args[3]), refused = 0, copies = 0;
+    if ((slot_size == -1 || index == -1) && PyErr_Occurred())
+        return NULL;
+    if (slot_size < 1 || index < 0) {
+        PyErr_SetString(PyExc_ValueError, "serve_batch: slot_size must be positive and start not negative");
+        return NULL;
+    }
+    Py_buffer buffer;
+    if (get_buffer(args[0], &buffer, 0, "buffer") < 0)
+        return NULL;
+    if (set_now(d, args[4]) < 0)
+        goto failed;
+    for (; index < PyList_GET_SIZE(batch); index++) {
+        PyObject *item = PyList_GET_ITEM(batch, index), *peer, *reply = NULL;
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 || !PyTuple_CheckExact(peer = PyTuple_GET_ITEM(item, 1)) ||
+            PyTuple_GET_SIZE(peer) != 2) {
+            PyErr_SetString(PyExc_TypeError, "serve_batch: each datagram is (size, (host, port))");
+            goto failed;
+        }
+        Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0));
+        if (size == -1 && PyErr_Occurred())
+            goto failed;
+        if (size < 0 || size > slot_size || size > buffer.len || index > (buffer.len - size) / slot_size) {
+            PyErr_SetString(PyExc_ValueError, "serve_batch: a datagram lies outside the buffer");
+            goto failed;
+        }
+        const uint8_t *p = (const uint8_t *)buffer.buf + index * slot_size;
+        if (size >= d->at[F_OPCODE] + d->width[F_OPCODE]) {
+            uint64_t opcode = FIELD(d, p, F_OPCODE);
+            if (opcode == d->k[K_RESULT] || opcode == d->k[K_STATS_REQUEST]) {
+                decided = Py_NewRef(Py_None);
+                break;
+            }
+        }
+        long long disposition = decide_counted(d, p, size, PyTuple_GET_ITEM(peer, 0), peer, &reply);
+        if (disposition < 0)
+            goto failed;
+        if (reply == NULL)
+            continue;
+        if (own == Py_None || disposition == (long long)d->k[K_ANSWERED] ||
+            FIELD(d, (const uint8_t *)PyBytes_AS_STRING(reply), F_OPCODE) != d->k[K_RESULT]) {
+            if ((decided = outcome(disposition, reply)) == NULL)
+                goto failed;
+            break;
+        }
+        PyObject *list = make_copies(d, reply, Py_None, own, &refused);
+        Py_DECREF(reply);
+        if (list == NULL)
+            goto failed;
+        copies += PyList_GET_SIZE(list);
+        Py_ssize_t end = PyList_GET_SIZE(sends);
+        int appended = PyList_SetSlice(sends, end, end, list);
+        Py_DECREF(list);
+        if (appended < 0)
+            goto failed;
+    }
+    PyBuffer_Release(&buffer);
+    return Py_BuildValue("(nNnn)", index, decided ? decided : Py_NewRef(Py_None), refused, copies);
+failed:
+    Py_XDECREF(decided);
+    PyBuffer_Release(&buffer);
+    return NULL;
+}
+
 /* Appends (body, address) to `list` unless the address is `parent` or `own` (counted in *refused); -1 on error. */
 static int append_copy(PyObject *list, PyObject *body, PyObject *address, PyObject *parent, PyObject *own,
                        Py_ssize_t *refused)
@@ -1336,6 +1415,8 @@ static PyMethodDef Decider_methods[] = {
      "handle(payload, now=None, source=0, peer=None) -> (disposition, answer or None)"},
     {"serve", (PyCFunction)(void (*)(void))Decider_serve, METH_FASTCALL,
      "serve(payload, now, source, peer, own) -> None, [], (disposition, answer) or (copies, refused)"},
+    {"serve_batch", (PyCFunction)(void (*)(void))Decider_serve_batch, METH_FASTCALL,
+     "serve_batch(buffer, batch, slot_size, start, now, own, sends) -> (next, decided, refused, copies)"},
     {"copies", (PyCFunction)(void (*)(void))Decider_copies, METH_FASTCALL,
      "copies(body, parent=None) -> [(body, address)]: a result for each learned member and child"},
     {"learned", (PyCFunction)Decider_learned, METH_NOARGS, "learned() -> serve's learning table, as a dict"},

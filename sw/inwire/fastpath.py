@@ -178,13 +178,14 @@ class FastAggregator:
         self.backend = backend
         self.learns = backend == "c"
         """Whether `handle` also learns serve's table (given a peer), `copies` makes unicast copies and `serve`
-        takes serve's common case (`_fastpath.Decider`)."""
+        (one datagram) and `serve_batch` (a recvmmsg batch) take serve's common case (`_fastpath.Decider`)."""
         if backend == "c":
             self._config = config
             self._decider = compiled.Decider(*decider_parameters(config))
             # The compiled methods themselves: no Python frame around them, once per datagram.
             self.handle = self._decider.handle
             self.serve = self._decider.serve
+            self.serve_batch = self._decider.serve_batch
             self.copies = self._decider.copies
             self.learned = self._decider.learned
             return

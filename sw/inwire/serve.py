@@ -492,7 +492,7 @@ class SoftwareAggregator:
         slot = MAX_DATAGRAM + 1
         buffer = bytearray(slot * BATCH)
         view = memoryview(buffer)
-        sock, fd, stopped, handle = self.sock, self.sock.fileno(), self._stop.is_set, self.handle
+        sock, fd, stopped, handle_batch = self.sock, self.sock.fileno(), self._stop.is_set, self.handle_batch
         receive = compiled.recv_batch
         while not stopped():
             try:
@@ -503,12 +503,8 @@ class SoftwareAggregator:
                 select.select([sock], [], [], POLL_S)
                 self._log_due()
                 continue
-            sends, at, now = [], 0, self.ticks()  # one arrival time for the datagrams one recvmmsg read
-            for size, peer in batch:
-                answer = handle(view[at:at + size], peer, now)
-                if answer:
-                    sends += answer
-                at += slot
+            # one arrival time for the datagrams one recvmmsg read
+            sends = handle_batch(buffer, batch, slot, self.ticks(), view)
             if sends:
                 if len(sends) > 1:
                     # Grouped by destination (stable: each peer's order kept), so that a peer's results form
@@ -516,6 +512,32 @@ class SoftwareAggregator:
                     sends.sort(key=_destination)
                 self.send_batch(sends)
             self._log_due()
+
+    def handle_batch(self, buffer: bytearray, batch: Sequence[tuple[int, Address]], slot: int, now: int,
+                     view: memoryview | None = None) -> list[Send]:
+        """`handle` on each datagram of one recvmmsg batch in turn (batch[i] is its (size, peer), its bytes at
+        i * `slot` in `buffer`; `view` a memoryview of it), all arrived at `now`: the datagrams to send, in
+        that order. With the compiled decider its common case takes one call for the batch
+        (`Decider.serve_batch`), and only the datagrams whose answers the service sends itself come back here."""
+        view = memoryview(buffer) if view is None else view
+        if self.fast is None or not self.fast.learns:
+            sends = []
+            for index, (size, peer) in enumerate(batch):
+                sends += self.handle(view[index * slot:index * slot + size], peer, now)
+            return sends
+        serve_batch, counts, sends, index, end = self.fast.serve_batch, self.own, [], 0, len(batch)
+        own = self.address if self._copies_in_decider else None
+        while index < end:
+            index, decided, refused, copies = serve_batch(buffer, batch, slot, index, now, own, sends)
+            counts["sends_refused"] += refused
+            counts["unicast_copies"] += copies
+            if index < end:
+                size, peer = batch[index]
+                payload = view[index * slot:index * slot + size]
+                sends += (self.handle(payload, peer, now) if decided is None
+                          else self._send_answer(payload, peer, *decided))
+                index += 1
+        return sends
 
     def send_batch(self, sends: Sequence[Send]) -> None:
         """Send (payload, (ip, port)) pairs with sendmmsg; a full send buffer is waited out (POLL_S)."""
