@@ -68,7 +68,6 @@ def test_where_the_time_goes_fails_when_the_results_do_not_finish_the_sum(monkey
     from inwire.serve import SoftwareAggregator
     from inwire.train import bench
 
-    for fast_path in ("_handle_fast", "_handle_compiled"):  # numpy's, and the compiled decider's
-        monkeypatch.setattr(SoftwareAggregator, fast_path, lambda self, payload, peer, now=None: [])
+    monkeypatch.setattr(SoftwareAggregator, "handle_batch", lambda self, *batch: [])
     with pytest.raises(RuntimeError, match="did not finish"):
         bench.where_the_time_goes(elements=bench.CHUNK * 30, sample=bench.CHUNK * 10)

@@ -26,9 +26,10 @@ class Service:
     def __init__(self, tamper=None, **options):
         self.aggregator = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None, **options)
         if tamper:
-            handle = self.aggregator.handle
-            self.aggregator.handle = lambda payload, peer, now=None: [(tamper(body), to)
-                                                                      for body, to in handle(payload, peer, now)]
+            # serve() decides a recvmmsg batch at a time with the compiled kernel, else datagram by datagram.
+            name = "handle_batch" if self.aggregator.batch_io else "handle"
+            decide = getattr(self.aggregator, name)
+            setattr(self.aggregator, name, lambda *args: [(tamper(body), to) for body, to in decide(*args)])
         self.thread = threading.Thread(target=self.aggregator.serve, daemon=True)
         self.thread.start()
         self.target = "udp://{}:{}".format(*self.aggregator.address)

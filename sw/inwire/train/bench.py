@@ -181,12 +181,12 @@ def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
     """CPU seconds of one averaging's parts, each measured alone in this process (no sockets): a member's
     encode and decode of `elements` float32 (`codec_average`, with the compiled kernel where built); a member's
     handling of one result (`on_result` of the sum `client.member_sum` makes, as `UdpMember` does: the compiled
-    lane where built; with the refill it sends) and the service's
-    decision on one contribution (`SoftwareAggregator.handle`, unicast copies), per datagram, measured on
-    `sample` elements. What the averaging's measured CPU holds beyond these is the sockets' system calls
-    and the loops around them."""
+    lane where built; with the refill it sends) and the service's decision on one contribution
+    (`SoftwareAggregator.handle_batch` on recvmmsg-sized batches, as `inwire serve` runs it; unicast copies),
+    per datagram, measured on `sample` elements. What the averaging's measured CPU holds beyond these is the
+    sockets' system calls and the loops around them."""
     from ..client import CliqueKey, Contributions, member_sum
-    from ..serve import SoftwareAggregator
+    from ..serve import BATCH, SoftwareAggregator
     from .codec_average import decode, encode
 
     vector = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
@@ -203,9 +203,16 @@ def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
     try:
         peers = [("127.0.0.1", 40000 + m) for m in range(ISLANDS)]
         arrivals = [(bytes(members[m][c]), peers[m]) for c in range(len(members[0])) for m in range(ISLANDS)]
+        # As `inwire serve` reads them: recvmmsg batches of BATCH datagrams, each at a slot of its buffer.
+        slot = max(len(datagram) for datagram, _ in arrivals)
+        batches = []
+        for first in range(0, len(arrivals), BATCH):
+            part = arrivals[first:first + BATCH]
+            batches.append((bytearray(b"".join(datagram.ljust(slot, b"\0") for datagram, _ in part)),
+                            [(len(datagram), peer) for datagram, peer in part]))
         deciding = time.process_time()
-        results = [bytes(payload) for datagram, peer in arrivals
-                   for payload, destination in service.handle(memoryview(datagram), peer, 0) if destination == peers[0]]
+        results = [bytes(payload) for buffer, batch in batches
+                   for payload, destination in service.handle_batch(buffer, batch, slot, 0) if destination == peers[0]]
         decided = time.process_time()
     finally:
         service.close()
