@@ -69,12 +69,19 @@ def first_difference(golden, fast, stream):
     since each service's own clock would let a lease run out at another datagram than the other's."""
     for index, (payload, peer, *now) in enumerate(stream):
         now = now[0] if now else 0
-        want = [(bytes(body), to) for body, to in golden.handle(payload, peer, now)]
-        got = [(bytes(body), to) for body, to in fast.handle(payload, peer, now)]
-        if want != got:
-            return index, f"answers differ: golden {want!r:.300} fast {got!r:.300}"
-        if golden.counters() != fast.counters():
-            return index, f"counters differ: golden {golden.counters()} fast {fast.counters()}"
+        difference = differs(golden, fast, golden.handle(payload, peer, now), fast.handle(payload, peer, now))
+        if difference:
+            return index, difference
+    return None
+
+
+def differs(golden, fast, want, got):
+    """How the golden service's sends `want` and the fast one's `got`, or their counters, differ; None if not."""
+    want, got = ([(bytes(body), tuple(to)) for body, to in sends] for sends in (want, got))
+    if want != got:
+        return f"answers differ: golden {want!r:.300} fast {got!r:.300}"
+    if golden.counters() != fast.counters():
+        return f"counters differ: golden {golden.counters()} fast {fast.counters()}"
     return None
 
 
@@ -259,13 +266,11 @@ def first_batched_difference(golden, fast, stream, size=7):
         buffer = bytearray(slot * len(part))
         for index, (payload, *_) in enumerate(part):
             buffer[index * slot:index * slot + len(payload)] = payload
-        want = [(bytes(body), tuple(to)) for payload, peer, *_ in part for body, to in golden.handle(payload, peer, now)]
-        got = [(bytes(body), tuple(to)) for body, to in
-               fast.handle_batch(buffer, [(len(payload), peer) for payload, peer, *_ in part], slot, now)]
-        if want != got:
-            return first, f"answers differ: golden {want!r:.300} fast {got!r:.300}"
-        if golden.counters() != fast.counters():
-            return first, f"counters differ: golden {golden.counters()} fast {fast.counters()}"
+        want = [send for payload, peer, *_ in part for send in golden.handle(payload, peer, now)]
+        got = fast.handle_batch(buffer, [(len(payload), peer) for payload, peer, *_ in part], slot, now)
+        difference = differs(golden, fast, want, got)
+        if difference:
+            return first, difference
     return None
 
 
