@@ -29,7 +29,7 @@ import pytest
 from inwire import fastpath
 from inwire.datagram import PAYLOAD_OFFSET, ip_int, ip_str, payload_of, wrap
 from inwire.packets import build_frames, frame_field
-from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, Disposition, Opcode, clique_mask
+from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, MAX_RESULT_ELEMENTS, Disposition, Opcode, clique_mask
 from inwire.serve import SoftwareAggregator
 
 PEERS = [("127.0.0.1", 40000 + i) for i in range(5)] + [("127.0.0.2", 40000)]
@@ -439,7 +439,7 @@ def test_a_tampered_decider_is_caught(pair, monkeypatch, tamper):
         tree = ModelAndFast("c", ip=AGGREGATOR_IPS[0], slots=4, max_elements=32)
         difference = tree_difference(tree, TreeStream(seed=44, slots=4, max_elements=32).stream(DATAGRAMS))
     elif stream == "edge":
-        edges = ModelAndFast("c", ip=AGGREGATOR_IPS[0], slots=4, max_elements=2**16 - 1)
+        edges = ModelAndFast("c", ip=AGGREGATOR_IPS[0], slots=4, max_elements=MAX_RESULT_ELEMENTS)
         difference = tree_difference(edges, [(payload, PEERS[0]) for payload in edge_datagrams(
             AGGREGATOR_IPS[0], ip_int(PEERS[0][0]))])
     else:
@@ -871,9 +871,11 @@ def edge_datagrams(own, source):
     base = frame()
     datagrams = [base[:length] for length in range(len(base))]
     longest = (fastpath.MAX_PAYLOAD - fastpath.PAYLOAD_HEADER_BYTES) // 4
-    # Fan-in 2: the model cannot build a result this long (its IPv4 length would not fit), so none completes.
+    # Counts past MAX_RESULT_ELEMENTS are refused: their result's IPv4 length would not fit. A one-member sum at
+    # the limit completes with the longest result; one element more (which once crashed the model) is dropped.
     datagrams += [frame(longest, slot=2), _with(frame(longest, slot=2, sender=1) + bytes(4), count=longest + 1),
-                  frame(longest - 1, slot=2),
+                  frame(longest - 1, slot=2), frame(MAX_RESULT_ELEMENTS + 1, fanin=1, slot=1),
+                  frame(MAX_RESULT_ELEMENTS, fanin=1, slot=1),
                   _with(base, count=0), _with(base, count=0xFFFF), _with(base[:86], count=0), frame(2, slot=2)]
     for fanin in (0, 1, 63, 64, 65, 255):
         datagrams += [frame(fanin=fanin, sender=max(fanin - 1, 0), slot=3),
@@ -902,7 +904,7 @@ def edge_datagrams(own, source):
 def test_fast_path_equals_the_model_on_edge_datagrams(backend):
     """Every check at and just past its limit, one datagram each, model and fast path compared on each (and
     the source given as an int as well as a string: the route rule reads it)."""
-    pair = ModelAndFast(backend_available(backend), ip=AGGREGATOR_IPS[0], slots=4, max_elements=2**16 - 1,
+    pair = ModelAndFast(backend_available(backend), ip=AGGREGATOR_IPS[0], slots=4, max_elements=MAX_RESULT_ELEMENTS,
                         max_fanin=64)
     source = ip_int(PEERS[0][0])
     datagrams = edge_datagrams(AGGREGATOR_IPS[0], source)

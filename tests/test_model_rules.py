@@ -726,10 +726,11 @@ def test_the_upstream_prefix_bounds_where_partials_go(upstream, inside, outside)
 
 @pytest.mark.parametrize("name, allowed, refused", [
     ("ip", (0, 2**32 - 1), (-1, 2**32)), ("port", (1, 2**16 - 1), (0, 2**16)), ("slots", (1, 2**16), (0, 2**16 + 1)),
-    ("max_elements", (1, 2**16 - 1), (0, 2**16)), ("max_fanin", (1, 64), (0, 65)), ("lease", (0, WRAP - 1), (-1, WRAP)),
+    ("max_elements", (1, 16_354), (0, 16_355)), ("max_fanin", (1, 64), (0, 65)), ("lease", (0, WRAP - 1), (-1, WRAP)),
 ])
 def test_the_configuration_takes_what_the_fields_hold(name, allowed, refused):
-    """Each parameter fits the header field or timer it is compared with, and a refusal names it."""
+    """Each parameter fits the header field or timer it is compared with (the element count also the longest
+    result IPv4 can carry, 16,354 elements, protocol.md), and a refusal names it."""
     for value in allowed:
         assert getattr(AggregatorConfig(**{name: value}), name) == value
     for value in refused:

@@ -44,6 +44,7 @@ from .protocol import (
     IPV4_BYTES,
     MAGIC,
     MAX_FANIN,
+    MAX_RESULT_ELEMENTS,
     MIN_FRAME_BYTES,
     RESULT_TRAILER_BYTES,
     STATUS_OVERFLOW,
@@ -96,7 +97,7 @@ class AggregatorConfig:
         mac_bytes(self.mac)
         mac_bytes(self.gateway_mac)
         checks = {"ip": (self.ip, 0, 2**32 - 1), "port": (self.port, 1, 2**16 - 1),
-                  "slots": (self.slots, 1, 2**16), "max_elements": (self.max_elements, 1, 2**16 - 1),
+                  "slots": (self.slots, 1, 2**16), "max_elements": (self.max_elements, 1, MAX_RESULT_ELEMENTS),
                   "max_fanin": (self.max_fanin, 1, MAX_FANIN), "lease": (self.lease, 0, 2**TIME_BITS - 1)}
         for name, (value, low, high) in checks.items():
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
