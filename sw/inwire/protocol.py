@@ -136,7 +136,8 @@ MTU_BYTES = 2048
 """The IPv4 MTU that DoubleZero asks of its contributors."""
 MAX_ELEMENTS_PER_FRAME = (MTU_BYTES - IPV4_BYTES - UDP_BYTES - AGGREGATION_HEADER_BYTES
                           - RESULT_TRAILER_BYTES) // ELEMENT_BYTES
-MAX_RESULT_ELEMENTS = (0xFFFF - IPV4_BYTES - UDP_BYTES - AGGREGATION_HEADER_BYTES - RESULT_TRAILER_BYTES) // ELEMENT_BYTES
+MAX_RESULT_ELEMENTS = (0xFFFF - IPV4_BYTES - UDP_BYTES - AGGREGATION_HEADER_BYTES
+                       - RESULT_TRAILER_BYTES) // ELEMENT_BYTES
 """Most elements a result can carry: its IPv4 total length (16 bits) bounds it, so an aggregator takes no
 longer chunk, whose result it could not send."""
 JUMBO_MTU_BYTES = 9000
