@@ -260,7 +260,7 @@ static PyObject *recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyObject *item, *size = PyLong_FromSsize_t(messages[i].msg_len);
         if (addresses && size != NULL) {
             /* A batch mostly holds runs from few peers: one (host, port) object per run, not per datagram
-               (formatting the address is a tenth of the service's time otherwise). */
+               (formatting every address took about 6 % of the service's time). */
             if (peer == NULL || peers[i].sin_addr.s_addr != peers[i - 1].sin_addr.s_addr ||
                 peers[i].sin_port != peers[i - 1].sin_port) {
                 char host[INET_ADDRSTRLEN];
