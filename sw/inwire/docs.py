@@ -13,6 +13,7 @@ from .protocol import (
     INWIRE_PORT,
     IPV4_FIELDS,
     MAX_ELEMENTS_PER_FRAME,
+    MAX_RESULT_ELEMENTS,
     MTU_BYTES,
     OPCODE_MEANING,
     RESULT_TRAILER_FIELDS,
@@ -226,7 +227,9 @@ same counters, `partials_emitted` included.
 
 Element bytes over all bytes a contribution costs on the wire, with {WIRE_OVERHEAD_BYTES} bytes of preamble,
 FCS and inter-frame gap. With DoubleZero's {MTU_BYTES}-byte MTU a frame carries up to {MAX_ELEMENTS_PER_FRAME}
-elements (a result's trailer included).
+elements (a result's trailer included). No aggregator takes more than {MAX_RESULT_ELEMENTS:,} elements per frame
+(`MAX_RESULT_ELEMENTS`, its maximum is bounded by it): a longer chunk's result would not fit IPv4's 16-bit
+total length.
 
 | elements | frame bytes | efficiency |
 | ---: | ---: | ---: |
