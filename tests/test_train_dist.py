@@ -170,3 +170,39 @@ def test_the_hook_refuses_a_schedule_without_a_clique_of_every_island(tmp_path, 
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "the schedule has no clique of all of them" in error, error
     assert not list(tmp_path.glob("*.log"))
+
+
+def one_island_run(tmp_path, monkeypatch, out_dir):
+    """`python -m inwire.train.island` in this process: one rank of island LON, for fewer steps than its
+    averaging period (no peer needed)."""
+    import socket
+
+    from inwire.train import island
+
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps({"islands": ["LON", "NYC"], "rounds": [
+        {"cliques": [{"members": ["LON", "NYC"], "aggregator": "LON"}], "time_ms": 1.0}]}))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+                        "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    return island.main(["--island", "LON", "--schedule", str(schedule), "--server", "127.0.0.1:9",
+                        "--out-dir", str(out_dir), "--steps", "2", "--period", "5", "--timeout", "20"])
+
+
+def test_an_island_makes_a_missing_out_dir_and_keeps_its_log(tmp_path, monkeypatch):
+    out = tmp_path / "not" / "yet"
+    assert one_island_run(tmp_path, monkeypatch, out) == 0
+    assert load_log(out / "LON-rank0.npz")["round"].size == 0
+    assert json.loads((out / "LON.json").read_text())["steps"] == 2
+
+
+def test_an_island_refuses_an_out_dir_it_cannot_make_before_training(tmp_path, monkeypatch, capsys):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    with pytest.raises(SystemExit) as exit_:
+        one_island_run(tmp_path, monkeypatch, tmp_path / "taken" / "run")
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(f"--out-dir {tmp_path / 'taken' / 'run'}: cannot make the folder: Not a directory"), error

@@ -32,7 +32,7 @@ def parse_arguments(argv):
     parser.add_argument("--server", required=True,
                         help="the aggregator, HOST:PORT, or a JSON file mapping each aggregator city to "
                              "\"IPv4:PORT\" (as inwire stream --target udp:FILE) for per-city aggregators and trees")
-    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--out-dir", required=True, help="folder of the logs (made if missing)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--period", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -51,7 +51,13 @@ def parse_arguments(argv):
     parser.add_argument("--log-gradients", action="store_true",
                         help="with --hook, every rank also logs its own bucket before the hook (a model's worth "
                              "per step and rank), so that the launcher checks the island means too")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    # Made before any training: a folder that cannot be written would otherwise lose the whole run's log at the end.
+    try:
+        pathlib.Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--out-dir {args.out_dir}: cannot make the folder: {error.strerror}")
+    return args
 
 
 def digest(vector):
