@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from inwire.client import ClientError  # noqa: E402
 from inwire.codec import choose_exponent, dequantize, quantize  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
-from inwire.train.averaging import CliqueAverager, InwireExchange, OuterOptimizer  # noqa: E402
+from inwire.train.averaging import CliqueAverager, InwireExchange, OuterOptimizer, anchor_parameters  # noqa: E402
 from inwire.train.codec_average import clique_average  # noqa: E402
 
 ROUNDS = [[(("A", "B", "C"), "LON"), (("D",), None)], [(("A", "D"), "FRA"), (("B", "C"), "AMS")]]
@@ -187,3 +187,110 @@ def test_averaging_through_the_gateware_matches_the_model():
     for name in "ABC":
         assert np.array_equal(flat(models[name]), clique), name
     assert counters["accumulated"] == 3 * -(-151 // 64)
+
+
+class Echo:
+    """An exchange whose clique average is every parameter at 2 (no network)."""
+
+    def average(self, round_index, clique_index, members, me, vector, **route):
+        return np.full_like(vector, 2.0)
+
+
+def resumable(model, **options):
+    """A's averager with a torch outer optimizer on `model`, as a job builds it before it loads a checkpoint."""
+    outer = torch.optim.SGD(anchor_parameters(model), lr=0.7, momentum=0.9, nesterov=True)
+    return CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo(), outer_optimizer=outer, **options)
+
+
+def saved_state():
+    """state_dict() after two averagings: 2 steps, 2 rounds, an anchor of 4 values, momentum in the optimizer."""
+    model = torch.nn.Linear(3, 1)
+    averager = resumable(model)
+    for _ in range(2):
+        averager.average_parameters(model.parameters())
+    return averager.state_dict()
+
+
+def tampered(change):
+    state = saved_state()
+    change(state)
+    return state
+
+
+def replace(field, value):
+    return lambda state: state.__setitem__(field, value(state[field]) if callable(value) else value)
+
+
+TAMPERED = {
+    "step NaN": (replace("step", math.nan), "checkpoint field 'step': nan is not a whole number"),
+    "step negative": (replace("step", -1), "checkpoint field 'step': -1 is negative"),
+    "step a float": (replace("step", 2.0), "checkpoint field 'step': 2.0 is not a whole number"),
+    "rounds_done negative": (replace("rounds_done", -3), "checkpoint field 'rounds_done': -3 is negative"),
+    "rounds_done beyond the steps": (replace("rounds_done", 5), "checkpoint field 'rounds_done': 5 averagings in 2 "
+                                                                "steps"),
+    "rounds_done huge": (lambda state: state.update(step=2**40, rounds_done=2**40),
+                         "checkpoint field 'rounds_done': 1099511627776 is past the last round the protocol numbers"),
+    "anchor all NaN": (replace("anchor", lambda anchor: torch.full_like(anchor, math.nan)),
+                       "checkpoint field 'anchor': 4 NaN values"),
+    "anchor infinite": (replace("anchor", lambda anchor: torch.cat([anchor[:3], torch.tensor([math.inf])])),
+                        "checkpoint field 'anchor': 1 infinite values"),
+    "anchor a list": (replace("anchor", lambda anchor: anchor.tolist()), "checkpoint field 'anchor': a list, not a "
+                                                                         "tensor"),
+    "anchor int64": (replace("anchor", lambda anchor: anchor.to(torch.int64)),
+                     "checkpoint field 'anchor': int64, not float32"),
+    "anchor of another shape": (replace("anchor", lambda anchor: anchor.reshape(2, 2)),
+                                r"checkpoint field 'anchor': shape \(2, 2\), not one vector"),
+    "anchor longer": (replace("anchor", lambda anchor: torch.cat([anchor, anchor])),
+                      "checkpoint field 'anchor': 8 values, the outer optimizer holds 4 parameters"),
+    "anchor None after steps": (replace("anchor", None), "checkpoint field 'anchor': None after 2 steps"),
+    "buffer of the wrong length": (replace("buffer", torch.zeros(3)), "checkpoint field 'buffer': 3 values, the "
+                                                                      "anchor 4"),
+    "buffer NaN": (replace("buffer", torch.full((4,), math.nan)), "checkpoint field 'buffer': 4 NaN values"),
+    "step missing": (lambda state: state.pop("step"), "checkpoint field 'step': missing"),
+    "outer_optimizer missing": (lambda state: state.pop("outer_optimizer"),
+                                "checkpoint field 'outer_optimizer': missing"),
+    "outer_optimizer of other groups": (replace("outer_optimizer", lambda outer: {**outer, "param_groups": []}),
+                                        "checkpoint field 'outer_optimizer': .*parameter groups"),
+    "a field unknown": (replace("steps", 2), "checkpoint field 'steps': not a field of this averager's state"),
+}
+
+
+@pytest.mark.parametrize("change, message", TAMPERED.values(), ids=TAMPERED.keys())
+def test_a_tampered_checkpoint_is_refused_naming_its_field_before_anything_changes(change, message):
+    model = torch.nn.Linear(3, 1)
+    averager = resumable(model)
+    anchors = averager.outer_optimizer.param_groups[0]["params"]
+    before = [p.detach().clone() for p in [*model.parameters(), *anchors]]
+    with pytest.raises(ValueError, match=message):
+        averager.load_state_dict(tampered(change))
+    assert all(torch.equal(p, q) for p, q in zip([*model.parameters(), *anchors], before, strict=True))
+    assert (averager.step, averager.rounds_done, averager.anchor, averager.buffer) == (0, 0, None, None)
+    assert not averager.outer_optimizer.state, "the optimizer's momentum stays as it was (none)"
+
+
+def test_an_untampered_checkpoint_still_loads():
+    model = torch.nn.Linear(3, 1)
+    averager = resumable(model)
+    averager.load_state_dict(saved_state())
+    assert (averager.step, averager.rounds_done, len(averager.anchor)) == (2, 2, 4)
+
+
+def test_a_checkpoint_of_an_outer_optimizer_is_refused_by_an_averager_without_one():
+    averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo())
+    with pytest.raises(ValueError, match="checkpoint field 'outer_optimizer': not a field of this averager's state "
+                                         r"\(saved with an outer_optimizer this averager does not have\)"):
+        averager.load_state_dict(saved_state())
+
+
+def test_an_anchor_of_another_model_is_refused_at_the_first_averaging_without_a_step():
+    """Without an outer optimizer the averager meets the model's size at its first call, before it steps."""
+    state = {**saved_state(), "anchor": torch.zeros(9)}
+    del state["outer_optimizer"]
+    model = torch.nn.Linear(3, 1)
+    averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo(), outer=OuterOptimizer(0.7, 0.9))
+    averager.load_state_dict(state)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="checkpoint field 'anchor': 9 values, the model has 4 parameters"):
+        averager.average_parameters(model.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    assert averager.step == 2

@@ -19,6 +19,7 @@ through one reusable host buffer (pinned where CUDA is present).
 """
 
 from collections.abc import Iterable, Mapping, Sequence
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from ..client import DEFAULT_CHUNK, DEFAULT_WINDOW, ClientError, CliqueKey, UdpM
 from ..datagram import Address, ip_int
 from ..plan.schedule_file import ScheduleFile
 from ..protocol import MAX_FANIN
-from .codec_average import AveragingError
+from .codec_average import ATTEMPTS, AveragingError
 from .outer import OuterOptimizer
 
 __all__ = ["AveragingError", "CliqueAverager", "InwireExchange", "OuterOptimizer", "UdpCliqueExchange",
@@ -189,6 +190,9 @@ class CliqueAverager:
         params = _flat_parameters(params)
         if self.anchor is None:
             self.set_anchor(params)
+        else:
+            # A loaded anchor meets the model here first: one of another model's size is refused before any step.
+            _check_length(self.anchor, sum(p.numel() for p in params), "the model has")
         self.step += 1
         if self.step <= self.warmup_steps or (self.step - self.warmup_steps) % self.period:
             return None
@@ -271,15 +275,79 @@ class CliqueAverager:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.step, self.rounds_done = int(state["step"]), int(state["rounds_done"])
-        self.anchor = None if state["anchor"] is None else state["anchor"].numpy().astype(np.float32).copy()
-        self.buffer = None if state["buffer"] is None else state["buffer"].numpy().astype(np.float32).copy()
+        """Continue from `state_dict()`'s state; every field is checked before any is taken (ValueError naming
+        the field), so a tampered or mismatched checkpoint changes nothing."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"checkpoint: a {type(state).__name__}, not the mapping state_dict() returns")
+        fields = {"step", "rounds_done", "anchor", "buffer"} | ({"outer_optimizer"} if self.outer_optimizer else set())
+        for name in sorted(fields - set(state)):
+            raise ValueError(f"checkpoint field {name!r}: missing")
+        for name in sorted(set(state) - fields):
+            extra = " (saved with an outer_optimizer this averager does not have)" if name == "outer_optimizer" else ""
+            raise ValueError(f"checkpoint field {name!r}: not a field of this averager's state{extra}")
+        step = _whole_number("step", state["step"])
+        rounds_done = _whole_number("rounds_done", state["rounds_done"])
+        if rounds_done > step:
+            raise ValueError(f"checkpoint field 'rounds_done': {rounds_done} averagings in {step} steps (at most one "
+                             f"a step)")
+        if rounds_done > MAX_ROUNDS:
+            raise ValueError(f"checkpoint field 'rounds_done': {rounds_done} is past the last round the protocol "
+                             f"numbers ({MAX_ROUNDS})")
+        anchor = _vector("anchor", state["anchor"])
+        buffer = _vector("buffer", state["buffer"])
+        if anchor is None and step > 0:
+            raise ValueError(f"checkpoint field 'anchor': None after {step} steps (the anchor is set at the first)")
+        if buffer is not None and len(buffer) != (0 if anchor is None else len(anchor)):
+            raise ValueError(f"checkpoint field 'buffer': {len(buffer)} values, the anchor "
+                             f"{0 if anchor is None else len(anchor)}")
         if self.outer_optimizer is not None:
-            self.outer_optimizer.load_state_dict(state["outer_optimizer"])
-            if self.anchor is not None:
+            anchors = [p for group in self.outer_optimizer.param_groups for p in group["params"]]
+            if anchor is not None:
+                _check_length(anchor, sum(p.numel() for p in anchors), "the outer optimizer holds")
+            try:
+                self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+            except (AttributeError, KeyError, TypeError, ValueError) as error:
+                raise ValueError(f"checkpoint field 'outer_optimizer': {error}") from None
+            if anchor is not None:
                 # An optimizer's state holds its momentum, not its parameters: the anchor is put back here.
                 with torch.no_grad():
-                    _load([p for group in self.outer_optimizer.param_groups for p in group["params"]], self.anchor)
+                    _load(anchors, anchor)
+        self.step, self.rounds_done, self.anchor, self.buffer = step, rounds_done, anchor, buffer
+
+
+MAX_ROUNDS = 2**32 // ATTEMPTS - 1
+"""The last averaging round whose attempts all have a protocol round number (32 bits, ATTEMPTS per round)."""
+
+
+def _whole_number(name, value):
+    """A checkpoint's count: a non-negative integer (a bool or a float is a tampered one)."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(f"checkpoint field {name!r}: {value!r} is not a whole number")
+    if value < 0:
+        raise ValueError(f"checkpoint field {name!r}: {value} is negative")
+    return int(value)
+
+
+def _vector(name, value):
+    """A checkpoint's vector (a float32 tensor of one dimension, every value finite) as numpy, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"checkpoint field {name!r}: a {type(value).__name__}, not a tensor")
+    if value.dtype != torch.float32:
+        raise ValueError(f"checkpoint field {name!r}: {str(value.dtype).removeprefix('torch.')}, not float32")
+    if value.dim() != 1:
+        raise ValueError(f"checkpoint field {name!r}: shape {tuple(value.shape)}, not one vector")
+    vector = value.detach().cpu().numpy().copy()
+    for count, kind in ((np.isnan(vector).sum(), "NaN"), (np.isinf(vector).sum(), "infinite")):
+        if count:
+            raise ValueError(f"checkpoint field {name!r}: {count} {kind} values")
+    return vector
+
+
+def _check_length(anchor, expected, holder):
+    if len(anchor) != expected:
+        raise ValueError(f"checkpoint field 'anchor': {len(anchor)} values, {holder} {expected} parameters")
 
 
 def _load(params, vector):
