@@ -294,3 +294,39 @@ def test_an_anchor_of_another_model_is_refused_at_the_first_averaging_without_a_
         averager.average_parameters(model.parameters())
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
     assert averager.step == 2
+
+
+def test_islands_resumed_from_checkpoints_of_different_rounds_are_told_so(aggregator):
+    """A resumes after 2 averagings, B after 1: each one's roll call finds the other's record a round away,
+    and both errors say so instead of naming the other as missing."""
+    pair = [[(("A", "B"), "LON")]]
+    states = {}
+    for name, steps in (("A", 2), ("B", 1)):
+        model = torch.nn.Linear(3, 1)
+        averager = CliqueAverager(1, island=name, rounds=pair, exchange=Echo())
+        for _ in range(steps):
+            averager.average_parameters(model.parameters())
+        states[name] = averager.state_dict()
+    errors = {}
+
+    def island(name):
+        exchange = InwireExchange(aggregator.address, timeout_s=0.05, deadline_s=3)
+        try:
+            averager = CliqueAverager(1, island=name, rounds=pair, exchange=exchange)
+            averager.load_state_dict(states[name])
+            averager.average_parameters(torch.nn.Linear(3, 1).parameters())
+        except ClientError as error:
+            errors[name] = str(error)
+        finally:
+            exchange.close()
+
+    threads = [threading.Thread(target=island, args=(name,)) for name in "AB"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(errors) == ["A", "B"], errors
+    assert "no contribution of B arrived: B at round 1 answered the roll call, this island at round 2 " \
+        "(checkpoints of different rounds" in errors["A"], errors["A"]
+    assert "no contribution of A arrived: A at round 2 answered the roll call, this island at round 1 " \
+        "(checkpoints of different rounds" in errors["B"], errors["B"]

@@ -225,6 +225,33 @@ def presence_slot(member: int, key: CliqueKey, window: int) -> int:
     return slots_needed(key.max_cliques, window) + member * key.max_cliques + key.clique
 
 
+@dataclass(frozen=True)
+class Nearby:
+    """Where members of this sum's clique sit in another averaging round `round` (protocol round
+    `protocol_round`), should they be at that round instead: clique `clique` there, `positions` {member
+    index here: its index there}. A roll call asks for their records there too, so that islands resumed from
+    checkpoints of different rounds are told so instead of blaming each other as missing."""
+    round: int
+    protocol_round: int
+    clique: int
+    positions: Mapping[int, int]
+
+
+def _presence_payloads(key: CliqueKey, round_: int, clique: int, slots: Sequence[int]) -> list[bytes]:
+    """One-member, one-element roll-call records of clique `clique` at protocol round `round_`, in `slots`."""
+    frames = build_frames(np.ones((len(slots), 1), dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=0, fanin=1,
+                          exponent=0, job=key.job, round=round_, clique=clique, group=key.group,
+                          slot=np.array(slots), chunk=PRESENCE_CHUNK)
+    return payloads_of(frames)
+
+
+def _request(record: bytes) -> bytes:
+    """The result request of a record: its header (a request carries no elements), opcode changed."""
+    request = bytearray(record[:PAYLOAD_HEADER_BYTES])
+    request[_OPCODE_AT] = Opcode.RESULT_REQUEST
+    return bytes(request)
+
+
 class RollCall:
     """Which members of a stalled sum's clique are there, asked of the aggregator in the protocol's terms.
 
@@ -232,39 +259,52 @@ class RollCall:
     presence as a one-member sum of its own (fan-in 1, `chunk` PRESENCE_CHUNK) in its `presence_slot`, and
     asks for the others' records with result requests: the aggregator answers a request only for a record it
     holds, and stays silent otherwise. `datagrams()` is one call: this member's record until the aggregator
-    has answered it, and one request per member not heard of yet; the aggregator answers each with at most
-    one result, so nothing is amplified. `read(payload)` notes the members whose records a result shows.
-    Its slots lie beyond the schedule's: an aggregator with no more slots than `slots_needed` answers none
-    (then `seen` stays without this member, and nothing can be told)."""
+    has answered it, and one request per member not heard of yet (and one per `nearby` place it may sit in
+    instead); the aggregator answers each with at most one result, so nothing is amplified. `read(payload)`
+    notes the members whose records a result shows: `seen`, and in `elsewhere` {member: averaging round}
+    those found at a `nearby` round. Its slots lie beyond the schedule's: an aggregator with no more slots
+    than `slots_needed` answers none (then `seen` stays without this member, and nothing can be told)."""
 
-    def __init__(self, key: CliqueKey, member: int, window: int) -> None:
+    def __init__(self, key: CliqueKey, member: int, window: int, nearby: Sequence[Nearby] = ()) -> None:
         self.member, self.fanin, self.max_cliques = member, key.fanin, key.max_cliques
         self.owner = (key.job, key.round, key.clique)
         self.first = presence_slot(0, key, window)
-        slots = [presence_slot(m, key, window) for m in range(key.fanin)]
-        frames = build_frames(np.ones((key.fanin, 1), dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=0,
-                              fanin=1, exponent=0, job=key.job, round=key.round, clique=key.clique, group=key.group,
-                              slot=np.array(slots), chunk=PRESENCE_CHUNK)
-        self.records = payloads_of(frames)
-        self.requests = []
-        for record in self.records:
-            request = bytearray(record[:PAYLOAD_HEADER_BYTES])  # a result request carries no elements
-            request[_OPCODE_AT] = Opcode.RESULT_REQUEST
-            self.requests.append(bytes(request))
+        self.records = _presence_payloads(key, key.round, key.clique,
+                                          [presence_slot(m, key, window) for m in range(key.fanin)])
+        self.requests = [_request(record) for record in self.records]
         self.seen: set[int] = set()
+        self.elsewhere: dict[int, int] = {}
+        self.places: dict[tuple[int, int, int, int], tuple[int, int]] = {}
+        """(job, protocol round, clique, slot) of a nearby record -> (member here, averaging round)."""
+        self.nearby_requests: dict[int, list[bytes]] = {}
+        for place in nearby:
+            there = CliqueKey(key.job, place.protocol_round, place.clique, key.group, key.fanin, 0, key.max_cliques)
+            members = [m for m in place.positions if m != member and 0 <= m < key.fanin]
+            slots = [presence_slot(place.positions[m], there, window) for m in members]
+            for m, slot_, record in zip(members, slots, _presence_payloads(key, place.protocol_round, place.clique,
+                                                                           slots)):
+                self.places[(key.job, place.protocol_round, place.clique, slot_)] = (m, place.round)
+                self.nearby_requests.setdefault(m, []).append(_request(record))
         self.calls = 0
 
     def datagrams(self) -> list[bytes]:
         self.calls += 1
         sends = [] if self.member in self.seen else [self.records[self.member]]
-        return sends + [self.requests[m] for m in range(self.fanin) if m != self.member and m not in self.seen]
+        unheard = [m for m in range(self.fanin) if m != self.member and m not in self.seen]
+        return (sends + [self.requests[m] for m in unheard]
+                + [request for m in unheard if m not in self.elsewhere for request in self.nearby_requests.get(m, ())])
 
     def read(self, payload: bytes | memoryview) -> None:
         if len(payload) < RESULT_MIN_BYTES:
             return
         fields = RESULT_HEADER.unpack_from(payload)
         opcode, job, round_, clique, slot_, offset = fields[2], *fields[7:12]
-        if opcode != Opcode.RESULT or offset != PRESENCE_CHUNK or (job, round_, clique) != self.owner:
+        if opcode != Opcode.RESULT or offset != PRESENCE_CHUNK:
+            return
+        if (job, round_, clique) != self.owner:
+            found = self.places.get((job, round_, clique, slot_))
+            if found is not None:
+                self.elsewhere[found[0]] = found[1]
             return
         member, rest = divmod(slot_ - self.first, self.max_cliques)
         if rest == 0 and 0 <= member < self.fanin:
@@ -656,7 +696,7 @@ class UdpMember:
         run = self._run(key, member, quantized, city, route, members)
         return run.sums().astype(np.int32), run.overflow
 
-    def _run(self, key, member, quantized, city, route, members, in_place=False):
+    def _run(self, key, member, quantized, city, route, members, in_place=False, nearby=()):
         """`sum`'s work: the finished `MemberSum`, its sums still big-endian as they came. `in_place`: the sums
         overwrite `quantized` (big-endian int32), chunk by chunk as their results come: a chunk whose result
         is in is never sent again, and one buffer the size of the vector is faulted in, not two."""
@@ -693,7 +733,7 @@ class UdpMember:
                     roll_at = max(roll_at, roll_next)
                 if now >= roll_at:
                     if roll is None:
-                        roll = RollCall(key, member, self.window)
+                        roll = RollCall(key, member, self.window, nearby)
                         roll_send = self._sender(self._root(host, port, route))
                     roll_send(roll.datagrams())
                     roll_next = roll_at = now + min(self.timeout_s, quiet)
@@ -769,26 +809,34 @@ class UdpMember:
                      f"{presence_slot(key.fanin - 1, key, self.window) + 1} slots)")
         else:
             missing = [m for m in range(key.fanin) if m not in roll.seen]
-            absent = [named[m] for m in missing]
-            cause = (f"no contribution of {', '.join(absent)} arrived (the aggregator holds no roll-call record "
-                     f"of {'it' if len(absent) == 1 else 'them'})" if missing else
+            absent = [named[m] for m in missing if m not in roll.elsewhere]
+            cause = (f"no contribution of {', '.join(named[m] for m in missing)} arrived" if missing else
                      f"every member answered the roll call, yet the aggregator's results do not reach "
                      f"{self.address[0]}")
+            if absent:
+                cause += f" (the aggregator holds no roll-call record of {'it' if len(absent) == 1 else 'them'})"
+            behind = [f"{named[m]} at round {roll.elsewhere[m]}" for m in missing if m in roll.elsewhere]
+            if behind:
+                cause += (f": {', '.join(behind)} answered the roll call, this island at round {key.round // ATTEMPTS}"
+                          f" (checkpoints of different rounds: resume every island from the same round)")
         return (f"round {key.round}, clique {key.clique} ({', '.join(map(str, named))}): no result for chunk "
                 f"{chunk} of {len(run.payloads)} after {tries} retransmissions in {elapsed:.1f} s: {cause}"
                 f"{dropped}", [names[m] for m in missing])
 
     def average(self, key: CliqueKey, member: int, vector: npt.ArrayLike, bound: float, city: str | None = None,
-                route: Mapping[str, int] | None = None,
-                members: Sequence[str] | None = None) -> tuple[npt.NDArray[np.float32], float]:
+                route: Mapping[str, int] | None = None, members: Sequence[str] | None = None,
+                nearby: Sequence[tuple[int, int, Mapping[int, int]]] = ()) -> tuple[npt.NDArray[np.float32], float]:
         """The clique's average of float32 `vector`: quantized at the exponent every member derives from
         `bound` (`key.exponent` is ignored), re-sent at a raised bound when a sum saturates or a member's
-        values do not fit (`codec_average`). Returns (average, the bound that worked)."""
+        values do not fit (`codec_average`). Returns (average, the bound that worked). `key.round` counts
+        averagings; `nearby`: (another averaging round, clique there, {member index here: index there}) where a
+        stalled sum's roll call also looks for the members it does not find (`Nearby`)."""
+        places = [Nearby(round_, round_ * ATTEMPTS, clique, positions) for round_, clique, positions in nearby]
         for attempt in range(ATTEMPTS):
             exponent, elements = encode(vector, bound, key.fanin, ELEMENT_DTYPE)
             attempt_key = CliqueKey(key.job, key.round * ATTEMPTS + attempt, key.clique, key.group, key.fanin,
                                     exponent, key.max_cliques)
-            run = self._run(attempt_key, member, elements, city, route, members, in_place=True)
+            run = self._run(attempt_key, member, elements, city, route, members, in_place=True, nearby=places)
             # Decoded in place too: the average is float32 over the sums' memory (one vector's pages in all).
             average, bound = decode(run.sums(), run.overflow, exponent, key.fanin, bound,
                                     out=elements.view(np.float32)[:-1])

@@ -69,9 +69,12 @@ class InwireExchange:
 
     def average(self, round_index: int, clique_index: int, members: Sequence[str], me: int, vector: npt.ArrayLike,
                 aggregator: str | None = None, tree: Mapping[str, str] | None = None, max_cliques: int = 1,
-                period_round: int = 0) -> npt.NDArray[np.float32]:
+                period_round: int = 0, nearby: Sequence[tuple[int, int, Sequence[str], str | None]] = ()
+                ) -> npt.NDArray[np.float32]:
         """The clique's average of float32 `vector`, `me` being this island's index in `members`; the clique
-        sums at city `aggregator` along `tree` when this exchange has per-city aggregators."""
+        sums at city `aggregator` along `tree` when this exchange has per-city aggregators. `nearby`: cliques
+        (round index, clique index, members, aggregator) of other rounds holding members of this one; should
+        this sum stall, its roll call looks for them there too (those that sum at the same root)."""
         fanin = len(members)
         if not 2 <= fanin <= MAX_FANIN or not 0 <= me < fanin:
             raise ValueError(f"member {me} of a clique of {fanin} is not a valid clique position")
@@ -80,15 +83,26 @@ class InwireExchange:
         key = CliqueKey(self.client.job, round_index, clique_index, group, fanin, 0, max_cliques)
         # Every averaging starts from the shared bound: a bound one member raised before would give it
         # another exponent than the rest of this clique.
-        average, _ = self.client.average(key, me, vector, self.bound, city, route, members)
+        root = self._root_city(members, aggregator)
+        places = [(other_round, other_clique, {members.index(name): there.index(name) for name in there
+                                               if name in members})
+                  for other_round, other_clique, there, there_aggregator in nearby
+                  if self._root_city(there, there_aggregator) == root]
+        average, _ = self.client.average(key, me, vector, self.bound, city, route, members, places)
         return average
+
+    def _root_city(self, members, aggregator):
+        """The city whose aggregator a clique sums at (its roll call's), or None with one aggregator."""
+        if not self.cities:
+            return None
+        return aggregator if aggregator in self.cities else (
+            members[0] if members[0] in self.cities else next(iter(self.cities)))
 
     def _route(self, members, me, aggregator, tree):
         """(aggregator city, tree fields) of this member's contributions; (None, None) with one aggregator."""
         if not self.cities:
             return None, None
-        root = aggregator if aggregator in self.cities else (
-            members[0] if members[0] in self.cities else next(iter(self.cities)))
+        root = self._root_city(members, aggregator)
         missing = sorted({root, *(tree or {}).values()} - set(self.cities))
         if missing:
             raise AveragingError(f"no aggregator address for {', '.join(missing)} (the schedule's tree sums there)")
@@ -163,6 +177,8 @@ class CliqueAverager:
             raise ValueError("the island's rank 0 needs an exchange to reach inwire")
         self.step = 0
         self.rounds_done = 0
+        self.resumed = False
+        """Loaded from a checkpoint and not averaged since (`_nearby`)."""
         self.anchor = self.buffer = None
         self.host = None
         """The reusable host buffer parameters are staged through (pinned where CUDA is present)."""
@@ -206,7 +222,7 @@ class CliqueAverager:
                 with torch.no_grad():
                     flat = self._stage(params).copy()
                     average = self._average(round_index, clique_index, members, flat, aggregator, tree, period_round,
-                                            params[0].device)
+                                            params[0].device, self._nearby(round_index, members))
                     self.last = (round_index, members, flat, average)
                     self.anchor = self._outer_step(average)
                     _load(params, self.anchor)
@@ -231,7 +247,18 @@ class CliqueAverager:
         self.outer_optimizer.zero_grad(set_to_none=True)
         return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in anchors]).numpy()
 
-    def _average(self, round_index, clique_index, members, flat, aggregator, tree, period_round, device):
+    def _nearby(self, round_index, members):
+        """The cliques of the next round, and of the previous one just after a resume, that hold peers of this
+        one: where a stalled averaging looks for peers resumed from a checkpoint of another round. The previous
+        round only then: a running island's peers have left their records of it behind."""
+        resumed, self.resumed = self.resumed, False
+        peers = set(members) - {self.island}
+        rounds = [round_index + 1] + ([round_index - 1] if resumed and round_index > 0 else [])
+        return [(other, clique_index, list(there), aggregator) for other in rounds
+                for clique_index, (there, aggregator) in enumerate(self.rounds[other % len(self.rounds)])
+                if len(there) > 1 and peers & set(there)]
+
+    def _average(self, round_index, clique_index, members, flat, aggregator, tree, period_round, device, nearby):
         """Rank 0 asks inwire; with a process group it broadcasts the average (or its failure) to the others,
         in tensors on the group's device (NCCL takes only CUDA tensors)."""
         error = average = None
@@ -239,7 +266,7 @@ class CliqueAverager:
             try:
                 average = self.exchange.average(round_index, clique_index, members, members.index(self.island),
                                                 flat, aggregator=aggregator, tree=tree, max_cliques=self.max_cliques,
-                                                period_round=period_round)
+                                                period_round=period_round, nearby=nearby)
             except (AveragingError, ClientError, OSError, ValueError) as failure:
                 error = failure
         if not self.distributed:
@@ -313,6 +340,7 @@ class CliqueAverager:
                 with torch.no_grad():
                     _load(anchors, anchor)
         self.step, self.rounds_done, self.anchor, self.buffer = step, rounds_done, anchor, buffer
+        self.resumed = True
 
 
 MAX_ROUNDS = 2**32 // ATTEMPTS - 1
