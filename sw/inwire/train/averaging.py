@@ -306,7 +306,9 @@ class CliqueAverager:
         the field), so a tampered or mismatched checkpoint changes nothing."""
         if not isinstance(state, Mapping):
             raise ValueError(f"checkpoint: a {type(state).__name__}, not the mapping state_dict() returns")
-        fields = {"step", "rounds_done", "anchor", "buffer"} | ({"outer_optimizer"} if self.outer_optimizer else set())
+        fields = {"step", "rounds_done", "anchor", "buffer"}
+        if self.outer_optimizer is not None:
+            fields.add("outer_optimizer")
         for name in sorted(fields - set(state)):
             raise ValueError(f"checkpoint field {name!r}: missing")
         for name in sorted(set(state) - fields):
