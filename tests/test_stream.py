@@ -320,8 +320,8 @@ class BatchingCapture(CaptureTransport):
         self.sent.setdefault(island, []).append(bytes(payload))
         super().send(island, payload, city)
 
-    async def stats(self, island, stats_future, timeout, city=None):
-        return await probe_stats(self, island, stats_future, timeout, city)
+    async def stats(self, island, stats_future, first_wait, budget, city=None):
+        return await probe_stats(self, island, stats_future, first_wait, budget, city)
 
 
 def test_batched_delivery_sends_what_per_datagram_delivery_sends(schedule):

@@ -4,10 +4,12 @@
        The fast aggregator's decisions on UDP payloads with its slot table, and inwire serve's learning table
        (below, before the module table).
 
-   recv_batch(fd, buffer, slot_size, addresses) -> list
+   recv_batch(fd, buffer, slot_size, addresses[, destinations]) -> list
        Reads up to len(buffer) // slot_size datagrams with one recvmmsg (non-blocking), datagram i into
        buffer[i * slot_size:]; returns their sizes, or (size, (host, port)) pairs with `addresses`; an
-       empty list when none is waiting.
+       empty list when none is waiting. With a list `destinations` (the socket has IP_PKTINFO on), each
+       datagram's IPv4 destination address, the one it arrived on, is appended to it as an int (0 when
+       the kernel gave none).
    send_batch(fd, messages, start) -> (next, errors)
        Sends (payload, (host, port)) messages from index `start` with sendmmsg, runs of equal-sized
        payloads to one peer as one UDP GSO message; stops at a full send buffer and returns the index of
@@ -214,15 +216,34 @@ static PyObject *dequantize(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 #define BATCH 64
 
+/* Appends the IPv4 destination address (an int) that the IP_PKTINFO of a received message names, 0 without
+   one; -1 on error. */
+static int append_destination(PyObject *list, struct msghdr *message)
+{
+    unsigned long address = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(message); c != NULL; c = CMSG_NXTHDR(message, c)) {
+        if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+            struct in_pktinfo info;
+            memcpy(&info, CMSG_DATA(c), sizeof(info));
+            address = ntohl(info.ipi_addr.s_addr);
+        }
+    }
+    PyObject *value = PyLong_FromUnsignedLong(address);
+    int appended = value != NULL ? PyList_Append(list, value) : -1;
+    Py_XDECREF(value);
+    return appended;
+}
+
 static PyObject *recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "recv_batch(fd, buffer, slot_size, addresses)");
+    if ((nargs != 4 && nargs != 5) || (nargs == 5 && !PyList_Check(args[4]))) {
+        PyErr_SetString(PyExc_TypeError, "recv_batch(fd, buffer, slot_size, addresses[, destinations: list])");
         return NULL;
     }
     int fd = PyLong_AsLong(args[0]);
     Py_ssize_t slot_size = PyLong_AsSsize_t(args[2]);
     int addresses = PyObject_IsTrue(args[3]);
+    PyObject *destinations = nargs == 5 ? args[4] : NULL;
     if (PyErr_Occurred())
         return NULL;
     Py_buffer buffer;
@@ -234,6 +255,10 @@ static PyObject *recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
     struct mmsghdr messages[BATCH];
     struct iovec vectors[BATCH];
     struct sockaddr_in peers[BATCH];
+    union {
+        char buffer[CMSG_SPACE(sizeof(struct in_pktinfo))];
+        struct cmsghdr align;
+    } controls[BATCH];
     memset(messages, 0, sizeof(messages[0]) * count);
     for (Py_ssize_t i = 0; i < count; i++) {
         vectors[i].iov_base = (char *)buffer.buf + i * slot_size;
@@ -242,6 +267,10 @@ static PyObject *recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
         messages[i].msg_hdr.msg_iovlen = 1;
         messages[i].msg_hdr.msg_name = &peers[i];
         messages[i].msg_hdr.msg_namelen = sizeof(peers[i]);
+        if (destinations != NULL) {
+            messages[i].msg_hdr.msg_control = controls[i].buffer;
+            messages[i].msg_hdr.msg_controllen = sizeof(controls[i].buffer);
+        }
     }
     int received;
     Py_BEGIN_ALLOW_THREADS
@@ -279,6 +308,11 @@ static PyObject *recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
             return NULL;
         }
         PyList_SET_ITEM(list, i, item);
+        if (destinations != NULL && append_destination(destinations, &messages[i].msg_hdr) < 0) {
+            Py_XDECREF(peer);
+            Py_DECREF(list);
+            return NULL;
+        }
     }
     Py_XDECREF(peer);
     return list;
@@ -2024,7 +2058,7 @@ static PyObject *member_results(PyObject *self, PyObject *const *args, Py_ssize_
 
 static PyMethodDef methods[] = {
     {"recv_batch", (PyCFunction)(void (*)(void))recv_batch, METH_FASTCALL,
-     "recv_batch(fd, buffer, slot_size, addresses) -> list: datagrams read with one recvmmsg"},
+     "recv_batch(fd, buffer, slot_size, addresses[, destinations]) -> list: datagrams read with one recvmmsg"},
     {"send_batch", (PyCFunction)(void (*)(void))send_batch, METH_FASTCALL,
      "send_batch(fd, messages, start) -> (next, errors): datagrams sent with sendmmsg"},
     {"quantize", (PyCFunction)(void (*)(void))quantize, METH_FASTCALL,

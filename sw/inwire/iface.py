@@ -101,8 +101,8 @@ class IfaceTransport:
 
     unsubscribe = subscribe
 
-    async def stats(self, island, stats_future, timeout):
-        return await probe_stats(self, island, stats_future, timeout)
+    async def stats(self, island, stats_future, first_wait, budget):
+        return await probe_stats(self, island, stats_future, first_wait, budget)
 
     def close(self):
         self._stop.set()

@@ -23,10 +23,15 @@ from its parent (the address it sent that slot's partial to) to the members and 
 for the slot; a result that answers a child's retransmitted partial reaches that child alone, and it
 relays it to all of its own.
 
+A service listening on the wildcard address (0.0.0.0) is the aggregator at every address of its machine: each
+datagram is decided by the aggregator at the address it arrived on (IP_PKTINFO), as a board at that address
+would decide the frame.
+
 Frames are untrusted, so the service decides where its datagrams may go, beside the model's route rule
 (`drop_route`: never to itself, never back to the sender, only within the upstream prefix):
 - nothing is ever sent to the service's own address and port (with a wildcard listen address: to any
-  address of this machine at its port); such a send is refused and counted (`sends_refused`);
+  address of this machine at its port, the one a datagram arrived on being refused by the route rule
+  already); such a send is refused and counted (`sends_refused`);
 - each partial sent up earns one relay: a result from that partial's parent for that slot and owner is
   relayed once, to the slot's members and children other than the parent; any other result goes to the
   aggregator, which drops it (`drop_opcode`). Relays send no partials, so no set of services can pass a
@@ -47,6 +52,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from .datagram import (
@@ -100,6 +106,10 @@ _BITMAP_AT = FRAME_OFFSETS["bitmap"] - PAYLOAD_OFFSET
 _destination = operator.itemgetter(1)
 LOCAL_CACHE = 256
 """Addresses remembered as local or not (wildcard listen address only); the cache starts over when full."""
+IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)
+"""Linux's option that hands each received datagram's destination address over (Python 3.11 lacks the name)."""
+PKTINFO_BYTES = socket.CMSG_SPACE(12)
+"""Ancillary space of one `struct in_pktinfo` (ifindex, spec_dst, addr); the destination is its last 4 bytes."""
 
 
 def parse_prefix(text, option="--upstream"):
@@ -162,6 +172,9 @@ class SoftwareAggregator:
                  lease: int = DEFAULT_LEASE, upstream: tuple[int, int] | str | None = None,
                  stats_from: tuple[int, int] | str | None = None) -> None:
         engine = engine or ("golden" if make_aggregator is not None else "fast")
+        if make_aggregator is not None and listen[0] in ("0.0.0.0", ""):
+            raise ServeError(f"a co-simulation's gateware is built for one address: listen on it, not "
+                             f"{listen[0] or '0.0.0.0'}:{listen[1]}")
         if engine not in ENGINES:
             raise ServeError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if engine == "fast" and make_aggregator is not None:
@@ -192,6 +205,11 @@ class SoftwareAggregator:
         network, length = stats_from or self.config.upstream_prefix
         self.stats_from = ipaddress.IPv4Network((network, length))
         self.wildcard = self.address[0] == "0.0.0.0"
+        if self.wildcard:
+            self.sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        self._at = self.address
+        """(ip, port) the aggregator decides as: the listen address, or with a wildcard one the address the
+        datagram being decided arrived on (`decide_at`)."""
         self._copies_in_decider = unicast and not self.wildcard
         self._local = {}
         self._started = time.monotonic()
@@ -313,7 +331,7 @@ class SoftwareAggregator:
             refused = self._refused_before_deciding(payload, peer)
             if refused is not None:
                 return refused
-        frame = wrap(payload, peer, self.address, self.dst_mac)
+        frame = wrap(payload, peer, self._at, self.dst_mac)
         before = self.model.stats()
         outputs = self.model.process(frame, self.ticks() if now is None else now)
         after = self.model.stats()
@@ -334,6 +352,19 @@ class SoftwareAggregator:
                 sends.extend(self._unless_own([(body, destination)]) if opcode == Opcode.STATS_REPLY
                              else [(body, destination)])
         return sends
+
+    def decide_at(self, destination: int) -> None:
+        """With a wildcard listen address: decide the next datagrams as the aggregator at IPv4 `destination`
+        (an int, the address they arrived on; 0 when the kernel did not say, which no route may name)."""
+        if destination == self.config.ip:
+            return
+        # The upstream prefix stays the listen address's (0.0.0.0/24, nowhere, unless --upstream is given).
+        self.config = replace(self.config, ip=destination, upstream=self.config.upstream_prefix)
+        self._at = (ip_str(destination) if destination else self.address[0], self.address[1])
+        if self.fast is not None:
+            self.fast.config = self.config
+        else:
+            self.model.config = self.config
 
     def _partial(self, body, parent):
         """Send a partial to `parent` (never to this service) and earn the one relay of its result."""
@@ -473,9 +504,10 @@ class SoftwareAggregator:
         buffer = bytearray(MAX_DATAGRAM)
         view = memoryview(buffer)
         sock, stopped, handle = self.sock, self._stop.is_set, self.handle
+        receive = self._receive_with_destination if self.wildcard else sock.recvfrom_into
         while not stopped():
             try:
-                size, peer = sock.recvfrom_into(buffer)
+                size, peer = receive(buffer)
             except BlockingIOError:
                 select.select([sock], [], [], POLL_S)
                 size = None
@@ -488,15 +520,30 @@ class SoftwareAggregator:
                     self.send(sends)
             self._log_due()
 
+    def _receive_with_destination(self, buffer):
+        """recvfrom_into that also decides the datagram as the aggregator at the address it arrived on."""
+        size, ancillary, _, peer = self.sock.recvmsg_into([buffer], PKTINFO_BYTES)
+        destination = 0
+        for level, kind, data in ancillary:
+            if level == socket.IPPROTO_IP and kind == IP_PKTINFO:
+                destination = int.from_bytes(data[8:12], "big")
+        self.decide_at(destination)
+        return size, peer
+
     def _serve_batched(self):
         slot = MAX_DATAGRAM + 1
         buffer = bytearray(slot * BATCH)
         view = memoryview(buffer)
         sock, fd, stopped, handle_batch = self.sock, self.sock.fileno(), self._stop.is_set, self.handle_batch
         receive = compiled.recv_batch
+        destinations = [] if self.wildcard else None
         while not stopped():
             try:
-                batch = receive(fd, buffer, slot, True)
+                if destinations is None:
+                    batch = receive(fd, buffer, slot, True)
+                else:
+                    destinations.clear()
+                    batch = receive(fd, buffer, slot, True, destinations)
             except OSError:
                 continue  # an ICMP error from an earlier send: read on
             if not batch:
@@ -504,7 +551,7 @@ class SoftwareAggregator:
                 self._log_due()
                 continue
             # one arrival time for the datagrams one recvmmsg read
-            sends = handle_batch(buffer, batch, slot, self.ticks(), view)
+            sends = handle_batch(buffer, batch, slot, self.ticks(), view, destinations)
             if sends:
                 if len(sends) > 1:
                     # Grouped by destination (stable: each peer's order kept), so that a peer's results form
@@ -514,18 +561,34 @@ class SoftwareAggregator:
             self._log_due()
 
     def handle_batch(self, buffer: bytearray, batch: Sequence[tuple[int, Address]], slot: int, now: int,
-                     view: memoryview | None = None) -> list[Send]:
+                     view: memoryview | None = None, destinations: Sequence[int] | None = None) -> list[Send]:
         """`handle` on each datagram of one recvmmsg batch in turn (batch[i] is its (size, peer), its bytes at
         i * `slot` in `buffer`; `view` a memoryview of it), all arrived at `now`: the datagrams to send, in
         that order. With the compiled decider its common case takes one call for the batch
-        (`Decider.serve_batch`), and only the datagrams whose answers the service sends itself come back here."""
+        (`Decider.serve_batch`), and only the datagrams whose answers the service sends itself come back here.
+        `destinations` (wildcard listen address): the address each datagram arrived on, which decides it."""
         view = memoryview(buffer) if view is None else view
+        if destinations:
+            sends, start = [], 0
+            while start < len(batch):
+                # one run of datagrams that arrived on one address
+                end = start + 1
+                while end < len(batch) and destinations[end] == destinations[start]:
+                    end += 1
+                self.decide_at(destinations[start])
+                sends += self._handle_run(buffer, batch[:end], start, slot, now, view)
+                start = end
+            return sends
+        return self._handle_run(buffer, batch, 0, slot, now, view)
+
+    def _handle_run(self, buffer, batch, start, slot, now, view):
+        """`handle_batch` on the datagrams of `batch` from `start` on."""
         if self.fast is None or not self.fast.learns:
             sends = []
-            for index, (size, peer) in enumerate(batch):
+            for index, (size, peer) in enumerate(batch[start:], start):
                 sends += self.handle(view[index * slot:index * slot + size], peer, now)
             return sends
-        serve_batch, counts, sends, index, end = self.fast.serve_batch, self.own, [], 0, len(batch)
+        serve_batch, counts, sends, index, end = self.fast.serve_batch, self.own, [], start, len(batch)
         own = self.address if self._copies_in_decider else None
         while index < end:
             index, decided, refused, copies = serve_batch(buffer, batch, slot, index, now, own, sends)

@@ -51,6 +51,7 @@ from .protocol import (
     RETRANSMISSION_DROP_COUNTERS,
     Opcode,
 )
+from .transport import StatsSilence
 
 GRADIENT_BOUND = 1.0
 """Seeded gradients lie in [-1, 1): every member knows this bound, so all pick the same exponent."""
@@ -59,6 +60,11 @@ DEFAULT_CHUNK = client.DEFAULT_CHUNK
 DEFAULT_WINDOW = client.DEFAULT_WINDOW
 DEFAULT_TIMEOUT_MS = round(1000 * client.DEFAULT_TIMEOUT_S)
 DEFAULT_RETRIES = client.DEFAULT_RETRIES
+STATS_FIRST_WAIT_S = 0.3
+"""Shortest wait for the first stats reply; each later request waits twice as long as the one before."""
+STATS_MIN_BUDGET_S = 0.9
+"""Shortest time the counters are asked for (three requests' worth of STATS_FIRST_WAIT_S), however short the
+run's timeout and retries."""
 MAX_ELEMENTS = 1 << 26
 """Largest --elements: 256 MiB of int32 per island (the chunk offset field would take up to 2**32)."""
 BYTES_PER_ELEMENT = 32
@@ -502,27 +508,32 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
                     take_stats(payload)
 
     async def ask_stats():
-        """Counters of every aggregator (city -> counters; one aggregator: None -> counters); None for an
-        aggregator that never answers."""
+        """Counters of every aggregator (city -> counters; one aggregator: None -> counters), and what was seen
+        of those that never answered (city -> `StatsSilence`)."""
         nonlocal stats_future
-        probe_timeout = max(config.timeout_ms / 1000, 0.3)
-        counters = {}
+        first_wait = max(config.timeout_ms / 1000, STATS_FIRST_WAIT_S)
+        # Asked for as long as a round waits for a chunk's result (its timeout times its retries).
+        budget = max(config.timeout_ms / 1000 * config.retries, STATS_MIN_BUDGET_S)
+        counters, silent = {}, {}
         for city in (sorted(addresses) if addresses else [None]):
             stats_future = asyncio.get_running_loop().create_future()
-            counters[city] = await transport.stats(plan.islands[0], stats_future, probe_timeout,
-                                                   *(() if city is None else (city,)))
-        return counters
+            answer = await transport.stats(plan.islands[0], stats_future, first_wait, budget,
+                                           *(() if city is None else (city,)))
+            if isinstance(answer, StatsSilence):
+                silent[city], answer = answer, None
+            counters[city] = answer
+        return counters, silent
 
     await transport.start(deliver, deliver_batch)
     kernel_before = kernel_drops(transport)
     failed_slot = None
     try:
-        before = await ask_stats()
-        silent = [city for city, counters in before.items() if counters is None]
+        before, silent = await ask_stats()
         if silent:
-            which = "" if silent == [None] else f" (aggregator of {', '.join(silent)})"
-            raise StreamError(f"no answer from the target{which}: it did not reply to a stats request (inwire "
-                              f"serve answers them only from its own machine and its --stats-from prefix)")
+            seen = "; ".join(str(silence) if city is None else f"aggregator of {city}: {silence}"
+                             for city, silence in silent.items())
+            raise StreamError(f"no answer from the target: {seen} (inwire serve answers them only from its own "
+                              f"machine and its --stats-from prefix, and a stopped or stalled one answers none)")
         reports = []
         for round_ in range(config.rounds):
             workload.forget_before(round_)
@@ -545,7 +556,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
                 break
         # The rounds' clocks only: making gradients and datagrams between rounds is not the network's time.
         total_s = sum(r["time_ms"] for r in reports) / 1e3
-        after = await ask_stats()
+        after, _ = await ask_stats()
         kernel_after = kernel_drops(transport)
     finally:
         transport.close()

@@ -1,18 +1,18 @@
 """Transports: how the islands of `inwire stream` reach an aggregator.
 
 Every transport has `start(deliver, deliver_batch=None)`, `send(island, payload)`, `subscribe` /
-`unsubscribe(island, group)`, `stats(island, stats_future, timeout)` and `close()`; `deliver(island, payload)`
-hands each received UDP payload to the islands. A transport that reads datagrams in batches may hand each
-batch over at once instead, as `deliver_batch(island, buffer, sizes, slot)` (the i-th payload at
-buffer[i * slot:][:sizes[i]]); one that does not ignores `deliver_batch`. `UdpTransport` uses the kernel's
-UDP sockets; `CaptureTransport` wraps the payloads into frames for an in-process aggregator (the golden
+`unsubscribe(island, group)`, `stats(island, stats_future, first_wait, budget)` and `close()`;
+`deliver(island, payload)` hands each received UDP payload to the islands. A transport that reads datagrams
+in batches may hand each batch over at once instead, as `deliver_batch(island, buffer, sizes, slot)` (the
+i-th payload at buffer[i * slot:][:sizes[i]]); one that does not ignores `deliver_batch`. `UdpTransport` uses
+the kernel's UDP sockets; `CaptureTransport` wraps the payloads into frames for an in-process aggregator (the golden
 model, or the gateware in co-simulation) and can write them to a capture. `inwire.iface.IfaceTransport`
 sends raw frames through a NIC.
 """
 
 import asyncio
 import socket
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .datagram import (
     MAX_DATAGRAM,
@@ -34,7 +34,6 @@ from .packets import frame_field
 from .pcap import write_frames
 from .protocol import INWIRE_PORT, Opcode
 
-PROBE_TRIES = 3
 BATCH = 64
 """Datagrams per recvmmsg with the compiled kernel."""
 DRAIN_BATCH = 256
@@ -190,8 +189,8 @@ class UdpTransport:
     def unsubscribe(self, island, group):
         self._membership(island, group, socket.IP_DROP_MEMBERSHIP)
 
-    async def stats(self, island, stats_future, timeout, city=None):
-        return await probe_stats(self, island, stats_future, timeout, city)
+    async def stats(self, island, stats_future, first_wait, budget, city=None):
+        return await probe_stats(self, island, stats_future, first_wait, budget, city)
 
     def kernel_drops(self):
         """Datagrams the kernel has dropped so far at the islands' sockets and at the aggregator's (when it
@@ -211,15 +210,32 @@ class UdpTransport:
         self.readers = {}
 
 
-async def probe_stats(transport, island, stats_future, timeout, city=None):
-    """Counters of the target (or of `city`'s aggregator), asked from `island`; None when it never answers."""
-    for _ in range(PROBE_TRIES):
+@dataclass(frozen=True)
+class StatsSilence:
+    """What a stats probe that got no counters saw: how many requests it sent, and for how long it waited."""
+    requests: int
+    waited_s: float
+
+    def __str__(self):
+        return f"no reply to {self.requests} stats request{'s' if self.requests != 1 else ''} in {self.waited_s:.1f} s"
+
+
+async def probe_stats(transport, island, stats_future, first_wait, budget, city=None):
+    """Counters of the target (or of `city`'s aggregator), asked from `island` again and again until `budget`
+    seconds have passed, each wait for a reply twice the one before (from `first_wait`): a service that was
+    stalled for a moment (descheduled, paging, stopped) answers a later request. A `StatsSilence` when none
+    is answered."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline, wait, requests = started + budget, first_wait, 0
+    while (remaining := deadline - loop.time()) > 0:
         transport.send(island, stats_request(), *(() if city is None else (city,)))
+        requests += 1
         try:
-            return await asyncio.wait_for(asyncio.shield(stats_future), timeout)
+            return await asyncio.wait_for(asyncio.shield(stats_future), min(wait, remaining))
         except TimeoutError:
-            continue
-    return None
+            wait *= 2
+    return StatsSilence(requests, loop.time() - started)
 
 
 class CaptureTransport:
@@ -285,7 +301,7 @@ class CaptureTransport:
 
     unsubscribe = subscribe
 
-    async def stats(self, island, stats_future, timeout, city=None):
+    async def stats(self, island, stats_future, first_wait, budget, city=None):
         return (self.model if city is None else self.models[city]).stats()
 
     def close(self):
