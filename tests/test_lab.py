@@ -152,8 +152,8 @@ def test_without_root_the_lab_says_so_in_one_line(tmp_path):
                           "inwire", "lab", "--check-only", "--topology", "doublezero9"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert run.returncode == 2, run.stderr
-    assert run.stderr.strip().splitlines()[-1] == ("inwire lab: network namespaces unavailable: network namespaces "
-                                                   "need root")
+    assert run.stderr.strip().splitlines()[-1] == ("inwire lab: network namespaces unavailable: they need root; run "
+                                                   "the command as root")
 
 
 def test_ctrl_c_removes_the_namespaces(tmp_path):

@@ -202,7 +202,8 @@ def test_bad_input_is_one_line_and_exit_2(schedule, capsys, argv, message):
     ({"rounds": [[{"members": ["SIN", "ATL"], "aggregator": "TYO"}]]}, "is not one of the islands"),
     ({"aggregator": "ATL"}, "'ATL' is not a city of topology"),
     ({"islands": ISLANDS + ["ATL"]}, "'ATL' is not a city of topology"),
-    ({"topology": "atlantis"}, "cannot read topology"),
+    ({"topology": "atlantis"}, "'topology' 'atlantis' is neither a built-in topology"),
+    ({"topology": "atlantis.json"}, "cannot read topology"),
 ])
 def test_bad_schedules_are_one_line_and_exit_2(tmp_path, capsys, content, message):
     path = tmp_path / "schedule.json"

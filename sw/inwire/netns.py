@@ -49,7 +49,7 @@ def unavailable_reason():
     if shutil.which("ip") is None:
         return "the 'ip' command (iproute2) is not installed"
     if os.geteuid() != 0:
-        return "network namespaces need root"
+        return "they need root; run the command as root"
     name = f"iwprobe{os.getpid()}"
     probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=10)
     if probe.returncode != 0:

@@ -36,7 +36,7 @@ from .diagnosis import diagnose
 from .errors import InwireError
 from .plan.cost import ScheduleError
 from .plan.jsonfile import read_json
-from .plan.schedule_file import load_schedule_file
+from .plan.schedule_file import load_schedule_file, schedule_topology
 from .plan.topology import TopologyError, load_topology
 from .protocol import (
     ELEMENT_BYTES,
@@ -146,13 +146,11 @@ def load_plan(path):
     """The schedule file with its topology resolved, checked against what the stream can carry."""
     try:
         plan = load_schedule_file(path)
+        topology_spec = schedule_topology(plan.topology, path)
     except ScheduleError as error:
         raise StreamError(str(error)) from None
-    name = plan.topology
-    if not isinstance(name, str):
-        raise StreamError(f"{path}: 'topology' must name the topology the schedule was made for")
     try:
-        topology = load_topology(name)
+        topology = load_topology(topology_spec)
     except (TopologyError, OSError, ValueError) as error:
         raise StreamError(f"{path}: {error}") from None
     for city in plan.islands + tuple(aggregator_cities(plan)):

@@ -35,16 +35,17 @@ def run(args):
     # The options are checked before the namespaces and the schedule; the timeout follows from the schedule.
     config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
                           job=int.from_bytes(os.urandom(4), "big"))
+    # A schedule given is checked before the namespaces: its error is the one to fix first.
+    plan = None if args.schedule is None else load_plan(args.schedule)
     reason = unavailable_reason()
     if reason:
         raise LabError(f"network namespaces unavailable: {reason}")
-    with tempfile.TemporaryDirectory() as scratch:
-        schedule = args.schedule
-        if schedule is None:
+    if plan is None:
+        with tempfile.TemporaryDirectory() as scratch:
             schedule = os.path.join(scratch, "schedule.json")
             progress.say("optimizing the schedule for doublezero9")
             demo_schedule(schedule)
-        plan = load_plan(schedule)
+            plan = load_plan(schedule)
     worst_ms = max(plan.topology.latency_ms(a, b) for a in plan.islands for b in plan.topology.cities)
     config = replace(config, timeout_ms=max(200.0, 4 * worst_ms * args.scale))
     progress.say(f"{len(plan.islands)} islands and the aggregator in network namespaces, latencies "

@@ -5,6 +5,12 @@ failure, the counterexample trace. Jobs go to build/formal under the working dir
 unless every check passes on the real core and every mutant fails."""
 
 
+from .options import check_integer, check_positive
+
+MAX_JOBS = 256
+"""Most solver runs at the same time: far more than a machine has cores for, and than --deep has runs."""
+
+
 def add_arguments(parser):
     parser.add_argument("--jobs", type=int, default=2, help="checks run at the same time")
     parser.add_argument("--only", nargs="*", help="run only the checks with these names (or job names)")
@@ -31,6 +37,9 @@ def chosen_checks(checks, only, width):
 def run(args):
     from inwire_hdl.formal import CHECKS, run_all, summary
 
+    # Checked before run_all, which empties build/formal first.
+    check_integer("--jobs", args.jobs, 1, MAX_JOBS, "solver runs at the same time")
+    check_positive("--timeout", args.timeout, unit="seconds")
     rows = run_all(chosen_checks(CHECKS, args.only, args.width), jobs=args.jobs, timeout=args.timeout,
                    deep=args.deep)
     print(summary(rows))

@@ -156,7 +156,7 @@ def run(args):
     print(format_plan(plan))
     # Both outputs or neither: the map is drawn into a temporary file first, then both are renamed.
     with atomic_output(args.out) as schedule_path, atomic_output(args.map) as map_path:
-        write_schedule(plan, schedule_path)
+        write_schedule(plan, schedule_path, destination=args.out)
         if map_path:
             draw_schedule_map(topology, plan.best, map_path, _setting_title(plan), plan.cost_model)
     return 0

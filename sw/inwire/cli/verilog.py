@@ -1,6 +1,7 @@
 """Write the aggregator gateware as Verilog; its top module is inwire_aggregator (ports clk, rst, s_axis_*,
 m_axis_*, stat_*)."""
 
+import sys
 from pathlib import Path
 
 from ..output import atomic_output, check_writable
@@ -16,7 +17,7 @@ def add_arguments(parser):
 
 
 def run(args):
-    from inwire_hdl.verilog import generate_verilog
+    from inwire_hdl.verilog import TOP, generate_verilog
 
     if args.out is None:
         raise ValueError("--out FILE is required (the Verilog file to write)")
@@ -27,4 +28,7 @@ def run(args):
     text = generate_verilog(config, args.width)
     with atomic_output(output) as temporary:
         Path(temporary).write_text(text)
+    # On stderr: the Verilog itself may go to stdout (--out /dev/stdout).
+    print(f"inwire verilog: wrote {output}: {len(text.encode()):,} bytes, top module {TOP} ({args.width}-byte data "
+          f"path, {config.slots} slots of {config.max_elements} elements)", file=sys.stderr)
     return 0

@@ -81,10 +81,55 @@ def schedule_document(plan):
     return document
 
 
-def write_schedule(plan, path):
+def write_schedule(plan, path, destination=None):
+    """Write the schedule file to `path`, a temporary file when `destination` is where it will end up; its
+    "topology" names a topology file so that `schedule_topology` finds it from `destination`'s folder."""
+    reference = topology_reference(plan.topology, path if destination is None else destination)
     with open(path, "w") as handle:
-        json.dump(schedule_document(plan), handle, indent=1)
+        json.dump(schedule_document(replace(plan, topology=reference)), handle, indent=1)
         handle.write("\n")
+
+
+SYSTEM_FOLDERS = ("/proc", "/sys", "/dev")
+"""Where the files are the kernel's or devices, never a topology."""
+
+
+def topology_reference(spec, destination):
+    """The "topology" a schedule written to `destination` records for the topology `spec` (as --topology
+    takes it): a built-in name as is; a file's path relative to the schedule's folder, or absolute where the
+    schedule goes to a device, a FIFO or a descriptor, which has no folder of its own."""
+    from ..output import writes_in_place
+    from .topology import BUILTIN_TOPOLOGIES
+
+    if spec in BUILTIN_TOPOLOGIES:
+        return spec
+    if writes_in_place(destination):
+        return os.path.abspath(spec)
+    return os.path.relpath(os.path.abspath(spec), os.path.dirname(os.path.abspath(destination)))
+
+
+def schedule_topology(name, schedule_path):
+    """What to load for a schedule's "topology" `name`: a built-in topology's name as is, or the path of a
+    topology file, a relative one taken from the schedule file's folder (not the working directory).
+    ScheduleError unless the name ends in .json and leads, symlinks followed, to a .json file outside /proc,
+    /sys and /dev; the file is then read as every JSON input is (a regular file of at most 64 MiB)."""
+    from .topology import BUILTIN_TOPOLOGIES
+
+    if not isinstance(name, str) or not name:
+        raise ScheduleError(f"{schedule_path}: 'topology' must name the topology the schedule was made for")
+    if name in BUILTIN_TOPOLOGIES:
+        return name
+    where = f"{schedule_path}: 'topology' {name!r}"
+    if not name.endswith(".json"):
+        raise ScheduleError(f"{where} is neither a built-in topology ({', '.join(BUILTIN_TOPOLOGIES)}) nor a "
+                            f"topology file ending in .json")
+    path = os.path.join(os.path.dirname(os.path.abspath(schedule_path)), name)
+    real = os.path.realpath(path)
+    if not real.endswith(".json") or any(real == folder or real.startswith(folder + "/")
+                                         for folder in SYSTEM_FOLDERS):
+        raise ScheduleError(f"{where} leads to {real}, not a topology file (a .json file outside "
+                            f"{', '.join(SYSTEM_FOLDERS)})")
+    return path
 
 
 def _check_tree(tree, root, members, exchange, at):
