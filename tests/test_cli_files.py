@@ -102,7 +102,8 @@ CASES = [
     # emptied.
     (["formal", "--jobs", "0"], "inwire formal: --jobs must lie in [1, 256] (solver runs at the same time), got 0"),
     (["formal", "--jobs", "-3"], "inwire formal: --jobs must lie in [1, 256] (solver runs at the same time), got -3"),
-    (["formal", "--timeout", "0"], "inwire formal: --timeout must be a positive number of seconds, got 0"),
+    (["formal", "--timeout", "0"],
+     "inwire formal: --timeout must lie in [1, 604,800] s (a week per solver run), got 0.0"),
 ]
 
 

@@ -130,3 +130,36 @@ def _naming(path, written):
         if error.filename not in (None, written, str(written), path, str(path)):
             raise
         raise OutputError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+def same_file(first, second):
+    """Whether two paths name one file: the same file when both exist (hard links and symlinks included),
+    else the same path once resolved."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return os.path.realpath(first) == os.path.realpath(second)
+
+
+def check_outputs_apart(outputs, inputs):
+    """Refuse, before any work, an output that is one of the command's inputs (writing it would replace what
+    the command reads) or another of its outputs (one would replace the other). `outputs` and `inputs` map
+    how the command line names each file (an option, or a positional's metavar) to its path, or None; as a
+    dict, or as (name, path) pairs where a name gives several."""
+    def named(files):
+        return [(name, path) for name, path in (files.items() if isinstance(files, dict) else files)
+                if path is not None]
+
+    def spelled(name, path):
+        return f"{name}{'' if name.endswith(':') else ' '}{path}"  # "--target pcap:x.pcap", "--out x.json"
+
+    outputs, inputs = named(outputs), named(inputs)
+    for index, (name, path) in enumerate(outputs):
+        for other, source in inputs:
+            if same_file(path, source):
+                raise OutputError(f"{spelled(name, path)}: the same file as {spelled(other, source)}, which the "
+                                  f"command reads; name another output")
+        for other, written in outputs[:index]:
+            if same_file(path, written):
+                raise OutputError(f"{spelled(name, path)}: the same file as {spelled(other, written)}, another "
+                                  f"output of the command; name another output")

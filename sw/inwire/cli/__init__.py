@@ -5,7 +5,8 @@ docstring is the command's description. `main` builds the parser with every comm
 from `COMMANDS` but imports and asks for the arguments of the chosen command alone, so that `inwire decode`
 does not load the gateware, the planner or torch. Errors a user can cause (`InwireError`, `OSError`,
 `ValueError`, `RuntimeError`) end as one line on stderr, `inwire <command>: <message>`, and exit status 2,
-as does a module missing because an extra is not installed (`inwire.extras`: the line names the extra); an
+as do a usage error argparse finds (a value of the wrong form, an unknown option) and a module missing
+because an extra is not installed (`inwire.extras`: the line names the extra); an
 interrupt (SIGINT) exits with 130 after one line saying where the command was (`inwire.progress`); a
 reader that closes the output pipe early (`| head`) ends the command quietly with 141, SIGPIPE's status.
 """
@@ -46,6 +47,22 @@ COMMANDS = {
 """Command name -> (module, one-line summary). The module is imported only when its command runs."""
 
 
+class UsageError(InwireError):
+    """The command line does not parse: argparse's message, one line."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (`main` prints them as every other error) instead of the
+    usage and an exit."""
+
+    def error(self, message):
+        # argparse puts "argument --rounds: " before the message of a type; ours name their option already.
+        named, _, rest = message.partition(": ")
+        if named.startswith("argument ") and rest.startswith(tuple(named[len("argument "):].split("/"))):
+            message = rest
+        raise UsageError(message)
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Keeps the description's lines; shows an option's default in its help unless the help names it already
     or there is none to show."""
@@ -70,7 +87,7 @@ def load(name):
 
 def build_parser(argv=()):
     """The parser; only the command chosen in `argv` (if any) gets its arguments, and is imported."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="inwire", description="In-network gradient aggregation: gateware, verification and host tools.")
     parser.add_argument("--version", action="version", version=f"inwire {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -89,7 +106,12 @@ def build_parser(argv=()):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except UsageError as error:
+        command = chosen_command(argv)
+        print(f"inwire{' ' + command if command in COMMANDS else ''}: {error}", file=sys.stderr)
+        return 2
     if threading.current_thread() is threading.main_thread():
         # A shell starts background jobs with SIGINT ignored, which Python keeps: Ctrl-C (or kill -INT) must
         # still stop every command.

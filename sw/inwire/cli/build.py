@@ -11,7 +11,7 @@ from inwire_hdl import DATA_WIDTHS, board_build
 from inwire_hdl.board import PLL_VCO_HZ
 
 from .. import progress
-from .options import BOARD_WIDTH, check_seed, earlier_spelling
+from .options import BOARD_WIDTH, check_seed, decimal, earlier_spelling, whole
 
 
 def add_arguments(parser):
@@ -19,15 +19,16 @@ def add_arguments(parser):
                         help="board to build for")
     parser.add_argument("--core", choices=sorted(board_build.CORES), default="aggregator",
                         help="what the board carries between its ports")
-    parser.add_argument("--width", type=int, default=BOARD_WIDTH,
+    parser.add_argument("--width", type=whole("--width"), default=BOARD_WIDTH,
                         help=f"core data width in bytes: {', '.join(map(str, DATA_WIDTHS))}")
     # 31.25 MHz x 8 bytes = 2 Gb/s covers one 1 GbE port with room for result multicasts, and lies
     # within what the aggregator reaches on the ECP5-45 (see docs/board.md).
-    parser.add_argument("--core-mhz", type=float, default=31.25,
+    parser.add_argument("--core-mhz", type=decimal("--core-mhz"), default=31.25,
                         help=f"core clock, {PLL_VCO_HZ / 1e6:g} MHz divided by an integer from 4 to 128")
     parser.add_argument("--out-dir", type=Path, default=Path("build/board"), help="folder for the build")
     earlier_spelling(parser, "out_dir", "--out", type=Path)
-    parser.add_argument("--seed", type=int, default=board_build.DEFAULT_SEED, help="nextpnr's placement seed")
+    parser.add_argument("--seed", type=whole("--seed"), default=board_build.DEFAULT_SEED,
+                        help="nextpnr's placement seed")
 
 
 def run(args):

@@ -10,7 +10,7 @@ from .. import progress
 from ..netns import LabError, demo_schedule, run_lab, unavailable_reason
 from ..serve import parse_counters_line
 from ..stream import StreamConfig, format_report, load_plan
-from .options import check_positive
+from .options import check_positive, decimal, whole
 
 MAX_SCALE = 100.0
 """Largest --scale: at 100 a 100 ms link delays each datagram 10 s, and a round of doublezero9 takes minutes."""
@@ -19,13 +19,14 @@ MAX_SCALE = 100.0
 def add_arguments(parser):
     parser.add_argument("--schedule", default=None, metavar="FILE",
                         help="schedule JSON (default: optimize one for doublezero9)")
-    parser.add_argument("--rounds", type=int, default=4, metavar="N", help="rounds to run")
-    parser.add_argument("--elements", type=int, default=2048, metavar="N", help="gradient elements per island")
-    parser.add_argument("--scale", type=float, default=0.1,
+    parser.add_argument("--rounds", type=whole("--rounds"), default=4, metavar="N", help="rounds to run")
+    parser.add_argument("--elements", type=whole("--elements"), default=2048, metavar="N",
+                        help="gradient elements per island")
+    parser.add_argument("--scale", type=decimal("--scale"), default=0.1,
                         help="multiply the topology's latencies by this")
-    parser.add_argument("--loss", type=float, default=0.0, metavar="P",
+    parser.add_argument("--loss", type=decimal("--loss"), default=0.0, metavar="P",
                         help="drop this fraction of outgoing datagrams on purpose")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the test gradients and of --loss")
+    parser.add_argument("--seed", type=whole("--seed"), default=0, help="seed of the test gradients and of --loss")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 

@@ -4,19 +4,21 @@ row's cover is reached, the row's mutants with their results, result on the real
 failure, the counterexample trace. Jobs go to build/formal under the working directory; exit status 1
 unless every check passes on the real core and every mutant fails."""
 
+from .options import check_integer, decimal, whole
 
-from .options import check_integer, check_positive
-
+MAX_TIMEOUT_S = 7 * 86_400
+"""Longest --timeout: a week per solver run; the deepest rows take hours."""
 MAX_JOBS = 256
 """Most solver runs at the same time: far more than a machine has cores for, and than --deep has runs."""
 
 
 def add_arguments(parser):
-    parser.add_argument("--jobs", type=int, default=2, help="checks run at the same time")
+    parser.add_argument("--jobs", type=whole("--jobs"), default=2, help="checks run at the same time")
     parser.add_argument("--only", nargs="*", help="run only the checks with these names (or job names)")
-    parser.add_argument("--width", type=int, choices=(8, 64), help="run only this data width")
+    parser.add_argument("--width", type=whole("--width"), choices=(8, 64), help="run only this data width")
     parser.add_argument("--deep", action="store_true", help="also the runs too slow for CI (the rows mark them)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per solver run (then TIMEOUT)")
+    parser.add_argument("--timeout", type=decimal("--timeout", 1, MAX_TIMEOUT_S, "s", "a week per solver run"),
+                        default=900, help="seconds per solver run (then TIMEOUT)")
 
 
 def chosen_checks(checks, only, width):
@@ -39,7 +41,6 @@ def run(args):
 
     # Checked before run_all, which empties build/formal first.
     check_integer("--jobs", args.jobs, 1, MAX_JOBS, "solver runs at the same time")
-    check_positive("--timeout", args.timeout, unit="seconds")
     rows = run_all(chosen_checks(CHECKS, args.only, args.width), jobs=args.jobs, timeout=args.timeout,
                    deep=args.deep)
     print(summary(rows))

@@ -11,29 +11,38 @@ import math
 import os
 
 from .. import extras, progress
-from .options import check_integer, check_positive, check_seed
+from ..output import check_outputs_apart
+from .options import check_integer, check_range, check_seed, decimal, topology_file, whole
 
-MAX_RATE_SCALE = 0.05
-"""Above this the 10 Gb/s links become 500 Mb/s ones, more than the link process carries on two cores."""
+MB = (1e-6, 64.0)
+"""--mb: from one byte (one int32 element) to 64 MB, which takes minutes per repetition at the lab's rates."""
+DELAY_SCALE = (0.01, 20.0)
+"""--delay-scale: below 0.01 a 100 ms link is delayed 1 ms, less than twice what the link process itself
+adds; above 20 it is delayed 2 s, and a round of doublezero9 takes many seconds."""
+RATE_SCALE = (1e-4, 0.05)
+"""--rate-scale: below 1e-4 a 1 Gb/s link carries 100 kb/s, some 25 full frames in the link check's 3
+seconds; above 0.05 the 10 Gb/s links become 500 Mb/s ones, more than the link process carries on two cores."""
 
 
 def add_arguments(parser):
     parser.add_argument("--topology", default="doublezero9", help="built-in name or topology JSON file")
     parser.add_argument("--islands", default=None, help="comma-separated island cities (default: every city)")
-    parser.add_argument("--mb", type=float, default=0.5, metavar="MB",
+    parser.add_argument("--mb", type=decimal("--mb"), default=0.5, metavar="MB",
                         help="vector size per island, MB (int32 through inwire, float32 through gloo)")
-    parser.add_argument("--delay-scale", type=float, default=4.0,
+    parser.add_argument("--delay-scale", type=decimal("--delay-scale"), default=4.0,
                         help="multiply every link's delay by this (the link process adds about 0.2-0.5 ms per "
                              "direction: at 4 the shortest doublezero9 link, 1.45 ms, stays within the check's 10 %%)")
-    parser.add_argument("--rate-scale", type=float, default=0.002, help="multiply every link's rate by this")
-    parser.add_argument("--loss", type=float, default=0.0, metavar="P", help="drop this fraction on every link")
-    parser.add_argument("--reps", type=int, default=5, metavar="N", help="repetitions of each strategy")
+    parser.add_argument("--rate-scale", type=decimal("--rate-scale"), default=0.002,
+                        help="multiply every link's rate by this")
+    parser.add_argument("--loss", type=decimal("--loss"), default=0.0, metavar="P",
+                        help="drop this fraction on every link")
+    parser.add_argument("--reps", type=whole("--reps"), default=5, metavar="N", help="repetitions of each strategy")
     parser.add_argument("--strategies", default=None,
                         help="comma-separated, from schedule, global_clique, global_tree, host_tree, gloo "
                              "(default: all)")
-    parser.add_argument("--window", type=int, default=None, metavar="CHUNKS",
+    parser.add_argument("--window", type=whole("--window"), default=None, metavar="CHUNKS",
                         help="chunks each island keeps in flight (default: the whole vector, up to 1024)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the planner and the test vectors")
+    parser.add_argument("--seed", type=whole("--seed"), default=0, help="seed of the planner and the test vectors")
     parser.add_argument("--check-only", action="store_true", help="check the emulated links and stop")
     parser.add_argument("--out-dir", default=None, metavar="DIR", help="write lab.json and lab.png here")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -46,10 +55,10 @@ def run(args):
     from ..lab.measure import STRATEGIES, Measurement, plan_strategies, ranking, ranking_disagreements, summarize
     from ..plan.topology import load_topology
 
-    check_positive("--mb", args.mb, 64.0, why="64 MB per island takes minutes per repetition at the lab's rates")
-    check_positive("--delay-scale", args.delay_scale, 20.0)
-    check_positive("--rate-scale", args.rate_scale, MAX_RATE_SCALE,
-                   why="the link process carries a few hundred Mb/s on two cores")
+    check_range("--mb", args.mb, *MB, "MB", "one byte to minutes per repetition")
+    check_range("--delay-scale", args.delay_scale, *DELAY_SCALE, why="a 100 ms link delayed 1 ms to 2 s")
+    check_range("--rate-scale", args.rate_scale, *RATE_SCALE,
+                why="a 1 Gb/s link at 100 kb/s, a 10 Gb/s one at 500 Mb/s")
     check_integer("--reps", args.reps, 1, 100)
     if args.window is not None:
         check_integer("--window", args.window, 1, 1024)
@@ -62,6 +71,9 @@ def run(args):
             raise ValueError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
     if "gloo" in names:
         extras.require("torch", "the gloo strategy (leave it out of --strategies to run the others)")
+    if args.out_dir:
+        check_outputs_apart([("--out-dir", os.path.join(args.out_dir, name)) for name in ("lab.json", "lab.png")],
+                            {"--topology": topology_file(args.topology)})
     topology = load_topology(args.topology)
     islands = topology.resolve_islands(args.islands.split(",") if args.islands else None)
     vector_bytes = round(args.mb * 1e6)

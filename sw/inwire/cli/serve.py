@@ -16,13 +16,13 @@ from ..datagram import ip_str, parse_endpoint
 from ..model import DEFAULT_LEASE, AggregatorConfig
 from ..protocol import INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME
 from ..serve import DEFAULT_MAX_ELEMENTS, DEFAULT_RECEIVE_BUFFER, DEFAULT_SLOTS, SoftwareAggregator
-from .options import check_integer, check_positive, simulator
+from .options import check_integer, check_positive, decimal, simulator, whole
 
 
 def add_arguments(parser):
     parser.add_argument("--listen", default=f"127.0.0.1:{INWIRE_PORT}", metavar="HOST:PORT",
                         help="address and UDP port to receive contributions on (port 0 picks a free one)")
-    parser.add_argument("--stats-interval", type=float, default=None, metavar="S",
+    parser.add_argument("--stats-interval", type=decimal("--stats-interval"), default=None, metavar="S",
                         help="log the counters every S seconds")
     parser.add_argument("--unicast", action="store_true",
                         help="send each result to every member's own address instead of the multicast group "
@@ -30,13 +30,13 @@ def add_arguments(parser):
                              "each child aggregator, which relays it to its own members")
     parser.add_argument("--multicast-iface", default=None, metavar="ADDR",
                         help="send multicast results out of the interface with this IPv4 address")
-    parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
+    parser.add_argument("--slots", type=whole("--slots"), default=DEFAULT_SLOTS,
                         help=f"aggregator slots (default: {DEFAULT_SLOTS}: a run needs 4 x cliques x the islands' "
                              f"--window, and memory is no limit in software; the gateware's default, "
                              f"{AggregatorConfig().slots}, is what a board's block RAM holds)")
-    parser.add_argument("--max-elements", type=int, default=DEFAULT_MAX_ELEMENTS,
+    parser.add_argument("--max-elements", type=whole("--max-elements"), default=DEFAULT_MAX_ELEMENTS,
                         help="largest element count per frame")
-    parser.add_argument("--lease", type=int, default=DEFAULT_LEASE, metavar="MS",
+    parser.add_argument("--lease", type=whole("--lease"), default=DEFAULT_LEASE, metavar="MS",
                         help="milliseconds without an accepted contribution after which an unfinished slot may be "
                              "claimed by another job (0: never)")
     parser.add_argument("--upstream", default=None, metavar="PREFIX",
@@ -55,7 +55,8 @@ def add_arguments(parser):
     parser.add_argument("--fastpath", choices=("auto", "c", "numpy"), default="auto",
                         help="the fast path's element kernel: the compiled one (c, built by make setup), numpy, or "
                              "auto (c when built)")
-    parser.add_argument("--receive-buffer", type=int, default=DEFAULT_RECEIVE_BUFFER, metavar="BYTES",
+    parser.add_argument("--receive-buffer", type=whole("--receive-buffer"), default=DEFAULT_RECEIVE_BUFFER,
+                        metavar="BYTES",
                         help="socket receive buffer; must hold islands x window datagrams")
 
 

@@ -14,7 +14,7 @@ import sys
 
 from .. import extras, progress
 from ..datagram import ip_int
-from ..output import check_writable
+from ..output import check_outputs_apart, check_writable
 from ..stream import (
     DEFAULT_CHUNK,
     DEFAULT_RETRIES,
@@ -30,6 +30,10 @@ from ..stream import (
     parse_target,
     run_stream,
 )
+from .options import decimal, topology_file, whole
+
+MAX_RETRIES = 1000
+"""Most retransmissions of one chunk: at the longest --timeout-ms, a minute, 1,000 already wait 17 hours."""
 
 
 def add_arguments(parser):
@@ -38,19 +42,23 @@ def add_arguments(parser):
                              "city, all on one port, for a schedule's reduction trees), pcap:FILE, "
                              "sim:icarus|verilator[:WIDTH] (one per aggregator city with trees) or iface:NAME")
     parser.add_argument("--schedule", required=True, metavar="FILE", help="schedule JSON (inwire schedule)")
-    parser.add_argument("--rounds", type=int, default=4, metavar="N", help="rounds to run")
-    parser.add_argument("--elements", type=int, default=1024, metavar="N", help="gradient elements per island")
-    parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the test gradients and of --loss")
-    parser.add_argument("--loss", type=float, default=0.0, metavar="P",
+    parser.add_argument("--rounds", type=whole("--rounds"), default=4, metavar="N", help="rounds to run")
+    parser.add_argument("--elements", type=whole("--elements"), default=1024, metavar="N",
+                        help="gradient elements per island")
+    parser.add_argument("--seed", type=whole("--seed"), default=0, metavar="S",
+                        help="seed of the test gradients and of --loss")
+    parser.add_argument("--loss", type=decimal("--loss"), default=0.0, metavar="P",
                         help="drop this fraction of outgoing datagrams on purpose")
-    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="W", help="chunks in flight per island")
-    parser.add_argument("--timeout-ms", type=float, default=DEFAULT_TIMEOUT_MS, metavar="T",
+    parser.add_argument("--window", type=whole("--window"), default=DEFAULT_WINDOW, metavar="W",
+                        help="chunks in flight per island")
+    parser.add_argument("--timeout-ms", type=decimal("--timeout-ms"), default=DEFAULT_TIMEOUT_MS, metavar="T",
                         help="retransmit a chunk after T ms without its result")
-    parser.add_argument("--retries", type=int, default=DEFAULT_RETRIES, metavar="N",
+    parser.add_argument("--retries", type=whole("--retries", 1, MAX_RETRIES, "17 hours at a minute's timeout"),
+                        default=DEFAULT_RETRIES, metavar="N",
                         help="retransmissions of one chunk before the round is given up")
-    parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, metavar="N",
+    parser.add_argument("--chunk", type=whole("--chunk"), default=DEFAULT_CHUNK, metavar="N",
                         help="elements per frame (at most the aggregator's maximum)")
-    parser.add_argument("--job", type=int, default=None, metavar="ID",
+    parser.add_argument("--job", type=whole("--job"), default=None, metavar="ID",
                         help="job identifier (default: random, or 1 for pcap: and sim:)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -87,6 +95,9 @@ def run(args):
     if target.kind == "sim":
         extras.require("sim", "--target sim:")
     plan = load_plan(args.schedule)
+    if target.kind == "pcap":
+        check_outputs_apart({"--target pcap:": target.value},
+                            {"--schedule": args.schedule, "its topology": topology_file(plan.topology.source)})
     reproducible = target.kind in ("pcap", "sim")
     job = args.job if args.job is not None else (1 if reproducible else int.from_bytes(os.urandom(4), "big"))
     config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,

@@ -8,7 +8,8 @@ import pathlib
 import sys
 
 from .. import extras
-from .options import MAX_MODEL_MB, check_integer, check_seed
+from ..output import check_outputs_apart
+from .options import MAX_MODEL_MB, check_integer, check_seed, decimal, parse_decimal, topology_file, whole
 
 STRATEGY_NAMES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule",
                   "schedule-h")
@@ -35,13 +36,14 @@ def add_arguments(parser):
     parser.add_argument("--workload", choices=WORKLOADS, default="digits",
                         help="digits (64-32-10 MLP, SGD, scored by test accuracy) or text (byte-level transformer "
                              "on the standard library's sources, AdamW, scored by validation loss)")
-    parser.add_argument("--steps", type=int, default=None, help="local steps per island (digits 300, text 200)")
-    parser.add_argument("--local-steps", "--period", dest="local_steps", type=int, default=10, metavar="H",
-                        help="local steps between syncs")
+    parser.add_argument("--steps", type=whole("--steps"), default=None,
+                        help="local steps per island (digits 300, text 200)")
+    parser.add_argument("--local-steps", "--period", dest="local_steps", type=whole("--local-steps"), default=10,
+                        metavar="H", help="local steps between syncs")
     parser.add_argument("--strategies", default=",".join(STRATEGY_NAMES),
                         help=f"comma-separated among {', '.join(STRATEGY_NAMES)}")
-    parser.add_argument("--seeds", type=int, default=1, help="number of seeds, from --seed on")
-    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument("--seeds", type=whole("--seeds"), default=1, help="number of seeds, from --seed on")
+    parser.add_argument("--seed", type=whole("--seed"), default=0, help="first seed")
     parser.add_argument("--alpha", default=None,
                         help="digits: comma-separated Dirichlet concentrations of the class split (default 0.3); "
                              "'iid' for an IID split. The text workload is split by module family")
@@ -52,23 +54,24 @@ def add_arguments(parser):
                         help="comma-separated aggregator profiles the planner charges rounds with (ideal, port10g, "
                              "versa_ecp5, alveo_u200)")
     parser.add_argument("--step-ms", default="100", help="comma-separated compute times (ms) charged per local step")
-    parser.add_argument("--device-tflops", type=float, default=0.0,
+    parser.add_argument("--device-tflops", type=decimal("--device-tflops"), default=0.0,
                         help="instead of --step-ms: charge 6 FLOPs per parameter of the charged model and sample "
                              "at this sustained rate (needs one --model-mb)")
     parser.add_argument("--outer", default=None,
                         help="comma-separated among avg (plain model averaging) and nesterov (DiLoCo outer step); "
                              "default digits avg, text nesterov")
-    parser.add_argument("--outer-lr", type=float, default=0.7, help="outer learning rate of nesterov")
-    parser.add_argument("--outer-momentum", type=float, default=0.9, help="outer momentum of nesterov")
-    parser.add_argument("--learning-rate", type=float, default=None,
+    parser.add_argument("--outer-lr", type=decimal("--outer-lr"), default=0.7, help="outer learning rate of nesterov")
+    parser.add_argument("--outer-momentum", type=decimal("--outer-momentum"), default=0.9,
+                        help="outer momentum of nesterov")
+    parser.add_argument("--learning-rate", type=decimal("--learning-rate"), default=None,
                         help="inner learning rate (digits SGD 0.2, text AdamW 0.002)")
-    parser.add_argument("--target", type=float, default=0.85, help="digits: accuracy for time-to-target")
-    parser.add_argument("--target-loss", type=float, default=2.85,
+    parser.add_argument("--target", type=decimal("--target"), default=0.85, help="digits: accuracy for time-to-target")
+    parser.add_argument("--target-loss", type=decimal("--target-loss"), default=2.85,
                         help="text: mean island validation loss (nats per byte) for time-to-target")
-    parser.add_argument("--text-width", type=int, default=128, help="text: model width")
-    parser.add_argument("--text-layers", type=int, default=5, help="text: transformer blocks")
-    parser.add_argument("--text-context", type=int, default=64, help="text: bytes per window")
-    parser.add_argument("--text-batch", type=int, default=4, help="text: windows per island and step")
+    parser.add_argument("--text-width", type=whole("--text-width"), default=128, help="text: model width")
+    parser.add_argument("--text-layers", type=whole("--text-layers"), default=5, help="text: transformer blocks")
+    parser.add_argument("--text-context", type=whole("--text-context"), default=64, help="text: bytes per window")
+    parser.add_argument("--text-batch", type=whole("--text-batch"), default=4, help="text: windows per island and step")
     parser.add_argument("--out-dir", default="train", help="where study.json, study.md and the plots go")
     parser.add_argument("--json", action="store_true", help="print the study as JSON")
 
@@ -94,8 +97,7 @@ def run(args):
     for option in ("text_width", "text_layers", "text_context", "text_batch"):
         check_integer(f"--{option.replace('_', '-')}", getattr(args, option), 1, 4096, "a small model")
     check_integer("--seeds", args.seeds, 1, MAX_SEEDS, "each is a training run per strategy and cell")
-    if args.local_steps < 1:
-        raise ValueError(f"--local-steps must be at least 1, got {args.local_steps}")
+    check_integer("--local-steps", args.local_steps, 1, MAX_STEPS, "as many as --steps may be")
     check_seed(args.seed)
     for option in ("device_tflops", "outer_lr", "outer_momentum", "learning_rate", "target", "target_loss"):
         if not math.isfinite(getattr(args, option)) or getattr(args, option) < 0:
@@ -104,8 +106,9 @@ def run(args):
     if args.workload == "text" and args.alpha is not None:
         raise ValueError("--alpha splits the digits; the text workload is split by module family")
     alphas = [None] if args.workload == "text" else _list(
-        args.alpha or "0.3", lambda a: None if a.strip().lower() == "iid" else float(a), "alpha")
-    sizes_mb = _list(args.model_mb, float, "model-mb")
+        args.alpha or "0.3", lambda a: None if a.strip().lower() == "iid" else parse_decimal("--alpha", a.strip()),
+        "alpha")
+    sizes_mb = _list(args.model_mb, lambda size: parse_decimal("--model-mb", size.strip()), "model-mb")
     if any(not 0 <= mb <= MAX_MODEL_MB for mb in sizes_mb):
         raise ValueError(f"--model-mb must list sizes in [0, {MAX_MODEL_MB:,.0f}] MB (a petabyte), got "
                          f"{args.model_mb}")
@@ -114,7 +117,7 @@ def run(args):
     if set(outers) - set(OUTERS):
         raise ValueError(f"--outer must be among {', '.join(OUTERS)}, got {args.outer}")
     outer_settings = [(1.0, 0.0) if o == "avg" else (args.outer_lr, args.outer_momentum) for o in outers]
-    step_times = _list(args.step_ms, float, "step-ms")
+    step_times = _list(args.step_ms, lambda step: parse_decimal("--step-ms", step.strip()), "step-ms")
     if any(not 0 <= step <= MAX_STEP_MS for step in step_times):
         raise ValueError(f"--step-ms must list compute times of 0 to {MAX_STEP_MS:,} ms (a day) per local step, "
                          f"got {args.step_ms!r}")
@@ -123,6 +126,8 @@ def run(args):
 
     if set(aggregators) - set(PROFILES):
         raise ValueError(f"--aggregator must be among {', '.join(PROFILES)}, got {args.aggregator}")
+    check_outputs_apart([("--out-dir", pathlib.Path(args.out_dir) / name) for name in ("study.json", "study.md")],
+                        {"--topology": topology_file(args.topology)})
     extras.require("torch", "the training study")
     # Imported once the options are checked: torch takes seconds to load.
     from ..train import training
