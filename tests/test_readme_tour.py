@@ -106,7 +106,7 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     assert counters["results_emitted"] == len(chunks)
     assert (cwd / "out.pcap").exists() and (cwd / "inwire_aggregator.v").exists()
     assert (cwd / "schedule.json").exists() and (cwd / "versa.json").exists()
-    assert "wrote train/study.json" in outputs["inwire train"][0].stdout
+    assert "wrote the whole study to train/study.json" in outputs["inwire train"][0].stdout
 
 
 @pytest.fixture(autouse=True)
