@@ -78,10 +78,11 @@ def test_a_build_another_run_finished_first_is_kept_whole(builds, tmp_path, monk
 
     monkeypatch.chdir(tmp_path)
     counted = Icarus.build
-    results = []
+    results, started = [], []
 
     def racing(runner, *args, **kwargs):
-        if not results:
+        if not started:
+            started.append(runner)
             results.append(sim.build("icarus", WIDTH, SMALL))  # the other run, finishing while this one builds
         return counted(runner, *args, **kwargs)
 
