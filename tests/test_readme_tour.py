@@ -58,6 +58,8 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     assert inwire, "inwire is not on PATH: make setup installs it into .venv/bin"
     port = free_port()
     cwd, background, outputs = tmp_path, None, {}
+    # A cache of the tour's own: its first simulator line builds, whatever earlier runs left in the user's.
+    environment = {**os.environ, "INWIRE_SIM_CACHE": str(tmp_path / "cache")}
     for line in tour_lines():
         words = shlex.split(line.replace("18775", port), comments=True)
         if words[:1] == ["."]:
@@ -79,10 +81,10 @@ def test_the_readme_tour_runs_as_written(tmp_path):
         assert words[0] in ("inwire", "$(command -v inwire)"), line
         argv = [inwire, *smaller(words[1:])]
         if argv[-1] == "&":
-            background = subprocess.Popen(argv[:-1], cwd=cwd, stderr=subprocess.PIPE, text=True)
+            background = subprocess.Popen(argv[:-1], cwd=cwd, stderr=subprocess.PIPE, text=True, env=environment)
             assert "listening on" in background.stderr.readline()
             continue
-        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=HANG_S)
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=HANG_S, env=environment)
         assert done.returncode == 0, f"{line}\n{done.stderr}"
         outputs[" ".join(words[:2])] = outputs.get(" ".join(words[:2]), []) + [done]
     assert background is None or background.returncode is not None, "the tour leaves the service running"
@@ -92,19 +94,32 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     capture = read_frames(cwd / "round.pcap")
     decoded = [json.loads(line) for line in outputs["inwire decode"][0].stdout.splitlines()]
     assert len(decoded) == len(capture)
-    # replay: the gateware sized from the capture, as the README says, and no frame dropped.
+    # replay: the capture needs the slots the README says, the line asks for the gateware the flat sim: line
+    # (and inwire run) use, which it builds and that line reuses; no frame dropped.
     replay = outputs["inwire replay"][0]
     slots = max(frame["slot"] for frame in decoded if frame["kind"] == "contribution") + 1
-    assert f"gateware with {slots} slots" in replay.stderr and "building the gateware in icarus" in replay.stderr
+    (line,) = [line for line in tour_lines() if line.startswith("inwire replay")]
+    asked = int(shlex.split(line)[shlex.split(line).index("--slots") + 1])
+    assert slots <= asked and f"gateware with {asked} slots" in replay.stderr
+    assert "building the gateware in icarus (width 64, 48 slots of 256 elements)" in replay.stderr
     assert re.search(rf"here {slots} slots: the\s+capture's islands use slots up to {slots - 1}",
                      (ROOT / "README.md").read_text())
+    flat = outputs["inwire stream"][2]
+    assert "reusing the gateware in icarus (width 64, 48 slots of 256 elements)" in flat.stderr, flat.stderr
     counters = json.loads(replay.stdout)
     assert all(value == 0 for name, value in counters.items() if name.startswith("drop_"))
     chunks = {(f["round"], f["clique"], f["chunk"]) for f in decoded if f["kind"] == "contribution"}
     assert counters["results_emitted"] == len(chunks)
     assert (cwd / "out.pcap").exists() and (cwd / "inwire_aggregator.v").exists()
     assert (cwd / "schedule.json").exists() and (cwd / "versa.json").exists()
-    assert "wrote train/study.json" in outputs["inwire train"][0].stdout
+    assert "wrote the whole study to train/study.json" in outputs["inwire train"][0].stdout
+    assert "| strategy |" not in outputs["inwire train"][0].stdout  # the tables are in train/study.md
+
+    # make run after the tour, from the checkout: the same gateware, not built again.
+    again = subprocess.run([inwire, "run", "--sim", "icarus", "--out-dir", "run"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=HANG_S, env=environment)
+    assert again.returncode == 0 and "bit_exact: true" in again.stdout, again.stderr
+    assert "reusing the gateware in icarus (width 64, 48 slots of 256 elements)" in again.stderr
 
 
 @pytest.fixture(autouse=True)

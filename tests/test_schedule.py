@@ -365,3 +365,37 @@ def test_sweep_writes_table_phase_plots_and_maps(tmp_path):
     assert all(r["time_to_epsilon_ms"] <= min(r["best_baseline_ms"], r["global_ms"], r["grid2d_ms"], r["ring_ms"])
                for r in rows)
     assert {r["local_steps"] for r in rows if r["step_ms"] == 0} == {0}
+
+
+def test_global_clique_writes_the_clique_of_every_island_the_ddp_hook_sums_in(tmp_path, capsys):
+    """For nine islands the optimizer rotates cliques of three, which the DDP hook cannot sum in; with
+    --global-clique the schedule is one clique of all nine at an aggregating city, and the hook takes it."""
+    torch = pytest.importorskip("torch")  # noqa: F841  (inwire.train.ddp needs it)
+    from inwire.train.ddp import global_clique
+
+    optimized, one = tmp_path / "optimized.json", tmp_path / "global.json"
+    assert main(["schedule", "--out", str(optimized)]) == 0
+    with pytest.raises(ValueError, match="inwire schedule --global-clique writes one"):
+        global_clique(load_schedule_file(optimized))
+    assert main(["schedule", "--global-clique", "--out", str(one)]) == 0
+    assert "global clique schedule, one period:" in capsys.readouterr().out
+    schedule = load_schedule_file(one)
+    members, aggregator, tree = global_clique(schedule)
+    assert sorted(members) == sorted(load_topology("doublezero9").cities) and len(schedule.period) == 1
+    assert aggregator in members and tree is None
+    # Its aggregating city is the fastest: no other city sums the nine sooner.
+    model = CostModel(load_topology("doublezero9"), members, 100_000_000)
+    times = {clique.aggregator: model.clique_time_alone(clique) for clique in model.options(members)
+             if clique.aggregator is not None}
+    assert times[aggregator] == min(times.values())
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--global-clique", "--sweep"], "--global-clique writes one schedule; --sweep compares"),
+    (["--global-clique", "--no-aggregation", "--out", "{tmp}/g.json"], "--global-clique: no city of the topology"),
+])
+def test_global_clique_refuses_what_it_cannot_write(tmp_path, capsys, argv, message):
+    assert main(["schedule", *[word.format(tmp=tmp_path) for word in argv]]) == 2
+    error = capsys.readouterr().err
+    assert message in error and error.count("\n") == 1
+    assert not list(tmp_path.iterdir())

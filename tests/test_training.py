@@ -12,6 +12,7 @@ from inwire.cli import main  # noqa: E402
 from inwire.train.training import (  # noqa: E402
     Strategy,
     TrainConfig,
+    cell_title,
     compare,
     format_study,
     format_verdicts,
@@ -221,3 +222,18 @@ def test_simulated_average_is_the_codec_average():
     average = clique_average([vectors[0], vectors[2]])
     assert not np.array_equal(average, (vectors[0] + vectors[2]) / 2), "quantized, not the float average"
     assert np.abs(average - (vectors[0] + vectors[2]) / 2).max() < 1e-6
+
+
+def test_train_prints_a_line_per_cell_and_where_the_whole_study_went(tmp_path, capsys):
+    """The terminal gets each strategy's time to target per cell, not the study's tables (study.md has them)."""
+    argv = ["train", "--islands", ",".join(ISLANDS), "--steps", "20", "--local-steps", "5", "--alpha", "iid,0.3",
+            "--strategies", "none,schedule", "--out-dir", str(tmp_path)]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    study = json.loads((tmp_path / "study.json").read_text())
+    assert len(lines) == len(study["cells"]) + 1 == 3
+    for line, cell in zip(lines, study["cells"]):
+        assert line.startswith(cell_title(cell) + ": time to 85% in s, mean over seeds: ")
+        assert all(f"{name} " in line for name in ("none", "schedule"))
+    assert lines[-1].startswith(f"wrote the whole study to {tmp_path / 'study.json'} and {tmp_path / 'study.md'}")
+    assert "| schedule |" in (tmp_path / "study.md").read_text()

@@ -14,13 +14,13 @@ WIDTHS = (8, 64)
 
 def measure(simulator, data_width, config=None):
     config = config or AggregatorConfig()
-    runner, build_dir = build(simulator, data_width, config)
+    runner, run_dir = build(simulator, data_width, config)
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "bench.json"
-        outcome = run_tests(runner, build_dir, config, testcase="bench", test_module="inwire_hdl.cocotb.bench",
+        outcome = run_tests(runner, run_dir, config, testcase="bench", test_module="inwire_hdl.cocotb.bench",
                             extra_env={"INWIRE_BENCH_OUT": str(out)}, results_name="bench.xml")
         if not outcome or not all(outcome.values()) or not out.exists():
-            raise SimulationError(f"benchmark simulation failed, see {build_dir / 'bench.log'}")
+            raise SimulationError(f"benchmark simulation failed, see {run_dir / 'bench.log'}")
         return json.loads(out.read_text())
 
 

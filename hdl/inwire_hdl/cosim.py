@@ -38,7 +38,7 @@ def receive_exactly(connection, size):
 class CoSimulation:
     def __init__(self, simulator, data_width, config):
         self.config = config
-        runner, build_dir = build(simulator, data_width, config)
+        runner, run_dir = build(simulator, data_width, config)
         self.scratch = tempfile.TemporaryDirectory(prefix="inwire-cosim-")
         path = str(Path(self.scratch.name) / "cosim.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -46,13 +46,13 @@ class CoSimulation:
         listener.listen(1)
         listener.settimeout(CONNECT_TIMEOUT_S)
         self.outcome = {}
-        self.thread = threading.Thread(target=self._simulate, args=(runner, build_dir, path), daemon=True)
+        self.thread = threading.Thread(target=self._simulate, args=(runner, run_dir, path), daemon=True)
         self.thread.start()
         try:
             self.connection, _ = listener.accept()
         except TimeoutError:
             raise SimulationError(f"the {simulator} co-simulation did not connect within {CONNECT_TIMEOUT_S} s, "
-                                  f"see {build_dir / 'cosim.log'}") from None
+                                  f"see {run_dir / 'cosim.log'}") from None
         finally:
             listener.close()
         self.connection.settimeout(ANSWER_TIMEOUT_S)
@@ -61,9 +61,9 @@ class CoSimulation:
         self.now = 0
         """The previous frame's arrival time in lease ticks, modulo 2**TIME_BITS; zero after reset."""
 
-    def _simulate(self, runner, build_dir, path):
+    def _simulate(self, runner, run_dir, path):
         try:
-            self.outcome = run(runner, build_dir, self.config, testcase="cosim", test_module="inwire_hdl.cocotb.cosim",
+            self.outcome = run(runner, run_dir, self.config, testcase="cosim", test_module="inwire_hdl.cocotb.cosim",
                                extra_env={"INWIRE_COSIM_SOCKET": path}, results_name="cosim.xml")
         except SimulationError as error:
             self.outcome = {"error": str(error)}

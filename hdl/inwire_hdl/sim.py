@@ -1,5 +1,14 @@
 """Builds the aggregator's Verilog once per (simulator, width, config) and runs cocotb against it.
 
+Finished builds are kept in a cache shared by every working directory (`cache_root`), one folder per
+digest of what makes the build: the Verilog, the simulator's arguments and the toolchain (simulator version
+and path, cocotb's version and libraries); the `cache_builds()` most recently used are kept, older ones
+dropped. A build whose digest is there is reused; otherwise it is made in a temporary folder beside it and
+renamed into place when complete, so that two runs building the same gateware at once never see a half-made
+one. The cocotb test module is not part of it: cocotb loads it when
+the simulation starts, so replay, co-simulation and the testbenches share one build. Each run's logs,
+results and waveforms go to a folder under `build/sim` in the working directory.
+
 The cocotb Python runner (`cocotb_tools.runner`) is used, not cocotb's Makefiles. Icarus gets `-g2005`
 (Yosys' `always @*` outputs stay X at time 0 under cocotb's default -g2012); Verilator gets `-Wno-fatal`
 (Yosys output carries width warnings). `WAVES=1` in the environment records waveforms in the build dir.
@@ -10,11 +19,14 @@ commands use are found as `inwire_hdl.cocotb.*`, the testbenches in tb/ through 
 
 import contextlib
 import dataclasses
+import errno
+import functools
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
@@ -29,13 +41,13 @@ from . import SIM_DEFAULT_WIDTH, SIMULATORS
 from .verilog import TOP, generate_verilog
 
 BUILD_ROOT = Path("build") / "sim"
-"""Simulation builds go under the working directory, one folder per (simulator, width, configuration)."""
+"""Each run's logs and results go under the working directory, one folder per (simulator, width, configuration)."""
 BUILD_ARGS = {"icarus": ["-g2005"], "verilator": ["-Wno-fatal", "-Wno-WIDTH"]}
 
 
 ICARUS_WAVES = """module inwire_waves;
   initial begin
-    $dumpfile("{path}");
+    $dumpfile("{name}");
     $dumpvars(0, {top});
   end
 endmodule
@@ -82,11 +94,54 @@ def _waves():
     return os.environ.get("WAVES", "") not in ("", "0")
 
 
-def _write_if_changed(path, text):
-    """Leaves an unchanged file alone so that the simulator's build is not redone."""
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return path
+CACHE_BUILDS = 12
+"""Finished builds the cache keeps by default (`INWIRE_SIM_CACHE_BUILDS`): a Verilator build is about 150 MB."""
+
+
+def cache_root():
+    """Where finished builds are kept: $INWIRE_SIM_CACHE, else $XDG_CACHE_HOME/inwire/sim or ~/.cache/inwire/sim."""
+    if os.environ.get("INWIRE_SIM_CACHE"):
+        return Path(os.environ["INWIRE_SIM_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "inwire" / "sim"
+
+
+def cache_builds():
+    """How many finished builds the cache keeps (`INWIRE_SIM_CACHE_BUILDS`, a whole number from 1)."""
+    text = os.environ.get("INWIRE_SIM_CACHE_BUILDS", "")
+    if not text:
+        return CACHE_BUILDS
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise SimulationError(f"INWIRE_SIM_CACHE_BUILDS must be a whole number from 1, got {text!r}")
+    return int(text)
+
+
+def _prune(cache, keep, current):
+    """Drops the least recently used finished builds beyond `keep` (a build's key.json is touched at each
+    use), never `current`, so that the cache does not grow with every configuration ever built."""
+    entries = [entry for entry in cache.iterdir() if not entry.name.startswith(".") and (entry / "key.json").exists()]
+    entries.sort(key=lambda entry: (entry / "key.json").stat().st_mtime, reverse=True)
+    for entry in entries[keep:]:
+        if entry != current:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+@functools.cache
+def _toolchain(simulator):
+    """What a build depends on besides its sources: the simulator (its path and version) and cocotb (its
+    version and the folder of the VPI libraries a Verilator executable links to)."""
+    import cocotb
+    import cocotb_tools.config
+
+    tool = shutil.which(TOOLS[simulator][0], path=_search_path())
+    version = subprocess.run([tool, "--version" if simulator == "verilator" else "-V"], capture_output=True,
+                             text=True, env={**os.environ, "PATH": _search_path()}, check=False).stdout
+    return {"tool": os.path.realpath(tool), "version": version.strip().splitlines()[:1],
+            "cocotb": cocotb.__version__, "cocotb_libs": str(cocotb_tools.config.libs_dir)}
+
+
+def _digest(inputs):
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 @contextlib.contextmanager
@@ -108,9 +163,11 @@ def _environment(simulator):
         yield
 
 
-def build(simulator, data_width, config=None, build_root=BUILD_ROOT, mutant=None):
-    """Writes the Verilog and builds the simulation once; returns (runner, build_dir). `mutant`: the broken
-    aggregator of that name (`inwire_hdl.mutants`) in place of the real one, in a build folder of its own."""
+def build(simulator, data_width, config=None, build_root=BUILD_ROOT, mutant=None, cache=None):
+    """Writes the Verilog and builds the simulation, or finds the same build in the cache (`cache`, by default
+    `cache_root()`); returns (runner, run_dir): `run` simulates that build with its logs and results in
+    run_dir, under `build_root`. `mutant`: the broken aggregator of that name (`inwire_hdl.mutants`) in place
+    of the real one."""
     extras.require("sim", "the simulated gateware")
     from cocotb_tools.runner import get_runner
 
@@ -122,44 +179,89 @@ def build(simulator, data_width, config=None, build_root=BUILD_ROOT, mutant=None
         raise SimulationError(problem)
     tag = hashlib.sha1(_config_json(config).encode()).hexdigest()[:8]
     waves = _waves()
-    build_dir = Path(build_root).resolve() / (f"{simulator}_w{data_width}_{tag}{'_waves' if waves else ''}"
-                                              + (f"_{mutant}" if mutant else ""))
-    build_dir.mkdir(parents=True, exist_ok=True)
-    sources = [_write_if_changed(build_dir / f"{TOP}.v", generate_verilog(config, data_width, mutant=mutant))]
+    run_dir = Path(build_root).resolve() / (f"{simulator}_w{data_width}_{tag}{'_waves' if waves else ''}"
+                                            + (f"_{mutant}" if mutant else ""))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sources = {f"{TOP}.v": generate_verilog(config, data_width, mutant=mutant)}
     build_args = list(BUILD_ARGS[simulator])
     if waves and simulator == "icarus":
-        # cocotb's own Icarus dump module is SystemVerilog, which -g2005 rejects: add a Verilog-2005 one.
-        sources.append(_write_if_changed(build_dir / "inwire_waves.v", ICARUS_WAVES.format(
-            path=build_dir / f"{TOP}.fst", top=TOP)))
+        # cocotb's own Icarus dump module is SystemVerilog, which -g2005 rejects: add a Verilog-2005 one. Its
+        # file name is relative: the simulation runs in the run's folder, where the waveform belongs.
+        sources["inwire_waves.v"] = ICARUS_WAVES.format(name=f"{TOP}.fst", top=TOP)
         build_args += ["-s", "inwire_waves"]
+    timescale = ("1ns", "1ps") if simulator == "icarus" else None
+    key = {"simulator": simulator, "sources": {name: hashlib.sha256(text.encode()).hexdigest()
+                                               for name, text in sources.items()},
+           "build_args": build_args, "timescale": timescale, "trace": waves and simulator == "verilator",
+           "toolchain": _toolchain(simulator)}
+    cache = Path(cache or cache_root()).resolve()
+    entry = cache / f"{simulator}_w{data_width}_{_digest(key)[:20]}"
     runner = get_runner(simulator)
-    progress.say(f"building the gateware in {simulator} (width {data_width}, {config.slots} slots of "
-                 f"{config.max_elements} elements) in {build_dir}"
-                 + ("; a fresh Verilator build takes minutes" if simulator == "verilator" else ""))
+    what = (f"the gateware in {simulator} (width {data_width}, {config.slots} slots of {config.max_elements} "
+            f"elements)")
+    keep = cache_builds()
+    if (entry / "key.json").exists():
+        progress.say(f"reusing {what}, built before in {entry}")
+        (entry / "key.json").touch()
+    else:
+        progress.say(f"building {what} in {entry}"
+                     + ("; a fresh Verilator build takes minutes" if simulator == "verilator" else ""))
+        _build_into(runner, entry, sources, build_args, timescale, waves and simulator == "verilator", key, run_dir)
+        _prune(cache, keep, entry)
+    # cocotb's runner keeps the build folder it runs; `run` hands it over with the run's own folder.
+    runner.build_dir = entry
+    return runner, run_dir
+
+
+def _build_into(runner, entry, sources, build_args, timescale, trace, key, run_dir):
+    """Builds in a temporary folder beside `entry` and renames it into place once complete (key.json is
+    written last); when another run finished the same build first, keeps that one."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:
-        with _environment(simulator):
-            runner.build(sources=sources, hdl_toplevel=TOP, build_dir=build_dir, build_args=build_args,
-                         waves=waves and simulator == "verilator", log_file=build_dir / "build.log",
-                         timescale=("1ns", "1ps") if simulator == "icarus" else None)
-    except (RuntimeError, SystemExit) as error:
-        raise SimulationError(f"{simulator} build failed, see {build_dir / 'build.log'}") from error
-    return runner, build_dir
+        paths = []
+        for name, text in sources.items():
+            (scratch / name).write_text(text)
+            paths.append(scratch / name)
+        try:
+            with _environment(_simulator_of(runner)):
+                runner.build(sources=paths, hdl_toplevel=TOP, build_dir=scratch, build_args=build_args,
+                             waves=trace, log_file=scratch / "build.log", timescale=timescale)
+        except (RuntimeError, SystemExit) as error:
+            if (scratch / "build.log").exists():
+                shutil.copyfile(scratch / "build.log", run_dir / "build.log")
+            raise SimulationError(f"{_simulator_of(runner)} build failed, see {run_dir / 'build.log'}") from error
+        (scratch / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n")
+        try:
+            scratch.rename(entry)
+        except OSError as error:
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _simulator_of(runner):
+    return "verilator" if type(runner).__name__ == "Verilator" else "icarus"
 
 
 def run(runner, build_dir, config=None, testcase=None, test_module="test_aggregator", extra_env=None,
         results_name="results.xml", seed=None):
-    """Runs cocotb tests against a build; returns {test name: passed} from the results XML."""
+    """Runs cocotb tests against `build`'s simulation, `build_dir` the run folder it returned (logs,
+    results and waveforms go there); returns {test name: passed} from the results XML."""
     config = config or AggregatorConfig()
     env = {"INWIRE_TB_CONFIG": _config_json(config), **(extra_env or {})}
     results = Path(build_dir) / results_name
     results.unlink(missing_ok=True)
-    simulator = "verilator" if type(runner).__name__ == "Verilator" else "icarus"
+    simulator = _simulator_of(runner)
     waves = _waves()
     try:
         with _environment(simulator):
-            runner.test(test_module=test_module, hdl_toplevel=TOP, build_dir=build_dir, testcase=testcase,
-                        extra_env=env, results_xml=str(results), waves=waves,
-                        seed=seed, log_file=Path(build_dir) / f"{results.stem}.log")
+            # The language is given: a runner whose build came from the cache has no sources to infer it from.
+            runner.test(test_module=test_module, hdl_toplevel=TOP, hdl_toplevel_lang="verilog",
+                        build_dir=runner.build_dir, test_dir=build_dir, testcase=testcase, extra_env=env,
+                        results_xml=str(results), waves=waves, seed=seed,
+                        log_file=Path(build_dir) / f"{results.stem}.log")
     except (RuntimeError, SystemExit) as error:
         # The simulator exits non-zero when a test fails: the results file then says which.
         if not results.exists():
@@ -178,7 +280,7 @@ def replay(frames, simulator="icarus", data_width=SIM_DEFAULT_WIDTH, config=None
     are the frames' arrival times in lease ticks (not decreasing, from 0 at reset), as the model takes them;
     without them no time passes."""
     config = config or AggregatorConfig()
-    runner, build_dir = build(simulator, data_width, config)
+    runner, run_dir = build(simulator, data_width, config)
     with tempfile.TemporaryDirectory() as scratch:
         inputs, outputs = Path(scratch) / "in.json", Path(scratch) / "out.json"
         inputs.write_text(json.dumps([bytes(frame).hex() for frame in frames]))
@@ -189,9 +291,9 @@ def replay(frames, simulator="icarus", data_width=SIM_DEFAULT_WIDTH, config=None
                 raise SimulationError("replay times: one per frame, not decreasing")
             (Path(scratch) / "times.json").write_text(json.dumps([int(now) for now in times]))
             environment["INWIRE_REPLAY_TIMES"] = str(Path(scratch) / "times.json")
-        outcome = run(runner, build_dir, config, testcase="replay", test_module="inwire_hdl.cocotb.replay",
+        outcome = run(runner, run_dir, config, testcase="replay", test_module="inwire_hdl.cocotb.replay",
                       extra_env=environment, results_name="replay.xml")
         if not outcome or not all(outcome.values()) or not outputs.exists():
-            raise SimulationError(f"replay simulation failed, see {build_dir / 'replay.log'}")
+            raise SimulationError(f"replay simulation failed, see {run_dir / 'replay.log'}")
         result = json.loads(outputs.read_text())
     return [bytes.fromhex(frame) for frame in result["frames"]], result["counters"]

@@ -20,7 +20,7 @@ from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
 from inwire.plan.cost import AGGREGATE, HOST_TREE, ROUTINGS, ScheduleError  # noqa: E402
 from inwire.plan.schedule_file import MIXING_LEGEND, format_plan, write_schedule  # noqa: E402
 from inwire.plan.schedule_map import draw_schedule_map  # noqa: E402
-from inwire.plan.search import plan_schedule  # noqa: E402
+from inwire.plan.search import global_clique_plan, plan_schedule  # noqa: E402
 from inwire.plan.topology import load_topology  # noqa: E402
 
 from .options import (  # noqa: E402
@@ -84,6 +84,9 @@ def add_arguments(parser):
                              f"a comma-separated list, default: {DEFAULT_SWEEP_STEPS_MS}, where 0 is no local steps "
                              f"and any other --local-steps, at least 1)")
     parser.add_argument("--seed", type=whole("--seed"), default=0, help="seed of the randomized search and baselines")
+    parser.add_argument("--global-clique", action="store_true",
+                        help="write one clique of every island, summed at its fastest aggregating city, in place of "
+                             "the optimized schedule: the clique the DDP hook sums in (inwire.train.ddp)")
     parser.add_argument("--out", help="schedule JSON to write (required unless --sweep)")
     parser.add_argument("--map", help="also draw the schedule's cliques on a map (PNG)")
     parser.add_argument("--sweep", action="store_true",
@@ -125,6 +128,9 @@ def _check_numbers(args):
         raise ScheduleError(f"--local-steps must be 0 or more, got {args.local_steps}")
     check_integer("--local-steps", args.local_steps, 0, MAX_LOCAL_STEPS, "far beyond any period between syncs")
     if args.sweep:
+        if args.global_clique:
+            raise ScheduleError("--global-clique writes one schedule; --sweep compares the optimum over settings, "
+                                "give one or the other")
         return
     check_positive("--model-mb", args.model_mb, MAX_MODEL_MB, "MB", "a petabyte")
     if not (args.step_ms >= 0 and math.isfinite(args.step_ms)):
@@ -170,11 +176,16 @@ def run(args):
     # A topology where no city replicates (or aggregates) plans exactly as with the switch off; say so.
     multicast = not args.no_multicast and any(city.multicast for city in topology.cities.values())
     aggregation = not args.no_aggregation and any(city.aggregation for city in topology.cities.values())
+    if args.global_clique and not aggregation:
+        raise ScheduleError("--global-clique: no city of the topology aggregates in line (or --no-aggregation is "
+                            "given), so the clique of every island cannot be summed in the network")
     plan = plan_schedule(topology, islands, round(args.model_mb * 1e6), args.epsilon,
                          multicast, aggregation, args.seed, aggregator=aggregator,
                          reduce_in_path=args.reduce_in_path, routing=args.routing,
                          local_steps=args.local_steps, step_ms=args.step_ms,
                          host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree)
+    if args.global_clique:
+        plan = global_clique_plan(plan)
     print(format_plan(plan))
     # Both outputs or neither: the map is drawn into a temporary file first, then both are renamed.
     with atomic_output(args.out) as schedule_path, atomic_output(args.map) as map_path:

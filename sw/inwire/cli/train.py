@@ -153,9 +153,11 @@ def run(args):
     study = training.run_study(config, range(args.seed, args.seed + args.seeds), alphas, sizes, outer_settings,
                                step_times, aggregators)
     written = training.write_study(study, pathlib.Path(args.out_dir))
-    print(training.study_json(study) if args.json else training.format_study(study), end="" if not args.json else "\n")
+    # The terminal gets a line per cell; the whole study (every strategy's figures) is in the files.
+    print(training.study_json(study) if args.json else training.format_summary(study),
+          end="" if not args.json else "\n")
     plots = [str(path) for path in written if path.suffix == ".png"]
     # With --json stdout is the study alone; where the files went is then said on stderr.
-    print(f"wrote {written[0]}, {written[1]} and {len(plots)} plot{'s' if len(plots) != 1 else ''}: {', '.join(plots)}",
-          file=sys.stderr if args.json else sys.stdout)
+    print(f"wrote the whole study to {written[0]} and {written[1]}, and {len(plots)} "
+          f"plot{'s' if len(plots) != 1 else ''}: {', '.join(plots)}", file=sys.stderr if args.json else sys.stdout)
     return 0

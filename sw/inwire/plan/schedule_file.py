@@ -308,7 +308,7 @@ def format_plan(plan):
         f"{'schedule':<14}{'rounds':>7}{'period ms':>12}{'rho':>10}{'spectral radius':>17}{'periods':>9}"
         f"{'time to eps ms':>16}{'x bound':>9}",
     ]
-    rows = [("optimized", best)] + list(plan.baselines.items())
+    rows = [(plan.chosen, best)] + list(plan.baselines.items())
     for name, s in rows:
         periods = ("-" if math.isinf(s.periods) else
                    str(s.periods) if isinstance(s.periods, int) else f"{s.periods:.2f}")
@@ -318,7 +318,7 @@ def format_plan(plan):
     lines.append(f"{'lower bound':<14}{'':>7}{'':>12}{'':>10}{'':>17}{'':>9}{_time(plan.lower_bound_ms):>16}{1:>9.2f}")
     lines.append(MIXING_LEGEND)
     lines.append("")
-    lines.append("optimized schedule, one period:")
+    lines.append(f"{plan.chosen} schedule, one period:")
     model = plan.cost_model
     for i, (cliques, duration) in enumerate(zip(best.rounds, best.round_times_ms), 1):
         lines.append(f"  round {i} ({duration:,.1f} ms): {describe_round(cliques)}")

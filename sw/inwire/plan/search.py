@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import progress
 from .baselines import baselines, geographic_grid, lower_bound_ms
-from .cost import HOST_TREE, CostModel, Schedule, ScheduleError
+from .cost import AGGREGATE, HOST_TREE, CostModel, Schedule, ScheduleError
 from .mixing import (
     mixing_rate,
     periods_to_epsilon,
@@ -197,6 +197,9 @@ class PlanResult:
     host_nic_gbps: float | None = None
     """Every island's host NIC rate, in and out (None: unlimited)."""
     host_tree: bool = False
+    chosen: str = "optimized"
+    """What `best` is: the optimizer's schedule, or the one clique of every island `global_clique_plan` puts
+    in its place."""
     """Whether the optimizer could exchange a clique on a host-side tree."""
 
     @property
@@ -353,3 +356,19 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
                       model.host_tree)
 
 
+
+
+def global_clique_plan(plan):
+    """The plan with one clique of every island in place of its optimized schedule, summed in line at the
+    aggregating city that finishes it soonest (along its tree with reduce-in-path): the clique the DDP hook
+    sums in (`inwire.train.ddp.global_clique`), which the optimizer picks only where it is fastest."""
+    model = plan.cost_model
+    options = [clique for clique in model.options(plan.islands) if clique.exchange == AGGREGATE]
+    if not options:
+        raise ScheduleError("--global-clique: no city of the topology aggregates in line (or --no-aggregation is "
+                            "given), so the clique of every island cannot be summed in the network")
+    clique = min(options, key=model.clique_time_alone)
+    best = Evaluator(model, plan.epsilon, plan.local_steps, plan.step_ms).evaluate_cliques([(clique,)])
+    return replace(plan, best=best, chosen="global clique",
+                   method=f"the global clique at its fastest aggregating city, {clique.aggregator} (--global-clique); "
+                          f"the optimizer's search: {plan.method}")

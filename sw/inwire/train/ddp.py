@@ -79,7 +79,7 @@ def global_clique(schedule):
             if set(members) == set(schedule.islands):
                 return list(members), aggregator, (trees[index] if trees else None)
     raise ValueError("the DDP hook sums across every island, but the schedule has no clique of all of them "
-                     "(a tree or the planner's global clique has)")
+                     "(inwire schedule --global-clique writes one)")
 
 
 def inwire_hook(state, bucket):

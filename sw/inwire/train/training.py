@@ -816,6 +816,23 @@ def format_study(study):
     return "\n\n".join(parts) + "\n"
 
 
+def format_summary(study):
+    """The study in a line per cell for the terminal: each strategy's mean time to target over seeds, soonest
+    first (`format_study`, written to study.md, has every figure)."""
+    text = study.get("workload") == "text"
+    lines = []
+    for cell in study["cells"]:
+        times = {name: s["time_to_target_ms"] for name, s in cell["summary"].items()}
+        order = sorted(times, key=lambda name: (times[name]["mean"] is None, times[name]["mean"] or 0))
+        reached = ", ".join(f"{name} never" if times[name]["mean"] is None else
+                            f"{name} {times[name]['mean'] * 1e-3:.1f}"
+                            + (f" ({times[name]['n']}/{times[name]['of']} seeds)"
+                               if times[name]["n"] < times[name]["of"] else "") for name in order)
+        lines.append(f"{cell_title(cell)}: time to {target_name(study['target'], text)} in s, mean over seeds: "
+                     f"{reached}")
+    return "\n".join(lines) + "\n"
+
+
 STRATEGY_COLOURS = {
     # Okabe-Ito hues (plotstyle); yellow does not show on white, so of eleven strategies some share one: global
     # and global-equal, its equal-budget control; the text study's sync and host-tree with the digits study's
