@@ -1,6 +1,7 @@
 """Model averaging through the software aggregator over UDP: exact clique averages, refusals."""
 
 import math
+import socket
 import threading
 
 import numpy as np
@@ -164,12 +165,34 @@ def test_averager_refuses_a_schedule_without_its_island():
 def test_unanswered_round_fails_with_a_clear_error():
     silent = InwireExchange(("127.0.0.1", 9), timeout_s=0.05, deadline_s=0.3, retries=3)
     try:
-        with pytest.raises(ClientError, match="no result for chunk 0 of 1 after 3 retransmissions .* a member of the "
-                                              "clique never contributed"):
+        with pytest.raises(ClientError, match="no result for chunk 0 of 1 from the aggregator at 127.0.0.1:9 after 3 "
+                                              "retransmissions .* a member of the clique never contributed"):
             silent.average(0, 0, ["A", "B"], 0, np.zeros(10, dtype=np.float32))
     finally:
         silent.close()
 
+
+
+def test_an_unanswered_averaging_names_its_round_and_the_aggregator_it_sent_to():
+    """The 18th averaging (round 17, as the averager counts them; its first attempt is protocol round 119)
+    sent to a socket that never answers: the error names that round and the address the island sent to, and
+    leaves out the roll call's slot count, which a default service holds."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        port = silent.getsockname()[1]
+        exchange = InwireExchange(("127.0.0.1", port), timeout_s=0.05, deadline_s=1.0)
+        try:
+            averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=exchange)
+            model = torch.nn.Linear(3, 1)
+            averager.load_state_dict({"step": 17, "rounds_done": 17, "anchor": torch.zeros(4), "buffer": None})
+            with pytest.raises(ClientError) as raised:
+                averager.average_parameters(model.parameters())
+        finally:
+            exchange.close()
+    message = str(raised.value)
+    assert message.startswith(f"round 17, clique 0 (A, D): no result for chunk 0 of 1 from the aggregator at "
+                              f"127.0.0.1:{port} after "), message
+    assert "the aggregator answered neither the sum nor any of" in message and "slots" not in message, message
 
 @pytest.mark.sim
 def test_averaging_through_the_gateware_matches_the_model():

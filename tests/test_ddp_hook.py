@@ -136,7 +136,7 @@ def test_the_hook_names_a_missing_island_with_its_default_buckets(tmp_path, buck
     """With the default bucket count the roll call's records fit the service's default slots beside every
     bucket's sums, so the hook's failure names the island that never came, even for its last bucket; with
     16 buckets (4 x 16 x 4 = every one of the 256 slots) the aggregator cannot keep them and the failure
-    says it cannot tell."""
+    says it cannot tell, and that the roll call needs more slots than the service's default."""
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
@@ -148,4 +148,5 @@ def test_the_hook_names_a_missing_island_with_its_default_buckets(tmp_path, buck
     if named:
         assert missing == ("NYC",) and "no contribution of NYC arrived" in message, message
     else:
-        assert missing == () and "answered none of" in message, message
+        assert missing == () and "answered neither the sum nor any of" in message, message
+        assert "roll calls, whose records need 288 slots, more than inwire serve's default 256" in message, message
