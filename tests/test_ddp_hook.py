@@ -150,3 +150,40 @@ def test_the_hook_names_a_missing_island_with_its_default_buckets(tmp_path, buck
     else:
         assert missing == () and "answered neither the sum nor any of" in message, message
         assert "roll calls, whose records need 288 slots, more than inwire serve's default 256" in message, message
+
+
+def sparse_island(folder, out):
+    """One island, one rank, whose DDP model has sparse gradients: what its backward raised."""
+    import torch.distributed as dist
+
+    from inwire.train.averaging import InwireExchange
+    from inwire.train.ddp import InwireHookState, inwire_hook
+
+    store = dist.FileStore(str(pathlib.Path(folder) / "sparse.store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    exchange = InwireExchange(("127.0.0.1", 9), deadline_s=2.0)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.EmbeddingBag(10, 3, sparse=True))
+        model.register_comm_hook(InwireHookState(exchange, "LON", ["LON", "NYC"]), inwire_hook)
+        try:
+            model(torch.tensor([[1, 2], [3, 4]])).sum().backward()
+            out.put(("no error", ""))
+        except Exception as error:  # what the backward raised, reported to the test
+            out.put((type(error).__name__, str(error)))
+    finally:
+        exchange.close()
+        dist.destroy_process_group()
+
+
+def test_sparse_gradients_are_refused_naming_the_cause(tmp_path):
+    """nn.EmbeddingBag(sparse=True) gives DDP sparse buckets, which the hook cannot sum: the backward raises
+    one line that says so, not a traceback from inside torch."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    process = context.Process(target=sparse_island, args=(str(tmp_path), out))
+    process.start()
+    kind, message = out.get(timeout=60)
+    process.join(timeout=30)
+    assert kind == "ValueError" and "\n" not in message, (kind, message)
+    assert "step 0, bucket 0: sparse gradients (torch.sparse_coo; nn.Embedding or nn.EmbeddingBag with sparse=True): " \
+        "the hook sums dense buckets only, build the model with sparse=False" in message, (kind, message)
