@@ -1,6 +1,7 @@
 """Model averaging through the software aggregator over UDP: exact clique averages, refusals."""
 
 import math
+import socket
 import threading
 
 import numpy as np
@@ -12,7 +13,7 @@ from inwire.client import ClientError  # noqa: E402
 from inwire.codec import choose_exponent, dequantize, quantize  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
 from inwire.train.averaging import CliqueAverager, InwireExchange, OuterOptimizer, anchor_parameters  # noqa: E402
-from inwire.train.codec_average import clique_average  # noqa: E402
+from inwire.train.codec_average import AveragingError, clique_average  # noqa: E402
 
 ROUNDS = [[(("A", "B", "C"), "LON"), (("D",), None)], [(("A", "D"), "FRA"), (("B", "C"), "AMS")]]
 
@@ -164,12 +165,94 @@ def test_averager_refuses_a_schedule_without_its_island():
 def test_unanswered_round_fails_with_a_clear_error():
     silent = InwireExchange(("127.0.0.1", 9), timeout_s=0.05, deadline_s=0.3, retries=3)
     try:
-        with pytest.raises(ClientError, match="no result for chunk 0 of 1 after 3 retransmissions .* a member of the "
-                                              "clique never contributed"):
+        with pytest.raises(ClientError, match="no result for chunk 0 of 1 from the aggregator at 127.0.0.1:9 after 3 "
+                                              "retransmissions .* a member of the clique never contributed"):
             silent.average(0, 0, ["A", "B"], 0, np.zeros(10, dtype=np.float32))
     finally:
         silent.close()
 
+
+
+def test_an_unanswered_averaging_names_its_round_and_the_aggregator_it_sent_to():
+    """The 18th averaging (round 17, as the averager counts them; its first attempt is protocol round 119)
+    sent to a socket that never answers: the error names that round and the address the island sent to, and
+    leaves out the roll call's slot count, which a default service holds."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        port = silent.getsockname()[1]
+        exchange = InwireExchange(("127.0.0.1", port), timeout_s=0.05, deadline_s=1.0)
+        try:
+            averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=exchange)
+            model = torch.nn.Linear(3, 1)
+            averager.load_state_dict({"step": 17, "rounds_done": 17, "anchor": torch.zeros(4), "buffer": None})
+            with pytest.raises(ClientError) as raised:
+                averager.average_parameters(model.parameters())
+        finally:
+            exchange.close()
+    message = str(raised.value)
+    assert message.startswith(f"round 17, clique 0 (A, D): no result for chunk 0 of 1 from the aggregator at "
+                              f"127.0.0.1:{port} after "), message
+    assert "the aggregator answered neither the sum nor any of" in message and "slots" not in message, message
+
+
+def small_model():
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+
+
+@pytest.mark.parametrize("given", ["parameters", "param_groups"])
+def test_an_outer_optimizer_on_the_model_parameters_is_refused_before_any_step(given):
+    """torchft's DiLoCo takes its outer optimizer on the model's parameters; here that optimizer would step
+    the local parameters instead of the anchor, and islands would train on without ever agreeing. Trained
+    that way, the first call refuses in one line naming the fix, and changes nothing."""
+    model = small_model()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo(), outer_optimizer=outer)
+    inner.zero_grad()
+    model(torch.ones(5, 3)).square().sum().backward()
+    inner.step()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"^outer_optimizer holds the model's own parameters; build it on "
+                                         r"anchor_parameters\(model\)"):
+        averager.average_parameters(model.parameters() if given == "parameters" else inner.param_groups)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    assert averager.step == 0 and averager.anchor is None
+
+
+def test_an_outer_optimizer_on_the_anchor_parameters_is_taken():
+    model = small_model()
+    outer = torch.optim.SGD(anchor_parameters(model), lr=0.7, momentum=0.9, nesterov=True)
+    averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo(), outer_optimizer=outer)
+    assert averager.average_parameters(model.parameters()) == ["A", "B", "C"]
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_non_finite_parameter_is_named_with_the_step(named):
+    """An island whose training diverged: the averaging refuses naming the parameter (by name when given
+    named_parameters(), else by index and shape) and the step, before anything is sent."""
+    model = small_model()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        exchange = InwireExchange(silent.getsockname(), timeout_s=0.05, deadline_s=5)
+        try:
+            averager = CliqueAverager(3, island="A", rounds=ROUNDS, exchange=exchange)
+            for _ in range(2):
+                averager.average_parameters(model.named_parameters() if named else model.parameters())
+            with torch.no_grad():
+                model[2].weight[1, 0] = float("nan")
+                model[2].weight[0, 3] = float("inf")
+            with pytest.raises(AveragingError) as raised:
+                averager.average_parameters(model.named_parameters() if named else model.parameters())
+            which = "'2.weight'" if named else "2 of 4"
+            assert str(raised.value) == (f"step 3: parameter {which} (shape (2, 4)) holds 1 NaN and 1 infinite values "
+                                         f"at averaging round 0; the island's training diverged since its last "
+                                         f"averaging (a lower learning rate or gradient clipping may help)")
+            silent.settimeout(0)
+            with pytest.raises(BlockingIOError):
+                silent.recv(2048)
+        finally:
+            exchange.close()
 
 @pytest.mark.sim
 def test_averaging_through_the_gateware_matches_the_model():

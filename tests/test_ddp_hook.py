@@ -136,7 +136,7 @@ def test_the_hook_names_a_missing_island_with_its_default_buckets(tmp_path, buck
     """With the default bucket count the roll call's records fit the service's default slots beside every
     bucket's sums, so the hook's failure names the island that never came, even for its last bucket; with
     16 buckets (4 x 16 x 4 = every one of the 256 slots) the aggregator cannot keep them and the failure
-    says it cannot tell."""
+    says it cannot tell, and that the roll call needs more slots than the service's default."""
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
@@ -148,4 +148,42 @@ def test_the_hook_names_a_missing_island_with_its_default_buckets(tmp_path, buck
     if named:
         assert missing == ("NYC",) and "no contribution of NYC arrived" in message, message
     else:
-        assert missing == () and "answered none of" in message, message
+        assert missing == () and "answered neither the sum nor any of" in message, message
+        assert "roll calls, whose records need 288 slots, more than inwire serve's default 256" in message, message
+
+
+def sparse_island(folder, out):
+    """One island, one rank, whose DDP model has sparse gradients: what its backward raised."""
+    import torch.distributed as dist
+
+    from inwire.train.averaging import InwireExchange
+    from inwire.train.ddp import InwireHookState, inwire_hook
+
+    store = dist.FileStore(str(pathlib.Path(folder) / "sparse.store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    exchange = InwireExchange(("127.0.0.1", 9), deadline_s=2.0)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.EmbeddingBag(10, 3, sparse=True))
+        model.register_comm_hook(InwireHookState(exchange, "LON", ["LON", "NYC"]), inwire_hook)
+        try:
+            model(torch.tensor([[1, 2], [3, 4]])).sum().backward()
+            out.put(("no error", ""))
+        except Exception as error:  # what the backward raised, reported to the test
+            out.put((type(error).__name__, str(error)))
+    finally:
+        exchange.close()
+        dist.destroy_process_group()
+
+
+def test_sparse_gradients_are_refused_naming_the_cause(tmp_path):
+    """nn.EmbeddingBag(sparse=True) gives DDP sparse buckets, which the hook cannot sum: the backward raises
+    one line that says so, not a traceback from inside torch."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    process = context.Process(target=sparse_island, args=(str(tmp_path), out))
+    process.start()
+    kind, message = out.get(timeout=60)
+    process.join(timeout=30)
+    assert kind == "ValueError" and "\n" not in message, (kind, message)
+    assert "step 0, bucket 0: sparse gradients (torch.sparse_coo; nn.Embedding or nn.EmbeddingBag with sparse=True): " \
+        "the hook sums dense buckets only, build the model with sparse=False" in message, (kind, message)

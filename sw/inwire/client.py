@@ -64,6 +64,7 @@ from .protocol import (
     VERSION,
     Opcode,
 )
+from .serve import DEFAULT_SLOTS
 from .train.codec_average import ATTEMPTS, AveragingError, decode, encode
 
 SLOT_POOLS = 4
@@ -625,6 +626,15 @@ def local_address_towards(address):
         return probe.getsockname()[0]
 
 
+def _round(key, averaging):
+    """The round a message names: the averaging's own (as the averager counts them) for an attempt of an
+    averaging, with the attempt when it is a re-send at a raised bound; else the key's."""
+    if not averaging:
+        return f"round {key.round}"
+    attempt = key.round % ATTEMPTS
+    return f"round {key.round // ATTEMPTS}" + (f" (attempt {attempt + 1} of {ATTEMPTS})" if attempt else "")
+
+
 class UdpMember:
     """One island's link to inwire over a blocking UDP socket.
 
@@ -696,10 +706,11 @@ class UdpMember:
         run = self._run(key, member, quantized, city, route, members)
         return run.sums().astype(np.int32), run.overflow
 
-    def _run(self, key, member, quantized, city, route, members, in_place=False, nearby=()):
+    def _run(self, key, member, quantized, city, route, members, in_place=False, nearby=(), averaging=False):
         """`sum`'s work: the finished `MemberSum`, its sums still big-endian as they came. `in_place`: the sums
         overwrite `quantized` (big-endian int32), chunk by chunk as their results come: a chunk whose result
-        is in is never sent again, and one buffer the size of the vector is faulted in, not two."""
+        is in is never sent again, and one buffer the size of the vector is faulted in, not two. `averaging`:
+        `key.round` is an attempt of an averaging (`average`), and messages name the averaging's round."""
         host, port = self.aggregators.get(city) or next(iter(self.aggregators.values()))
         destination = (host, port) if compiled is None else (socket.gethostbyname(host), port)
         payloads = Contributions(quantized, member, key, self.chunk, self.window, route)
@@ -725,7 +736,8 @@ class UdpMember:
                 now = time.monotonic()
                 send(run.due(now))
                 if run.failed_chunk is not None or now - began > self.deadline_s:
-                    message, missing = self._failure(run, key, member, members, now - began, roll)
+                    message, missing = self._failure(run, key, member, members, now - began, roll, (host, port),
+                                                     averaging)
                     raise ClientError(message, missing)
                 # Stalled: ask the aggregator who is there, so that a failure can name who is not.
                 roll_at = (run.result_at or began) + quiet
@@ -751,7 +763,7 @@ class UdpMember:
                 self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, membership)
             self.retransmits += run.retransmits
         if run.wrong_chunks:
-            raise ClientError(f"round {key.round}, clique {key.clique}: results of chunks "
+            raise ClientError(f"{_round(key, averaging)}, clique {key.clique}: results of chunks "
                               f"{sorted(run.wrong_chunks)[:5]} do not hold the whole clique of {key.fanin} at "
                               f"exponent {key.exponent} (another job's traffic in these slots?)")
         return run
@@ -791,8 +803,9 @@ class UdpMember:
         host = host if top is None else ip_str(top)
         return (host, port) if compiled is None else (socket.gethostbyname(host), port)
 
-    def _failure(self, run, key, member, members, elapsed, roll):
-        """The message of a sum that failed, and the members the roll call found missing."""
+    def _failure(self, run, key, member, members, elapsed, roll, aggregator, averaging):
+        """The message of a sum that failed, and the members the roll call found missing. `aggregator`: the
+        (host, port) the contributions went to."""
         chunk = run.failed_chunk if run.failed_chunk is not None else min(run.deadline, default=0)
         tries = run.tries.get(chunk, 0)
         names = list(members) if members else list(range(key.fanin))
@@ -800,28 +813,30 @@ class UdpMember:
         drops = self.kernel_drops()
         dropped = f"; the kernel dropped {drops} datagrams at this island's socket" if drops else ""
         missing = []
-        unknown = (f"a member of the clique never contributed it, or the aggregator's results do not reach "
-                   f"{self.address[0]}")
+        unreached = f"the aggregator's results do not reach this island at {self.address[0]}"
         if roll is None:
-            cause = unknown
+            cause = f"a member of the clique never contributed it, or {unreached}"
         elif member not in roll.seen:
-            cause = (f"{unknown} (the aggregator answered none of {roll.calls} roll calls, which need "
-                     f"{presence_slot(key.fanin - 1, key, self.window) + 1} slots)")
+            needed = presence_slot(key.fanin - 1, key, self.window) + 1
+            # The slots matter only when the roll call's records lie past what a default service keeps.
+            slots = (f", whose records need {needed} slots, more than inwire serve's default {DEFAULT_SLOTS} "
+                     f"(--slots)" if needed > DEFAULT_SLOTS else "")
+            cause = (f"the aggregator answered neither the sum nor any of {roll.calls} roll calls{slots}: it is not "
+                     f"running there, a member of the clique never contributed, or {unreached}")
         else:
             missing = [m for m in range(key.fanin) if m not in roll.seen]
             absent = [named[m] for m in missing if m not in roll.elsewhere]
             cause = (f"no contribution of {', '.join(named[m] for m in missing)} arrived" if missing else
-                     f"every member answered the roll call, yet the aggregator's results do not reach "
-                     f"{self.address[0]}")
+                     f"every member answered the roll call, yet {unreached}")
             if absent:
                 cause += f" (the aggregator holds no roll-call record of {'it' if len(absent) == 1 else 'them'})"
             behind = [f"{named[m]} at round {roll.elsewhere[m]}" for m in missing if m in roll.elsewhere]
             if behind:
                 cause += (f": {', '.join(behind)} answered the roll call, this island at round {key.round // ATTEMPTS}"
                           f" (checkpoints of different rounds: resume every island from the same round)")
-        return (f"round {key.round}, clique {key.clique} ({', '.join(map(str, named))}): no result for chunk "
-                f"{chunk} of {len(run.payloads)} after {tries} retransmissions in {elapsed:.1f} s: {cause}"
-                f"{dropped}", [names[m] for m in missing])
+        return (f"{_round(key, averaging)}, clique {key.clique} ({', '.join(map(str, named))}): no result for "
+                f"chunk {chunk} of {len(run.payloads)} from the aggregator at {aggregator[0]}:{aggregator[1]} after "
+                f"{tries} retransmissions in {elapsed:.1f} s: {cause}{dropped}", [names[m] for m in missing])
 
     def average(self, key: CliqueKey, member: int, vector: npt.ArrayLike, bound: float, city: str | None = None,
                 route: Mapping[str, int] | None = None, members: Sequence[str] | None = None,
@@ -836,7 +851,8 @@ class UdpMember:
             exponent, elements = encode(vector, bound, key.fanin, ELEMENT_DTYPE)
             attempt_key = CliqueKey(key.job, key.round * ATTEMPTS + attempt, key.clique, key.group, key.fanin,
                                     exponent, key.max_cliques)
-            run = self._run(attempt_key, member, elements, city, route, members, in_place=True, nearby=places)
+            run = self._run(attempt_key, member, elements, city, route, members, in_place=True, nearby=places,
+                            averaging=True)
             # Decoded in place too: the average is float32 over the sums' memory (one vector's pages in all).
             average, bound = decode(run.sums(), run.overflow, exponent, key.fanin, bound,
                                     out=elements.view(np.float32)[:-1])

@@ -122,11 +122,26 @@ def anchor_parameters(model_or_params):
 
 
 def _flat_parameters(params):
-    """Parameters given as tensors or as optimizer parameter groups (dicts with "params"), as a list."""
+    """Parameters given as tensors, (name, tensor) pairs or optimizer parameter groups, as a list."""
+    return _named_parameters(params)[0]
+
+
+def _named_parameters(params):
+    """(parameters as a list, their names or None) of tensors, of (name, tensor) pairs (`named_parameters()`)
+    or of optimizer parameter groups (dicts with "params", and "param_names" where torch keeps them)."""
     params = list(params)
     if params and isinstance(params[0], dict):
+        names = [name for group in params for name in group.get("param_names", ())]
         params = [p for group in params for p in group["params"]]
-    return params
+        return params, (names if len(names) == len(params) else None)
+    if params and isinstance(params[0], tuple):
+        return [p for _, p in params], [name for name, _ in params]
+    return params, None
+
+
+def _storages(tensors):
+    """Where the tensors' values live (their storages' addresses), empty tensors left out."""
+    return {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
 
 
 class CliqueAverager:
@@ -166,6 +181,8 @@ class CliqueAverager:
         self.period, self.warmup_steps = period, warmup_steps
         self.outer = outer or OuterOptimizer()
         self.outer_optimizer = outer_optimizer
+        self.outer_checked = False
+        """The outer optimizer was found not to hold the model's parameters (`_refuse_an_outer_optimizer_on`)."""
         self.max_cliques = max(len(cliques) for cliques in self.rounds)
         self.group = process_group
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -202,8 +219,13 @@ class CliqueAverager:
             self.anchor = self._stage(_flat_parameters(params)).copy()
 
     def average_parameters(self, params: Iterable) -> list[str] | None:
-        """Call after each optimizer step; returns the clique it averaged with, or None."""
-        params = _flat_parameters(params)
+        """Call after each optimizer step; returns the clique it averaged with, or None. `params`: the model's
+        parameters, its `named_parameters()` (errors then name a parameter by name) or an optimizer's
+        parameter groups."""
+        params, names = _named_parameters(params)
+        if self.outer_optimizer is not None and not self.outer_checked:
+            self._refuse_an_outer_optimizer_on(params)
+            self.outer_checked = True
         if self.anchor is None:
             self.set_anchor(params)
         else:
@@ -221,6 +243,8 @@ class CliqueAverager:
                 tree = self.trees[period_round][clique_index] if self.trees else None
                 with torch.no_grad():
                     flat = self._stage(params).copy()
+                    if not np.isfinite(flat).all():
+                        raise AveragingError(_non_finite(params, names, self.step, round_index))
                     average = self._average(round_index, clique_index, members, flat, aggregator, tree, period_round,
                                             params[0].device, self._nearby(round_index, members))
                     self.last = (round_index, members, flat, average)
@@ -228,6 +252,16 @@ class CliqueAverager:
                     _load(params, self.anchor)
                 return members
         return None
+
+    def _refuse_an_outer_optimizer_on(self, params):
+        """An outer optimizer built on the model's own parameters (torchft's DiLoCo takes it so, keeping its
+        own backup of the anchor) would step the local parameters instead of the anchor: every island would
+        train on without ever agreeing. Refused before any step."""
+        anchors = [p for group in self.outer_optimizer.param_groups for p in group["params"]]
+        if _storages(anchors) & _storages(params):
+            raise ValueError("outer_optimizer holds the model's own parameters; build it on "
+                             "anchor_parameters(model), the copies the outer step moves (torch.optim.SGD("
+                             "anchor_parameters(model), lr=0.7, momentum=0.9, nesterov=True))")
 
     def _outer_step(self, average):
         if self.outer_optimizer is None:
@@ -373,6 +407,19 @@ def _vector(name, value):
         if count:
             raise ValueError(f"checkpoint field {name!r}: {count} {kind} values")
     return vector
+
+
+def _non_finite(params, names, step, round_index):
+    """The message for parameters holding NaN or infinite values (as the float32 they are staged in): the
+    first such parameter, by name where the averager was given names, else by index and shape."""
+    index, values = next((index, values) for index, values in enumerate(p.detach().to(torch.float32) for p in params)
+                         if not torch.isfinite(values).all())
+    which = repr(names[index]) if names else f"{index} of {len(params)}"
+    counts = [(int(torch.isnan(values).sum()), "NaN"), (int(torch.isinf(values).sum()), "infinite")]
+    held = " and ".join(f"{count} {kind}" for count, kind in counts if count)
+    return (f"step {step}: parameter {which} (shape {tuple(values.shape)}) holds {held} values at averaging round "
+            f"{round_index}; the island's training diverged since its last averaging (a lower learning rate or "
+            f"gradient clipping may help)")
 
 
 def _check_length(anchor, expected, holder):

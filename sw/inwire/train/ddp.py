@@ -85,6 +85,11 @@ def global_clique(schedule):
 def inwire_hook(state, bucket):
     """DDP communication hook: the bucket's gradients averaged over every rank of every island."""
     tensor = bucket.buffer()
+    if tensor.layout != torch.strided:
+        # Before the island's all-reduce: every rank holds the same layout, so every rank refuses alike.
+        raise ValueError(f"step {state.step}, bucket {bucket.index()}: sparse gradients ({tensor.layout}; "
+                         f"nn.Embedding or nn.EmbeddingBag with sparse=True): the hook sums dense buckets only, "
+                         f"build the model with sparse=False")
     group = state.group
     world = dist.get_world_size(group)
     dist.all_reduce(tensor, group=group)
