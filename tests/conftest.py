@@ -5,6 +5,7 @@ Under CI (CI=true) `.ci/run` installs every tool and package and runs as root, s
 install step is missing: it is reported as a failure, with the skip's reason."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -35,3 +36,24 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _fail_skip(outcome.get_result())
+
+
+DEADLINE_S = 60
+"""An in-process case that could hang (a FIFO read as input, a sparse file scanned whole) fails after this."""
+
+
+class Hung(Exception):
+    """Raised by the deadline: not an error a command's `main` turns into a line, so the case fails."""
+
+
+@pytest.fixture
+def deadline():
+    """Fails the case (`Hung`) when it runs past DEADLINE_S, instead of hanging the suite."""
+    def expire(signum, frame):
+        raise Hung(f"no answer within {DEADLINE_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(DEADLINE_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)

@@ -20,26 +20,6 @@ from inwire.pcap import read_frames, write_frames
 from schedules import write_schedule
 from test_inputs import one_line_error
 
-DEADLINE_S = 60
-"""Each in-process case; a JSON input that is a FIFO or /dev/zero hung for ever or until memory ran out."""
-
-
-class Hung(Exception):
-    """Raised by the deadline: not an error `main` turns into a line, so the case fails."""
-
-
-@pytest.fixture
-def deadline():
-    def expire(signum, frame):
-        raise Hung(f"no answer within {DEADLINE_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(DEADLINE_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Outputs: a device, a FIFO and /dev/stdout are written in place, a symlink is followed.
 

@@ -10,7 +10,6 @@ import contextlib
 import os
 import socket
 import subprocess
-import threading
 import time
 
 import numpy as np
@@ -21,7 +20,7 @@ from inwire.datagram import parse_result, payload_of
 from inwire.netns import inside, unavailable_reason
 from inwire.packets import build_frames
 from inwire.protocol import Opcode
-from inwire.serve import SoftwareAggregator
+from inwire.serve import SoftwareAggregator, serving_in_thread
 
 REASON = unavailable_reason()
 needs_namespaces = pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
@@ -66,14 +65,8 @@ def served_in(namespace, listen, **options):
     def serve():
         with inside(namespace):
             server.serve()
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
+    with serving_in_thread(server, serve):
         yield server
-    finally:
-        server.stop()
-        thread.join(timeout=5)
-        server.close()
 
 
 def member_socket(namespace):

@@ -645,9 +645,10 @@ _GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
 
 
 @contextlib.contextmanager
-def serving_in_thread(server):
-    """Run `server.serve()` in a thread for the body of a with-statement; stop and close it afterwards."""
-    thread = threading.Thread(target=server.serve, daemon=True)
+def serving_in_thread(server, serve=None):
+    """Run `server.serve()` (or `serve`, which runs it) in a thread for the body of a with-statement; stop and
+    close it afterwards."""
+    thread = threading.Thread(target=serve or server.serve, daemon=True)
     thread.start()
     try:
         yield server
