@@ -8,6 +8,8 @@ schedule round. An island may be a torch.distributed job (a torchrun launch, glo
 group exchanges with inwire and broadcasts the average inside the group, on the group's device; the group
 keeps its own all-reduce for gradients. Optionally the average feeds a DiLoCo-style outer optimizer: any
 `torch.optim.Optimizer` built on the anchor parameters (`anchor_parameters`), as torchft's DiLoCo takes one.
+It is a `ModelAverager`, so `torch.distributed.optim.PostLocalSGDOptimizer` takes it, and `LocalSGD` gives
+torchft's shape: a context manager that averages from the inner optimizer's step hook.
 
 `InwireExchange` carries one island's averagings along the whole schedule through the one member client
 (`inwire.client.UdpMember`): each clique at its aggregator city (a city -> address map, as `inwire stream
@@ -33,8 +35,16 @@ from ..protocol import MAX_FANIN
 from .codec_average import ATTEMPTS, AveragingError
 from .outer import OuterOptimizer
 
-__all__ = ["AveragingError", "CliqueAverager", "InwireExchange", "OuterOptimizer", "UdpCliqueExchange",
+try:
+    from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
+except ImportError:  # a torch build without torch.distributed has no averagers to subclass
+    ModelAverager = object
+
+__all__ = ["AveragingError", "CliqueAverager", "InwireExchange", "LocalSGD", "OuterOptimizer", "UdpCliqueExchange",
            "anchor_parameters"]
+
+STATE_KEY = "inwire_averager"
+"""Where an optimizer's state_dict() carries the averager's state (`CliqueAverager.keep_state_in`)."""
 
 
 def _schedule_rounds(schedule):
@@ -45,16 +55,24 @@ def _schedule_rounds(schedule):
     return [[(tuple(members), aggregator) for members, aggregator in cliques] for cliques in period], trees
 
 
+DEFAULT_DEADLINE_S = 600.0
+"""One averaging's deadline by default: torch's default collective timeout (NCCL's 10 minutes), so that an
+island that starts slowly (loading data, compiling) does not fail the others' first averaging."""
+
+
 class InwireExchange:
     """One island's link to inwire for averaging: a `UdpMember` and the codec's shared bound.
 
     `aggregators`: one aggregator's (host, port), or {city: (host, port)} (all on one port) for per-city
     aggregators and reduction trees. `bound`: every member's first guess of the largest magnitude it sends
-    (sums are re-sent at a raised bound when it is too small). The other keywords go to `UdpMember`."""
+    (sums are re-sent at a raised bound when it is too small). `deadline_s` bounds one averaging, from this
+    island's first send to its last result: that includes waiting for the slowest member of its clique to
+    arrive (at the first averaging, its whole start-up), so its default is torch's own collective timeout
+    (10 minutes), not a network round trip. The other keywords go to `UdpMember`."""
 
     def __init__(self, aggregators: Address | Mapping[str, Address], job: int = 1, bound: float = 16.0,
                  chunk: int = DEFAULT_CHUNK, window: int = DEFAULT_WINDOW, timeout_s: float = 0.2,
-                 deadline_s: float = 30.0, bind: Address | None = None, multicast: bool = False,
+                 deadline_s: float = DEFAULT_DEADLINE_S, bind: Address | None = None, multicast: bool = False,
                  retries: int | None = None, loss: float = 0.0, seed: int = 0) -> None:
         if not bound > 0:
             raise ValueError(f"bound must be positive, got {bound}")
@@ -144,7 +162,7 @@ def _storages(tensors):
     return {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
 
 
-class CliqueAverager:
+class CliqueAverager(ModelAverager):
     """Every `period` steps after `warmup_steps`, average parameters with this island's current clique.
 
     Same call shape as PyTorch's `PeriodicModelAverager(period, warmup_steps, process_group)`, plus keywords:
@@ -158,7 +176,9 @@ class CliqueAverager:
     `process_group`: the island's own group; None means the default group if torch.distributed is
     initialized, else a single-process island. Its rank 0 exchanges and broadcasts the average.
     `state_dict()` / `load_state_dict()` carry the step count, the rotation's position, the anchor and the
-    outer state, so a resumed job continues the same rotation bit for bit.
+    outer state, so a resumed job continues the same rotation bit for bit. Under torch's
+    `PostLocalSGDOptimizer`, whose checkpoint holds only the averager's `step`, call `keep_state_in(optimizer)`
+    on the inner optimizer so that its checkpoints carry all of it (`step`).
     """
 
     # A string: torch builds without torch.distributed have no ProcessGroup to name at import.
@@ -186,13 +206,15 @@ class CliqueAverager:
         self.max_cliques = max(len(cliques) for cliques in self.rounds)
         self.group = process_group
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        # ModelAverager's own __init__ needs an initialized default group; a single-process island has none.
+        self.process_group = process_group or (torch.distributed.group.WORLD if distributed else None)
         self.distributed = distributed
         self.rank = torch.distributed.get_rank(process_group) if distributed else 0
         self.source = torch.distributed.get_global_rank(process_group or torch.distributed.group.WORLD, 0) \
             if distributed else 0
         if self.rank == 0 and exchange is None:
             raise ValueError("the island's rank 0 needs an exchange to reach inwire")
-        self.step = 0
+        self._step = 0
         self.rounds_done = 0
         self.resumed = False
         """Loaded from a checkpoint and not averaged since (`_nearby`)."""
@@ -201,6 +223,49 @@ class CliqueAverager:
         """The reusable host buffer parameters are staged through (pinned where CUDA is present)."""
         self.last = None
         """(round index, members, vector sent, average received) of the latest averaging, for logs and checks."""
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps counted so far (`ModelAverager.step`)."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        """A step set from outside: what `PostLocalSGDOptimizer.load_state_dict` restores. Plain averaging
+        needs nothing else (its rotation's position follows from the step); an outer step also needs its
+        anchor and momentum, which only `keep_state_in` or `state_dict()` bring, so it is refused."""
+        value = _whole_number("step", value)
+        if value == self._step:
+            return
+        if self.outer_optimizer is not None or not self.outer.plain:
+            raise ValueError(f"checkpoint field 'step': {value} alone would resume the rotation without the outer "
+                             f"step's anchor and momentum (PostLocalSGDOptimizer saves only the averager's step); "
+                             f"call averager.keep_state_in(inner_optimizer) before saving, or save "
+                             f"averager.state_dict() beside the optimizer's")
+        rounds_done = max(0, value - self.warmup_steps) // self.period
+        if rounds_done > MAX_ROUNDS:
+            raise ValueError(f"checkpoint field 'step': {value} steps are {rounds_done} averagings, past the last "
+                             f"round the protocol numbers ({MAX_ROUNDS})")
+        self._step, self.rounds_done, self.resumed = value, rounds_done, True
+
+    def keep_state_in(self, optimizer: torch.optim.Optimizer) -> list:
+        """From now on `optimizer.state_dict()` carries this averager's `state_dict()` (under "inwire_averager")
+        and `optimizer.load_state_dict()` restores it, checked first as `load_state_dict` checks it. Give the
+        optimizer `PostLocalSGDOptimizer` wraps (or the wrapper itself): its checkpoints then resume the whole
+        rotation, anchor and outer momentum included. Returns the hooks' handles (`handle.remove()`)."""
+        inner = getattr(optimizer, "optim", None)
+        if isinstance(inner, torch.optim.Optimizer):
+            optimizer = inner  # PostLocalSGDOptimizer: its state_dict() is the inner one's plus "step"
+
+        def save(_optimizer, state):
+            state[STATE_KEY] = self.state_dict()
+
+        def load(_optimizer, state):
+            if STATE_KEY in state:
+                self.load_state_dict(state.pop(STATE_KEY))
+            return state
+
+        return [optimizer.register_state_dict_post_hook(save), optimizer.register_load_state_dict_pre_hook(load)]
 
     def _stage(self, params):
         """The parameters as one float32 numpy vector in the host buffer (copied, whatever their device)."""
@@ -231,8 +296,8 @@ class CliqueAverager:
         else:
             # A loaded anchor meets the model here first: one of another model's size is refused before any step.
             _check_length(self.anchor, sum(p.numel() for p in params), "the model has")
-        self.step += 1
-        if self.step <= self.warmup_steps or (self.step - self.warmup_steps) % self.period:
+        self._step += 1
+        if self._step <= self.warmup_steps or (self._step - self.warmup_steps) % self.period:
             return None
         round_index = self.rounds_done
         self.rounds_done += 1
@@ -244,7 +309,7 @@ class CliqueAverager:
                 with torch.no_grad():
                     flat = self._stage(params).copy()
                     if not np.isfinite(flat).all():
-                        raise AveragingError(_non_finite(params, names, self.step, round_index))
+                        raise AveragingError(_non_finite(params, names, self._step, round_index))
                     average = self._average(round_index, clique_index, members, flat, aggregator, tree, period_round,
                                             params[0].device, self._nearby(round_index, members))
                     self.last = (round_index, members, flat, average)
@@ -328,7 +393,7 @@ class CliqueAverager:
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed job needs to continue the same rotation bit for bit."""
-        state = {"step": self.step, "rounds_done": self.rounds_done,
+        state = {"step": self._step, "rounds_done": self.rounds_done,
                  "anchor": None if self.anchor is None else torch.from_numpy(self.anchor.copy()),
                  "buffer": None if self.buffer is None else torch.from_numpy(np.array(self.buffer))}
         if self.outer_optimizer is not None:
@@ -375,8 +440,42 @@ class CliqueAverager:
                 # An optimizer's state holds its momentum, not its parameters: the anchor is put back here.
                 with torch.no_grad():
                     _load(anchors, anchor)
-        self.step, self.rounds_done, self.anchor, self.buffer = step, rounds_done, anchor, buffer
+        self._step, self.rounds_done, self.anchor, self.buffer = step, rounds_done, anchor, buffer
         self.resumed = True
+
+
+class LocalSGD:
+    """torchft's shape: `with LocalSGD(model, optimizer, sync_every, averager=averager):` around the training
+    loop, which then calls only `optimizer.step()`. A post-step hook on the inner optimizer calls
+    `averager.average_parameters(model.named_parameters())` after every step, so the averagings fall at the
+    same steps, to the same bits, as the explicit calls; `sync_every` must be the averager's `period` (the
+    averager counts the steps). DiLoCo is this with an averager built with `outer_optimizer`. Inside the
+    block the optimizer's checkpoints carry the averager's state (`CliqueAverager.keep_state_in`); leaving
+    it removes every hook."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sync_every: int, *,
+                 averager: CliqueAverager) -> None:
+        if sync_every != averager.period:
+            raise ValueError(f"sync_every {sync_every} is not the averager's period {averager.period}; the averager "
+                             f"counts the steps, so give it the period")
+        self.model, self.optimizer, self.averager = model, optimizer, averager
+        self.handles = []
+
+    def __enter__(self) -> "LocalSGD":
+        if self.handles:
+            raise RuntimeError("this LocalSGD is already entered; its hooks would average twice a step")
+        self.handles = [self.optimizer.register_step_post_hook(self._after_step),
+                        *self.averager.keep_state_in(self.optimizer)]
+        return self
+
+    def __exit__(self, *exception) -> bool:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        return False
+
+    def _after_step(self, _optimizer, _args, _kwargs):
+        self.averager.average_parameters(self.model.named_parameters())
 
 
 MAX_ROUNDS = 2**32 // ATTEMPTS - 1
