@@ -1,5 +1,6 @@
 """Model averaging through the software aggregator over UDP: exact clique averages, refusals."""
 
+import io
 import math
 import socket
 import threading
@@ -12,7 +13,7 @@ torch = pytest.importorskip("torch")
 from inwire.client import ClientError  # noqa: E402
 from inwire.codec import choose_exponent, dequantize, quantize  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
-from inwire.train.averaging import CliqueAverager, InwireExchange, OuterOptimizer, anchor_parameters  # noqa: E402
+from inwire.train.averaging import CliqueAverager, InwireExchange, LocalSGD, OuterOptimizer, anchor_parameters  # noqa: E402
 from inwire.train.codec_average import AveragingError, clique_average  # noqa: E402
 
 ROUNDS = [[(("A", "B", "C"), "LON"), (("D",), None)], [(("A", "D"), "FRA"), (("B", "C"), "AMS")]]
@@ -413,3 +414,184 @@ def test_islands_resumed_from_checkpoints_of_different_rounds_are_told_so(aggreg
         "(checkpoints of different rounds" in errors["A"], errors["A"]
     assert "no contribution of A arrived: A at round 2 answered the roll call, this island at round 1 " \
         "(checkpoints of different rounds" in errors["B"], errors["B"]
+
+
+class Rotation:
+    """An exchange whose average depends on the vector and the round (no network), recording the rounds: a
+    resume that restarts the rotation, or loses the anchor or momentum, ends at other parameters."""
+
+    def __init__(self):
+        self.rounds = []
+
+    def average(self, round_index, clique_index, members, me, vector, **route):
+        self.rounds.append((round_index, tuple(members)))
+        return (vector * np.float32(0.5) + np.float32(round_index)).astype(np.float32)
+
+
+def post_local_sgd(outer_step, keep_state):
+    """A's model, inner SGD, averager (period 2, warmup 1) and torch's PostLocalSGDOptimizer around them."""
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    model = small_model()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    outer = torch.optim.SGD(anchor_parameters(model), lr=0.7, momentum=0.9, nesterov=True) if outer_step else None
+    exchange = Rotation()
+    averager = CliqueAverager(2, 1, island="A", rounds=ROUNDS, exchange=exchange, outer_optimizer=outer)
+    if keep_state:
+        averager.keep_state_in(inner)
+    return model, PostLocalSGDOptimizer(inner, averager), averager, exchange
+
+
+def train(model, optimizer, steps, first=0):
+    for step in range(first, first + steps):
+        optimizer.zero_grad()
+        model(torch.full((5, 3), float(step % 3) - 1.0)).square().sum().backward()
+        optimizer.step()
+
+
+def test_the_averager_is_a_torch_model_averager():
+    from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
+
+    averager = CliqueAverager(2, island="A", rounds=ROUNDS, exchange=Echo())
+    assert isinstance(averager, ModelAverager)
+    assert (averager.step, averager.process_group) == (0, None), "a single-process island has no group"
+
+
+@pytest.mark.parametrize("outer_step, keep_state", [(True, True), (False, True), (False, False)],
+                         ids=["outer step, kept", "plain, kept", "plain, step alone"])
+def test_a_resume_through_post_local_sgd_continues_the_rotation_bit_for_bit(outer_step, keep_state):
+    """7 steps straight through, or 4, a checkpoint of the model and PostLocalSGDOptimizer through torch.save and
+    torch.load (weights only), and 3 more in a new job: the same rounds, the same averager state, the same
+    bits. Plain averaging needs only the wrapper's "step"; an outer step needs keep_state_in."""
+    model, optimizer, averager, exchange = post_local_sgd(outer_step, keep_state)
+    train(model, optimizer, 7)
+
+    model, optimizer, _, first = post_local_sgd(outer_step, keep_state)
+    train(model, optimizer, 4)
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, saved)
+    saved.seek(0)
+    checkpoint = torch.load(saved)
+    model, optimizer, resumed, second = post_local_sgd(outer_step, keep_state)
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    train(model, optimizer, 3, first=4)
+
+    assert first.rounds + second.rounds == exchange.rounds == [(0, ("A", "B", "C")), (1, ("A", "D")),
+                                                               (2, ("A", "B", "C"))]
+    assert (resumed.step, resumed.rounds_done) == (averager.step, averager.rounds_done) == (7, 3)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), small_model_after(outer_step, keep_state),
+                                                  strict=True))
+    if outer_step:
+        assert np.array_equal(resumed.anchor, averager.anchor)
+        assert torch.equal(resumed.state_dict()["outer_optimizer"]["state"][0]["momentum_buffer"],
+                           averager.state_dict()["outer_optimizer"]["state"][0]["momentum_buffer"])
+
+
+def small_model_after(outer_step, keep_state):
+    model, optimizer, _, _ = post_local_sgd(outer_step, keep_state)
+    train(model, optimizer, 7)
+    return list(model.parameters())
+
+
+def test_a_resume_of_an_outer_step_through_post_local_sgd_alone_is_refused_naming_the_fix():
+    """Without keep_state_in, PostLocalSGDOptimizer's checkpoint holds the averager's step and nothing of its
+    anchor or momentum: loading it refuses in one line instead of continuing from another anchor."""
+    model, optimizer, averager, _ = post_local_sgd(True, False)
+    train(model, optimizer, 4)
+    state = optimizer.state_dict()
+    _, optimizer, resumed, _ = post_local_sgd(True, False)
+    with pytest.raises(ValueError) as raised:
+        optimizer.load_state_dict(state)
+    assert str(raised.value) == (
+        "checkpoint field 'step': 4 alone would resume the rotation without the outer step's anchor and momentum "
+        "(PostLocalSGDOptimizer saves only the averager's step); call averager.keep_state_in(inner_optimizer) "
+        "before saving, or save averager.state_dict() beside the optimizer's")
+    assert (resumed.step, resumed.rounds_done, resumed.anchor) == (0, 0, None)
+
+
+def run_trained_islands(aggregator, job, steps, period, hooked):
+    """Islands A-D in threads, each training its own model with SGD on its own data and averaging every
+    `period` steps: explicitly after each `optimizer.step()`, or `hooked` inside `LocalSGD`. Returns each
+    island's parameters and the steps after which it had averaged."""
+    results, errors = {}, []
+
+    def island(name, seed):
+        model = small_model()
+        inputs = torch.randn((steps, 5, 3), generator=torch.Generator().manual_seed(seed))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        exchange = InwireExchange(aggregator.address, job=job, chunk=64, deadline_s=10)
+        averager = CliqueAverager(period, island=name, rounds=ROUNDS, exchange=exchange)
+        averaged, seen = [], [None]
+
+        def step(index):
+            optimizer.zero_grad()
+            model(inputs[index]).square().sum().backward()
+            optimizer.step()
+            if not hooked:
+                averager.average_parameters(model.parameters())
+            if averager.last is not seen[0]:
+                seen[0] = averager.last
+                averaged.append(averager.step)
+
+        try:
+            if hooked:
+                with LocalSGD(model, optimizer, sync_every=period, averager=averager):
+                    for index in range(steps):
+                        step(index)
+            else:
+                for index in range(steps):
+                    step(index)
+            results[name] = ([p.detach().clone() for p in model.parameters()], averaged)
+        except Exception as error:  # the test reports it below
+            errors.append(error)
+        finally:
+            exchange.close()
+
+    threads = [threading.Thread(target=island, args=(name, seed)) for seed, name in enumerate("ABCD")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    return results
+
+
+def test_local_sgd_averages_at_the_same_steps_to_the_same_bits_as_explicit_calls(aggregator):
+    """torchft's shape, a context manager on the optimizer's step hook, against the explicit calls: islands
+    through the loopback aggregator, 6 steps averaging every 2."""
+    explicit = run_trained_islands(aggregator, 1, steps=6, period=2, hooked=False)
+    hooked = run_trained_islands(aggregator, 2, steps=6, period=2, hooked=True)
+    for name in "ABCD":
+        assert hooked[name][1] == explicit[name][1] == ([4] if name == "D" else [2, 4, 6]), name
+        assert all(torch.equal(p, q) for p, q in zip(hooked[name][0], explicit[name][0], strict=True)), name
+    assert not any(torch.equal(p, q) for p, q in zip(explicit["A"][0], explicit["D"][0], strict=True)), \
+        "A's and D's models differ: the comparison would see a missing averaging"
+
+
+def test_local_sgd_removes_its_hooks_on_exit():
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo())
+    with LocalSGD(model, optimizer, sync_every=1, averager=averager):
+        optimizer.step()
+        assert "inwire_averager" in optimizer.state_dict()
+    optimizer.step()
+    assert averager.step == 1 and "inwire_averager" not in optimizer.state_dict()
+
+
+def test_local_sgd_refuses_a_sync_every_other_than_the_period():
+    averager = CliqueAverager(2, island="A", rounds=ROUNDS, exchange=Echo())
+    model = small_model()
+    with pytest.raises(ValueError, match="^sync_every 3 is not the averager's period 2; the averager counts the steps"):
+        LocalSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), 3, averager=averager)
+
+
+def test_the_default_deadline_outlasts_a_slow_start_as_torch_collectives_do():
+    """The deadline bounds one averaging, waiting for the slowest island included: its default is NCCL's
+    collective timeout (10 minutes), not 30 s that one island's slow start trips."""
+    exchange = InwireExchange(("127.0.0.1", 9))
+    try:
+        assert exchange.client.deadline_s == 600.0
+    finally:
+        exchange.close()
