@@ -187,3 +187,89 @@ def test_sparse_gradients_are_refused_naming_the_cause(tmp_path):
     assert kind == "ValueError" and "\n" not in message, (kind, message)
     assert "step 0, bucket 0: sparse gradients (torch.sparse_coo; nn.Embedding or nn.EmbeddingBag with sparse=True): " \
         "the hook sums dense buckets only, build the model with sparse=False" in message, (kind, message)
+
+
+SCALED_ISLANDS = {"LON": 2, "NYC": 1}
+"""Islands of the GradScaler test and their ranks: LON's mean is its two ranks' all-reduce."""
+POISONED = {("LON", 1, 1), ("NYC", 0, 3)}
+"""(island, rank, step) whose loss overflows to infinity: a rank without the exchange, then the other island."""
+SCALED_STEPS = 5
+
+
+def scaled_rank(island, rank, address, folder, out):
+    """One rank of an island training with torch.amp.GradScaler through the hook; at its POISONED steps its
+    loss is scaled past float32's range, so its gradients are infinite. Writes, per step, the parameters after
+    the step and the scale after the update (and on rank 0 the hook's non-finite record)."""
+    import torch.distributed as dist
+
+    from inwire.train.averaging import InwireExchange
+    from inwire.train.ddp import InwireHookState, inwire_hook
+
+    torch.set_num_threads(1)
+    ranks = SCALED_ISLANDS[island]
+    store = dist.FileStore(str(pathlib.Path(folder) / f"{island}.store"), ranks)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=ranks)
+    exchange = InwireExchange(tuple(address), deadline_s=30) if rank == 0 else None
+    records = {}
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(build_model(), bucket_cap_mb=0.02)
+        state = InwireHookState(exchange, island, list(SCALED_ISLANDS))
+        model.register_comm_hook(state, inwire_hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        records["start"] = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().copy()
+        for step in range(SCALED_STEPS):
+            inputs, labels = batch(island, 10 * step + rank)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+            if (island, rank, step) in POISONED:
+                loss = loss * 1e38
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            records[f"{step}-parameters"] = torch.nn.utils.parameters_to_vector(
+                model.parameters()).detach().numpy().copy()
+            records[f"{step}-scale"] = np.float64(scaler.get_scale())
+            if rank == 0 and state.non_finite is not None:
+                records[f"{step}-non-finite"] = np.array(f"{state.non_finite[0]} {' '.join(state.non_finite[2])}")
+        np.savez(out, **records)
+    finally:
+        if exchange is not None:
+            exchange.close()
+        dist.destroy_process_group()
+
+
+def test_a_non_finite_bucket_on_one_island_makes_every_scaler_skip_the_step(tmp_path):
+    """Mixed precision's loss scaling through the hook: a rank whose gradients overflow (LON's second rank at
+    step 1, NYC's only rank at step 3) leaves the buckets non-finite on every rank of every island, as DDP's
+    all-reduce does, so every GradScaler skips that step (parameters unchanged) and halves its scale; the
+    other steps train, and every rank of every island ends each step with the same parameters and scale."""
+    context = multiprocessing.get_context("spawn")
+    ranks = [(island, rank) for island, count in SCALED_ISLANDS.items() for rank in range(count)]
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        processes = [context.Process(target=scaled_rank, args=(island, rank, server.address, str(tmp_path),
+                                                               str(tmp_path / f"{island}-{rank}.npz")))
+                     for island, rank in ranks]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(timeout=180)
+        assert all(process.exitcode == 0 for process in processes), [p.exitcode for p in processes]
+    got = {where: dict(np.load(tmp_path / f"{where[0]}-{where[1]}.npz")) for where in ranks}
+    skipped = {step for _, _, step in POISONED}
+    first = got[ranks[0]]
+    scale = 65536.0
+    before = first["start"]
+    for step in range(SCALED_STEPS):
+        if step in skipped:
+            scale /= 2
+        for where in ranks:
+            assert np.array_equal(got[where][f"{step}-parameters"], first[f"{step}-parameters"]), (where, step)
+            assert got[where][f"{step}-scale"] == scale, (where, step)
+        after = first[f"{step}-parameters"]
+        assert np.array_equal(after, before) == (step in skipped), step
+        assert np.isfinite(after).all(), step
+        before = after
+    for island in SCALED_ISLANDS:
+        named = {step: str(got[(island, 0)].get(f"{step}-non-finite", "")) for step in range(SCALED_STEPS)}
+        assert named == {0: "", 1: "1 LON", 2: "1 LON", 3: "3 NYC", 4: "3 NYC"}, (island, named)

@@ -16,7 +16,18 @@ fields), so islands whose buckets become ready in another order still meet in th
 must build the same buckets (the same model and `bucket_cap_mb`), as every rank of one DDP job does.
 Buckets anywhere (CPU or CUDA) are staged through one reusable float32 host buffer (pinned where CUDA is
 present), as `CliqueAverager` stages parameters.
+
+A bucket holding NaN or infinity on some island (mixed precision's overflow, which `torch.amp.GradScaler`
+expects to see after the all-reduce) leaves every island NaN, as DDP's all-reduce leaves every rank
+non-finite: the scaler of every rank of every island then skips the step and lowers its scale alike. The
+integer codec carries no NaN, so each island's mean goes out with one flag element per island (0, or the
+shared bound at the island's own position when its mean is not finite, its values then sent as zeros): every
+island reads the same flags in the same average, so every island decides alike. A finite bucket's flags are
+0, which neither moves the exponent (it comes from the bound) nor the other elements' sums: its average is
+the one the bucket alone gives.
 """
+
+import math
 
 import numpy as np
 import torch
@@ -61,14 +72,32 @@ class InwireHookState:
         self.last = None
         """On rank 0: (step, bucket index, island mean sent, average received) of the latest bucket, for logs
         and checks; the island mean is a view of the host buffer, valid until the next bucket."""
+        self.non_finite = None
+        """On rank 0: (step, bucket index, the islands whose mean held NaN or infinity) of the latest bucket
+        that every island ended as NaN; None until one did."""
 
     def stage(self, tensor):
-        """The bucket as a float32 numpy vector in the host buffer, whatever its device and dtype."""
-        if self.host is None or self.host.numel() < tensor.numel():
-            self.host = torch.empty(tensor.numel(), dtype=torch.float32, pin_memory=torch.cuda.is_available())
-        staged = self.host[:tensor.numel()]
-        staged.copy_(tensor.detach().reshape(-1))
+        """What this island sends for the bucket, as a float32 numpy vector in the host buffer: the bucket,
+        whatever its device and dtype, then one flag element per island (`flag`)."""
+        size = tensor.numel() + len(self.islands)
+        if self.host is None or self.host.numel() < size:
+            self.host = torch.empty(size, dtype=torch.float32, pin_memory=torch.cuda.is_available())
+        staged = self.host[:size]
+        staged[:tensor.numel()].copy_(tensor.detach().reshape(-1))
+        staged[tensor.numel():].zero_()
         return staged.numpy()
+
+    def flag(self, staged, size):
+        """Marks a staged bucket of `size` values that holds NaN or infinity: its values become zeros (the codec
+        takes only finite values, and every island discards this average) and this island's flag the shared
+        bound: it needs no re-send and quantizes to about 2**31 / islands at the exponent derived from it. Re-sends
+        that other islands' values force raise the exponent; the flag stays nonzero while they raise the bound
+        less than 2**31-fold (where the finite elements' quantization step is larger than the bound)."""
+        values = staged[:size]
+        # min and max: NaN and infinity show in them, with no temporary the size of the bucket.
+        if size and not (math.isfinite(values.min()) and math.isfinite(values.max())):
+            values[:] = 0
+            staged[size + self.islands.index(self.island)] = self.exchange.bound
 
 
 def global_clique(schedule):
@@ -100,13 +129,20 @@ def inwire_hook(state, bucket):
                          f"allows; raise InwireHookState(buckets=) or DDP's bucket_cap_mb")
     error = None
     if dist.get_rank(group) == 0:
+        size = tensor.numel()
         host = state.stage(tensor)
+        state.flag(host, size)
         try:
             average = state.exchange.average(state.step, index, state.islands, state.islands.index(state.island),
                                              host, aggregator=state.aggregator, tree=state.tree,
                                              max_cliques=state.buckets)
-            state.last = (state.step, index, host, average)
-            tensor.copy_(torch.from_numpy(np.ascontiguousarray(average)).view_as(tensor))
+            state.last = (state.step, index, host[:size], average[:size])
+            flagged = [island for island, flag in zip(state.islands, average[size:]) if flag != 0]
+            if flagged:
+                state.non_finite = (state.step, index, flagged)
+                tensor.fill_(math.nan)
+            else:
+                tensor.copy_(torch.from_numpy(np.ascontiguousarray(average[:size])).view_as(tensor))
         except (AveragingError, ClientError, OSError, ValueError) as failure:
             error = failure
     if world > 1:
