@@ -516,8 +516,7 @@ def run_trained_islands(aggregator, job, steps, period, hooked):
     island's parameters and the steps after which it had averaged."""
     results, errors = {}, []
 
-    def island(name, seed):
-        model = small_model()
+    def island(name, seed, model):
         inputs = torch.randn((steps, 5, 3), generator=torch.Generator().manual_seed(seed))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         exchange = InwireExchange(aggregator.address, job=job, chunk=64, deadline_s=10)
@@ -548,7 +547,10 @@ def run_trained_islands(aggregator, job, steps, period, hooked):
         finally:
             exchange.close()
 
-    threads = [threading.Thread(target=island, args=(name, seed)) for seed, name in enumerate("ABCD")]
+    # Made here, one after another: small_model seeds torch's global generator, which threads would share.
+    models = [small_model() for _ in "ABCD"]
+    threads = [threading.Thread(target=island, args=(name, seed, model))
+               for seed, (name, model) in enumerate(zip("ABCD", models, strict=True))]
     for thread in threads:
         thread.start()
     for thread in threads:
