@@ -41,13 +41,19 @@ def run_islands(aggregator, models, steps, period=1, bound=16.0, chunk=64, outer
         finally:
             exchange.close()
 
-    threads = [threading.Thread(target=island, args=item) for item in models.items()]
+    run_in_threads(island, models.items(), errors)
+    return models
+
+
+def run_in_threads(target, arguments, errors):
+    """`target(*args)` for each of `arguments`, each in its own thread, all at once; what they put in
+    `errors` fails the test."""
+    threads = [threading.Thread(target=target, args=tuple(args)) for args in arguments]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
     assert not errors, errors
-    return models
 
 
 def models_for(names, size=150, seed=0, scale=1.0):
@@ -549,13 +555,8 @@ def run_trained_islands(aggregator, job, steps, period, hooked):
 
     # Made here, one after another: small_model seeds torch's global generator, which threads would share.
     models = [small_model() for _ in "ABCD"]
-    threads = [threading.Thread(target=island, args=(name, seed, model))
-               for seed, (name, model) in enumerate(zip("ABCD", models, strict=True))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not errors, errors
+    run_in_threads(island, [(name, seed, model) for seed, (name, model) in enumerate(zip("ABCD", models, strict=True))],
+                   errors)
     return results
 
 

@@ -66,19 +66,23 @@ def island_process(island, address, folder, out):
         dist.destroy_process_group()
 
 
+def run_processes(target, arguments):
+    """`target(*args)` for each of `arguments`, each in a spawned process, all at once; each must exit 0."""
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=target, args=args) for args in arguments]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=180)
+    assert all(process.exitcode == 0 for process in processes), [p.exitcode for p in processes]
+
+
 def test_every_island_steps_with_the_codec_average_of_the_island_gradients(tmp_path):
     """Each bucket of each step leaves every island as the codec's average of what the islands put in; so
     the islands, started alike, stay bit-identical while their data differ."""
-    context = multiprocessing.get_context("spawn")
     with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
-        processes = [context.Process(target=island_process, args=(island, server.address, str(tmp_path),
-                                                                  str(tmp_path / f"{island}.npz")))
-                     for island in ISLANDS]
-        for process in processes:
-            process.start()
-        for process in processes:
-            process.join(timeout=180)
-        assert all(process.exitcode == 0 for process in processes), [p.exitcode for p in processes]
+        run_processes(island_process, [(island, server.address, str(tmp_path), str(tmp_path / f"{island}.npz"))
+                                       for island in ISLANDS])
     got = {island: dict(np.load(tmp_path / f"{island}.npz")) for island in ISLANDS}
     sums = sorted(key[:-len("-before")] for key in got["LON"] if key.endswith("-before"))
     assert len(sums) > STEPS  # several buckets a step
@@ -244,17 +248,10 @@ def test_a_non_finite_bucket_on_one_island_makes_every_scaler_skip_the_step(tmp_
     step 1, NYC's only rank at step 3) leaves the buckets non-finite on every rank of every island, as DDP's
     all-reduce does, so every GradScaler skips that step (parameters unchanged) and halves its scale; the
     other steps train, and every rank of every island ends each step with the same parameters and scale."""
-    context = multiprocessing.get_context("spawn")
     ranks = [(island, rank) for island, count in SCALED_ISLANDS.items() for rank in range(count)]
     with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
-        processes = [context.Process(target=scaled_rank, args=(island, rank, server.address, str(tmp_path),
-                                                               str(tmp_path / f"{island}-{rank}.npz")))
-                     for island, rank in ranks]
-        for process in processes:
-            process.start()
-        for process in processes:
-            process.join(timeout=180)
-        assert all(process.exitcode == 0 for process in processes), [p.exitcode for p in processes]
+        run_processes(scaled_rank, [(island, rank, server.address, str(tmp_path),
+                                     str(tmp_path / f"{island}-{rank}.npz")) for island, rank in ranks])
     got = {where: dict(np.load(tmp_path / f"{where[0]}-{where[1]}.npz")) for where in ranks}
     skipped = {step for _, _, step in POISONED}
     first = got[ranks[0]]
