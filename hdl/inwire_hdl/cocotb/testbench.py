@@ -61,6 +61,10 @@ def contiguous_bytes(frame, width, index):
     return bytes(byte for byte, kept in zip(frame.tdata, keep, strict=True) if kept)
 
 
+RESOLVABLE_BITS = frozenset("01LH")
+"""The bit values `LogicArray.is_resolvable` accepts."""
+
+
 class KeptLanes:
     """m_axis_tdata as the sink reads it: a lane whose tkeep bit is 0 carries no byte and reads as 0.
 
@@ -78,9 +82,11 @@ class KeptLanes:
     @property
     def value(self):
         data = self.tdata.value
-        if data.is_resolvable:
+        # One string test: `is_resolvable` makes a Logic object per bit, 512 of them a beat at 64 bytes.
+        bits = str(data)
+        if set(bits) <= RESOLVABLE_BITS:
             return data.to_unsigned()
-        keep, bits = self.tkeep.value.to_unsigned(), str(data)
+        keep = self.tkeep.value.to_unsigned()
         lanes = [bits[len(bits) - 8 * (lane + 1):len(bits) - 8 * lane] for lane in range(len(bits) // 8)]
         undefined = [lane for lane, text in enumerate(lanes) if keep >> lane & 1 and not set(text) <= {"0", "1"}]
         if undefined:
