@@ -88,7 +88,7 @@ class AlveoCore(Elaboratable):
         to_line = {port: self._transmit_path(m, port) for port in (0, 1)}
 
         m.submodules.core = core = self.core_factory(CMAC_BYTES)
-        from .aggregator import drive_lease_ticks
+        from .lease import drive_lease_ticks
 
         drive_lease_ticks(m, core, CORE_CLOCK_MHZ * 1e6)
         connect_core(m, core, from_line[0], to_line[1])

@@ -169,7 +169,7 @@ class InwireBoard(Elaboratable):
             macs[side] = mac
 
         m.submodules.core = core = self.core_factory(self.data_width)
-        from .aggregator import drive_lease_ticks
+        from .lease import drive_lease_ticks
 
         drive_lease_ticks(m, core, self.core_hz)
         a, b = macs["a"], macs["b"]

@@ -149,18 +149,16 @@ def _saturating_add(total, element):
 def start_timer_anywhere(core):
     """Lets `core`'s 16-bit lease timer start at any value (an AnyConst) instead of 0, so that a bounded check
     of a few ticks reaches its wrap. The timer is read only where the classifier's C1 registers a frame's
-    time (`c1.now`, the timer's value at the header's end): that value plus the AnyConst is the time a timer
-    started there reads. Works on every gateware `mutants.build` makes (an inside mutant's own C1 changes
-    stay)."""
+    time (`now` of `HeaderClassifier.header_class`, the timer's value at the header's end): that value plus
+    the AnyConst is the time a timer started there reads. Works on every gateware `mutants.build` makes (an
+    inside mutant's own C1 changes stay)."""
     classifier = getattr(core, "inner", core).classifier
     start = AnyConst(TIME_BITS)
-    classify = classifier._classify_header
+    header_class = classifier.header_class
 
-    def classify_from_start(m):
-        classify(m)
-        with m.If(classifier.classified.advance & classifier.i0.hdr_end):
-            m.d.sync += classifier.c1.now.eq(classifier.header_time + start)
-    classifier._classify_header = classify_from_start
+    def header_class_from_start():
+        return {**header_class(), "now": classifier.header_time + start}
+    classifier.header_class = header_class_from_start
 
 
 class Harness(Elaboratable):

@@ -2,36 +2,42 @@
 
 Most mutants wrap the real `Aggregator` and change what crosses its ports, so they need nothing from the
 inside and stay valid however the inside changes. The others replace one of the aggregator's components
-(`Aggregator.*_type`) with a subclass that breaks one thing: `stale_memory` builds the output assembler
-with a sum adder that ignores `base_zero`, so a slot's first contribution is added to whatever the sum
-memory held before (which is zero in simulation, and arbitrary in the formal harness); `no_lease` and
-`lease_early` give the decider another lease than the configuration's (none, one tick less), which no
-port-level wrapper can do; `sender_overlap` replaces the slot table's member-overlap test
-(`SlotTable._overlaps`) with a test of the sender's bit alone; `no_route` and `hops_kept` override what the
-classifier's C1 registers about the frame's route (a later assignment wins in Amaranth); `stale_claims`
-hides from the decider that a stale frame's slot is complete, as if the stale check came after the
-completed-slot claim.
+(`Aggregator.*_type`) with a subclass that breaks one thing through a public point of that component (a
+public method or attribute, documented there), never a private stage method a rename would silently skip:
+`stale_memory` builds the output assembler with a sum adder (`OutputAssembler.adder_type`) that ignores
+`base_zero`, so a slot's first contribution is added to whatever the sum memory held before (which is zero
+in simulation, and arbitrary in the formal harness); `no_lease` and `lease_early` give the decider another
+lease than the configuration's (`Decider.lease`: none, one tick less), which no port-level wrapper can do;
+`sender_overlap` replaces the slot table's member-overlap test (`SlotTable.overlaps`) with a test of the
+sender's bit alone; `no_route` and `hops_kept` change what the classifier's C1 registers about the frame's
+route (`HeaderClassifier.header_class`); `stale_claims` hides from the decider (`Decider.decide`) that a
+stale frame's slot is complete, as if the stale check came after the completed-slot claim.
 
-More inside mutants of the same kind, each a small bug a real edit could make: `lease_unwrapped` and
-`stamp_at_claim` in the lease, `carry_lost`, `carry_counted`, `hop2_expect_lost`, `members_low32` and
-`partials_resend_uncounted` in the tree, `source_route` in the route check. `make mutate`
+More inside mutants of the same kind, each a small bug a real edit could make: `lease_unwrapped`
+(`Decider.decide`) and `stamp_at_claim` (`Decider.committed_entry`) in the lease, `carry_lost`
+(`OutputAssembler.carries_flag`), `carry_counted` and `partials_resend_uncounted`
+(`OutputAssembler.counter_increments`), `hop2_expect_lost` and `members_low32` in the tree, `source_route` in
+the route check (`HeaderClassifier.header_class`). tests/test_gateware_mutants.py checks that each inside
+mutant changes the component it replaces and only it. `make mutate`
 (tb/mutation/gateware.py) runs every mutant against the cocotb suite and the formal rows that name it.
 
 `MUTANTS` maps a name to a one-line description; `build(name, config, data_width, buffer_beats)` returns the
 gateware.
 """
 
-from unittest import mock
-
 from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import wiring
 
-from inwire.protocol import COUNTERS, FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
+from inwire.protocol import FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
 
-from . import aggregator
-from .aggregator import Action, Aggregator, Decider, HeaderClassifier, OutputAssembler, SlotTable
+from .aggregator import Aggregator
+from .assembler import OutputAssembler
 from .blocks import SaturatingAdder
+from .classifier import HeaderClassifier
+from .decider import Decider
 from .layout import field_value
+from .signatures import Action
+from .slot_table import SlotTable
 
 MUTANTS = {
     "unstable": "m_axis_tdata changes while the sink stalls",
@@ -78,9 +84,7 @@ class _ForgetfulAdder(SaturatingAdder):
 
 
 class _ForgetfulAssembler(OutputAssembler):
-    def elaborate(self, platform):
-        with mock.patch.object(aggregator, "SaturatingAdder", _ForgetfulAdder):
-            return super().elaborate(platform)
+    adder_type = _ForgetfulAdder
 
 
 class StaleMemory(Aggregator):
@@ -98,7 +102,7 @@ class LeaseMutant(Aggregator):
 
 class _SenderOverlapTable(SlotTable):
     @staticmethod
-    def _overlaps(bitmap, key):
+    def overlaps(bitmap, key):
         return (bitmap & (Const(1, 64) << key.sender[:6])) != 0
 
 
@@ -110,18 +114,16 @@ class SenderOverlap(Aggregator):
 
 
 class _ChangedC1(HeaderClassifier):
-    """The real classifier with some of C1's fields registered otherwise: `_changes(field)`, where
-    `field(name)` is a header field's value."""
+    """The real classifier with some of C1's fields registered otherwise: `_changes(field)` gives them
+    ({field: value}), where `field(name)` is a header field's value."""
 
-    def _classify_header(self, m):
-        super()._classify_header(m)
-        with m.If(self.classified.advance & self.i0.hdr_end):
-            m.d.sync += self._changes(lambda name: field_value(self.header, name))
+    def header_class(self):
+        return {**super().header_class(), **self._changes(lambda name: field_value(self.header, name))}
 
 
 class _NoRouteClassifier(_ChangedC1):
     def _changes(self, field):
-        return [self.c1.route_bad.eq(0)]
+        return {"route_bad": 0}
 
 
 class NoRoute(Aggregator):
@@ -132,8 +134,7 @@ class NoRoute(Aggregator):
 
 class _HopsKeptClassifier(_ChangedC1):
     def _changes(self, field):
-        return [self.c1.out_expect.eq(field("expect")), self.c1.out_hop1.eq(field("hop1")),
-                self.c1.out_hop1_expect.eq(field("hop1_expect"))]
+        return {"out_expect": field("expect"), "out_hop1": field("hop1"), "out_hop1_expect": field("hop1_expect")}
 
 
 class HopsKept(Aggregator):
@@ -144,7 +145,7 @@ class HopsKept(Aggregator):
 
 class _Hop2ExpectLostClassifier(_ChangedC1):
     def _changes(self, field):
-        return [self.c1.out_hop1_expect.eq(0)]
+        return {"out_hop1_expect": 0}
 
 
 class Hop2ExpectLost(Aggregator):
@@ -157,7 +158,7 @@ class _MembersLow32Classifier(_ChangedC1):
     def _changes(self, field):
         bitmap, sender = field("bitmap"), field("sender")
         members = Mux((field("version") == 1) | (bitmap == 0), Const(1, 64) << sender[:6], bitmap)
-        return [self.c1.members.eq(members[:32])]
+        return {"members": members[:32]}
 
 
 class MembersLow32(Aggregator):
@@ -175,7 +176,7 @@ class _SourceRouteClassifier(_ChangedC1):
         route_bad = (field("version") != 1) & Mux(
             hop1 == 0, hop2 != 0,
             (hop1 == cfg.ip) | ((hop1 & mask) != network) | (hop2 == hop1) | (hop2 == cfg.ip))
-        return [self.c1.route_bad.eq(route_bad)]
+        return {"route_bad": route_bad}
 
 
 class SourceRoute(Aggregator):
@@ -189,10 +190,10 @@ class _DecideOnChangedMatch(Decider):
     """The real decider whose disposition sees the slot table's match with some fields changed:
     `_changes(changed, found)`."""
 
-    def _decide(self, m, found):
+    def decide(self, m, found):
         changed = Signal(found.shape(), name=f"found_{type(self).__name__.lower()}")
         m.d.comb += [changed.eq(found), *self._changes(changed, found)]
-        super()._decide(m, changed)
+        super().decide(m, changed)
 
 
 class _StaleClaimsDecider(_DecideOnChangedMatch):
@@ -222,11 +223,9 @@ class LeaseUnwrapped(Aggregator):
 
 
 class _StampAtClaimDecider(Decider):
-    def _commit(self, m, ans):
-        bad = super()._commit(m, ans)
-        with m.If(~self.decision.fresh):
-            m.d.comb += self.access.commit_entry.stamp.eq(self.access.found.entry.stamp)
-        return bad
+    def committed_entry(self, ans):
+        entry = super().committed_entry(ans)
+        return {**entry, "stamp": Mux(self.decision.fresh, entry["stamp"], self.access.found.entry.stamp)}
 
 
 class StampAtClaim(Aggregator):
@@ -237,11 +236,8 @@ class StampAtClaim(Aggregator):
 
 
 class _CarryLostAssembler(OutputAssembler):
-    def _lane_sources(self, m, a, result_header, counters):
-        sources = super()._lane_sources(m, a, result_header, counters)
-        with m.If(a.ctx.action == Action.SUM_RESULT):
-            m.d.comb += sources.carried.eq(0)
-        return sources
+    def carries_flag(self, ctx):
+        return super().carries_flag(ctx) & (ctx.action != Action.SUM_RESULT)
 
 
 class CarryLost(Aggregator):
@@ -251,11 +247,10 @@ class CarryLost(Aggregator):
 
 
 class _CarryCountedAssembler(OutputAssembler):
-    def _stage_b(self, m, advance, b_valid, done, counters):
-        super()._stage_b(m, advance, b_valid, done, counters)
-        saturations, s = counters[COUNTERS.index("saturations")], done.s
-        with m.If(advance & s.valid & s.end & ~s.bad & s.summing & (done.carried_acc | s.carried)):
-            m.d.sync += saturations.eq(saturations + 1)
+    def counter_increments(self, done):
+        increments, s = super().counter_increments(done), done.s
+        carried = ~s.bad & s.summing & (done.carried_acc | s.carried)
+        return {**increments, "saturations": increments["saturations"] | carried}
 
 
 class CarryCounted(Aggregator):
@@ -265,12 +260,10 @@ class CarryCounted(Aggregator):
 
 
 class _PartialsResendUncountedAssembler(OutputAssembler):
-    def _stage_b(self, m, advance, b_valid, done, counters):
-        super()._stage_b(m, advance, b_valid, done, counters)
-        partials, s = counters[COUNTERS.index("partials_emitted")], done.s
-        # A stored output: with the trailer, not summed.
-        with m.If(advance & s.valid & s.end & s.with_trailer & ~s.summing):
-            m.d.sync += partials.eq(partials)
+    def counter_increments(self, done):
+        increments = super().counter_increments(done)
+        # A stored output is sent with the trailer, not summed.
+        return {**increments, "partials_emitted": increments["partials_emitted"] & done.s.summing}
 
 
 class PartialsResendUncounted(Aggregator):

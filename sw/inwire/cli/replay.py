@@ -8,7 +8,7 @@ working directory."""
 import json
 import sys
 
-from inwire_hdl import SIMULATORS
+from inwire_hdl import DATA_WIDTHS, SIMULATORS
 
 from .. import extras, progress
 from ..decode import describe_frame
@@ -20,8 +20,6 @@ from .options import MAX_SUM_WORDS, gateware_config, gateware_size
 
 
 def add_arguments(parser):
-    from inwire_hdl.aggregator import DATA_WIDTHS
-
     parser.add_argument("--sim", choices=SIMULATORS, default=SIMULATORS[0], help="simulator")
     gateware_size(parser, DATA_WIDTHS, sized_by="the capture")
     parser.add_argument("input", metavar="IN.pcap", help="capture of the frames to feed in")
