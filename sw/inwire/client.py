@@ -36,11 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from .datagram import HEADER as RESULT_HEADER
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
     PAYLOAD_OFFSET,
     Address,
+    header_struct,
     ip_int,
     ip_str,
     payloads_of,
@@ -48,8 +50,7 @@ from .datagram import (
     socket_drops,
 )
 from .errors import InwireError
-from .fastpath import HEADER as RESULT_HEADER
-from .fastpath import compiled, header_struct
+from .kernel import compiled
 from .packets import build_frames
 from .plan.schedule_file import member_paths
 from .protocol import (

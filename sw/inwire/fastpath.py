@@ -38,7 +38,9 @@ from types import ModuleType
 
 import numpy as np
 
-from .datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET, ip_int
+from .datagram import HEADER, PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET, SENDER_AT, header_struct, ip_int
+from .datagram import payload_at as _at
+from .kernel import compiled
 from .model import TIME_BITS, _prefix_mask
 from .protocol import (
     AGGREGATION_FIELDS,
@@ -46,7 +48,6 @@ from .protocol import (
     ELEMENT_BYTES,
     FIELDS_BY_NAME,
     FRAME_HEADER_BYTES,
-    FRAME_OFFSETS,
     INT32_MAX,
     INT32_MIN,
     IPV4_BYTES,
@@ -65,33 +66,10 @@ from .protocol import (
     clique_mask,
 )
 
-try:
-    from . import _fastpath as compiled
-except ImportError:  # the extension is optional: numpy does the same work
-    compiled = None
-
-_UNSIGNED_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
-_NAMES = [field.name for field in AGGREGATION_FIELDS]
-
-
-def header_struct(first, last):
-    """The aggregation header's fields `first` to `last` (included) as one big-endian struct."""
-    fields = AGGREGATION_FIELDS[_NAMES.index(first):_NAMES.index(last) + 1]
-    return struct.Struct("!" + "".join(_UNSIGNED_CODES[field.nbytes].lower() if field.signed
-                                       else _UNSIGNED_CODES[field.nbytes] for field in fields))
-
-
-def _at(name):
-    return FRAME_OFFSETS[name] - PAYLOAD_OFFSET
-
-
-HEADER = header_struct("magic", "bitmap")
-"""The fields from `magic` to `bitmap`, in table order: an output's fields before its route (`expect` and the
-hops), and all a host reads of a result (`inwire stream` does)."""
 DECISION = header_struct("magic", "expect")
 """The fields a decision reads: HEADER's and `expect`. The hops are read only when a slot's output is made,
 as bytes."""
-VERSION_AT, OPCODE_AT, SENDER_AT = _at("version"), _at("opcode"), _at("sender")
+VERSION_AT, OPCODE_AT = _at("version"), _at("opcode")
 """The bytes besides the route in which a stored output's answers differ: each carries its asker's."""
 ROUTE_AT, ROUTE_END = _at("expect"), _at("reserved")
 """The route of an output: `expect`, `hop1`, `hop1_expect`, `hop2`, `hop2_expect`."""

@@ -32,8 +32,8 @@ import time
 
 import numpy as np
 
-from . import fastpath
 from .datagram import PAYLOAD_HEADER_BYTES
+from .kernel import compiled
 from .protocol import INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME, Opcode
 from .stream import DEFAULT_CHUNK, StreamConfig, load_plan, run_stream
 from .transport import UdpTransport
@@ -74,7 +74,7 @@ def _plan(islands):
 def variants():
     """(name, `inwire serve` options, elements per island) of the aggregators measured. The islands use the
     compiled kernel's batched I/O with `fast_c` only: `fast_numpy` is the project without any C."""
-    chosen = [("fast_c", ["--fastpath", "c"], ELEMENTS)] if fastpath.compiled is not None else []
+    chosen = [("fast_c", ["--fastpath", "c"], ELEMENTS)] if compiled is not None else []
     return chosen + [("fast_numpy", ["--fastpath", "numpy"], ELEMENTS), ("golden", ["--golden"], GOLDEN_ELEMENTS)]
 
 
@@ -328,7 +328,7 @@ def run():
         "software_aggregator": {
             "ceiling_tool": "iperf3 -u -b 0 on loopback" if shutil.which("iperf3") else "iperf3 not installed",
             "chunk": DEFAULT_CHUNK, "window": WINDOW, "rounds": ROUNDS, "repetitions": REPETITIONS,
-            "compiled_kernel": fastpath.compiled is not None,
+            "compiled_kernel": compiled is not None,
             "cliques": {str(k): clique_figures(k) for k in ISLANDS},
             "jumbo": jumbo_figures(),
         },

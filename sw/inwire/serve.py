@@ -59,7 +59,9 @@ from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
     PAYLOAD_OFFSET,
+    SENDER_AT,
     Address,
+    header_struct,
     ip_int,
     ip_str,
     payload_of,
@@ -68,7 +70,7 @@ from .datagram import (
     wrap,
 )
 from .errors import InwireError
-from .fastpath import SENDER_AT, FastAggregator, compiled, header_struct, next_hop
+from .fastpath import FastAggregator, compiled, next_hop  # the kernel as the fast path loaded it
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field
 from .protocol import (

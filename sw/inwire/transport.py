@@ -27,7 +27,7 @@ from .datagram import (
     stats_request,
     wrap,
 )
-from .fastpath import compiled
+from .kernel import compiled
 from .model import Aggregator, AggregatorConfig
 from .output import atomic_output
 from .packets import frame_field

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..codec import EXPONENT_MIN, choose_exponent, dequantize, quantize
 from ..errors import InwireError
-from ..fastpath import compiled
+from ..kernel import compiled
 from ..protocol import ELEMENT_BYTES, INT32_MAX, INT32_MIN
 
 ATTEMPTS = 7
