@@ -23,7 +23,7 @@ Where the time goes, and what is done about it:
   when another owner wants an unfinished slot.
 
 Two backends. "numpy" is the Python above (the per-element work in numpy): it is the fast path's
-definition. "c" (the default where the C extension `inwire._fastpath` was built, `make setup`) hands each
+definition. "c" (the default where the compiled kernel `inwire._kernel` was built, `make setup`) hands each
 datagram to its `Decider`, which holds the slot table and takes the same decisions in the same order in C,
 one call per datagram; for `inwire serve` it also keeps serve.py's learning table (who sent each slot's
 contributions and partials) and makes a result's unicast copies. No disposition, opcode, header offset,
@@ -152,11 +152,11 @@ class FastAggregator:
         if backend not in _BACKENDS:
             raise ValueError(f"fast path backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
         if backend == "c" and compiled is None:
-            raise ValueError("the compiled fast path (inwire._fastpath) is not built; run `make setup`")
+            raise ValueError("the compiled fast path (inwire._kernel) is not built; run `make setup`")
         self.backend = backend
         self.learns = backend == "c"
         """Whether `handle` also learns serve's table (given a peer), `copies` makes unicast copies and `serve`
-        (one datagram) and `serve_batch` (a recvmmsg batch) take serve's common case (`_fastpath.Decider`)."""
+        (one datagram) and `serve_batch` (a recvmmsg batch) take serve's common case (`_kernel.Decider`)."""
         if backend == "c":
             self._config = config
             self._decider = compiled.Decider(*decider_parameters(config))
