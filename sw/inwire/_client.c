@@ -2,6 +2,9 @@
    the same steps over the same state. The Python method is the definition; tests/test_member_lane.py
    drives both with the same result streams and compares every payload and every piece of state.
 
+   member_state(cls) -> None
+       Binds the lane to the class of the sums (client.MemberSum), once, when it is defined: every attribute
+       of a sum that the lane reads and writes is one of its slots, found here by name (a rename fails here).
    member_lane(layout, expected, sizes, timeouts, received, done, payloads, build) -> lane
        The sum's constants, once: `layout` the (offset, bytes) of the result fields read, in LaneField
        order; `expected` their values as unsigned field contents, None for those not compared with a
@@ -11,7 +14,7 @@
        or (header template, wire, chunk field (offset, bytes), slot field (offset, bytes), slots) to make
        a full chunk's payload here rather than by payloads[index]: chunk i takes slots[i % len(slots)].
    member_result(lane, state, payload, now) -> list
-       One datagram, as on_result: `state` is the MemberSum's __dict__, read and written in place (its
+       One datagram, as on_result: `state` is the MemberSum itself, its slots read and written in place (its
        dicts and sets too), so that its Python methods (due, next_deadline, ...) carry on from it.
    member_results(lane, state, buffer, sizes, slot_size, now) -> list
        member_result for datagram i of `sizes` at buffer[i * slot_size:], the payloads of all in order.
@@ -20,11 +23,13 @@
    every copy against the buffers' lengths. */
 
 #include "_kernel.h"
+#include <structmember.h>
 
 enum LaneField { LF_MAGIC, LF_VERSION, LF_OPCODE, LF_FANIN, LF_EXPONENT, LF_CONTRIBUTORS, LF_JOB, LF_ROUND,
                  LF_CLIQUE, LF_CHUNK, LF_COUNT, LF_BITMAP, LANE_FIELDS };
 
-/* Keys of MemberSum's attributes, as on_result names them. */
+/* The MemberSum's attributes the lane reads and writes, as on_result names them: slots of the class
+   member_state binds, read and written at the offsets it found there. */
 enum LaneKey { LK_DEADLINE, LK_SENT_AT, LK_BACKOFF, LK_TRIES, LK_FAST_RESENT, LK_OVERFLOWED, LK_WRONG,
                LK_CHECKED, LK_REMAINING, LK_NEXT, LK_PROGRESS_AT, LK_PROBED, LK_RESULT_AT, LK_INTERVAL,
                LK_SRTT, LK_RTTVAR, LK_RTO, LK_RETRANSMITS, LANE_KEYS };
@@ -32,7 +37,42 @@ static const char *lane_key_names[LANE_KEYS] = {
     "deadline", "sent_at", "backoff", "tries", "fast_resent", "overflowed_chunks", "wrong_chunks", "checked",
     "remaining", "next", "progress_at", "probed", "result_at", "interval", "srtt", "rttvar", "rto",
     "retransmits"};
-static PyObject *lane_keys[LANE_KEYS];
+static Py_ssize_t lane_offsets[LANE_KEYS];
+static PyObject *lane_class; /* the class whose slots lane_offsets locate; NULL until member_state binds it */
+
+/* member_state(cls): binds the lane to `cls` (client.MemberSum, once, at its import). Each attribute the lane
+   reads must be a writable object slot of `cls`, not shadowed by a class attribute: a renamed or undeclared
+   one fails here, naming it, rather than in a result's handling. */
+static PyObject *member_state(PyObject *self, PyObject *cls)
+{
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "member_state(cls): cls must be a class");
+        return NULL;
+    }
+    Py_ssize_t offsets[LANE_KEYS];
+    for (int k = 0; k < LANE_KEYS; k++) {
+        PyObject *descriptor = PyObject_GetAttrString(cls, lane_key_names[k]);
+        if (descriptor == NULL) {
+            PyErr_Format(PyExc_AttributeError, "member_state: %s has no attribute %s, which the compiled lane reads",
+                         ((PyTypeObject *)cls)->tp_name, lane_key_names[k]);
+            return NULL;
+        }
+        int slot = Py_IS_TYPE(descriptor, &PyMemberDescr_Type) &&
+                   PyType_IsSubtype((PyTypeObject *)cls, PyDescr_TYPE(descriptor));
+        PyMemberDef *member = slot ? ((PyMemberDescrObject *)descriptor)->d_member : NULL;
+        Py_DECREF(descriptor);
+        if (member == NULL || member->type != T_OBJECT_EX || (member->flags & READONLY)) {
+            PyErr_Format(PyExc_TypeError, "member_state: %s.%s is not a writable slot, which the compiled lane needs",
+                         ((PyTypeObject *)cls)->tp_name, lane_key_names[k]);
+            return NULL;
+        }
+        offsets[k] = member->offset;
+    }
+    memcpy(lane_offsets, offsets, sizeof(offsets));
+    Py_INCREF(cls);
+    Py_XSETREF(lane_class, cls);
+    Py_RETURN_NONE;
+}
 
 #define LANE_CAPSULE "inwire._kernel.member_lane"
 
@@ -102,9 +142,6 @@ static PyObject *member_lane(PyObject *self, PyObject *const *args, Py_ssize_t n
                                          "build)");
         return NULL;
     }
-    for (int k = 0; k < LANE_KEYS; k++)
-        if (lane_keys[k] == NULL && (lane_keys[k] = PyUnicode_InternFromString(lane_key_names[k])) == NULL)
-            return NULL;
     Lane *lane = PyMem_Calloc(1, sizeof(Lane));
     if (lane == NULL)
         return PyErr_NoMemory();
@@ -202,12 +239,17 @@ static PyObject *lane_payload(Lane *lane, Py_ssize_t index)
     return payload;
 }
 
-/* A dict or set attribute of the MemberSum (borrowed). */
+static inline PyObject **lane_slot(PyObject *state, int key)
+{
+    return (PyObject **)((char *)state + lane_offsets[key]);
+}
+
+/* An attribute of the MemberSum (borrowed). */
 static PyObject *lane_get(PyObject *state, int key)
 {
-    PyObject *value = PyDict_GetItemWithError(state, lane_keys[key]);
-    if (value == NULL && !PyErr_Occurred())
-        PyErr_Format(PyExc_AttributeError, "MemberSum has no %s", lane_key_names[key]);
+    PyObject *value = *lane_slot(state, key);
+    if (value == NULL)
+        PyErr_Format(PyExc_AttributeError, "MemberSum.%s is not set", lane_key_names[key]);
     return value;
 }
 
@@ -233,7 +275,6 @@ static int lane_get_float(PyObject *state, int key, double *out, int *present)
     return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* dict[key] = value, stealing the reference to `value` (NULL: an error already set). */
 /* A float attribute that must be a number (as Python's arithmetic on it needs). */
 static int lane_get_number(PyObject *state, int key, double *out)
 {
@@ -245,6 +286,7 @@ static int lane_get_number(PyObject *state, int key, double *out)
     return present ? 0 : -1;
 }
 
+/* dict[key] = value, stealing the reference to `value` (NULL: an error already set). */
 static int lane_set_item(PyObject *dict, PyObject *key, PyObject *value)
 {
     if (value == NULL)
@@ -254,9 +296,13 @@ static int lane_set_item(PyObject *dict, PyObject *key, PyObject *value)
     return outcome;
 }
 
+/* The MemberSum's attribute set to `value`, stealing the reference (NULL: an error already set). */
 static int lane_set(PyObject *state, int key, PyObject *value)
 {
-    return lane_set_item(state, lane_keys[key], value);
+    if (value == NULL)
+        return -1;
+    Py_XSETREF(*lane_slot(state, key), value);
+    return 0;
 }
 
 static int lane_set_size(PyObject *state, int key, Py_ssize_t value)
@@ -514,8 +560,8 @@ out:
 
 static Lane *lane_of(PyObject *capsule, PyObject *state)
 {
-    if (!PyDict_Check(state)) {
-        PyErr_SetString(PyExc_TypeError, "member_result: state must be the MemberSum's __dict__");
+    if (lane_class == NULL || !PyObject_TypeCheck(state, (PyTypeObject *)lane_class)) {
+        PyErr_SetString(PyExc_TypeError, "member_result: state must be a MemberSum (of the class member_state bound)");
         return NULL;
     }
     return PyCapsule_GetPointer(capsule, LANE_CAPSULE);
@@ -579,6 +625,8 @@ KERNEL_INTERNAL PyMethodDef lane_methods[] = {
      "member_lane(layout, expected, sizes, timeouts, received, done, payloads, build) -> lane: a sum's constants"},
     {"member_result", (PyCFunction)(void (*)(void))member_result, METH_FASTCALL,
      "member_result(lane, state, payload, now) -> list: MemberSum.on_result, compiled"},
+    {"member_state", (PyCFunction)member_state, METH_O,
+     "member_state(cls) -> None: the class whose slots hold a sum's state (client.MemberSum)"},
     {"member_results", (PyCFunction)(void (*)(void))member_results, METH_FASTCALL,
      "member_results(lane, state, buffer, sizes, slot_size, now) -> list: member_result of each datagram"},
     {NULL, NULL, 0, NULL},
