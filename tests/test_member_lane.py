@@ -13,8 +13,7 @@ import pytest
 
 from inwire import client
 from inwire.client import CliqueKey, CompiledMemberSum, Contributions, MemberSum, contributions, slots_needed
-from inwire.datagram import PAYLOAD_OFFSET, payload_of, wrap
-from inwire.fastpath import header_struct
+from inwire.datagram import PAYLOAD_OFFSET, header_struct, payload_of, wrap
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.protocol import FIELDS_BY_NAME, FRAME_OFFSETS, RESULT_TRAILER_BYTES, STATUS_OVERFLOW
 

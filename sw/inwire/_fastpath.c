@@ -5,8 +5,9 @@
        The fast aggregator's decisions on UDP payloads with its slot table, and inwire serve's learning table
        (below).
 
-   The Python fallback in fastpath.py decides the same with numpy; tests/test_fastpath.py runs both against
-   the golden model. */
+   The golden model (inwire.model) is its definition: tests/test_fastpath.py runs both on the same streams
+   and compares every answer, destination and counter; where this kernel is not built, inwire serve runs the
+   model itself. */
 
 #include "_kernel.h"
 
@@ -33,8 +34,8 @@ static int accumulate_elements(uint8_t *restrict sum, const uint8_t *restrict el
     return saturated;
 }
 
-/* The decider: `FastAggregator`'s whole decision on one UDP payload (fastpath.py's `_decide` and `handle`, the
-   numpy backend, stays its definition), with the slot table it decides on and, for `inwire serve`, who sent
+/* The decider: `FastAggregator`'s whole decision on one UDP payload (the golden model's, taken on the payload
+   rather than its frame), with the slot table it decides on and, for `inwire serve`, who sent
    each slot's accepted contributions and partials (serve.py's learning table).
 
    No protocol number is written here. Decider(fields, constants, config) takes them from the protocol tables:

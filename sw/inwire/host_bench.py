@@ -14,7 +14,7 @@ are made before each round's clock starts. Ceiling: iperf3 UDP on loopback, same
 rate; received payload bytes per second. The machine is shared and noisy, so each repetition measures the
 ceiling and then every variant right after it, and the ratios are taken within the repetition; min and
 median over the repetitions are reported. Variants: the fast path with its compiled kernel (when built)
-and with numpy, and the golden model (`serve --golden`, fewer elements: it is two orders slower).
+and the golden model (`serve --golden`, fewer elements: it is two orders slower).
 gloo: the same element count per process summed by `torch.distributed` gloo `all_reduce` among k
 processes; `gloo_ratio` = inwire's time for a round / gloo's all_reduce time.
 """
@@ -72,10 +72,10 @@ def _plan(islands):
 
 
 def variants():
-    """(name, `inwire serve` options, elements per island) of the aggregators measured. The islands use the
-    compiled kernel's batched I/O with `fast_c` only: `fast_numpy` is the project without any C."""
-    chosen = [("fast_c", ["--fastpath", "c"], ELEMENTS)] if compiled is not None else []
-    return chosen + [("fast_numpy", ["--fastpath", "numpy"], ELEMENTS), ("golden", ["--golden"], GOLDEN_ELEMENTS)]
+    """(name, `inwire serve` options, elements per island) of the aggregators measured: the fast path where
+    the compiled kernel is built (the islands then use its batched I/O too), and the golden model."""
+    chosen = [("fast_c", [], ELEMENTS)] if compiled is not None else []
+    return chosen + [("golden", ["--golden"], GOLDEN_ELEMENTS)]
 
 
 def aggregator_goodput(islands=2, serve_options=(), elements=ELEMENTS, chunk=DEFAULT_CHUNK, window=WINDOW,
@@ -92,7 +92,7 @@ def aggregator_goodput(islands=2, serve_options=(), elements=ELEMENTS, chunk=DEF
         plan = _plan(islands)
         config = StreamConfig(rounds=rounds, elements=elements, chunk=chunk, window=window, timeout_ms=500,
                               job=int.from_bytes(os.urandom(4), "big"))
-        batch_io = "--fastpath" in serve_options and serve_options[serve_options.index("--fastpath") + 1] == "c"
+        batch_io = compiled is not None and "--golden" not in serve_options
         report = run_stream(plan, config, UdpTransport({island: ("127.0.0.1", port) for island in plan.islands},
                                                        window=window, chunk=chunk, batch_io=batch_io))
     finally:
