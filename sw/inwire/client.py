@@ -22,7 +22,7 @@ DDP communication hook) are thin users of this module, as SwitchML's client libr
   bound to the local address that routes to them (never 127.0.0.1 unless the aggregator is there), its
   receive buffer sized for the window; `sum` runs one `MemberSum` to its end, `average` adds the codec's
   shared exponent and the overflow re-send at twice the bound (`inwire.train.codec_average`). With the
-  compiled kernel (`inwire._fastpath`, as `inwire serve` and the stream's transport use it) datagrams are read
+  compiled kernel (`inwire._kernel`, as `inwire serve` and the stream's transport use it) datagrams are read
   with recvmmsg and sent with sendmmsg, a window's payloads as UDP GSO runs; the payloads are made as the
   window takes them (`Contributions`) and the average is decoded from the sums as they came off the wire.
 """
@@ -36,11 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from .datagram import HEADER as RESULT_HEADER
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
     PAYLOAD_OFFSET,
     Address,
+    header_struct,
     ip_int,
     ip_str,
     payloads_of,
@@ -48,8 +50,7 @@ from .datagram import (
     socket_drops,
 )
 from .errors import InwireError
-from .fastpath import HEADER as RESULT_HEADER
-from .fastpath import compiled, header_struct
+from .kernel import compiled
 from .packets import build_frames
 from .plan.schedule_file import member_paths
 from .protocol import (
@@ -92,7 +93,7 @@ RESULT_MIN_BYTES = PAYLOAD_HEADER_BYTES + RESULT_TRAILER_BYTES
 KERNEL_BYTES_PER_DATAGRAM = 1280
 """What the kernel charges a socket's receive buffer per datagram beyond its payload (about 1.2 KiB)."""
 RECEIVE_BATCH = 64
-"""Datagrams `UdpMember` reads per recvmmsg (with the compiled kernel, `inwire._fastpath`)."""
+"""Datagrams `UdpMember` reads per recvmmsg (with the compiled kernel, `inwire._kernel`)."""
 RECEIVE_SLOT = MAX_DATAGRAM + 1
 """Room for any datagram in the receive buffer, so that an oversized result is read whole and reported."""
 
@@ -312,7 +313,12 @@ class RollCall:
             self.seen.add(member)
 
 
-@dataclass
+def _state():
+    """A field of MemberSum's running state: set by `__post_init__`, not an argument, not compared."""
+    return field(init=False, repr=False, compare=False)
+
+
+@dataclass(slots=True)
 class MemberSum:
     """One member's side of one clique sum, without I/O.
 
@@ -352,6 +358,25 @@ class MemberSum:
     overflowed_chunks: set[int] = field(default_factory=set)
     received: bytearray | memoryview | None = None
     """Where the sums go: a writable buffer of 4 x `elements` bytes; None: a new bytearray."""
+    # The running state, declared: each is a slot, and `CompiledMemberSum`'s lane reads and writes those it
+    # needs at their slots' offsets (`compiled.member_state` below finds them by name when this module loads).
+    done_chunks: bytearray = _state()
+    remaining: int = _state()
+    deadline: dict[int, float] = _state()
+    tries: dict[int, int] = _state()
+    next: int = _state()
+    sent_at: dict[int, float] = _state()
+    backoff: dict[int, float] = _state()
+    fast_resent: set[int] = _state()
+    srtt: float | None = _state()
+    rttvar: float | None = _state()
+    rto: float = _state()
+    progress_at: float = _state()
+    probed: bool = _state()
+    result_at: float | None = _state()
+    interval: float | None = _state()
+    expected_header: tuple[int, int, int, int] = _state()
+    owner: tuple[int, int, int] = _state()
 
     def __post_init__(self) -> None:
         if self.received is None:
@@ -539,7 +564,7 @@ class MemberSum:
 
 _LANE_FIELDS = ("magic", "version", "opcode", "fanin", "exponent", "contributors", "job", "round", "clique", "chunk",
                 "count", "bitmap")
-"""The result fields the compiled lane reads, in the order of its `enum LaneField` (inwire/_fastpath.c)."""
+"""The result fields the compiled lane reads, in the order of its `enum LaneField` (inwire/_client.c)."""
 
 
 def _field_at(name):
@@ -554,14 +579,20 @@ def _field_contents(name, value):
     return value & ((1 << bits) - 1) if low <= value < low + (1 << bits) else None
 
 
+if compiled is not None:
+    compiled.member_state(MemberSum)
+
+
 class CompiledMemberSum(MemberSum):
-    """`MemberSum` whose results are read by the compiled kernel (`inwire._fastpath.member_result`): the
-    same steps as `MemberSum.on_result`, which stays the definition, over the same state (the instance's
-    attributes, dicts and sets), so that `start`, `due` and `next_deadline` run unchanged in Python between
+    """`MemberSum` whose results are read by the compiled kernel (`inwire._kernel.member_result`, _client.c):
+    the same steps as `MemberSum.on_result`, which stays the definition, over the same state (the instance's
+    slots, dicts and sets), so that `start`, `due` and `next_deadline` run unchanged in Python between
     results. A full chunk's payload is made in the kernel too when `payloads` is a `Contributions` of this
     sum. tests/test_member_lane.py drives both with the same result streams and compares every payload and
     every piece of state. A sum the kernel cannot take (no kernel; a key or vector no header field can hold,
     which no result could match) reads its results in Python."""
+
+    __slots__ = ("lane",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -593,13 +624,13 @@ class CompiledMemberSum(MemberSum):
     def on_result(self, payload: bytes | memoryview, now: float) -> Sequence[bytes]:
         if self.lane is None:
             return super().on_result(payload, now)
-        return compiled.member_result(self.lane, self.__dict__, payload, now)
+        return compiled.member_result(self.lane, self, payload, now)
 
     def on_results(self, buffer: bytes | bytearray | memoryview, sizes: Sequence[int], slot_size: int,
                    now: float) -> list[bytes]:
         if self.lane is None:
             return super().on_results(buffer, sizes, slot_size, now)
-        return compiled.member_results(self.lane, self.__dict__, buffer, list(sizes), slot_size, now)
+        return compiled.member_results(self.lane, self, buffer, list(sizes), slot_size, now)
 
 
 def member_sum(*args, **kwargs) -> MemberSum:

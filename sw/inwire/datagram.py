@@ -17,6 +17,7 @@ import numpy as np
 
 from .packets import HEADER_DEFAULTS, build_frames
 from .protocol import (
+    AGGREGATION_FIELDS,
     COUNTERS,
     ELEMENT_BYTES,
     ELEMENT_DTYPE,
@@ -47,6 +48,26 @@ PAYLOAD_HEADER_DTYPE = np.dtype({
     "itemsize": PAYLOAD_HEADER_BYTES,
 })
 """The aggregation header's fields, `magic` to `reserved`, at their offsets within a payload."""
+_UNSIGNED_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_FIELD_NAMES = [field.name for field in AGGREGATION_FIELDS]
+
+
+def header_struct(first, last):
+    """The aggregation header's fields `first` to `last` (included) as one big-endian struct."""
+    fields = AGGREGATION_FIELDS[_FIELD_NAMES.index(first):_FIELD_NAMES.index(last) + 1]
+    return struct.Struct("!" + "".join(_UNSIGNED_CODES[field.nbytes].lower() if field.signed
+                                       else _UNSIGNED_CODES[field.nbytes] for field in fields))
+
+
+def payload_at(name):
+    """Where aggregation header field `name` starts within a payload."""
+    return FRAME_OFFSETS[name] - PAYLOAD_OFFSET
+
+
+HEADER = header_struct("magic", "bitmap")
+"""The fields from `magic` to `bitmap`, in table order: an output's fields before its route (`expect` and the
+hops), and all a host reads of a result (`inwire stream` does)."""
+SENDER_AT = payload_at("sender")
 MAX_DATAGRAM = 65535
 Address = tuple[str, int]
 """A UDP endpoint as sockets take it: (dotted IPv4 address, port)."""

@@ -14,7 +14,7 @@ are made before each round's clock starts. Ceiling: iperf3 UDP on loopback, same
 rate; received payload bytes per second. The machine is shared and noisy, so each repetition measures the
 ceiling and then every variant right after it, and the ratios are taken within the repetition; min and
 median over the repetitions are reported. Variants: the fast path with its compiled kernel (when built)
-and with numpy, and the golden model (`serve --golden`, fewer elements: it is two orders slower).
+and the golden model (`serve --golden`, fewer elements: it is two orders slower).
 gloo: the same element count per process summed by `torch.distributed` gloo `all_reduce` among k
 processes; `gloo_ratio` = inwire's time for a round / gloo's all_reduce time.
 """
@@ -32,8 +32,8 @@ import time
 
 import numpy as np
 
-from . import fastpath
 from .datagram import PAYLOAD_HEADER_BYTES
+from .kernel import compiled
 from .protocol import INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME, Opcode
 from .stream import DEFAULT_CHUNK, StreamConfig, load_plan, run_stream
 from .transport import UdpTransport
@@ -72,10 +72,10 @@ def _plan(islands):
 
 
 def variants():
-    """(name, `inwire serve` options, elements per island) of the aggregators measured. The islands use the
-    compiled kernel's batched I/O with `fast_c` only: `fast_numpy` is the project without any C."""
-    chosen = [("fast_c", ["--fastpath", "c"], ELEMENTS)] if fastpath.compiled is not None else []
-    return chosen + [("fast_numpy", ["--fastpath", "numpy"], ELEMENTS), ("golden", ["--golden"], GOLDEN_ELEMENTS)]
+    """(name, `inwire serve` options, elements per island) of the aggregators measured: the fast path where
+    the compiled kernel is built (the islands then use its batched I/O too), and the golden model."""
+    chosen = [("fast_c", [], ELEMENTS)] if compiled is not None else []
+    return chosen + [("golden", ["--golden"], GOLDEN_ELEMENTS)]
 
 
 def aggregator_goodput(islands=2, serve_options=(), elements=ELEMENTS, chunk=DEFAULT_CHUNK, window=WINDOW,
@@ -92,7 +92,7 @@ def aggregator_goodput(islands=2, serve_options=(), elements=ELEMENTS, chunk=DEF
         plan = _plan(islands)
         config = StreamConfig(rounds=rounds, elements=elements, chunk=chunk, window=window, timeout_ms=500,
                               job=int.from_bytes(os.urandom(4), "big"))
-        batch_io = "--fastpath" in serve_options and serve_options[serve_options.index("--fastpath") + 1] == "c"
+        batch_io = compiled is not None and "--golden" not in serve_options
         report = run_stream(plan, config, UdpTransport({island: ("127.0.0.1", port) for island in plan.islands},
                                                        window=window, chunk=chunk, batch_io=batch_io))
     finally:
@@ -328,7 +328,7 @@ def run():
         "software_aggregator": {
             "ceiling_tool": "iperf3 -u -b 0 on loopback" if shutil.which("iperf3") else "iperf3 not installed",
             "chunk": DEFAULT_CHUNK, "window": WINDOW, "rounds": ROUNDS, "repetitions": REPETITIONS,
-            "compiled_kernel": fastpath.compiled is not None,
+            "compiled_kernel": compiled is not None,
             "cliques": {str(k): clique_figures(k) for k in ISLANDS},
             "jumbo": jumbo_figures(),
         },

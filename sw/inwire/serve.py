@@ -1,6 +1,7 @@
 """The software aggregator behind a UDP socket (`inwire serve`).
 
-By default the fast path (`fastpath.FastAggregator`) decides on each UDP payload directly, bit for bit
+By default the fast path (`fastpath.FastAggregator`, where the compiled kernel is built; the golden model
+otherwise) decides on each UDP payload directly, bit for bit
 and counter for counter what the golden model decides (tests/test_fastpath.py holds it to that). With
 `engine="golden"` (and with a co-simulation behind `make_aggregator`) each received datagram is wrapped
 in the Ethernet/IPv4/UDP header it would have carried on the wire (source: the peer's address and port;
@@ -59,7 +60,9 @@ from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
     PAYLOAD_OFFSET,
+    SENDER_AT,
     Address,
+    header_struct,
     ip_int,
     ip_str,
     payload_of,
@@ -68,7 +71,7 @@ from .datagram import (
     wrap,
 )
 from .errors import InwireError
-from .fastpath import SENDER_AT, FastAggregator, compiled, header_struct, next_hop
+from .fastpath import FastAggregator, compiled, next_hop  # the kernel as the fast path loaded it
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field
 from .protocol import (
@@ -167,11 +170,12 @@ class SoftwareAggregator:
                  slots: int = DEFAULT_SLOTS, max_elements: int = DEFAULT_MAX_ELEMENTS,
                  multicast_iface: str | None = None, log: Callable[[str], None] | None = None,
                  make_aggregator: Callable[[AggregatorConfig], FrameAggregator] | None = None,
-                 engine: str | None = None, backend: str | None = None,
+                 engine: str | None = None,
                  receive_buffer: int | None = DEFAULT_RECEIVE_BUFFER,
                  lease: int = DEFAULT_LEASE, upstream: tuple[int, int] | str | None = None,
                  stats_from: tuple[int, int] | str | None = None) -> None:
-        engine = engine or ("golden" if make_aggregator is not None else "fast")
+        # Without the compiled kernel there is no fast path: the golden model serves, with the same answers.
+        engine = engine or ("golden" if make_aggregator is not None or compiled is None else "fast")
         if make_aggregator is not None and listen[0] in ("0.0.0.0", ""):
             raise ServeError(f"a co-simulation's gateware is built for one address: listen on it, not "
                              f"{listen[0] or '0.0.0.0'}:{listen[1]}")
@@ -179,6 +183,9 @@ class SoftwareAggregator:
             raise ServeError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if engine == "fast" and make_aggregator is not None:
             raise ServeError("a custom aggregator (co-simulation) is served by the golden path only")
+        if engine == "fast" and compiled is None:
+            raise ServeError("the fast path needs the compiled kernel inwire._kernel (make setup builds it); "
+                             "--golden serves without it")
         self.engine = engine
         self.unicast = unicast
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -215,13 +222,11 @@ class SoftwareAggregator:
         self._started = time.monotonic()
         if engine == "fast":
             self.model = None
-            self.fast = FastAggregator(self.config, backend)
+            self.fast = FastAggregator(self.config)
             # The compiled decider also keeps the learning table (`learned`) and makes the unicast copies.
-            self.handle = self._handle_compiled if self.fast.learns else self._handle_fast
-            if self.fast.learns:
-                self._serve, self._compiled_copies = self.fast.serve, self.fast.copies
-            # recvmmsg/sendmmsg come with the compiled kernel; the numpy variant stays all Python.
-            self.batch_io = self.fast.backend == "c"
+            self.handle = self._handle_compiled
+            self._serve, self._compiled_copies = self.fast.serve, self.fast.copies
+            self.batch_io = True
         else:
             self.fast = None
             self.model = (make_aggregator or Aggregator)(self.config)
@@ -241,12 +246,12 @@ class SoftwareAggregator:
         """slot -> (owner key, {sender index: (ip, port)} of members, {(ip, port)} of child aggregators),
         learned from the accepted contributions and partials of the slot's current owner. With the compiled
         decider the table lives in it, and this is a copy."""
-        return self.fast.learned() if self.fast is not None and self.fast.learns else self._learned
+        return self.fast.learned() if self.fast is not None else self._learned
 
     @property
     def description(self) -> str:
         if self.fast is not None:
-            return f"the fast path ({self.fast.backend}, bit-exact with the golden model)"
+            return "the fast path (compiled, bit-exact with the golden model)"
         return "the golden model" if isinstance(self.model, Aggregator) else type(self.model).__name__
 
     def slot_key(self, slot: int) -> tuple[int, int, int, int] | None:
@@ -273,23 +278,9 @@ class SoftwareAggregator:
         address = ipaddress.IPv4Address(host)
         return address.is_loopback or address in self.stats_from
 
-    def _handle_fast(self, payload, peer, now=None):
-        # Opcodes and dispositions as module ints: a member looked up on an enum class costs about 150 ns, and
-        # this runs once per datagram.
-        if len(payload) > 3 and payload[3] in _SERVICE_OPCODES:
-            refused = self._refused_before_deciding(payload, peer)
-            if refused is not None:
-                return refused
-        disposition, answer = self.fast.handle(payload, self.ticks() if now is None else now, peer[0])
-        if disposition == _ACCUMULATED or (disposition == _ANSWERED and payload[3] in _LEARNED_OPCODES):
-            self._learn(payload, peer)
-        if answer is None:
-            return []
-        return self._send_answer(payload, peer, disposition, answer)
-
     def _handle_compiled(self, payload, peer, now=None):
-        """`_handle_fast` with the compiled decider, which learns the peer as `_learn` would and, in the common
-        case, makes the unicast copies of a completed result too (`Decider.serve`)."""
+        """The compiled decider's answer to `payload` from `peer`: it learns the peer as `_learn` would and, in
+        the common case, makes the unicast copies of a completed result too (`Decider.serve`)."""
         now = self.ticks() if now is None else now
         # The service's address, for the decider to leave out of unicast copies; without it (multicast, or a
         # wildcard address, which makes other addresses the service's too) copies are made here.
@@ -400,7 +391,7 @@ class SoftwareAggregator:
     def _copies(self, body, parent=None):
         """A result for each member and child aggregator learned for its slot's owner, except `parent`
         (where a relayed result came from) and this service."""
-        if self.fast is not None and self.fast.learns:
+        if self.fast is not None:
             return self._unless_own(self._compiled_copies(body, parent))
         slot, key, _ = _owner(body)
         entry = self._learned.get(slot)
@@ -583,7 +574,7 @@ class SoftwareAggregator:
 
     def _handle_run(self, buffer, batch, start, slot, now, view):
         """`handle_batch` on the datagrams of `batch` from `start` on."""
-        if self.fast is None or not self.fast.learns:
+        if self.fast is None:
             sends = []
             for index, (size, peer) in enumerate(batch[start:], start):
                 sends += self.handle(view[index * slot:index * slot + size], peer, now)
@@ -640,7 +631,7 @@ _SERVICE_OPCODES = frozenset((int(Opcode.RESULT), int(Opcode.STATS_REQUEST)))
 _PARTIAL, _RESULT = int(Opcode.PARTIAL), int(Opcode.RESULT)
 _LEARNED_OPCODES = frozenset((int(Opcode.CONTRIBUTION), _PARTIAL))
 """Opcodes whose sender the service learns for unicast copies, when the aggregator takes or answers them."""
-_ACCUMULATED, _ANSWERED = int(Disposition.ACCUMULATED), int(Disposition.ANSWERED)
+_ANSWERED = int(Disposition.ANSWERED)
 _GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
 
 

@@ -27,7 +27,7 @@ from .datagram import (
     stats_request,
     wrap,
 )
-from .fastpath import compiled
+from .kernel import compiled
 from .model import Aggregator, AggregatorConfig
 from .output import atomic_output
 from .packets import frame_field
@@ -62,7 +62,7 @@ class UdpTransport:
     valid during the `deliver` call (with recvmmsg and a `deliver_batch`, each batch at once: the buffer,
     valid during the call). Each socket's receive buffer holds `window` results of `chunk`
     elements twice over (results beyond the window are retransmission answers). With the compiled kernel
-    (`inwire._fastpath`) a socket is read with recvmmsg and the datagrams the islands send in answer to
+    (`inwire._kernel`, _transport.c) a socket is read with recvmmsg and the datagrams the islands send in answer to
     a batch leave with one sendmmsg."""
 
     SLOT = MAX_DATAGRAM + 1
@@ -81,7 +81,7 @@ class UdpTransport:
         self.multicast_iface, self.multicast_port = multicast_iface, multicast_port
         self.receive_buffer = receive_buffer_bytes(window, PAYLOAD_HEADER_BYTES + 4 * chunk + 4)
         if batch_io and compiled is None:
-            raise ValueError("batched I/O needs the compiled kernel inwire._fastpath (make setup builds it)")
+            raise ValueError("batched I/O needs the compiled kernel inwire._kernel (make setup builds it)")
         self.batch_io = compiled is not None if batch_io is None else batch_io
         """recvmmsg/sendmmsg through the compiled kernel (default: when it is built)."""
         self.readers, self.listeners = {}, {}

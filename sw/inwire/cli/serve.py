@@ -1,6 +1,7 @@
 """Run the software aggregator behind a UDP socket until SIGINT or SIGTERM.
 
-By default the fast path decides on each UDP payload, bit-exact with the golden model; with --golden each
+By default the fast path decides on each UDP payload, bit-exact with the golden model (where the compiled
+kernel is built; the golden model answers otherwise); with --golden each
 datagram is wrapped in the frame it would have been on the wire and handed to the model itself; with
 --sim the gateware answers, in co-simulation. Results go to the clique's multicast group (or, with
 --unicast, to each member); a partial of a reduction tree goes to the next aggregator up, at its address
@@ -52,9 +53,6 @@ def add_arguments(parser):
     parser.add_argument("--golden", action="store_true",
                         help="answer with the golden model itself (each datagram wrapped into its frame) instead "
                              "of the fast path; slower, same answers")
-    parser.add_argument("--fastpath", choices=("auto", "c", "numpy"), default="auto",
-                        help="the fast path's element kernel: the compiled one (c, built by make setup), numpy, or "
-                             "auto (c when built)")
     parser.add_argument("--receive-buffer", type=whole("--receive-buffer"), default=DEFAULT_RECEIVE_BUFFER,
                         metavar="BYTES",
                         help="socket receive buffer; must hold islands x window datagrams")
@@ -84,9 +82,8 @@ def run(args):
     if args.stats_interval is not None:
         check_positive("--stats-interval", args.stats_interval, unit="seconds")
     check_integer("--receive-buffer", args.receive_buffer, 1, 2**31 - 1, "SO_RCVBUF is a C int")
-    kwargs = {"engine": "golden" if args.golden or args.sim else "fast", "receive_buffer": args.receive_buffer}
-    if kwargs["engine"] == "fast" and args.fastpath != "auto":
-        kwargs["backend"] = args.fastpath
+    # engine None: the fast path where the compiled kernel is built, else the golden model (serve chooses)
+    kwargs = {"engine": "golden" if args.golden or args.sim else None, "receive_buffer": args.receive_buffer}
     if args.sim:
         from inwire_hdl.cosim import CoSimulation
 

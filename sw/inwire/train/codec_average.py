@@ -3,7 +3,7 @@
 The member side (`encode`, `decode`) is what `UdpCliqueExchange` sends and reads; `clique_average` puts the
 aggregator's sum (int32, saturating at every contribution as the golden model and the gateware do) between
 them, so a study that simulates islands in one process gets bit for bit the average the aggregator gives.
-Numpy (and the compiled kernel `inwire._fastpath` where it is built) only: no torch.
+Numpy (and the compiled kernel `inwire._kernel`, _codec.c, where it is built) only: no torch.
 """
 
 import math
@@ -13,7 +13,7 @@ import numpy as np
 
 from ..codec import EXPONENT_MIN, choose_exponent, dequantize, quantize
 from ..errors import InwireError
-from ..fastpath import compiled
+from ..kernel import compiled
 from ..protocol import ELEMENT_BYTES, INT32_MAX, INT32_MIN
 
 ATTEMPTS = 7
