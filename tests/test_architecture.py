@@ -220,6 +220,47 @@ def test_serve_depends_on_model_and_datagram_not_on_the_cli_or_the_gateware():
                     "inwire.protocol"}
 
 
+def _importers(target, graph):
+    """Modules of `graph` with an edge to `target` (importing a module below it counts: its package runs)."""
+    return {name for name, edges in graph.items() if target in edges}
+
+
+def test_the_core_imports_nothing_from_train():
+    """train/ builds on the core (the member client, the clique averaging's codec), never the other way: only
+    the command that runs the study reaches into it."""
+    graph = import_graph(package_modules(), every_import)
+    outside = {name for name in _importers("inwire.train", graph) if not name.startswith("inwire.train.")}
+    assert outside == {"inwire.cli.train"}
+
+
+def test_host_modules_load_no_gateware_when_imported():
+    """The simulators' names are parsed in the host package (`inwire.simulators`): only a gateware command
+    imports `inwire_hdl` when it loads; a host module that simulates (a sim: target) does so when it runs."""
+    graph = import_graph(package_modules())
+    host = {name for name in _importers("inwire_hdl", graph) if name.partition(".")[0] == "inwire"}
+    # cli.options is every command's, `inwire decode`'s too
+    assert sorted(name for name in host if not name.startswith("inwire.cli.") or name == "inwire.cli.options") == []
+    assert graph["inwire.simulators"] == set()
+
+
+def test_only_what_runs_a_service_imports_serve():
+    """Constants the members share with the service (`DEFAULT_SLOTS`) live in the protocol layer: the client
+    and the trainers do not import the aggregator's service to read them."""
+    graph = import_graph(package_modules(), every_import)
+    assert _importers("inwire.serve", graph) == {"inwire.cli.serve", "inwire.cli.run", "inwire.cli.demo",
+                                                 "inwire.cli.options", "inwire.train.bench"}
+
+
+def test_no_command_imports_another_command():
+    """What two commands share (e.g. `make_transport`, which `run` and `stream` both use) lives in a shared
+    module, not in one of them."""
+    from inwire.cli import COMMANDS
+
+    graph = import_graph(package_modules(), every_import)
+    commands = {module for module, _ in COMMANDS.values()}
+    assert {name: sorted(graph[name] & commands) for name in commands if graph[name] & commands} == {}
+
+
 def _capture(path):
     config = AggregatorConfig()
     frames = [bytes(row) for row in build_frames(np.array([[1, 2], [3, 4]]), ip_dst=config.ip, fanin=2,

@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 
 from inwire.client import ClientError  # noqa: E402
 from inwire.codec import choose_exponent, dequantize, quantize  # noqa: E402
+from inwire.codec_average import AveragingError, clique_average  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
 from inwire.train.averaging import CliqueAverager, InwireExchange, LocalSGD, OuterOptimizer, anchor_parameters  # noqa: E402
-from inwire.train.codec_average import AveragingError, clique_average  # noqa: E402
 
 ROUNDS = [[(("A", "B", "C"), "LON"), (("D",), None)], [(("A", "D"), "FRA"), (("B", "C"), "AMS")]]
 

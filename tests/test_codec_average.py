@@ -13,10 +13,10 @@ import textwrap
 import numpy as np
 import pytest
 
+from inwire import codec_average
 from inwire.codec import EXPONENT_MAX, EXPONENT_MIN, choose_exponent
+from inwire.codec_average import decode, decode_definition, encode, encode_definition
 from inwire.protocol import INT32_MAX
-from inwire.train import codec_average
-from inwire.train.codec_average import decode, decode_definition, encode, encode_definition
 
 
 def require_compiled():

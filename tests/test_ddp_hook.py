@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from inwire.codec_average import clique_average  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
-from inwire.train.codec_average import clique_average  # noqa: E402
 
 ISLANDS = ("LON", "NYC", "SIN")
 STEPS = 3

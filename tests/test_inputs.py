@@ -200,7 +200,7 @@ def test_earlier_spellings_of_options_still_work(argv, dest, value):
 def test_simulated_gateware_has_one_default_width():
     """replay, stream sim:, serve --sim and run build the same core width, so a tour builds each
     configuration once."""
-    from inwire_hdl import SIM_DEFAULT_WIDTH, parse_simulator
+    from inwire.simulators import SIM_DEFAULT_WIDTH, parse_simulator
 
     replay = build_parser(["replay"]).parse_args(["replay", "in.pcap", "out.pcap"])
     assert replay.width == parse_simulator("verilator")[1] == SIM_DEFAULT_WIDTH

@@ -11,11 +11,11 @@ import pytest
 
 from inwire import client
 from inwire.client import CliqueKey, Contributions, MemberSum, UdpMember, contributions, slot, slots_needed
+from inwire.codec_average import clique_average
 from inwire.datagram import payload_of, wrap
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.netns import AGGREGATOR_IP, Lab, inside, unavailable_reason
 from inwire.serve import SoftwareAggregator, serving_in_thread
-from inwire.train.codec_average import clique_average
 
 torch = pytest.importorskip("torch")
 

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-from inwire.train.codec_average import clique_average  # noqa: E402
+from inwire.codec_average import clique_average  # noqa: E402
 from inwire.train.dist import DistributedRunError, check_bit_exact, launch_islands, main, run_dist  # noqa: E402
 from inwire.train.island import digest, load_log, save_log  # noqa: E402
 
@@ -65,7 +65,7 @@ def test_an_unreachable_aggregator_fails_in_bounded_time(tmp_path):
         launch_islands(["LON"], "127.0.0.1:9", schedule, tmp_path, 2, 5, 5, 0, "0.3", timeout_s=40)
     # The error shows the cause, not only torchrun's summary: rank 1 heard from rank 0 why it stopped.
     assert "[rank0]: " in str(failure.value) and "no result for chunk" in str(failure.value)
-    assert "[rank1]: inwire.train.codec_average.AveragingError: round 0: rank 0 of island LON could not average" \
+    assert "[rank1]: inwire.codec_average.AveragingError: round 0: rank 0 of island LON could not average" \
         in str(failure.value)
 
 
@@ -82,7 +82,7 @@ def test_a_missing_island_is_named_on_every_rank_of_the_others(tmp_path):
             launch_islands(["LON", "SIN"], f"127.0.0.1:{server.address[1]}", schedule, tmp_path, 2, 5, 5, 0, "0.3",
                            timeout_s=40)
     text = str(failure.value)
-    assert "[rank0]: inwire.client.ClientError: " in text and "[rank1]: inwire.train.codec_average.AveragingError" \
+    assert "[rank0]: inwire.client.ClientError: " in text and "[rank1]: inwire.codec_average.AveragingError" \
         in text, text
     for rank in ("[rank0]", "[rank1]"):
         assert any(line.startswith(rank) and "no contribution of NYC arrived" in line for line in text.splitlines()), \

@@ -211,7 +211,7 @@ def test_train_help_does_not_import_torch():
 
 def test_simulated_average_is_the_codec_average():
     """The study averages with clique_average: members of a clique end equal, the others keep theirs."""
-    from inwire.train.codec_average import clique_average
+    from inwire.codec_average import clique_average
     from inwire.train.training import Islands
 
     islands = Islands(3, 8, seed=0)

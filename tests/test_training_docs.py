@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from inwire.codec_average import clique_average  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
-from inwire.train.codec_average import clique_average  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ISLANDS = ("LON", "NYC")

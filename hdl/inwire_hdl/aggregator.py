@@ -55,8 +55,8 @@ from inwire.protocol import (
     FRAME_HEADER_BYTES,
     RESULT_TRAILER_BYTES,
 )
+from inwire.simulators import DATA_WIDTHS
 
-from . import DATA_WIDTHS
 from .assembler import OutputAssembler
 from .blocks import RegisteredFIFO
 from .classifier import HeaderClassifier

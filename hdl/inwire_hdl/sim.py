@@ -36,8 +36,8 @@ from unittest import mock
 from inwire import extras, progress
 from inwire.errors import InwireError
 from inwire.model import AggregatorConfig
+from inwire.simulators import SIM_DEFAULT_WIDTH, SIMULATORS
 
-from . import SIM_DEFAULT_WIDTH, SIMULATORS
 from .verilog import TOP, generate_verilog
 
 BUILD_ROOT = Path("build") / "sim"

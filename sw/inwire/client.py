@@ -21,7 +21,7 @@ DDP communication hook) are thin users of this module, as SwitchML's client libr
 - `UdpMember`: one island's socket to its aggregators (one address, or one per city for reduction trees),
   bound to the local address that routes to them (never 127.0.0.1 unless the aggregator is there), its
   receive buffer sized for the window; `sum` runs one `MemberSum` to its end, `average` adds the codec's
-  shared exponent and the overflow re-send at twice the bound (`inwire.train.codec_average`). With the
+  shared exponent and the overflow re-send at twice the bound (`inwire.codec_average`). With the
   compiled kernel (`inwire._kernel`, as `inwire serve` and the stream's transport use it) datagrams are read
   with recvmmsg and sent with sendmmsg, a window's payloads as UDP GSO runs; the payloads are made as the
   window takes them (`Contributions`) and the average is decoded from the sums as they came off the wire.
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from .codec_average import ATTEMPTS, AveragingError, decode, encode
 from .datagram import HEADER as RESULT_HEADER
 from .datagram import (
     MAX_DATAGRAM,
@@ -54,6 +55,7 @@ from .kernel import compiled
 from .packets import build_frames
 from .plan.schedule_file import member_paths
 from .protocol import (
+    DEFAULT_SLOTS,
     ELEMENT_BYTES,
     ELEMENT_DTYPE,
     FIELDS_BY_NAME,
@@ -65,8 +67,6 @@ from .protocol import (
     VERSION,
     Opcode,
 )
-from .serve import DEFAULT_SLOTS
-from .train.codec_average import ATTEMPTS, AveragingError, decode, encode
 
 SLOT_POOLS = 4
 FAST_RETRANSMIT = 3

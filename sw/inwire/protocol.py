@@ -109,6 +109,10 @@ FIELDS_BY_NAME = {field.name: field for field in FRAME_FIELDS}
 assert FRAME_HEADER_BYTES == 128, FRAME_HEADER_BYTES
 
 INWIRE_PORT = 0x4957
+DEFAULT_SLOTS = 256
+"""Slots of `inwire serve` unless told (--slots), which members and trainers size their runs against. A run
+needs 4 x cliques x window slots (`client.slots_needed`): 256 holds the host benchmark's window of 64 in one
+clique. The gateware's default (`AggregatorConfig.slots`, 16) is what a board's block RAM holds."""
 MAGIC = 0x4957
 VERSION = 2
 """Version 2 adds reduction trees (member bitmaps, levels, hops, partials). A version 1 frame still works:

@@ -75,6 +75,7 @@ from .fastpath import FastAggregator, compiled, next_hop  # the kernel as the fa
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field
 from .protocol import (
+    DEFAULT_SLOTS,
     FAULT_DROP_COUNTERS,
     FRAME_OFFSETS,
     INWIRE_PORT,
@@ -85,9 +86,6 @@ from .protocol import (
 
 POLL_S = 0.1
 """Longest a wait for input lasts, so that a stop request is seen promptly."""
-DEFAULT_SLOTS = 256
-"""A run needs 4 x cliques x window slots (`client.slots_needed`): 256 holds the host benchmark's window of
-64 in one clique. The gateware's default (`AggregatorConfig.slots`, 16) is what a board's block RAM holds."""
 DEFAULT_MAX_ELEMENTS = 256
 DEFAULT_RECEIVE_BUFFER = 4 << 20
 """SO_RCVBUF of the service: every island's window of datagrams must fit, or the kernel drops them and

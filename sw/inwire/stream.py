@@ -25,8 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inwire_hdl import parse_simulator
-
 from . import client
 from .client import RouteError, clique_group
 from .client import member_sum as member_sum_of
@@ -51,7 +49,8 @@ from .protocol import (
     RETRANSMISSION_DROP_COUNTERS,
     Opcode,
 )
-from .transport import StatsSilence
+from .simulators import parse_simulator
+from .transport import CaptureTransport, StatsSilence, UdpTransport
 
 GRADIENT_BOUND = 1.0
 """Seeded gradients lie in [-1, 1): every member knows this bound, so all pick the same exponent."""
@@ -185,6 +184,31 @@ def aggregator_cities(plan):
 
 def has_trees(plan):
     return any(tree for *_, tree in clique_trees(plan))
+
+
+def make_transport(target, plan, workload_slots, config):
+    """The transport a parsed --target (`parse_target`) names, for `plan`'s islands; `workload_slots` and
+    `config` size a capture's or co-simulation's aggregator."""
+    if target.kind == "udp" and isinstance(target.value, dict):
+        # Only the schedule's aggregator cities: the stats are asked of each (a map may name more).
+        aggregators = {city: target.value[city] for city in aggregator_cities(plan)}
+        first = next(iter(aggregators.values()))
+        return UdpTransport({island: first for island in plan.islands}, window=config.window, chunk=config.chunk,
+                            aggregators=aggregators)
+    if target.kind == "udp":
+        return UdpTransport({island: target.value for island in plan.islands}, window=config.window, chunk=config.chunk)
+    if target.kind == "iface":
+        from .iface import IfaceTransport
+
+        return IfaceTransport(target.value, plan.islands)
+    if target.kind == "sim":
+        from inwire_hdl.cosim import CoSimulation
+
+        simulator, width = target.value
+        return CaptureTransport(None, plan.islands, workload_slots, config.chunk,
+                                make_aggregator=lambda aggregator: CoSimulation(simulator, width, aggregator),
+                                cities=aggregator_cities(plan) if has_trees(plan) else None)
+    return CaptureTransport(target.value, plan.islands, workload_slots, config.chunk)
 
 
 def clique_routes(members, root, tree, address, where="schedule"):

@@ -7,10 +7,11 @@ import math
 import sys
 from pathlib import Path
 
-from inwire_hdl import DATA_WIDTHS, board_build
+from inwire_hdl import board_build
 from inwire_hdl.board import PLL_VCO_HZ
 
 from .. import progress
+from ..simulators import DATA_WIDTHS
 from .options import BOARD_WIDTH, check_seed, decimal, earlier_spelling, whole
 
 

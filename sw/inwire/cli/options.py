@@ -4,7 +4,7 @@ import argparse
 import math
 import re
 
-from inwire_hdl import parse_simulator
+from ..simulators import parse_simulator
 
 MAX_MODEL_MB = 1e9
 """Largest model size a command plans or charges for: a petabyte, far beyond any model (and 1e308 MB would
@@ -126,7 +126,8 @@ def gateware_size(parser, widths, sized_by=None):
     that is simulated (`sized_by`: replay) has the simulated-gateware commands' width, a written one the
     board's."""
     from inwire.model import AggregatorConfig
-    from inwire_hdl import SIM_DEFAULT_WIDTH
+
+    from ..simulators import SIM_DEFAULT_WIDTH
 
     defaults = AggregatorConfig()
     if sized_by:

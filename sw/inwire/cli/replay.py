@@ -8,18 +8,19 @@ working directory."""
 import json
 import sys
 
-from inwire_hdl import DATA_WIDTHS, SIMULATORS
-
 from .. import extras, progress
 from ..decode import describe_frame
 from ..model import Aggregator, AggregatorConfig
 from ..output import atomic_output, check_outputs_apart, check_writable
 from ..pcap import read_frames, write_frames
 from ..protocol import JUMBO_ELEMENTS_PER_FRAME
+from ..simulators import SIMULATORS
 from .options import MAX_SUM_WORDS, gateware_config, gateware_size
 
 
 def add_arguments(parser):
+    from ..simulators import DATA_WIDTHS
+
     parser.add_argument("--sim", choices=SIMULATORS, default=SIMULATORS[0], help="simulator")
     gateware_size(parser, DATA_WIDTHS, sized_by="the capture")
     parser.add_argument("input", metavar="IN.pcap", help="capture of the frames to feed in")

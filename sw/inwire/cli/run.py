@@ -39,10 +39,10 @@ def run(args):
         format_report,
         has_trees,
         load_plan,
+        make_transport,
         parse_target,
         run_stream,
     )
-    from .stream import make_transport
 
     # Every value is checked before the minute of planning and before the schedule is written.
     config = StreamConfig(rounds=args.rounds, elements=args.elements, job=1)

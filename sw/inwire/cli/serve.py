@@ -15,8 +15,8 @@ import socket
 from .. import extras
 from ..datagram import ip_str, parse_endpoint
 from ..model import DEFAULT_LEASE, AggregatorConfig
-from ..protocol import INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME
-from ..serve import DEFAULT_MAX_ELEMENTS, DEFAULT_RECEIVE_BUFFER, DEFAULT_SLOTS, SoftwareAggregator
+from ..protocol import DEFAULT_SLOTS, INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME
+from ..serve import DEFAULT_MAX_ELEMENTS, DEFAULT_RECEIVE_BUFFER, SoftwareAggregator
 from .options import check_integer, check_positive, decimal, simulator, whole
 
 

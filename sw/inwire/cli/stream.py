@@ -27,6 +27,7 @@ from ..stream import (
     format_report,
     has_trees,
     load_plan,
+    make_transport,
     parse_target,
     run_stream,
 )
@@ -61,32 +62,6 @@ def add_arguments(parser):
     parser.add_argument("--job", type=whole("--job"), default=None, metavar="ID",
                         help="job identifier (default: random, or 1 for pcap: and sim:)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-
-
-def make_transport(target, plan, workload_slots, config):
-    """The transport a parsed --target names."""
-    from ..transport import CaptureTransport, UdpTransport
-
-    if target.kind == "udp" and isinstance(target.value, dict):
-        # Only the schedule's aggregator cities: the stats are asked of each (a map may name more).
-        aggregators = {city: target.value[city] for city in aggregator_cities(plan)}
-        first = next(iter(aggregators.values()))
-        return UdpTransport({island: first for island in plan.islands}, window=config.window, chunk=config.chunk,
-                            aggregators=aggregators)
-    if target.kind == "udp":
-        return UdpTransport({island: target.value for island in plan.islands}, window=config.window, chunk=config.chunk)
-    if target.kind == "iface":
-        from ..iface import IfaceTransport
-
-        return IfaceTransport(target.value, plan.islands)
-    if target.kind == "sim":
-        from inwire_hdl.cosim import CoSimulation
-
-        simulator, width = target.value
-        return CaptureTransport(None, plan.islands, workload_slots, config.chunk,
-                                make_aggregator=lambda aggregator: CoSimulation(simulator, width, aggregator),
-                                cities=aggregator_cities(plan) if has_trees(plan) else None)
-    return CaptureTransport(target.value, plan.islands, workload_slots, config.chunk)
 
 
 def run(args):

@@ -9,7 +9,7 @@ from .options import earlier_spelling, gateware_config, gateware_size
 
 
 def add_arguments(parser):
-    from inwire_hdl import DATA_WIDTHS
+    from ..simulators import DATA_WIDTHS
 
     gateware_size(parser, DATA_WIDTHS)
     parser.add_argument("--out", metavar="FILE", help="Verilog file to write (required)")

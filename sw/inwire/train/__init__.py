@@ -1,12 +1,12 @@
-"""Training through inwire (needs the `torch` extra for everything but `codec_average`).
+"""Training through inwire (needs the `torch` extra).
 
 - `averaging`: `CliqueAverager`, a drop-in for PyTorch's `PeriodicModelAverager`, optionally with a DiLoCo-style
   outer step, and `UdpCliqueExchange`, which carries one averaging to an aggregator over UDP;
-- `codec_average`: the arithmetic of one clique averaging, member side and aggregator side (numpy only);
 - `training`: the study behind `inwire train`, islands simulated in one process with deterministic time;
 - `island`, `dist`: islands as torchrun jobs (gloo or NCCL inside, inwire between), `make train-dist`.
 
 The `inwire train` command is `inwire.cli.train`.
 
-Importing this package does not import torch; its modules that need it do.
+The arithmetic of one clique averaging (numpy only) is `inwire.codec_average`, beside the member client that
+sends it. Importing this package does not import torch; its modules that need it do.
 """

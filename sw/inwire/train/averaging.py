@@ -29,10 +29,10 @@ import numpy.typing as npt
 import torch
 
 from ..client import DEFAULT_CHUNK, DEFAULT_WINDOW, ClientError, CliqueKey, UdpMember, clique_group, clique_routes
+from ..codec_average import ATTEMPTS, AveragingError
 from ..datagram import Address, ip_int
 from ..plan.schedule_file import ScheduleFile
 from ..protocol import MAX_FANIN
-from .codec_average import ATTEMPTS, AveragingError
 from .outer import OuterOptimizer
 
 try:

@@ -186,8 +186,8 @@ def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
     per datagram, measured on `sample` elements. What the averaging's measured CPU holds beyond these is the
     sockets' system calls and the loops around them."""
     from ..client import CliqueKey, Contributions, member_sum
+    from ..codec_average import decode, encode
     from ..serve import BATCH, SoftwareAggregator
-    from .codec_average import decode, encode
 
     vector = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
     started = time.process_time()

@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 
 from ..client import DEFAULT_WINDOW, SLOT_POOLS, ClientError
-from ..serve import DEFAULT_SLOTS
-from .codec_average import AveragingError
+from ..codec_average import AveragingError
+from ..protocol import DEFAULT_SLOTS
 
 
 def default_buckets(islands):

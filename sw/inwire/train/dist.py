@@ -30,12 +30,12 @@ import time
 
 import numpy as np
 
+from ..codec_average import clique_average
 from ..errors import InwireError
 from ..plan.cost import CostModel
 from ..plan.schedule_file import schedule_document
 from ..plan.search import Evaluator, plan_schedule
 from ..plan.topology import load_topology
-from .codec_average import clique_average
 
 
 class DistributedRunError(InwireError, RuntimeError):
@@ -336,7 +336,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sim = ()
     if args.sim:
-        from inwire_hdl import parse_simulator
+        from ..simulators import parse_simulator
 
         sim = parse_simulator(args.sim)
     try:

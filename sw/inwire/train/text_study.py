@@ -168,7 +168,7 @@ def strategy_run(settings, seed, islands, rounds, name, local_steps, outer):
 
 def _calibrate(settings, islands):
     """Seconds of one training step of every island, one evaluation and one sync of all, measured now."""
-    from .codec_average import clique_average
+    from ..codec_average import clique_average
     from .text import TextIslands
 
     run = TextIslands(len(islands), settings.config(settings.tuning_seed, 1, 1.0, 0.0))

@@ -45,12 +45,12 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 
 from .. import plotstyle, progress
+from ..codec_average import clique_average
 from ..output import atomic_output
 from ..plan.cost import CostModel
 from ..plan.schedule_file import schedule_document
 from ..plan.search import Evaluator, plan_schedule
 from ..plan.topology import load_topology
-from .codec_average import clique_average
 from .outer import OuterOptimizer
 
 STRATEGIES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule", "schedule-h")

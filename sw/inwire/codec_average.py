@@ -11,10 +11,10 @@ import sys
 
 import numpy as np
 
-from ..codec import EXPONENT_MIN, choose_exponent, dequantize, quantize
-from ..errors import InwireError
-from ..kernel import compiled
-from ..protocol import ELEMENT_BYTES, INT32_MAX, INT32_MIN
+from .codec import EXPONENT_MIN, choose_exponent, dequantize, quantize
+from .errors import InwireError
+from .kernel import compiled
+from .protocol import ELEMENT_BYTES, INT32_MAX, INT32_MIN
 
 ATTEMPTS = 7
 """Re-sends at a raised bound before giving up; also the stride of protocol round numbers per round: round r's
