@@ -17,7 +17,7 @@ from inwire.plan.search import plan_schedule
 from inwire.plan.topology import load_topology
 from inwire.train.training import plot_cell
 
-PALETTE = {colour.lower() for colour in [*plotstyle.OKABE_ITO.values(), plotstyle.GREY, plotstyle.DARK_GREY]}
+PALETTE = {colour.lower() for colour in [*plotstyle.OKABE_ITO.values(), plotstyle.DARK_GREY]}
 
 
 def _stats(values):

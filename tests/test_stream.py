@@ -15,7 +15,7 @@ from inwire.packets import build_frames, frame_field
 from inwire.pcap import read_frames
 from inwire.protocol import FRAME_HEADER_BYTES, Opcode
 from inwire.serve import SoftwareAggregator
-from inwire.stream import StreamConfig, Workload, load_plan, run_stream
+from inwire.stream import StreamConfig, Workload, format_report, load_plan, run_stream
 from inwire.transport import CaptureTransport, UdpTransport, probe_stats
 from schedules import ISLANDS, PERIOD, write_schedule
 
@@ -342,3 +342,42 @@ def test_batched_delivery_sends_what_per_datagram_delivery_sends(schedule):
     assert report["bit_exact"] and report["retransmits"] == 0
     assert report["aggregator"] == expected["aggregator"] and report["aggregator"]["accumulated"] > 0
     assert [r["results_checked"] for r in report["rounds"]] == [r["results_checked"] for r in expected["rounds"]]
+
+
+class RefusingSocket:
+    """An island's socket whose first `refused` sends fail as with a full send buffer: the datagram is lost."""
+
+    def __init__(self, sock, refused):
+        self.sock, self.refused = sock, refused
+
+    def sendto(self, payload, target):
+        if self.refused:
+            self.refused -= 1
+            raise BlockingIOError("send buffer full")
+        return self.sock.sendto(payload, target)
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+class RefusingTransport(UdpTransport):
+    """UdpTransport whose islands' sockets each refuse their first `refused` sends."""
+
+    refused = 2
+
+    async def start(self, deliver, deliver_batch=None):
+        await super().start(deliver, deliver_batch)
+        self.sockets = {island: RefusingSocket(sock, self.refused) for island, sock in self.sockets.items()}
+
+
+def test_sends_the_islands_sockets_refused_are_reported(service, schedule):
+    """A datagram an island's socket could not send is lost and retransmitted; the report counts it
+    (`send_errors`), beside the kernel's drops, and the summary line names it."""
+    running = service()
+    plan = load_plan(schedule)
+    config = StreamConfig(rounds=1, elements=300, chunk=128, window=3, job=12, timeout_ms=50)
+    report = run_stream(plan, config, RefusingTransport({island: running.aggregator.address
+                                                         for island in plan.islands}))
+    assert report["bit_exact"] and report["retransmits"] >= 1
+    assert report["send_errors"] == RefusingTransport.refused * len(plan.islands)
+    assert f"{report['send_errors']} sends the islands' sockets refused" in format_report(report, running.target)

@@ -1,8 +1,9 @@
 """One clique averaging as inwire computes it: members quantize at a shared exponent, the aggregator sums.
 
-The member side (`encode`, `decode`) is what `UdpCliqueExchange` sends and reads; `clique_average` puts the
-aggregator's sum (int32, saturating at every contribution as the golden model and the gateware do) between
-them, so a study that simulates islands in one process gets bit for bit the average the aggregator gives.
+The member side (`encode`, `decode`) is what the member client sends and reads (`client.UdpMember.average`,
+behind `train.averaging.InwireExchange`); `clique_average` puts the aggregator's sum (int32, saturating at
+every contribution as the golden model and the gateware do) between them, so a study that simulates islands in
+one process gets bit for bit the average the aggregator gives.
 Numpy (and the compiled kernel `inwire._kernel`, _codec.c, where it is built) only: no torch.
 """
 

@@ -30,7 +30,6 @@ from .protocol import (
 )
 
 IP_OFFSET = FRAME_OFFSETS["ip_ver_ihl"]
-UDP_OFFSET = FRAME_OFFSETS["udp_sport"]
 
 HEADER_DEFAULTS = {
     "eth_type": ETHERTYPE_IPV4,

@@ -15,7 +15,6 @@ OKABE_ITO = {
     "orange": "#E69F00", "sky blue": "#56B4E9", "bluish green": "#009E73", "yellow": "#F0E442",
     "blue": "#0072B2", "vermillion": "#D55E00", "reddish purple": "#CC79A7", "black": "#000000",
 }
-GREY = "#8C8C8C"
 DARK_GREY = "#4D4D4D"
 LINE_COLOURS = tuple(OKABE_ITO[name] for name in ("blue", "vermillion", "bluish green", "reddish purple", "orange",
                                                   "sky blue", "black"))

@@ -548,6 +548,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
 
     await transport.start(deliver, deliver_batch)
     kernel_before = kernel_drops(transport)
+    send_errors_before = transport.send_errors
     failed_slot = None
     try:
         before, silent = await ask_stats()
@@ -580,6 +581,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         total_s = sum(r["time_ms"] for r in reports) / 1e3
         after, _ = await ask_stats()
         kernel_after = kernel_drops(transport)
+        send_errors = transport.send_errors - send_errors_before
     finally:
         transport.close()
     moved = {city: None if after[city] is None else {k: after[city][k] - before[city].get(k, 0)
@@ -602,7 +604,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         "results_checked": sum(r["results_checked"] for r in reports), "wrong_results": wrong,
         "finished": finished, "bit_exact": finished and wrong == 0,
         "model_spread": float(np.max(models.max(axis=0) - models.min(axis=0))),
-        "aggregator": aggregator, "kernel_drops": kernel,
+        "aggregator": aggregator, "kernel_drops": kernel, "send_errors": send_errors,
     }
     if addresses:
         report["aggregators"] = moved
@@ -639,7 +641,8 @@ def format_report(report, target_text):
     lines.append(f"target {target_text}: {len(report['islands'])} islands, {report['elements']} elements, "
                  f"{len(report['rounds'])} rounds in {report['time_s']:.3f} s, goodput "
                  f"{report['goodput_bytes_per_s'] / 1e6:.2f} MB/s, {report['retransmits']} retransmits, "
-                 f"{report['dropped']} dropped on purpose, aggregator drops {drops}")
+                 f"{report['dropped']} dropped on purpose, aggregator drops {drops}"
+                 + (f", {report['send_errors']} sends the islands' sockets refused" if report["send_errors"] else ""))
     lines.append(f"bit_exact: {'true' if report['bit_exact'] else 'false'} ({report['results_checked']} results "
                  f"checked, {report['wrong_results']} wrong)")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Training through inwire (needs the `torch` extra).
 
 - `averaging`: `CliqueAverager`, a drop-in for PyTorch's `PeriodicModelAverager`, optionally with a DiLoCo-style
-  outer step, and `UdpCliqueExchange`, which carries one averaging to an aggregator over UDP;
+  outer step, and `InwireExchange`, which carries one averaging to an aggregator over UDP;
 - `training`: the study behind `inwire train`, islands simulated in one process with deterministic time;
 - `island`, `dist`: islands as torchrun jobs (gloo or NCCL inside, inwire between), `make train-dist`.
 
