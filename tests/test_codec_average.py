@@ -2,7 +2,7 @@
 `codec.quantize`): the same exponent and the same int32 elements, bit for bit, on random and adversarial
 vectors, at every bound and fan-in that matters; and the fast decoder (`decode`) against its definition
 (`decode_definition`, through `codec.dequantize`): the same float32 average, bit for bit, at every exponent
-and fan-in that matters. Each comparison runs both ways of computing: the compiled kernel (`inwire._fastpath`,
+and fan-in that matters. Each comparison runs both ways of computing: the compiled kernel (`inwire._kernel`,
 as the client runs) and numpy (where it is not built); under CI=true a missing kernel fails."""
 
 import inspect
@@ -22,8 +22,8 @@ from inwire.protocol import INT32_MAX
 def require_compiled():
     if codec_average.compiled is None:
         if os.environ.get("CI") == "true":
-            pytest.fail("the compiled kernel inwire._fastpath is not built (make setup builds it)")
-        pytest.skip("the compiled kernel inwire._fastpath is not built")
+            pytest.fail("the compiled kernel inwire._kernel is not built (make setup builds it)")
+        pytest.skip("the compiled kernel inwire._kernel is not built")
 
 
 @pytest.fixture(params=["c", "numpy"])

@@ -444,7 +444,7 @@ def socket_path(request, monkeypatch):
     """`UdpMember` with recvmmsg/sendmmsg through the compiled kernel, and datagram by datagram without it."""
     if request.param == "batched":
         if client.compiled is None:
-            pytest.skip("the compiled kernel inwire._fastpath is not built")
+            pytest.skip("the compiled kernel inwire._kernel is not built")
     else:
         monkeypatch.setattr(client, "compiled", None)
     return request.param

@@ -1,4 +1,4 @@
-"""The compiled result lane (`client.CompiledMemberSum`, `inwire._fastpath.member_result`) against its
+"""The compiled result lane (`client.CompiledMemberSum`, `inwire._kernel.member_result`) against its
 definition, `client.MemberSum.on_result`: the same random and adversarial result streams (loss, duplicates,
 reordering, another job's, round's or clique's results, wrong counts, exponents, bitmaps and fan-ins, the
 overflow flag, truncated and oversized datagrams, offsets off a chunk boundary, results of chunks not in
@@ -17,7 +17,7 @@ from inwire.datagram import PAYLOAD_OFFSET, header_struct, payload_of, wrap
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.protocol import FIELDS_BY_NAME, FRAME_OFFSETS, RESULT_TRAILER_BYTES, STATUS_OVERFLOW
 
-pytestmark = pytest.mark.skipif(client.compiled is None, reason="the compiled kernel (inwire._fastpath) is not built")
+pytestmark = pytest.mark.skipif(client.compiled is None, reason="the compiled kernel (inwire._kernel) is not built")
 
 STATE = ("deadline", "tries", "sent_at", "backoff", "fast_resent", "wrong_chunks", "overflowed_chunks", "checked",
          "remaining", "next", "progress_at", "probed", "result_at", "interval", "srtt", "rttvar", "rto",

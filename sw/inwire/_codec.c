@@ -1,4 +1,4 @@
-/* The member codec's passes (inwire.codec's definitions, as train/codec_average.py calls them): part of the
+/* The member codec's passes (inwire.codec's definitions, as codec_average.py calls them): part of the
    compiled kernel inwire._kernel.
 
    quantize(values, factor, out, big_endian) -> (peak, finite)
