@@ -1,19 +1,25 @@
 """Baseline schedules and the lower bound, all scored with the same cost model."""
 
 import math
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from .cost import HOST_TREE, RING, Clique, CostModel, Schedule
 
-if TYPE_CHECKING:
-    from .search import Evaluator
-
 _Unit = TypeVar("_Unit")
 GroupRounds = list[list[list[str]]]
 """A schedule as rounds of member groups, each group a list of island names."""
+
+
+class Scorer(Protocol):
+    """What `baselines` needs of `search.Evaluator` (which imports this module)."""
+    model: CostModel
+
+    def evaluate(self, rounds_of_groups: Sequence[Sequence[Collection[str]]]) -> Schedule: ...
+
+    def evaluate_cliques(self, rounds: Sequence[Sequence[Clique]]) -> Schedule: ...
 
 BASELINE_NAMES = ("global", "ring", HOST_TREE, "hierarchical", "random", "grid", "grid2d", "exponential")
 """The host-tree baseline is the host-side tree all-reduce of every island (no aggregator) at its best root;
@@ -126,7 +132,7 @@ def exponential_rounds(islands: Sequence[str]) -> GroupRounds:
     return rounds
 
 
-def baselines(evaluator: "Evaluator", seed: int = 0) -> dict[str, Schedule]:
+def baselines(evaluator: Scorer, seed: int = 0) -> dict[str, Schedule]:
     """Each baseline, evaluated: its best aggregators where it has a choice."""
     model = evaluator.model
     grouped = baseline_rounds(model, seed)

@@ -27,8 +27,6 @@ island reads the same flags in the same average, so every island decides alike. 
 the one the bucket alone gives.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -61,9 +59,9 @@ class InwireHookState:
     buckets x the exchange's window slots at the aggregator; DDP's default 25 MB buckets give one per 25 MB
     of gradients); None: `default_buckets` (13 for 3 islands, 10 for 9)."""
 
-    def __init__(self, exchange: InwireExchange | None, island: str, islands: Iterable[str],
+    def __init__(self, exchange: "InwireExchange | None", island: str, islands: Iterable[str],
                  process_group: dist.ProcessGroup | None = None, aggregator: str | None = None,
-                 tree: Tree | None = None, buckets: int | None = None) -> None:
+                 tree: "Tree | None" = None, buckets: int | None = None) -> None:
         names = list(islands)
         if island not in names:
             raise ValueError(f"island {island!r} is not one of {', '.join(names)}")
@@ -111,7 +109,7 @@ class InwireHookState:
             staged[size + self.islands.index(self.island)] = self.exchange.bound
 
 
-def global_clique(schedule: ScheduleFile) -> tuple[list[str], str | None, Tree | None]:
+def global_clique(schedule: "ScheduleFile") -> "tuple[list[str], str | None, Tree | None]":
     """(members, aggregator city, tree) of the schedule's first clique of every island (a loaded schedule file):
     where the hook sums, as `InwireHookState`'s `islands`, `aggregator` and `tree`."""
     for cliques, trees in zip(schedule.period, schedule.trees or [()] * len(schedule.period)):
@@ -122,6 +120,7 @@ def global_clique(schedule: ScheduleFile) -> tuple[list[str], str | None, Tree |
                      "(inwire schedule --global-clique writes one)")
 
 
+# torch's register_comm_hook compares these two annotations with dist.GradBucket and Future[Tensor] themselves.
 def inwire_hook(state: InwireHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's gradients averaged over every rank of every island."""
     tensor = bucket.buffer()

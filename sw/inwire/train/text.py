@@ -25,14 +25,12 @@ import pathlib
 import sysconfig
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
     import torch
-
-    from .training import TrainConfig, _SimulationKey
 
 FAMILIES = (
     ("asyncio", ("asyncio",)),
@@ -181,10 +179,34 @@ def parameter_count(width: int, layers: int, context: int) -> int:
     return VOCABULARY * width + context * width + layers * block + 2 * width + width * VOCABULARY + VOCABULARY
 
 
+class TextSettings(Protocol):
+    """What `TextIslands` reads of its configuration (`training.TrainConfig`, which imports this module, or
+    the training cache's key)."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def text_width(self) -> int: ...
+    @property
+    def text_layers(self) -> int: ...
+    @property
+    def text_heads(self) -> int: ...
+    @property
+    def text_context(self) -> int: ...
+    @property
+    def text_batch(self) -> int: ...
+    @property
+    def text_learning_rate(self) -> float: ...
+    @property
+    def text_weight_decay(self) -> float: ...
+    @property
+    def text_shuffle_families(self) -> bool: ...
+
+
 class TextIslands:
     """n copies of one decoder, stacked; each island samples windows of its own families' training bytes."""
 
-    def __init__(self, n: int, config: TrainConfig | _SimulationKey) -> None:
+    def __init__(self, n: int, config: TextSettings) -> None:
         import torch
 
         self.n, self.context, self.batch = n, config.text_context, config.text_batch
