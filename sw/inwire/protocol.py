@@ -9,6 +9,7 @@ The tables below are the single source of truth. The scapy layer (`inwire.layers
 protocol table in docs/protocol.md are all derived from them.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -23,7 +24,7 @@ class Field:
     signed: bool = False
 
     @property
-    def bits(self):
+    def bits(self) -> int:
         return 8 * self.nbytes
 
 
@@ -92,8 +93,9 @@ the completing contribution saturated only once its last element has gone by, lo
 FRAME_FIELDS = ETHERNET_FIELDS + IPV4_FIELDS + UDP_FIELDS + AGGREGATION_FIELDS
 
 
-def _offsets(fields):
-    offsets, position = {}, 0
+def _offsets(fields: Iterable[Field]) -> tuple[dict[str, int], int]:
+    offsets: dict[str, int] = {}
+    position = 0
     for field in fields:
         offsets[field.name] = position
         position += field.nbytes
@@ -190,7 +192,11 @@ class Disposition(IntEnum):
     The number is the counter's place in a stats reply (`COUNTERS`) and the gateware's disposition code.
     """
 
-    def __new__(cls, value, meaning, remedy="", retransmission=False):
+    meaning: str
+    remedy: str
+    retransmission: bool
+
+    def __new__(cls, value: int, meaning: str, remedy: str = "", retransmission: bool = False) -> "Disposition":
         member = int.__new__(cls, value)
         member._value_ = value
         member.meaning = meaning
@@ -256,7 +262,7 @@ FAULT_DROP_COUNTERS = tuple(name for name in DROP_COUNTERS if name not in RETRAN
 """Drops that mean something is wrong: every other drop."""
 
 
-def _numpy_field(field):
+def _numpy_field(field: Field) -> tuple[str, str] | tuple[str, str, tuple[int]]:
     if field.nbytes in (1, 2, 4, 8):
         kind = "i" if field.signed else "u"
         return (field.name, f">{kind}{field.nbytes}")
@@ -270,12 +276,12 @@ assert FRAME_HEADER_DTYPE.itemsize == FRAME_HEADER_BYTES
 ELEMENT_DTYPE = np.dtype(">i4")
 
 
-def multicast_mac(group):
+def multicast_mac(group: int) -> int:
     """Ethernet address of an IPv4 multicast group: 01:00:5e and the group's low 23 bits."""
     return 0x01005E000000 | (int(group) & 0x7FFFFF)
 
 
-def is_multicast_group(group):
+def is_multicast_group(group: int) -> bool:
     return (int(group) & MULTICAST_MASK) == MULTICAST_PREFIX
 
 
@@ -290,12 +296,12 @@ GATEWAY_MAC = 0xFF_FF_FF_FF_FF_FF
 configuration (`AggregatorConfig.gateway_mac`); broadcast reaches the next aggregator over a direct link."""
 
 
-def clique_mask(fanin):
+def clique_mask(fanin: int) -> int:
     """The bitmap of a whole clique of `fanin` members."""
     return (1 << min(int(fanin), 64)) - 1
 
 
-def frame_bytes(count, opcode=Opcode.CONTRIBUTION):
+def frame_bytes(count: int, opcode: int = Opcode.CONTRIBUTION) -> int:
     """Length, without FCS, of an aggregation frame of kind `opcode` whose count field is `count`."""
     if opcode in REQUEST_OPCODES:
         return FRAME_HEADER_BYTES
@@ -303,12 +309,12 @@ def frame_bytes(count, opcode=Opcode.CONTRIBUTION):
     return FRAME_HEADER_BYTES + ELEMENT_BYTES * count + trailer
 
 
-def wire_efficiency(count):
+def wire_efficiency(count: int) -> float:
     """Element bytes of a contribution over all bytes it costs on the wire (preamble, FCS, gap)."""
     return ELEMENT_BYTES * count / (frame_bytes(count) + WIRE_OVERHEAD_BYTES)
 
 
-def markdown_table(fields=AGGREGATION_FIELDS):
+def markdown_table(fields: Iterable[Field] = AGGREGATION_FIELDS) -> str:
     """The header as a Markdown table: offset within the frame, size, name and meaning."""
     lines = ["| offset | bytes | field | meaning |", "| ---: | ---: | --- | --- |"]
     for field in fields:

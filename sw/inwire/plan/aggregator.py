@@ -7,7 +7,9 @@ the figures of the bitstream actually built.
 """
 
 import math
+import os
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ScheduleError
 from .jsonfile import read_json
@@ -25,23 +27,27 @@ class AggregatorProfile:
     source: str = ""
 
     @property
-    def ingress_bps(self):
-        return math.inf if self.port_gbps is None else self.ports * self.port_gbps * 1e9
+    def ingress_bps(self) -> float:
+        if self.ports is None or self.port_gbps is None:
+            return math.inf
+        return self.ports * self.port_gbps * 1e9
 
     @property
-    def egress_bps(self):
+    def egress_bps(self) -> float:
         return self.ingress_bps
 
     @property
-    def core_bps(self):
-        return math.inf if self.core_mhz is None else 8 * self.data_width * self.core_mhz * 1e6
+    def core_bps(self) -> float:
+        if self.data_width is None or self.core_mhz is None:
+            return math.inf
+        return 8 * self.data_width * self.core_mhz * 1e6
 
     @property
-    def ideal(self):
+    def ideal(self) -> bool:
         return math.isinf(self.ingress_bps) and math.isinf(self.core_bps)
 
-    def to_json(self):
-        def gbps(bps):
+    def to_json(self) -> dict[str, Any]:
+        def gbps(bps: float) -> float | None:
             return None if math.isinf(bps) else round(bps / 1e9, 6)
         return {"profile": self.name, "ports": self.ports, "port_gbps": self.port_gbps,
                 "data_width": self.data_width, "core_mhz": self.core_mhz,
@@ -64,7 +70,7 @@ BOARD_PORTS = {"versa_ecp5": (1, 1.0), "alveo_u200": (1, 100.0)}
 """Port pairs and speed of each board `inwire build` knows, for reports written before they carried them."""
 
 
-def finite_number(value):
+def finite_number(value: object) -> float | None:
     """The float a JSON figure stands for, or None when it is no finite number: a bool, a string, infinity, or
     an integer of hundreds of digits, which no float holds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -76,13 +82,13 @@ def finite_number(value):
     return number if math.isfinite(number) else None
 
 
-def shown(value):
+def shown(value: object) -> str:
     """`value` as a message quotes it; an integer too long to read is given by its number of digits."""
     digits = len(str(abs(value))) if isinstance(value, int) else 0
     return f"an integer of {digits} digits" if digits > 20 else repr(value)
 
 
-def _positive(report, key, where):
+def _positive(report: dict[str, Any], key: str, where: str) -> Any:
     value = report.get(key)
     number = finite_number(value)
     if number is None or not number > 0:
@@ -90,7 +96,7 @@ def _positive(report, key, where):
     return value
 
 
-def _count(report, key, where):
+def _count(report: dict[str, Any], key: str, where: str) -> int:
     """A positive whole number (port pairs, bytes of data width): int() would make 0.5 ports 0."""
     value = _positive(report, key, where)
     if value != int(value):
@@ -98,7 +104,7 @@ def _count(report, key, where):
     return int(value)
 
 
-def profile_from_report(report, where):
+def profile_from_report(report: object, where: str) -> AggregatorProfile:
     """A profile from a build report (a dict): its core clock and width, and its ports."""
     if not isinstance(report, dict):
         raise ScheduleError(f"{where}: a build report must be a JSON object")
@@ -118,7 +124,7 @@ def profile_from_report(report, where):
                              f"build report {where}")
 
 
-def load_aggregator(spec):
+def load_aggregator(spec: "str | os.PathLike[str] | AggregatorProfile") -> AggregatorProfile:
     """A named profile, or the build report (report.json) at path `spec`."""
     if isinstance(spec, AggregatorProfile):
         return spec
@@ -130,7 +136,7 @@ def load_aggregator(spec):
     return profile_from_report(read_json(spec, "build report", ScheduleError), str(spec))
 
 
-def profile_from_entry(entry, where):
+def profile_from_entry(entry: object, where: str) -> AggregatorProfile:
     """A topology file's per-city `aggregator`: a profile name or an object of figures."""
     if isinstance(entry, str):
         if entry not in PROFILES:

@@ -10,11 +10,12 @@ import json
 import math
 import platform
 import time
+from typing import Any
 
 from inwire.plan.aggregator import PROFILES
 from inwire.plan.cost import HOST_TREE
 from inwire.plan.search import plan_schedule
-from inwire.plan.topology import generate_topology, load_topology
+from inwire.plan.topology import Topology, generate_topology, load_topology
 
 SIZES = (9, 16, 32, 64)
 MODEL_BYTES = 100_000_000
@@ -22,7 +23,7 @@ EPSILON = 1e-3
 SEED = 0
 
 
-def _case(topology, profile):
+def _case(topology: Topology, profile: str) -> dict[str, Any]:
     started = time.perf_counter()
     plan = plan_schedule(topology, None, MODEL_BYTES, EPSILON, seed=SEED, aggregator=profile)
     wall_s = time.perf_counter() - started
@@ -44,7 +45,7 @@ def _case(topology, profile):
     }
 
 
-def run():
+def run() -> dict[str, Any]:
     """The `schedule` entry of bench/results.json: per profile, per island count."""
     topologies = {n: load_topology("doublezero9") if n == 9 else generate_topology(n, SEED) for n in SIZES}
     profiles = {}

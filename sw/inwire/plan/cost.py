@@ -9,7 +9,9 @@ with no aggregator). docs/schedule.md derives the cost model.
 import itertools
 import math
 from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import networkx as nx
 import numpy as np
@@ -22,8 +24,9 @@ from inwire.protocol import (
     WIRE_OVERHEAD_BYTES,
 )
 
-from .aggregator import load_aggregator
+from .aggregator import AggregatorProfile, load_aggregator
 from .errors import ScheduleError
+from .topology import Topology
 
 AGGREGATE, ALL_TO_ALL, RING, HOST_TREE = "aggregate", "all-to-all", "ring", "host-tree"
 EXCHANGES = (AGGREGATE, ALL_TO_ALL, RING, HOST_TREE)
@@ -40,8 +43,19 @@ EXHAUSTIVE_AGGREGATOR_LIMIT = 2048
 SHORTLIST = 6
 """Beyond that, each clique's cities are first cut to this many by latency, then to 4 by time alone."""
 
+Parent = dict[str, str]
+"""A tree as each city's next city toward the root."""
+RingRoutes = list[tuple[list[int], float]]
+"""A ring's hops in order, each as (directed edge indices, one-way latency ms)."""
+_Cost = tuple[float, float]
+"""(longest, total) seconds over the resources a choice loads."""
+_RoundState = tuple[tuple["_Profile", Any], ...]
+"""A round's cliques as (profile, balanced routes or None) each."""
+_State = TypeVar("_State")
+_Element = TypeVar("_Element")
 
-def wire_bytes(model_bytes):
+
+def wire_bytes(model_bytes: int) -> int:
     """Bytes on the wire to send a model of `model_bytes` bytes once, as int32 elements in full frames.
 
     Each frame carries up to MAX_ELEMENTS_PER_FRAME elements behind the 128-byte header and costs the
@@ -58,9 +72,15 @@ def wire_bytes(model_bytes):
 class Clique:
     """Members (in ring order for a ring exchange, the root first for a host tree) and where their sum is
     formed."""
-    members: tuple
+    members: tuple[str, ...]
     aggregator: str | None = None
     exchange: str = AGGREGATE
+
+    @property
+    def hub(self) -> str:
+        """The city an aggregating clique sums at; only those are routed to one."""
+        assert self.aggregator is not None, f"the {self.exchange} clique {self.members} aggregates nowhere"
+        return self.aggregator
 
 
 @dataclass(frozen=True)
@@ -68,15 +88,15 @@ class _Profile:
     latency_ms: float
     loads_bits: np.ndarray
     used: np.ndarray
-    tree: dict | None = None
+    tree: Parent | None = None
     """With in-path reduction: every city that sums, to the next city that sums toward the root."""
 
 
 @dataclass
 class Schedule:
     """An evaluated periodic schedule: rounds of cliques with their times, rho and time to epsilon."""
-    rounds: tuple
-    round_times_ms: tuple
+    rounds: tuple[tuple[Clique, ...], ...]
+    round_times_ms: tuple[float, ...]
     rho: float
     periods: float
     time_to_epsilon_ms: float
@@ -85,14 +105,15 @@ class Schedule:
     """H local steps x T ms before every round (the local-step objective); 0 for pure communication."""
 
     @property
-    def period_ms(self):
+    def period_ms(self) -> float:
         return float(sum(self.round_times_ms)) + len(self.round_times_ms) * self.compute_ms_per_round
 
 
 
 
 
-def _descend(state, state_ms, elements, moves, time_ms):
+def _descend(state: _State, state_ms: float, elements: Callable[[_State], Iterable[_Element]],
+             moves: Callable[[_State, _Element], Iterable[_State]], time_ms: Callable[[_State], float]) -> _State:
     """First-improvement descent of the balanced routings: sweeps over `elements(state)` (listed once per
     sweep), each taking the first of `moves(state, element)` (from the current state) that finishes sooner
     than the current state by more than ROUTING_TOLERANCE_MS, until a sweep moves nothing or ROUTING_MOVES
@@ -128,8 +149,9 @@ class CostModel:
     host-side tree all-reduce among each clique's options (it is always available as a baseline).
     """
 
-    def __init__(self, topology, islands, model_bytes, multicast=True, aggregation=True, aggregator="ideal",
-                 reduce_in_path=False, routing="latency", host_nic_gbps=None, host_tree=False):
+    def __init__(self, topology: Topology, islands: Iterable[str], model_bytes: int, multicast: bool = True,
+                 aggregation: bool = True, aggregator: str | AggregatorProfile = "ideal", reduce_in_path: bool = False,
+                 routing: str = "latency", host_nic_gbps: float | None = None, host_tree: bool = False) -> None:
         if routing not in ROUTINGS:
             raise ScheduleError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
         if host_nic_gbps is not None and not (host_nic_gbps > 0 and math.isfinite(host_nic_gbps)):
@@ -154,45 +176,47 @@ class CostModel:
         # Unlimited ones get none, so the ideal profile leaves every figure exactly as before.
         self.aggregator_of = {name: cities[name].aggregator or self.default_aggregator
                               for name in self.aggregation_cities}
-        capacities, self._aggregator_index = list(self.bandwidth_bps), {}
+        capacities: list[float] = list(self.bandwidth_bps)
+        self._aggregator_index: dict[str, int] = {}
         for name in self.aggregation_cities:
             profile = self.aggregator_of[name]
             if not profile.ideal:
                 self._aggregator_index[name] = len(capacities)
                 capacities += [profile.ingress_bps, profile.core_bps, profile.egress_bps]
         # A limited host NIC adds two resources per island, in and out; unlimited ones add none.
-        self._nic_index = {}
+        self._nic_index: dict[str, int] = {}
         if self.host_nic_gbps is not None:
             for island in self.islands:
                 self._nic_index[island] = len(capacities)
                 capacities += [self.host_nic_gbps * 1e9] * 2
         self.capacity_bps = np.array(capacities, dtype=float)
-        self._candidates = {}
+        self._candidates: dict[tuple[str, str], list[list[str]]] = {}
         self._replicates = {name: multicast and cities[name].multicast for name in cities}
         self._position = {name: i for i, name in enumerate(self.islands)}
-        self._profiles = {}
-        self._path_edges = {}
-        self._trees = {}
-        self._ring_orders = {}
-        self._host_trees = {}
-        self._best_rounds = {}
-        self._reroute_paths = {}
-        self._balanced_routes = {}
-        self._round_profiles = {}
+        self._profiles: dict[Clique, _Profile] = {}
+        self._path_edges: dict[tuple[str, str], np.ndarray] = {}
+        self._trees: dict[str, tuple[Parent, dict[str, int]]] = {}
+        self._ring_orders: dict[frozenset[str], tuple[str, ...]] = {}
+        self._host_trees: dict[frozenset[str], Clique] = {}
+        self._best_rounds: dict[frozenset[frozenset[str]], tuple[tuple[Clique, ...], float, bool]] = {}
+        self._reroute_paths: dict[tuple[str, str], list[tuple[str, ...]]] = {}
+        self._balanced_routes: dict[Clique, Any] = {}
+        """A balanced clique's routes: its Parent when it aggregates, its RingRoutes when it is a ring."""
+        self._round_profiles: dict[tuple[Clique, ...], list[_Profile]] = {}
 
-    def latency_ms(self, a, b):
+    def latency_ms(self, a: str, b: str) -> float:
         return self.topology.latency_ms(a, b)
 
-    def canonical(self, members):
+    def canonical(self, members: Iterable[str]) -> tuple[str, ...]:
         return tuple(sorted(members, key=self._position.__getitem__))
 
     # -- one clique ------------------------------------------------------------------------------
-    def _busiest_ms(self, loads):
+    def _busiest_ms(self, loads: np.ndarray) -> float:
         """Time the busiest resource needs for `loads`."""
         used = loads > 0
         return 1e3 * float(np.max(loads[used] / self.capacity_bps[used])) if used.any() else 0.0
 
-    def _add_path(self, loads, a, b, bits):
+    def _add_path(self, loads: np.ndarray, a: str, b: str, bits: float) -> None:
         edges = self._path_edges.get((a, b))
         if edges is None:
             path = self.topology.path(a, b)
@@ -200,7 +224,7 @@ class CostModel:
             self._path_edges[(a, b)] = edges
         loads[edges] += bits
 
-    def _tree(self, source):
+    def _tree(self, source: str) -> tuple[Parent, dict[str, int]]:
         """Predecessor and hop depth of every city on the shortest-path tree rooted at `source`."""
         tree = self._trees.get(source)
         if tree is None:
@@ -210,7 +234,7 @@ class CostModel:
             self._trees[source] = tree
         return tree
 
-    def _add_distribution(self, loads, source, destinations, bits):
+    def _add_distribution(self, loads: np.ndarray, source: str, destinations: Iterable[str], bits: float) -> None:
         """Send one vector from `source` to `destinations` along the shortest-path tree.
 
         A city that multicasts needs one copy and replicates it; one that cannot needs a copy for
@@ -219,24 +243,25 @@ class CostModel:
         parent, depth = self._tree(source)
         self._add_down_tree(loads, parent, depth, source, destinations, bits)
 
-    def _add_down_tree(self, loads, parent, depth, source, destinations, bits, relays=frozenset()):
+    def _add_down_tree(self, loads: np.ndarray, parent: Parent, depth: dict[str, int], source: str,
+                       destinations: Iterable[str], bits: float, relays: Collection[str] = frozenset()) -> None:
         """Distribution along a tree given as each city's parent toward `source`; `relays` (the summing
         cities of a reduction tree) take one copy and pass it on to their own subtree, as an aggregator
         does where there is no multicast (`inwire serve --unicast`)."""
         wanted = set(destinations)
-        reached = set()
+        reached: set[str] = set()
         for destination in destinations:
             city = destination
             while city != source and city not in reached:
                 reached.add(city)
                 city = parent[city]
-        below = {}
+        below: dict[str, int] = {}
         for city in sorted(reached, key=depth.__getitem__, reverse=True):
             copies = 1 if self._replicates[city] or city in relays else below.get(city, 0) + (city in wanted)
             loads[self.edge_index[(parent[city], city)]] += copies * bits
             below[parent[city]] = below.get(parent[city], 0) + copies
 
-    def _charge_aggregator(self, loads, city, streams_in, copies_out):
+    def _charge_aggregator(self, loads: np.ndarray, city: str, streams_in: int, copies_out: int) -> None:
         """The aggregator at `city` takes in `streams_in` vectors, sums them in its core and sends out
         `copies_out` (its partial sum, or the result: one copy where the city multicasts)."""
         first = self._aggregator_index.get(city)
@@ -245,14 +270,14 @@ class CostModel:
             loads[first + 1] += streams_in * self.vector_bits
             loads[first + 2] += copies_out * self.vector_bits
 
-    def _charge_nic(self, loads, island, bits_in, bits_out):
+    def _charge_nic(self, loads: np.ndarray, island: str, bits_in: float, bits_out: float) -> None:
         """What the island's host receives and sends, where its NIC is limited."""
         first = self._nic_index.get(island)
         if first is not None:
             loads[first] += bits_in
             loads[first + 1] += bits_out
 
-    def _host_tree(self, loads, members):
+    def _host_tree(self, loads: np.ndarray, members: Sequence[str]) -> float:
         """Loads of a host-side tree all-reduce rooted at members[0], and its propagation term.
 
         The tree is the latency-shortest-path tree from the root. Each member's host sends one partial
@@ -263,7 +288,8 @@ class CostModel:
         """
         root, bits = members[0], self.vector_bits
         parent = self._tree(root)[0]
-        wanted, host_parent = set(members), {}
+        wanted = set(members)
+        host_parent: Parent = {}
         for member in members[1:]:
             city = parent[member]
             while city not in wanted:
@@ -280,25 +306,25 @@ class CostModel:
             self._charge_nic(loads, member, transfers * bits, transfers * bits)
         return max(self.latency_ms(m, root) + self.latency_ms(root, m) for m in members)
 
-    def host_tree_clique(self, members):
+    def host_tree_clique(self, members: Iterable[str]) -> Clique:
         """These members' host-side tree all-reduce at the root where it is fastest alone (ties: the
         first member in island order)."""
         key = frozenset(members)
         if key not in self._host_trees:
-            members = self.canonical(members)
-            trials = [Clique((root,) + tuple(m for m in members if m != root), None, HOST_TREE)
-                      for root in members]
+            ordered = self.canonical(members)
+            trials = [Clique((root,) + tuple(m for m in ordered if m != root), None, HOST_TREE)
+                      for root in ordered]
             self._host_trees[key] = min(trials, key=self.clique_time_alone)
         return self._host_trees[key]
 
-    def _route_latency_ms(self, parent, city, root):
+    def _route_latency_ms(self, parent: Parent, city: str, root: str) -> float:
         total = 0.0
         while city != root:
             total += self.topology.graph.edges[city, parent[city]]["latency_ms"]
             city = parent[city]
         return total
 
-    def candidate_paths(self, a, b):
+    def candidate_paths(self, a: str, b: str) -> list[list[str]]:
         """The CANDIDATE_PATHS latency-shortest simple paths from a to b (networkx)."""
         key = (a, b)
         if key not in self._candidates:
@@ -306,7 +332,8 @@ class CostModel:
             self._candidates[key] = list(itertools.islice(paths, CANDIDATE_PATHS))
         return self._candidates[key]
 
-    def _completion_ms(self, estimate, up, down, bits, latency_ms):
+    def _completion_ms(self, estimate: np.ndarray, up: list[int], down: list[int], bits: float,
+                       latency_ms: float) -> float:
         """Latency plus the serialization of `bits` behind what `estimate` already puts on the path."""
         worst = 0.0
         for edges in (up, down):
@@ -314,18 +341,19 @@ class CostModel:
                 worst = max(worst, float(np.max((estimate[edges] + bits) / self.capacity_bps[edges])))
         return latency_ms + 1e3 * worst
 
-    def _bandwidth_tree(self, hub, members):
+    def _bandwidth_tree(self, hub: str, members: Iterable[str]) -> Parent:
         """Each member's route to `hub`, chosen greedily (farthest member first) among its candidate
         paths by completion time given the clique's transfers routed so far. A route that meets a city
         already routed follows it from there, so the routes form a tree (each city's parent)."""
-        parent, estimate = {}, np.zeros(len(self.capacity_bps))
+        parent: Parent = {}
+        estimate = np.zeros(len(self.capacity_bps))
         bits = self.vector_bits
         for member in sorted(members, key=lambda m: (-self.latency_ms(m, hub), self._position.get(m, 0))):
             if member == hub or member in parent:
                 continue
-            best = None
+            best: tuple[float, list[str], list[int], list[int], int] | None = None
             for path in self.candidate_paths(member, hub):
-                route = []
+                route: list[str] = []
                 for city in path:
                     route.append(city)
                     if city == hub or city in parent:
@@ -341,6 +369,7 @@ class CostModel:
                 cost = self._completion_ms(estimate, up, down, bits, latency)
                 if best is None or cost < best[0] - 1e-9:
                     best = (cost, route, up, down, len(route) - 1)
+            assert best is not None, "the latency-shortest path never meets its own routes"
             _, route, up, down, fresh = best
             for a, b in zip(route, route[1:]):
                 parent[a] = b
@@ -350,13 +379,13 @@ class CostModel:
             estimate[down[:carried]] += bits
         return parent
 
-    def _route(self, path):
+    def _route(self, path: Sequence[str]) -> tuple[list[int], float]:
         """Directed edges of a path of cities and its one-way latency."""
         hops = list(zip(path, path[1:]))
         return ([self.edge_index[hop] for hop in hops],
                 sum(self.topology.graph.edges[a, b]["latency_ms"] for a, b in hops))
 
-    def _reroutes(self, city, target):
+    def _reroutes(self, city: str, target: str) -> list[tuple[str, ...]]:
         """Paths a balanced move may give a flow from `city` to `target`: the candidate paths, then through
         each neighbour (in name order) the neighbour's latency-shortest path on, where it does not come back."""
         key = (city, target)
@@ -370,9 +399,9 @@ class CostModel:
         return self._reroute_paths[key]
 
     @staticmethod
-    def _routes_of(parent, hub, members):
+    def _routes_of(parent: Parent, hub: str, members: Iterable[str]) -> Parent:
         """`parent` cut to the cities on some member's route to `hub`."""
-        kept = {}
+        kept: Parent = {}
         for member in members:
             city = member
             while city != hub and city not in kept:
@@ -380,19 +409,19 @@ class CostModel:
                 city = parent[city]
         return kept
 
-    def _aggregate_time_ms(self, clique, parent):
+    def _aggregate_time_ms(self, clique: Clique, parent: Parent) -> tuple[float, np.ndarray, Parent | None, float]:
         """An aggregating clique routed along `parent`: (its time alone, loads, tree, propagation term)."""
         loads = np.zeros(len(self.capacity_bps))
         tree = self._aggregate_on_tree(loads, clique, parent)
         for member in clique.members:
             self._charge_nic(loads, member, self.vector_bits, self.vector_bits)
-        latency = max(2 * self._route_latency_ms(parent, m, clique.aggregator) for m in clique.members)
+        latency = max(2 * self._route_latency_ms(parent, m, clique.hub) for m in clique.members)
         return latency + self._busiest_ms(loads), loads, tree, latency
 
-    def _moved(self, parent, city, path, hub, members):
+    def _moved(self, parent: Parent, city: str, path: Sequence[str], hub: str, members: Iterable[str]) -> Parent | None:
         """`parent` with `city` (its own vector and every flow behind it) sent along `path` until the path
         meets a city already routed; None where the path runs into the flows behind `city` or changes nothing."""
-        children = {}
+        children: dict[str, list[str]] = {}
         for child, up in parent.items():
             children.setdefault(up, []).append(child)
         behind, stack = {city}, [city]
@@ -410,7 +439,7 @@ class CostModel:
         trial = self._routes_of(trial, hub, members)
         return None if trial == parent else trial
 
-    def _balanced_tree(self, clique):
+    def _balanced_tree(self, clique: Clique) -> Parent:
         """Routes to an aggregating clique's root that shorten its time (propagation plus busiest resource).
 
         It starts from the faster of the latency-shortest tree and the bandwidth-aware one (the latency
@@ -420,17 +449,17 @@ class CostModel:
         and repeat until a sweep moves nothing or ROUTING_MOVES moves are made. So it is deterministic,
         never slower than its start, and ends at a tree no single such move improves.
         """
-        hub, members = clique.aggregator, clique.members
+        hub, members = clique.hub, clique.members
         starts = [self._routes_of(self._tree(hub)[0], hub, members), self._bandwidth_tree(hub, members)]
         best_ms, parent = min(((self._aggregate_time_ms(clique, p)[0], p) for p in starts), key=lambda t: t[0])
         return _descend(parent, best_ms, sorted, self._tree_moves(clique),
                         lambda trial: self._aggregate_time_ms(clique, trial)[0])
 
-    def _tree_moves(self, clique):
+    def _tree_moves(self, clique: Clique) -> Callable[[Parent, str], Iterator[Parent]]:
         """The balanced moves of an aggregating clique: (parent, city) -> each tree with `city` re-routed."""
-        hub, members = clique.aggregator, clique.members
+        hub, members = clique.hub, clique.members
 
-        def moves(parent, city):
+        def moves(parent: Parent, city: str) -> Iterator[Parent]:
             if city not in parent:  # no longer on any member's route
                 return
             for path in self._reroutes(city, hub):
@@ -439,7 +468,8 @@ class CostModel:
                     yield trial
         return moves
 
-    def _ring_time_ms(self, members, routes, steps, bits):
+    def _ring_time_ms(self, members: Iterable[str], routes: RingRoutes, steps: int,
+                      bits: float) -> tuple[float, np.ndarray]:
         """A ring whose hops take `routes` ((edges, one-way ms) each, `bits` per hop): its time alone and loads."""
         loads = np.zeros(len(self.capacity_bps))
         for edges, _ in routes:
@@ -448,22 +478,25 @@ class CostModel:
             self._charge_nic(loads, member, bits, bits)
         return steps * max(ms for _, ms in routes) + self._busiest_ms(loads), loads
 
-    def _bandwidth_ring(self, hops, steps, bits):
+    def _bandwidth_ring(self, hops: Sequence[tuple[str, str]], steps: int, bits: float) -> RingRoutes:
         """Each hop in ring order on the candidate path that completes soonest behind the hops before it."""
-        loads, routes = np.zeros(len(self.capacity_bps)), []
+        loads = np.zeros(len(self.capacity_bps))
+        routes: RingRoutes = []
         for a, b in hops:
-            best = None
+            best: tuple[float, list[int], float] | None = None
             for path in self.candidate_paths(a, b):
                 edges = [self.edge_index[hop] for hop in zip(path, path[1:])]
                 hop_ms = sum(self.topology.graph.edges[u, v]["latency_ms"] for u, v in zip(path, path[1:]))
                 cost = self._completion_ms(loads, edges, [], bits, steps * hop_ms)
                 if best is None or cost < best[0] - 1e-9:
                     best = (cost, edges, hop_ms)
+            assert best is not None, "a connected topology has a path between any two cities"
             loads[best[1]] += bits
             routes.append((best[1], best[2]))
         return routes
 
-    def _balanced_ring(self, members, hops, steps, bits):
+    def _balanced_ring(self, members: Iterable[str], hops: Sequence[tuple[str, str]], steps: int,
+                       bits: float) -> RingRoutes:
         """Ring hops re-routed one at a time, as `_balanced_tree` does, from the faster of latency-shortest
         and bandwidth-aware hops; a move gives one hop another of `_reroutes`."""
         starts = [[self._route(self.topology.path(a, b)) for a, b in hops], self._bandwidth_ring(hops, steps, bits)]
@@ -473,14 +506,14 @@ class CostModel:
         return _descend(routes, best_ms, lambda routes: range(len(hops)), self._ring_moves(hops),
                         lambda trial: self._ring_time_ms(members, trial, steps, bits)[0])
 
-    def _ring_moves(self, hops):
+    def _ring_moves(self, hops: Sequence[tuple[str, str]]) -> Callable[[RingRoutes, int], Iterator[RingRoutes]]:
         """The balanced moves of a ring: (routes, i) -> each routing with hop i on another of `_reroutes`."""
-        def moves(routes, i):
+        def moves(routes: RingRoutes, i: int) -> Iterator[RingRoutes]:
             for path in self._reroutes(*hops[i]):
                 yield routes[:i] + [self._route(path)] + routes[i + 1:]
         return moves
 
-    def _aggregate_on_tree(self, loads, clique, parent):
+    def _aggregate_on_tree(self, loads: np.ndarray, clique: Clique, parent: Parent) -> Parent | None:
         """Loads of an aggregating clique whose members reach the root along `parent` pointers.
 
         Without in-path reduction every member's vector travels the whole way. With it, a city that
@@ -492,11 +525,12 @@ class CostModel:
         each member city that does not sum to the summing city its vector meets first, when that is not
         the root (the islands send their contributions there; docs/schedule.md).
         """
-        hub, members = clique.aggregator, clique.members
-        depth, own = {hub: 0}, {}
+        hub, members = clique.hub, clique.members
+        depth = {hub: 0}
+        own: dict[str, int] = {}
         for member in members:
             own[member] = own.get(member, 0) + 1
-            path = []
+            path: list[str] = []
             city = member
             while city not in depth:
                 path.append(city)
@@ -504,7 +538,7 @@ class CostModel:
             for step in reversed(path):
                 depth[step] = depth[parent[step]] + 1
         upward = sorted((c for c in depth if c != hub), key=lambda c: (-depth[c], c))  # leaves first
-        summing = set()
+        summing: set[str] = set()
         if self.reduce_in_path:
             aggregates = set(self.aggregation_cities)
             streams = {city: own.get(city, 0) for city in depth}
@@ -528,7 +562,7 @@ class CostModel:
                 self._charge_aggregator(loads, city, streams[city], 1)
             loads[self.edge_index[(city, parent[city])]] += sent * self.vector_bits
             streams[parent[city]] += sent
-        first_up = {}
+        first_up: Parent = {}
         for city in summing | (set(members) - {hub}):
             up = parent[city]
             while up != hub and up not in summing:
@@ -542,7 +576,8 @@ class CostModel:
             return None
         return {city: up for city, up in sorted(first_up.items()) if city in summing or up != hub}
 
-    def _cap_levels(self, summing, hub, members, parent, upward, own, down):
+    def _cap_levels(self, summing: set[str], hub: str, members: Collection[str], parent: Parent, upward: Sequence[str],
+                    own: dict[str, int], down: np.ndarray) -> set[str]:
         """The cities that sum, out of `summing` (every aggregating city with two or more streams), such
         that no member's path climbs more than ROUTE_HOPS + 1 of them, the root included.
 
@@ -562,11 +597,11 @@ class CostModel:
         if max(levels[member] for member in members) <= ROUTE_HOPS + 1:
             return summing
         vector, capacity = self.vector_bits, self.capacity_bps
-        children = {}
+        children: dict[str, list[str]] = {}
         for city in reversed(upward):
             children.setdefault(parent[city], []).append(city)
 
-        def charge(city, streams_in, copies_out):
+        def charge(city: str, streams_in: int, copies_out: int) -> _Cost:
             """(longest, total) seconds of the aggregator at `city`; nothing where it is ideal."""
             first = self._aggregator_index.get(city)
             if first is None:
@@ -575,18 +610,20 @@ class CostModel:
                      copies_out * vector / capacity[first + 2]]
             return (max(times), sum(times))
 
-        def join(a, b):
+        def join(a: _Cost, b: _Cost) -> _Cost:
             return (max(a[0], b[0]), a[1] + b[1])
 
-        gathered, sending = {}, {}
+        gathered: dict[tuple[str, int], dict[int, tuple[_Cost, tuple[int, ...]]]] = {}
+        sending: dict[tuple[str, int], dict[int, tuple[_Cost, tuple[bool, int, tuple[int, ...]]]]] = {}
 
-        def gather(city, budget):
+        def gather(city: str, budget: int) -> dict[int, tuple[_Cost, tuple[int, ...]]]:
             """Streams received from the children -> (best cost, streams each child sends)."""
             key = (city, budget)
             if key not in gathered:
-                table = {0: ((0.0, 0.0), ())}
+                table: dict[int, tuple[_Cost, tuple[int, ...]]] = {0: ((0.0, 0.0), ())}
                 for child in children.get(city, ()):
-                    options, merged = send(child, budget), {}
+                    options = send(child, budget)
+                    merged: dict[int, tuple[_Cost, tuple[int, ...]]] = {}
                     for total, (cost, split) in table.items():
                         for sent, (child_cost, _) in options.items():
                             trial = join(cost, child_cost)
@@ -596,11 +633,12 @@ class CostModel:
                 gathered[key] = table
             return gathered[key]
 
-        def send(city, budget):
+        def send(city: str, budget: int) -> dict[int, tuple[_Cost, tuple[bool, int, tuple[int, ...]]]]:
             """Streams sent up by `city` with `budget` summing levels left -> (best cost, how)."""
             key = (city, budget)
             if key not in sending:
-                result, link = {}, self.edge_index[(city, parent[city])]
+                result: dict[int, tuple[_Cost, tuple[bool, int, tuple[int, ...]]]] = {}
+                link = self.edge_index[(city, parent[city])]
                 ways = [(False, budget)] + ([(True, budget - 1)] if budget and city in summing else [])
                 for sums, below in ways:
                     for total, (cost, split) in gather(city, below).items():
@@ -619,12 +657,14 @@ class CostModel:
 
         fixed = (float(np.max(down / capacity)), float(np.sum(down / capacity)))
         copies = 1 if self._replicates[hub] else len(members)
-        best = None
+        best: tuple[_Cost, tuple[int, ...]] | None = None
         for total, (cost, split) in gather(hub, ROUTE_HOPS).items():
             trial = join(join(cost, fixed), charge(hub, own.get(hub, 0) + total, copies))
             if best is None or trial < best[0]:
                 best = (trial, split)
-        chosen, stack = set(), [(hub, ROUTE_HOPS, best[1])]
+        assert best is not None, "not summing anywhere always fits"
+        chosen: set[str] = set()
+        stack = [(hub, ROUTE_HOPS, best[1])]
         while stack:
             city, budget, split = stack.pop()
             for child, sent in zip(children.get(city, ()), split):
@@ -634,15 +674,15 @@ class CostModel:
                 stack.append((child, below, child_split))
         return chosen
 
-    def profile(self, clique):
+    def profile(self, clique: Clique) -> _Profile:
         cached = self._profiles.get(clique)
         if cached is not None:
             return cached
         members, k = clique.members, len(clique.members)
         loads = np.zeros(len(self.capacity_bps))
-        tree = None
+        tree: Parent | None = None
         if clique.exchange == AGGREGATE:
-            hub = clique.aggregator
+            hub = clique.hub
             if self.routing == "latency":
                 latency = max(self.latency_ms(m, hub) + self.latency_ms(hub, m) for m in members)
             if self.routing == "latency" and not self.reduce_in_path:
@@ -693,14 +733,14 @@ class CostModel:
         self._profiles[clique] = result
         return result
 
-    def _ring_shape(self, members):
+    def _ring_shape(self, members: tuple[str, ...]) -> tuple[list[tuple[str, str]], int, int]:
         """A ring's hops in order, its steps and the bits each hop carries over all of them: reduce-scatter
         then all-gather, 2(k-1) steps, each moving a 1/k chunk to the next member."""
         k = len(members)
         steps = 2 * (k - 1)
         return list(zip(members, members[1:] + members[:1])), steps, steps * 8 * wire_bytes(-(-self.model_bytes // k))
 
-    def ring_order(self, members):
+    def ring_order(self, members: Iterable[str]) -> tuple[str, ...]:
         """A ring order with short hops; the longest sets the ring's latency (2(k-1) times it).
 
         Up to 9 members: the order with the shortest longest hop (ties: shortest total), by trying all.
@@ -709,11 +749,11 @@ class CostModel:
         key = frozenset(members)
         if key in self._ring_orders:
             return self._ring_orders[key]
-        members = self.canonical(members)
-        k = len(members)
-        d = np.array([[self.latency_ms(a, b) for b in members] for a in members])
+        ordered = self.canonical(members)
+        k = len(ordered)
+        d = np.array([[self.latency_ms(a, b) for b in ordered] for a in ordered])
 
-        def hops(orders):
+        def hops(orders: np.ndarray) -> np.ndarray:
             return d[orders, np.roll(orders, -1, axis=-1)]
 
         if k <= 9:
@@ -748,11 +788,11 @@ class CostModel:
                     if (trial_lengths.max(), trial_lengths.sum()) < current:
                         best, improved = trial, True
                         break
-        order = tuple(members[int(i)] for i in best)
+        order = tuple(ordered[int(i)] for i in best)
         self._ring_orders[key] = order
         return order
 
-    def options(self, members, shortlist=None):
+    def options(self, members: Iterable[str], shortlist: int | None = None) -> list[Clique]:
         """Ways a clique of these members can combine its vectors: in line at any city that aggregates,
         or directly (all-to-all, ring, and with `host_tree` a host-side tree at its best root), which
         needs no aggregation and can win on latency.
@@ -760,33 +800,33 @@ class CostModel:
         With a shortlist, only the members' own cities and the `shortlist` cities with the least
         round-trip latency to the farthest member are offered for aggregation.
         """
-        members = self.canonical(members)
-        direct = [Clique(members, None, ALL_TO_ALL), Clique(self.ring_order(members), None, RING)]
+        ordered = self.canonical(members)
+        direct = [Clique(ordered, None, ALL_TO_ALL), Clique(self.ring_order(ordered), None, RING)]
         if self.host_tree:
-            direct.append(self.host_tree_clique(members))
-        cities = self.aggregation_cities
+            direct.append(self.host_tree_clique(ordered))
+        cities: Sequence[str] = self.aggregation_cities
         if shortlist is not None and len(cities) > shortlist:
             lat = self.latency_ms
-            reach = sorted(cities, key=lambda g: max(lat(m, g) + lat(g, m) for m in members))[:shortlist]
-            cities = [g for g in cities if g in reach or g in members]
-        return [Clique(members, city, AGGREGATE) for city in cities] + direct
+            reach = sorted(cities, key=lambda g: max(lat(m, g) + lat(g, m) for m in ordered))[:shortlist]
+            cities = [g for g in cities if g in reach or g in ordered]
+        return [Clique(ordered, city, AGGREGATE) for city in cities] + direct
 
-    def clique_time_alone(self, clique):
+    def clique_time_alone(self, clique: Clique) -> float:
         p = self.profile(clique)
         return p.latency_ms + (1e3 * float(np.max(p.loads_bits[p.used] / self.capacity_bps[p.used]))
                                if p.used.size else 0.0)
 
     # -- one round -------------------------------------------------------------------------------
-    def clique_times(self, cliques):
+    def clique_times(self, cliques: Sequence[Clique]) -> list[float]:
         """Each clique's time in a round where all of them run at once and share links and aggregators."""
         return self._times(self.round_profiles(cliques)) if cliques else []
 
-    def _times(self, profiles):
+    def _times(self, profiles: Sequence[_Profile]) -> list[float]:
         """Each clique's time, from its profile, when these profiles share the resources."""
         seconds = sum(p.loads_bits for p in profiles) / self.capacity_bps
         return [p.latency_ms + (1e3 * float(seconds[p.used].max()) if p.used.size else 0.0) for p in profiles]
 
-    def round_profiles(self, cliques):
+    def round_profiles(self, cliques: Sequence[Clique]) -> list[_Profile]:
         """Each clique's profile in a round where all of them run at once.
 
         Latency and bandwidth routing route each clique alone (`profile`). Balanced routing starts there
@@ -803,15 +843,15 @@ class CostModel:
         if self.routing != "balanced" or len(key) < 2 or not any(c in self._balanced_routes for c in key):
             return profiles
         if key not in self._round_profiles:
-            start = tuple((p, self._balanced_routes.get(c)) for c, p in zip(key, profiles))
-            movers = [self._tree_moves(c) if c.exchange == AGGREGATE
+            start: _RoundState = tuple((p, self._balanced_routes.get(c)) for c, p in zip(key, profiles))
+            movers: list[Callable[[Any, Any], Iterator[Any]]] = [self._tree_moves(c) if c.exchange == AGGREGATE
                       else self._ring_moves(self._ring_shape(c.members)[0]) for c in key]
 
-            def elements(state):
+            def elements(state: _RoundState) -> list[tuple[int, Any]]:
                 return [(i, element) for i, (_, routes) in enumerate(state) if routes is not None
                         for element in (sorted(routes) if key[i].exchange == AGGREGATE else range(len(routes)))]
 
-            def moves(state, element):
+            def moves(state: _RoundState, element: tuple[int, Any]) -> Iterator[_RoundState]:
                 i, item = element
                 for routes in movers[i](state[i][1], item):
                     yield state[:i] + ((self._routed_profile(key[i], routes), routes),) + state[i + 1:]
@@ -821,7 +861,7 @@ class CostModel:
             self._round_profiles[key] = [p for p, _ in end]
         return self._round_profiles[key]
 
-    def _routed_profile(self, clique, routes):
+    def _routed_profile(self, clique: Clique, routes: Any) -> _Profile:
         """The profile of a balanced clique given its routes (parent pointers to its root, or its ring hops')."""
         if clique.exchange == AGGREGATE:
             _, loads, tree, latency = self._aggregate_time_ms(clique, routes)
@@ -831,15 +871,15 @@ class CostModel:
             latency = steps * max(ms for _, ms in routes)
         return _Profile(latency, loads, np.flatnonzero(loads), tree)
 
-    def round_time(self, cliques):
+    def round_time(self, cliques: Sequence[Clique]) -> float:
         """Time of a round whose cliques run at once and share links: its slowest clique's."""
         return max(self.clique_times(cliques), default=0.0)
 
-    def _round_time_alone(self, cliques):
+    def _round_time_alone(self, cliques: Sequence[Clique]) -> float:
         """A round's time with each clique routed alone, as options are compared."""
         return max(self._times([self.profile(c) for c in cliques]))
 
-    def best_round(self, groups):
+    def best_round(self, groups: Iterable[Collection[str]]) -> tuple[tuple[Clique, ...], float, bool]:
         """Cliques for these member groups with the combination of options that finishes soonest.
 
         Exhaustive over every option of every clique (each aggregation city and direct exchange) when the
@@ -847,21 +887,22 @@ class CostModel:
         shortlisted options when alone and the assignment is improved one clique at a time.
         Returns (cliques, time_ms, exhaustive).
         """
-        groups = [self.canonical(g) for g in groups if len(g) > 1]
-        key = frozenset(frozenset(g) for g in groups)
+        kept = [self.canonical(g) for g in groups if len(g) > 1]
+        key = frozenset(frozenset(g) for g in kept)
         if key in self._best_rounds:
             return self._best_rounds[key]
-        groups.sort(key=lambda g: self._position[g[0]])
-        if not groups:
+        kept.sort(key=lambda g: self._position[g[0]])
+        result: tuple[tuple[Clique, ...], float, bool]
+        if not kept:
             result = ((), 0.0, True)
         else:
             direct = 3 if self.host_tree else 2
-            exhaustive = (len(self.aggregation_cities) + direct) ** len(groups) <= EXHAUSTIVE_AGGREGATOR_LIMIT
+            exhaustive = (len(self.aggregation_cities) + direct) ** len(kept) <= EXHAUSTIVE_AGGREGATOR_LIMIT
             if exhaustive:
-                option_lists = [self.options(g) for g in groups]
+                option_lists = [self.options(g) for g in kept]
             else:
                 option_lists = [sorted(self.options(g, SHORTLIST), key=self.clique_time_alone)[:4]
-                                for g in groups]
+                                for g in kept]
             if math.prod(len(o) for o in option_lists) <= EXHAUSTIVE_AGGREGATOR_LIMIT:
                 cliques, duration = self._assign_exhaustively(option_lists)
             else:
@@ -872,7 +913,7 @@ class CostModel:
         self._best_rounds[key] = result
         return result
 
-    def _assign_exhaustively(self, option_lists):
+    def _assign_exhaustively(self, option_lists: Sequence[Sequence[Clique]]) -> tuple[tuple[Clique, ...], float]:
         count = len(option_lists)
         edges = len(self.capacity_bps)
         shape = tuple(len(o) for o in option_lists)
@@ -892,9 +933,9 @@ class CostModel:
         for latency, used in per_clique:
             duration = np.maximum(duration, latency + 1e3 * np.where(used, seconds, 0.0).max(axis=-1))
         best = np.unravel_index(int(np.argmin(duration)), shape)
-        return tuple(options[i] for options, i in zip(option_lists, best)), float(duration[best])
+        return tuple(options[int(i)] for options, i in zip(option_lists, best)), float(duration[best])
 
-    def _assign_by_descent(self, option_lists):
+    def _assign_by_descent(self, option_lists: Sequence[Sequence[Clique]]) -> tuple[tuple[Clique, ...], float]:
         chosen = [min(options, key=self.clique_time_alone) for options in option_lists]
         duration = self._round_time_alone(chosen)
         for _ in range(3):

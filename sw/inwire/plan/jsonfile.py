@@ -3,6 +3,8 @@ one-line errors."""
 
 import json
 import os
+from collections.abc import Callable
+from typing import Any
 
 from ..inputs import open_regular
 
@@ -11,7 +13,7 @@ MAX_JSON_BYTES = 64 * 2**20
 a wrong path (a device such as /dev/zero, a capture) from being read until memory runs out."""
 
 
-def read_json(path, what, error):
+def read_json(path: str | os.PathLike[str], what: str, error: Callable[[str], Exception]) -> Any:
     """The document in the JSON file at `path`; `error(message)` when it cannot be read or parsed, the
     message naming `what` the file was meant to be. Only a regular file of at most MAX_JSON_BYTES is read."""
     with open_regular(path, what, error, "a JSON file") as handle:

@@ -7,8 +7,12 @@ asymptotic rate, ||P^m - J||^(1/m) -> lambda, and lambda <= rho (equal when P is
 """
 
 import math
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
+
+Rounds = Iterable[Iterable[Collection[str]]]
+"""Rounds given as collections of member groups, each group a collection of island names."""
 
 RHO_ZERO = 1e-9
 """rho at or below this counts as exact consensus after one period (round-off of an exact average)."""
@@ -16,7 +20,7 @@ RHO_ONE = 1 - 1e-12
 """rho at or above this never reaches consensus."""
 
 
-def mixing_product(islands, rounds_of_groups):
+def mixing_product(islands: Sequence[str], rounds_of_groups: Rounds) -> np.ndarray:
     """W_T ... W_1 for rounds given as collections of member groups; unlisted islands keep their value."""
     index = {name: i for i, name in enumerate(islands)}
     product = np.eye(len(islands))
@@ -28,13 +32,13 @@ def mixing_product(islands, rounds_of_groups):
     return product
 
 
-def mixing_rate(islands, rounds_of_groups):
+def mixing_rate(islands: Sequence[str], rounds_of_groups: Rounds) -> float:
     """rho = ||W_T ... W_1 - 11^T/n||_2: how much one period shrinks the disagreement, at worst."""
     product = mixing_product(islands, rounds_of_groups)
     return float(np.linalg.norm(product - 1.0 / len(islands), 2))
 
 
-def periods_to_epsilon(rho, epsilon):
+def periods_to_epsilon(rho: float, epsilon: float) -> float:
     """Periods until rho**periods <= epsilon: one for an exact average, infinity when rho is 1."""
     if rho <= RHO_ZERO:
         return 1
@@ -43,21 +47,21 @@ def periods_to_epsilon(rho, epsilon):
     return max(1, math.ceil(math.log(epsilon) / math.log(rho) - 1e-9))
 
 
-def time_to_epsilon_ms(rho, period_ms, epsilon):
+def time_to_epsilon_ms(rho: float, period_ms: float, epsilon: float) -> float:
     periods = periods_to_epsilon(rho, epsilon)
     return math.inf if math.isinf(periods) else periods * period_ms
 
 
 
 
-def spectral_radius(islands, rounds_of_groups):
+def spectral_radius(islands: Sequence[str], rounds_of_groups: Rounds) -> float:
     """lambda = the largest |eigenvalue| of W_T ... W_1 - 11^T/n: the disagreement's decay per period in the
     long run (equal to rho for a symmetric product, below it otherwise)."""
     product = mixing_product(islands, rounds_of_groups)
     return float(np.max(np.abs(np.linalg.eigvals(product - 1.0 / len(islands)))))
 
 
-def reach_periods(islands, rounds_of_groups):
+def reach_periods(islands: Sequence[str], rounds_of_groups: Rounds) -> float:
     """The fewest periods after which every island holds part of every other's value (inf if never)."""
     product = mixing_product(islands, rounds_of_groups)
     power = product.copy()
@@ -68,7 +72,7 @@ def reach_periods(islands, rounds_of_groups):
     return math.inf
 
 
-def progress_periods(spectral, epsilon, reach):
+def progress_periods(spectral: float, epsilon: float, reach: float) -> float:
     """Periods to epsilon at the asymptotic rate, fractional (training does not stop at a period's end):
     log(epsilon) / log(lambda), one when lambda <= epsilon, and at least the periods every island needs to
     hear from every other."""

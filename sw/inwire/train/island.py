@@ -21,11 +21,19 @@ import os
 import pathlib
 import re
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..datagram import Address
 
 
-def parse_arguments(argv):
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m inwire.train.island", description=__doc__.split("\n")[0])
     parser.add_argument("--island", required=True, help="this island's name in the schedule")
     parser.add_argument("--schedule", required=True, help="schedule file (inwire schedule --out)")
@@ -60,7 +68,7 @@ def parse_arguments(argv):
     return args
 
 
-def digest(vector):
+def digest(vector: npt.ArrayLike) -> str:
     """SHA-256 of a float32 vector's bytes: what every rank logs of each averaging."""
     return hashlib.sha256(np.ascontiguousarray(vector, dtype=np.float32).tobytes()).hexdigest()
 
@@ -69,17 +77,18 @@ VECTORS = ("sent", "average", "gradient")
 """Logged per averaging as whole vectors (their lengths differ between a hook's buckets), the rest as arrays."""
 
 
-def save_log(path, log):
+def save_log(path: str | os.PathLike[str], log: dict[str, Any]) -> None:
     """One rank's log as .npz: each vector of VECTORS under its own key (`sent_0`, ...)."""
-    arrays = {key: np.array(value) for key, value in log.items() if key not in VECTORS}
+    arrays: dict[str, np.ndarray] = {key: np.array(value) for key, value in log.items() if key not in VECTORS}
     for key in VECTORS:
         arrays.update({f"{key}_{i}": vector for i, vector in enumerate(log.get(key, ()))})
-    np.savez(path, **arrays)
+    np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy's stub matches **kwds against allow_pickle too
 
 
-def load_log(path):
+def load_log(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A log `save_log` wrote, with VECTORS back as lists (absent when the rank logged none)."""
-    log, vectors = {}, {}
+    log: dict[str, Any] = {}
+    vectors: dict[str, dict[int, np.ndarray]] = {}
     with np.load(path) as stored:
         for name in stored.files:
             numbered = re.fullmatch(rf"({'|'.join(VECTORS)})_(\d+)", name)
@@ -91,14 +100,14 @@ def load_log(path):
     return log
 
 
-def parameters_of(model):
+def parameters_of(model: "torch.nn.Module") -> np.ndarray:
     """The model's parameters as one float32 numpy vector on the host."""
     import torch
 
     return torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy()
 
 
-def aggregators_of(server):
+def aggregators_of(server: str) -> "Address | dict[str, Address]":
     """--server: HOST:PORT, or an aggregator map file ({city: "IPv4:PORT"})."""
     from ..datagram import parse_endpoint
     from ..stream import load_aggregator_map
@@ -108,7 +117,7 @@ def aggregators_of(server):
     return parse_endpoint(server, "--server")
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(argv)
     import torch
     import torch.distributed as dist
@@ -129,10 +138,10 @@ def main(argv=None):
         islands = list(schedule.islands)
         alpha = None if args.alpha == "iid" else float(args.alpha)
         shards, (test_x, test_y) = split_data(alpha, args.seed, len(islands))
-        train_x, train_y = shards[islands.index(args.island)]
+        share_x, share_y = shards[islands.index(args.island)]
         # Each rank trains on its half of the island's share; DDP averages their gradients.
-        train_x = torch.from_numpy(train_x[rank::world]).to(device)
-        train_y = torch.from_numpy(train_y[rank::world]).to(device)
+        train_x = torch.from_numpy(share_x[rank::world]).to(device)
+        train_y = torch.from_numpy(share_y[rank::world]).to(device)
         torch.manual_seed(args.seed)
         model = torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
                                     torch.nn.Linear(args.hidden, 10)).to(device)
@@ -144,14 +153,17 @@ def main(argv=None):
         # With the hook only rank 0 sees the island's mean and the average before they reach the bucket.
         digests = ("sent_sha", "average_sha", "after_sha") if rank == 0 or not args.hook else ("after_sha",)
         vectors = ("sent",) if args.hook else ("sent", "average")
-        log = {"round": [], "members": [], **{key: [] for key in digests},
+        log: dict[str, list[Any]] = {"round": [], "members": [], **{key: [] for key in digests},
                **({key: [] for key in vectors} if rank == 0 else {}),
                **({"gradient": []} if args.hook and args.log_gradients else {})}
 
-        def record(round_index, members, sent, average, after):
+        def record(round_index: int, members: Sequence[str], sent: np.ndarray | None, average: np.ndarray | None,
+                   after: np.ndarray) -> None:
             log["round"].append(round_index)
             log["members"].append(",".join(members))
             for key, vector in (("sent", sent), ("average", average), ("after", after)):
+                if vector is None:  # what the hook sent and received: seen on rank 0 alone, which logs it
+                    continue
                 if f"{key}_sha" in log:
                     log[f"{key}_sha"].append(digest(vector))
                 if key in log:
@@ -162,12 +174,12 @@ def main(argv=None):
             replica = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
             state = InwireHookState(exchange, args.island, clique, aggregator=aggregator, tree=tree)
 
-            def recording_hook(state, bucket):
+            def recording_hook(state: InwireHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
                 step, index = state.step, bucket.index()
                 if "gradient" in log:
                     log["gradient"].append(bucket.buffer().detach().cpu().numpy().copy())
                 future = inwire_hook(state, bucket)
-                sent, average = state.last[2:] if rank == 0 else (None, None)
+                sent, average = state.last[2:] if rank == 0 and state.last is not None else (None, None)
                 record(step * state.buckets + index, clique, sent, average, future.value().cpu().numpy())
                 return future
 
@@ -189,6 +201,7 @@ def main(argv=None):
             loss.backward()
             optimizer.step()
             if not args.hook and (members := averager.average_parameters(model.parameters())):
+                assert averager.last is not None, "set by the averaging that returned the members"
                 round_index, _, sent, average = averager.last
                 record(round_index, members, sent, average, parameters_of(model))
         out = pathlib.Path(args.out_dir)

@@ -20,16 +20,17 @@ class OuterOptimizer:
     momentum: float = 0.0
     nesterov: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.lr > 0 or not 0 <= self.momentum < 1:
             raise ValueError(f"outer lr must be positive and momentum in [0, 1), got {self.lr}, {self.momentum}")
 
     @property
-    def plain(self):
+    def plain(self) -> bool:
         """True when the outer step is plain averaging (the new parameters are the average itself)."""
         return self.lr == 1.0 and self.momentum == 0.0
 
-    def step(self, anchor, buffer, average):
+    def step(self, anchor: np.ndarray, buffer: np.ndarray | None,
+             average: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """(new parameters, new momentum buffer) from the anchor, the buffer and the clique's average."""
         if self.plain:
             return np.array(average, dtype=np.float32), buffer

@@ -16,14 +16,21 @@ The islands' models are stacked (torch.func.stack_module_state) and trained in o
 parameters, in `named_parameters` order, are the vector an averager would send for the same nn.Module.
 """
 
+from __future__ import annotations
+
 import functools
 import hashlib
 import math
 import pathlib
 import sysconfig
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 FAMILIES = (
     ("asyncio", ("asyncio",)),
@@ -45,34 +52,34 @@ VALIDATION_WINDOWS = 8
 VOCABULARY = 256
 
 
-def family_files(names, root=None):
+def family_files(names: Iterable[str], root: str | pathlib.Path | None = None) -> list[pathlib.Path]:
     """The family's files, sorted by their path relative to the standard library."""
-    root = pathlib.Path(root or sysconfig.get_paths()["stdlib"])
+    folder = pathlib.Path(root or sysconfig.get_paths()["stdlib"])
     files = []
     for name in names:
-        if (root / name).is_dir():
-            files += [path for path in (root / name).rglob("*.py")
-                      if not SKIPPED_FOLDERS & set(path.relative_to(root).parts)]
-        elif (root / f"{name}.py").is_file():
-            files.append(root / f"{name}.py")
-    return sorted(files, key=lambda path: path.relative_to(root).as_posix())
+        if (folder / name).is_dir():
+            files += [path for path in (folder / name).rglob("*.py")
+                      if not SKIPPED_FOLDERS & set(path.relative_to(folder).parts)]
+        elif (folder / f"{name}.py").is_file():
+            files.append(folder / f"{name}.py")
+    return sorted(files, key=lambda path: path.relative_to(folder).as_posix())
 
 
 @dataclass(frozen=True)
 class Corpus:
     root: str
-    families: tuple
+    families: tuple[tuple[str, bytes, bytes], ...]
     """Per family: (name, training bytes, validation bytes)."""
-    files: tuple
+    files: tuple[tuple[str, str, int, str], ...]
     """(family, path relative to the standard library, bytes, SHA-256) of every file, in order."""
 
     @property
-    def list_sha256(self):
+    def list_sha256(self) -> str:
         """One hash of the file list with every file's size and hash: equal lists, equal corpora."""
         text = "".join(f"{family}\t{path}\t{size}\t{digest}\n" for family, path, size, digest in self.files)
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return {"root": self.root, "list_sha256": self.list_sha256,
                 "validation_fraction": VALIDATION_FRACTION,
                 "families": {name: {"train_bytes": len(train), "validation_bytes": len(validation)}
@@ -82,27 +89,28 @@ class Corpus:
 
 
 @functools.lru_cache(maxsize=4)
-def load_corpus(root=None):
+def load_corpus(root: str | pathlib.Path | None = None) -> Corpus:
     """Every family's bytes, each file split into its first nine tenths (training) and last tenth
     (validation)."""
-    root = pathlib.Path(root or sysconfig.get_paths()["stdlib"])
-    families, files = [], []
+    folder = pathlib.Path(root or sysconfig.get_paths()["stdlib"])
+    families: list[tuple[str, bytes, bytes]] = []
+    files: list[tuple[str, str, int, str]] = []
     for name, modules in FAMILIES:
         train, validation = bytearray(), bytearray()
-        for path in family_files(modules, root):
+        for path in family_files(modules, folder):
             data = path.read_bytes()
             cut = len(data) - int(len(data) * VALIDATION_FRACTION)
             train += data[:cut]
             validation += data[cut:]
-            files.append((name, path.relative_to(root).as_posix(), len(data), hashlib.sha256(data).hexdigest()))
+            files.append((name, path.relative_to(folder).as_posix(), len(data), hashlib.sha256(data).hexdigest()))
         if not train:
-            raise ValueError(f"the standard library at {root} has none of the files of family {name!r}: "
+            raise ValueError(f"the standard library at {folder} has none of the files of family {name!r}: "
                              f"{', '.join(modules)}")
         families.append((name, bytes(train), bytes(validation)))
-    return Corpus(str(root), tuple(families), tuple(files))
+    return Corpus(str(folder), tuple(families), tuple(files))
 
 
-def island_families(islands_count, seed=None):
+def island_families(islands_count: int, seed: int | None = None) -> list[list[str]]:
     """Family names per island: family f trains island f mod n (disjoint; with n > 9 some islands get none),
     the families in their listed order, or with a seed in that seed's permutation of it."""
     names = [name for name, _ in FAMILIES]
@@ -114,20 +122,20 @@ def island_families(islands_count, seed=None):
 # ---------------------------------------------------------------------------------------------------
 # The model
 
-def build_model(width, layers, heads, context):
+def build_model(width: int, layers: int, heads: int, context: int) -> torch.nn.Module:
     """A GPT-style decoder: byte and position embeddings, pre-norm blocks of causal self-attention and a 4x
     GELU MLP, a final norm and an untied output layer."""
     import torch
     from torch import nn
 
     class Block(nn.Module):
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
             self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
             self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
             self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
 
-        def forward(self, x, mask):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             t = x.shape[-2]
             q, k, v = self.qkv(self.norm1(x)).reshape(-1, t, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
             # Attention written out: it runs under vmap on every torch build.
@@ -137,7 +145,9 @@ def build_model(width, layers, heads, context):
             return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
 
     class Decoder(nn.Module):
-        def __init__(self):
+        mask: torch.Tensor
+
+        def __init__(self) -> None:
             super().__init__()
             self.embed, self.position = nn.Embedding(VOCABULARY, width), nn.Embedding(context, width)
             self.blocks = nn.ModuleList(Block() for _ in range(layers))
@@ -151,7 +161,7 @@ def build_model(width, layers, heads, context):
                     scaled = name.endswith(("proj.weight", "down.weight"))
                     nn.init.normal_(p, std=0.02 / math.sqrt(2 * layers) if scaled else 0.02)
 
-        def forward(self, tokens):
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
             x = self.embed(tokens) + self.position.weight[:tokens.shape[-1]]
             for block in self.blocks:
                 x = block(x, self.mask)
@@ -162,17 +172,41 @@ def build_model(width, layers, heads, context):
     return Decoder()
 
 
-def parameter_count(width, layers, context):
+def parameter_count(width: int, layers: int, context: int) -> int:
     """Parameters of build_model(width, layers, heads, context), counted from its layers."""
     block = 2 * 2 * width + (3 * width * width + 3 * width) + (width * width + width) + 2 * (4 * width * width) \
         + 4 * width + width
     return VOCABULARY * width + context * width + layers * block + 2 * width + width * VOCABULARY + VOCABULARY
 
 
+class TextSettings(Protocol):
+    """What `TextIslands` reads of its configuration (`training.TrainConfig`, which imports this module, or
+    the training cache's key)."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def text_width(self) -> int: ...
+    @property
+    def text_layers(self) -> int: ...
+    @property
+    def text_heads(self) -> int: ...
+    @property
+    def text_context(self) -> int: ...
+    @property
+    def text_batch(self) -> int: ...
+    @property
+    def text_learning_rate(self) -> float: ...
+    @property
+    def text_weight_decay(self) -> float: ...
+    @property
+    def text_shuffle_families(self) -> bool: ...
+
+
 class TextIslands:
     """n copies of one decoder, stacked; each island samples windows of its own families' training bytes."""
 
-    def __init__(self, n, config):
+    def __init__(self, n: int, config: TextSettings) -> None:
         import torch
 
         self.n, self.context, self.batch = n, config.text_context, config.text_batch
@@ -198,13 +232,13 @@ class TextIslands:
         self.validation = torch.stack(windows).long()
         self._losses = torch.vmap(self._loss)
 
-    def _loss(self, params, windows):
+    def _loss(self, params: dict[str, torch.Tensor], windows: torch.Tensor) -> torch.Tensor:
         import torch
 
         logits = torch.func.functional_call(self.base, params, (windows[..., :-1],))
         return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCABULARY), windows[..., 1:].reshape(-1))
 
-    def step(self):
+    def step(self) -> None:
         """One AdamW step of every island on a batch of its own windows."""
         import torch
 
@@ -222,7 +256,7 @@ class TextIslands:
         (losses * has_data).sum().backward()
         self.optimizer.step()
 
-    def evaluate(self):
+    def evaluate(self) -> dict[str, float]:
         """Mean island validation loss, the best single island's, and the validation loss of the islands' exact
         mean model."""
         import torch
@@ -234,11 +268,11 @@ class TextIslands:
             averaged = self._loss(mean, self.validation)
         return {"loss": float(losses.mean()), "best_island_loss": float(losses.min()), "averaged_loss": float(averaged)}
 
-    def vectors(self):
+    def vectors(self) -> np.ndarray:
         """(n, parameters) float32 array, each row one island's parameters in named_parameters order."""
         return np.concatenate([p.detach().reshape(self.n, -1).numpy() for p in self.params.values()], axis=1)
 
-    def load(self, index, vector):
+    def load(self, index: int, vector: np.ndarray) -> None:
         import torch
 
         offset = 0

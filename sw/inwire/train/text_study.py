@@ -34,8 +34,10 @@ import os
 import pathlib
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
 from ..output import atomic_output
 from ..plan.cost import HOST_TREE
@@ -44,6 +46,8 @@ from ..plan.topology import load_topology
 from .outer import OuterOptimizer
 from .training import (
     EVALUATE_EVERY,
+    Cell,
+    Curve,
     Strategy,
     TrainConfig,
     _mean_curves,
@@ -60,6 +64,15 @@ from .training import (
     training_inputs,
 )
 
+_Result = TypeVar("_Result")
+Rounds = dict[str, tuple[tuple[tuple[tuple[str, ...], ...], ...], tuple[float, ...]]]
+"""Per strategy: its rounds of member groups and their times."""
+Outer = tuple[float, float]
+"""An outer step: (learning rate, momentum)."""
+Run = tuple[TrainConfig, Strategy]
+Inputs = tuple[Any, ...]
+"""A training run's inputs (`training_inputs`): what its result depends on, hashable."""
+
 STRATEGIES = ("none", "sync", "global", "ring", HOST_TREE, "hierarchical", "gossip", "random", "schedule")
 DEFAULT_STRATEGIES = ("none", "sync", "global", "ring", HOST_TREE, "schedule")
 """What `make train-study` runs: on two cores in about an hour the grid has room for two trained rotations at
@@ -74,14 +87,14 @@ MARGIN = 0.01
 @dataclass(frozen=True)
 class StudySettings:
     topology: str = "doublezero9"
-    islands: tuple = ()
+    islands: tuple[str, ...] = ()
     steps: int = 400
-    local_steps: tuple = (10, 50, 100)
-    outer_steps: tuple = ((1.0, 0.0), (0.7, 0.9))
+    local_steps: tuple[int, ...] = (10, 50, 100)
+    outer_steps: tuple[Outer, ...] = ((1.0, 0.0), (0.7, 0.9))
     """The grid, (learning rate, momentum) each: plain averaging, and DiLoCo's Nesterov at torchft's rate."""
     tuning_seed: int = 0
-    seeds: tuple = (1, 2, 3, 4, 5)
-    strategies: tuple = DEFAULT_STRATEGIES
+    seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     model_bytes: int = 100_000_000
     """The size communication is charged for."""
     aggregator: str = "ideal"
@@ -93,7 +106,7 @@ class StudySettings:
     text_batch: int = 4
     text_learning_rate: float = 2e-3
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.tuning_seed in self.seeds:
             raise ValueError(f"the tuning seed {self.tuning_seed} must not be an evaluation seed")
         if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds):
@@ -112,11 +125,11 @@ class StudySettings:
         self.config(self.tuning_seed, 1, 1.0, 0.0)
 
     @property
-    def tuned(self):
+    def tuned(self) -> list[str]:
         """The strategies whose outer step is chosen: all that synchronize."""
         return [name for name in self.strategies if name != "none"]
 
-    def config(self, seed, local_steps, outer_lr, outer_momentum):
+    def config(self, seed: int, local_steps: int, outer_lr: float, outer_momentum: float) -> TrainConfig:
         return TrainConfig(topology=self.topology, islands=tuple(self.islands), steps=self.steps,
                            local_steps=local_steps, seed=seed, strategies=("none",), model_bytes=self.model_bytes,
                            step_ms=self.step_ms, aggregator=self.aggregator, outer_lr=outer_lr,
@@ -126,21 +139,22 @@ class StudySettings:
                            text_learning_rate=self.text_learning_rate, text_shuffle_families=True)
 
 
-def plan_seed(settings, seed):
+def plan_seed(settings: StudySettings, seed: int) -> tuple[tuple[str, ...], Rounds, dict[str, dict[str, Any]]]:
     """The islands, and per strategy its rounds of member groups and round times (the planner's cost model
     for the charged size), with what the plan says about each."""
     topology = load_topology(settings.topology)
     islands = tuple(topology.resolve_islands(list(settings.islands) or None))
     plan = plan_schedule(topology, list(islands), model_bytes=settings.model_bytes, epsilon=EPSILON, seed=seed,
                          aggregator=settings.aggregator)
+    assert plan.cost_model is not None, "plan_schedule keeps the cost model it scored with"
     evaluator = Evaluator(plan.cost_model, EPSILON)
     schedules = {name: plan.baselines[name] for name in ("global", "ring", HOST_TREE, "hierarchical")}
     schedules["gossip"] = evaluator.evaluate(gossip_rounds(list(islands)))
     schedules["random"] = evaluator.evaluate(random_rounds(list(islands), seed))
     schedules["schedule"] = plan.best
-    rounds = {name: (tuple(tuple(tuple(c.members) for c in cliques if len(c.members) > 1)
-                           for cliques in schedule.rounds), tuple(schedule.round_times_ms))
-              for name, schedule in schedules.items()}
+    rounds: Rounds = {name: (tuple(tuple(tuple(c.members) for c in cliques if len(c.members) > 1)
+                                   for cliques in schedule.rounds), tuple(schedule.round_times_ms))
+                      for name, schedule in schedules.items()}
     fastest = min(EXACT_AVERAGES, key=lambda name: (sum(rounds[name][1]), name))
     rounds["sync"] = (rounds["global"][0], (sum(rounds[fastest][1]),))
     rounds["none"] = ((), ())
@@ -151,14 +165,15 @@ def plan_seed(settings, seed):
     return islands, rounds, described
 
 
-def strategy_run(settings, seed, islands, rounds, name, local_steps, outer):
+def strategy_run(settings: StudySettings, seed: int, islands: Sequence[str], rounds: Rounds, name: str,
+                 local_steps: int, outer: Outer) -> Run:
     """(config, strategy) of one training run with outer step `outer`, (learning rate, momentum); `none`
     depends on neither H nor the outer step, `sync` not on H.
     Members are put in island order: a clique's average does not depend on it (integer sums; only a partial
     sum past int32, parameters near the bound of 16, could), and strategies with equal cliques in another
     order (the ring's, the host tree's) then share one training run."""
     order = {island: i for i, island in enumerate(islands)}
-    groups = tuple(tuple(tuple(sorted(members, key=order.get)) for members in r) for r in rounds[name][0])
+    groups = tuple(tuple(tuple(sorted(members, key=order.__getitem__)) for members in r) for r in rounds[name][0])
     times = rounds[name][1]
     if name == "none":
         return settings.config(seed, 1, 1.0, 0.0), Strategy(name, (), (), 1)
@@ -166,7 +181,7 @@ def strategy_run(settings, seed, islands, rounds, name, local_steps, outer):
     return settings.config(seed, period, *outer), Strategy(name, groups, times, period)
 
 
-def _calibrate(settings, islands):
+def _calibrate(settings: StudySettings, islands: Sequence[str]) -> tuple[float, float, float]:
     """Seconds of one training step of every island, one evaluation and one sync of all, measured now."""
     from ..codec_average import clique_average
     from .text import TextIslands
@@ -189,11 +204,11 @@ def _calibrate(settings, islands):
     return step_s, evaluation_s, time.perf_counter() - started
 
 
-def _say(text):
+def _say(text: str) -> None:
     print(f"train-study: {text}", file=sys.stderr, flush=True)
 
 
-def _worker_start():
+def _worker_start() -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -202,14 +217,14 @@ def _worker_start():
 class _InProcess:
     """The executor of one worker: runs each call in this process when it is submitted."""
 
-    def submit(self, function, *args):
-        future = Future()
+    def submit(self, function: Callable[..., _Result], *args: Any) -> Future[_Result]:
+        future: Future[_Result] = Future()
         future.set_result(function(*args))
         return future
 
 
 @contextlib.contextmanager
-def _executor(workers):
+def _executor(workers: int) -> Iterator[Executor | _InProcess]:
     if workers == 1:
         yield _InProcess()
         return
@@ -219,7 +234,7 @@ def _executor(workers):
         yield pool
 
 
-def makespan(phases, workers, busy=()):
+def makespan(phases: Iterable[Iterable[float]], workers: int, busy: Sequence[float] = ()) -> float:
     """Wall seconds of `phases` (each a list of run seconds) on `workers` processes, longest run first onto
     the first free process, each phase starting once the one before has ended; `busy`: seconds left of the
     runs under way when the first phase starts."""
@@ -234,25 +249,26 @@ def makespan(phases, workers, busy=()):
 class _Runner:
     """Trains each distinct run once, up to `workers` at a time, saying how far it is and how long is left."""
 
-    def __init__(self, settings, islands, executor, workers, costs):
+    def __init__(self, settings: StudySettings, islands: Sequence[str], executor: Executor | _InProcess, workers: int,
+                 costs: tuple[float, ...]) -> None:
         self.settings, self.islands, self.executor, self.workers = settings, islands, executor, workers
         self.step_s, self.evaluation_s, self.sync_s = costs
-        self.points = {}
+        self.points: dict[Inputs, Curve] = {}
         self.measured_s = self.estimated_s = 0.0
         self.started = time.perf_counter()
 
-    def run_seconds(self, strategy):
+    def run_seconds(self, strategy: Strategy) -> float:
         steps = self.settings.steps
         evaluations = steps // EVALUATE_EVERY["text"] + (steps % EVALUATE_EVERY["text"] != 0)
         syncs = steps // strategy.period if strategy.groups else 0
         return steps * self.step_s + evaluations * self.evaluation_s + syncs * self.sync_s
 
-    def train(self, phase, later=()):
+    def train(self, phase: dict[Inputs, Run], later: Sequence[float] = ()) -> None:
         """Trains the runs of `phase` ({training inputs: (config, strategy)}) not trained yet, longest first;
         `later`: the seconds of each run planned after this phase, for the time left."""
         pending = sorted(((inputs, run) for inputs, run in phase.items() if inputs not in self.points),
                          key=lambda item: -self.run_seconds(item[1][1]))
-        running = {}
+        running: dict[Future[Curve], tuple[Inputs, Run, float]] = {}
         while pending or running:
             while pending and len(running) < self.workers:
                 inputs, run = pending.pop(0)
@@ -276,16 +292,17 @@ class _Runner:
                      f"H {strategy.period}, {outer}); {(now - self.started) / 60:.1f} min so far, about "
                      f"{left / 60:.0f} min left")
 
-    def curve(self, config, strategy):
+    def curve(self, config: TrainConfig, strategy: Strategy) -> Curve:
         return run_strategy(config, self.islands, strategy,
                             self.points[training_inputs(config, self.islands, strategy)])
 
 
-def default_workers():
+def default_workers() -> int:
     return os.cpu_count() or 1
 
 
-def run_text_study(settings, estimate_only=False, workers=None):
+def run_text_study(settings: StudySettings, estimate_only: bool = False,
+                   workers: int | None = None) -> dict[str, Any] | None:
     """The study as a JSON-ready dict (see the module's docstring for what it does in which order), training
     on `workers` processes (default: one per core; never more than there are runs); with `estimate_only`,
     None once the estimate is said."""
@@ -295,10 +312,10 @@ def run_text_study(settings, estimate_only=False, workers=None):
     islands = plans[settings.tuning_seed][0]
     hs, grid = settings.local_steps, settings.outer_steps
 
-    def phase(runs):
+    def phase(runs: Iterable[tuple[int, str, int, Outer]]) -> dict[Inputs, Run]:
         """{training inputs: (config, strategy)} of (seed, strategy name, H, outer step) runs, the first of
         equal inputs kept."""
-        planned = {}
+        planned: dict[Inputs, Run] = {}
         for seed, name, h, outer in runs:
             config, strategy = strategy_run(settings, seed, islands, plans[seed][1], name, h, outer)
             planned.setdefault(training_inputs(config, islands, strategy), (config, strategy))
@@ -328,26 +345,28 @@ def run_text_study(settings, estimate_only=False, workers=None):
             return None
         runner.train(first, later=[runner.run_seconds(s) for _, s in second.values()])
 
-        def final_loss(seed, name, h, outer):
+        def final_loss(seed: int, name: str, h: int, outer: Outer) -> float:
             config, strategy = strategy_run(settings, seed, islands, plans[seed][1], name, h, outer)
-            return runner.curve(config, strategy)[-1]["loss"]
+            loss: float = runner.curve(config, strategy)[-1]["loss"]
+            return loss
 
         tuning = {name: {str(h): {outer_label(outer): final_loss(settings.tuning_seed, name, h, outer)
                                   for outer in grid} for h in hs} for name in settings.tuned}
         chosen = {name: {h: min(grid, key=lambda outer: tuning[name][str(h)][outer_label(outer)]) for h in hs}
                   for name in settings.tuned}
 
-        def outer_of(name, h):
+        def outer_of(name: str, h: int) -> Outer:
             return chosen[name][h] if name in chosen else (1.0, 0.0)
 
         runner.train(phase((seed, name, h, outer_of(name, h)) for seed in settings.seeds
                            for name in settings.strategies for h in hs))
 
-    runs = {}
+    runs: dict[int, list[dict[str, Any]]] = {}
     for seed in settings.seeds:
         _, rounds, described = plans[seed]
         for h in hs:
-            curves, strategies = {}, {}
+            curves: dict[str, Curve] = {}
+            strategies: dict[str, dict[str, Any]] = {}
             for name in settings.strategies:
                 config, strategy = strategy_run(settings, seed, islands, rounds, name, h, outer_of(name, h))
                 curves[name] = runner.curve(config, strategy)
@@ -371,19 +390,19 @@ def run_text_study(settings, estimate_only=False, workers=None):
             "target": target, "cells": cells}
 
 
-def outer_label(outer):
+def outer_label(outer: Outer) -> str:
     """"avg" for plain averaging, else "nesterov LR" (the grid's momentum)."""
     lr, momentum = outer
     return "avg" if (lr, momentum) == (1.0, 0.0) else f"nesterov {lr:g}" + ("" if momentum == 0.9 else f"/{momentum:g}")
 
 
-def _parameters(settings):
+def _parameters(settings: StudySettings) -> int:
     from .text import parameter_count
 
     return parameter_count(settings.text_width, settings.text_layers, settings.text_context)
 
 
-def choose_target(none_curves, sync_curves, margin=MARGIN):
+def choose_target(none_curves: Sequence[Curve], sync_curves: Sequence[Curve], margin: float = MARGIN) -> dict[str, Any]:
     """The target loss (module docstring, step 4) from `none`'s and `sync`'s curves of the evaluation seeds."""
     alone = [min(point["best_island_loss"] for point in curve) for curve in none_curves]
     loss = math.floor(round((min(alone) - margin) * 100, 6)) / 100
@@ -396,9 +415,9 @@ def choose_target(none_curves, sync_curves, margin=MARGIN):
             "seeds": len(sync_curves)}
 
 
-def _cell(settings, h, runs, target):
+def _cell(settings: StudySettings, h: int, runs: Sequence[dict[str, Any]], target: float) -> Cell:
     seeds = [run["seed"] for run in runs]
-    cell = {"workload": "text", "local_steps": h, "aggregator": settings.aggregator, "alpha": None,
+    cell: Cell = {"workload": "text", "local_steps": h, "aggregator": settings.aggregator, "alpha": None,
             "model_bytes": settings.model_bytes, "step_ms": settings.step_ms, "seeds": seeds,
             "title": (f"stdlib module families, H = {h}, charged {settings.model_bytes / 1e6:g} MB, "
                       f"{settings.aggregator} aggregator, {settings.step_ms:g} ms per step, outer step per strategy, "
@@ -418,7 +437,7 @@ def _cell(settings, h, runs, target):
 # ---------------------------------------------------------------------------------------------------
 # Reports
 
-def format_text_study(study):
+def format_text_study(study: dict[str, Any]) -> str:
     s, target = study["settings"], study["target"]
     lines = [f"Text workload study: a byte-level transformer of {study['parameters']:,} parameters per island "
              f"(width {s['text_width']}, {s['text_layers']} blocks, {s['text_heads']} heads, context "
@@ -476,22 +495,22 @@ def format_text_study(study):
     return "\n".join(lines) + "\n"
 
 
-def _kind(rounds):
+def _kind(rounds: Sequence[Sequence[Sequence[str]]]) -> str:
     if len(rounds) == 1 and len(rounds[0]) == 1:
         return "global clique"
     return f"{len(rounds)} round{'s' if len(rounds) != 1 else ''} of {'+'.join(str(len(c)) for c in rounds[0])}"
 
 
-def plot_file_name(cell):
+def plot_file_name(cell: Cell) -> str:
     return f"text-h{cell['local_steps']}.png"
 
 
-def study_json(study):
+def study_json(study: dict[str, Any]) -> str:
     cells = [{key: value for key, value in cell.items() if key != "mean_curves"} for cell in study["cells"]]
     return json.dumps({**study, "cells": cells}, separators=(",", ":"))
 
 
-def write_text_study(study, out_dir):
+def write_text_study(study: dict[str, Any], out_dir: pathlib.Path) -> list[pathlib.Path]:
     """study.json, study.md and a plot per H into `out_dir`, all or none; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     texts = {"study.json": study_json(study) + "\n", "study.md": format_text_study(study)}
@@ -505,15 +524,15 @@ def write_text_study(study, out_dir):
     return written
 
 
-def _outer(text):
+def _outer(text: str) -> Outer:
     return (1.0, 0.0) if text == "avg" else (float(text.removeprefix("nesterov").strip()), 0.9)
 
 
-def _numbers(text, parse):
+def _numbers(text: str, parse: Callable[[str], _Result]) -> tuple[_Result, ...]:
     return tuple(parse(item) for item in text.split(",") if item.strip())
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inwire.train.text_study", description=__doc__.split("\n")[0])
     defaults = StudySettings()
     parser.add_argument("--islands", default="", help="comma-separated cities (default: all of the topology)")

@@ -34,13 +34,17 @@ board's ports and core: `inwire.plan.aggregator.PROFILES`) and the charged size;
 strategy is reported with is the planner's local-step objective for its own H and the study's step time.
 """
 
+from __future__ import annotations
+
 import contextlib
 import functools
 import itertools
 import json
 import math
 import pathlib
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +56,22 @@ from ..plan.schedule_file import schedule_document
 from ..plan.search import Evaluator, plan_schedule
 from ..plan.topology import load_topology
 from .outer import OuterOptimizer
+
+if TYPE_CHECKING:
+    import torch
+    from matplotlib.figure import Figure
+
+    from ..plan.cost import Schedule
+    from .text import TextIslands
+
+Curve = list[dict[str, Any]]
+"""Training points in step order: step, syncs, the workload's scores and, once charged, the times."""
+Cell = dict[str, Any]
+"""One setting of a study over its seeds (`run_study`)."""
+Study = dict[str, Any]
+"""What `run_study` returns: config, cells, target."""
+Stats = dict[str, Any]
+"""mean, std, n (values that are not None) and of (all values), as `_stats` makes them."""
 
 STRATEGIES = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule", "schedule-h")
 BASELINE_OF = {"global": "global", "hierarchical": "hierarchical", "ring": "ring"}
@@ -71,7 +91,7 @@ RANDOM_ROUNDS = 30
 @dataclass(frozen=True)
 class TrainConfig:
     topology: str = "doublezero9"
-    islands: tuple = ()
+    islands: tuple[str, ...] = ()
     """Cities that host an island; empty means every city of the topology."""
     steps: int = 300
     local_steps: int = 10
@@ -83,7 +103,7 @@ class TrainConfig:
     """Dirichlet concentration of the class split (small: each island sees few classes); None: IID."""
     seed: int = 0
     epsilon: float = 1e-3
-    strategies: tuple = STRATEGIES
+    strategies: tuple[str, ...] = STRATEGIES
     model_bytes: int = 0
     """Size the communication is planned and charged for; 0 means the MLP's own size."""
     step_ms: float = 100.0
@@ -109,7 +129,7 @@ class TrainConfig:
     text_shuffle_families: bool = False
     """Whether the seed also permutes which island trains on which module family (text.island_families)."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
         for name in ("steps", "local_steps", "batch", "hidden", "text_width", "text_layers", "text_heads",
@@ -135,19 +155,19 @@ class TrainConfig:
             raise ValueError(f"strategies must be among {', '.join(STRATEGIES)}, got {', '.join(self.strategies)}")
 
     @property
-    def outer(self):
+    def outer(self) -> OuterOptimizer:
         return OuterOptimizer(self.outer_lr, self.outer_momentum)
 
     @property
-    def score_target(self):
+    def score_target(self) -> float:
         return self.target_loss if self.workload == "text" else self.target
 
 
-def parameter_count(hidden):
+def parameter_count(hidden: int) -> int:
     return 64 * hidden + hidden + hidden * 10 + 10
 
 
-def workload_parameters(config):
+def workload_parameters(config: TrainConfig) -> int:
     """Parameters of one island's model."""
     if config.workload == "text":
         from .text import parameter_count as text_parameters
@@ -156,7 +176,7 @@ def workload_parameters(config):
     return parameter_count(config.hidden)
 
 
-def step_ms_from_flops(model_bytes, samples, device_tflops):
+def step_ms_from_flops(model_bytes: float, samples: int, device_tflops: float) -> float:
     """Compute time of one step of a dense model of `model_bytes` (fp32) on `samples` samples: forward and
     backward take about 6 FLOPs per parameter and sample, at `device_tflops` sustained."""
     if model_bytes <= 0 or samples < 1 or device_tflops <= 0:
@@ -170,15 +190,16 @@ def step_ms_from_flops(model_bytes, samples, device_tflops):
 @dataclass(frozen=True)
 class Strategy:
     name: str
-    groups: tuple
-    """Rounds, each a tuple of member tuples (cliques of one are left out)."""
-    round_times_ms: tuple
+    groups: tuple[tuple[tuple[Any, ...], ...], ...]
+    """Rounds, each a tuple of member tuples (cliques of one are left out): island names, or their indices in
+    `_simulate_cached`."""
+    round_times_ms: tuple[float, ...]
     period: int
     """Local steps between syncs."""
     rho: float = 0.0
-    detail: dict = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
 
-    def communication_ms(self, syncs):
+    def communication_ms(self, syncs: int) -> float:
         """Time of the first `syncs` rounds: whole periods of the schedule, then the rounds left."""
         if not self.groups or not syncs:
             return 0.0
@@ -186,11 +207,11 @@ class Strategy:
         return whole * sum(self.round_times_ms) + sum(self.round_times_ms[:left])
 
 
-def gossip_rounds(islands):
+def gossip_rounds(islands: Sequence[str]) -> list[list[tuple[str, str]]]:
     """One-peer exponential pairing: round (s, k) pairs positions p and p XOR 2^k of the order rotated by s."""
     n = len(islands)
     levels = max(1, math.ceil(math.log2(n)))
-    rounds = []
+    rounds: list[list[tuple[str, str]]] = []
     for shift in range(n):
         order = [islands[(p + shift) % n] for p in range(n)]
         for level in range(levels):
@@ -199,11 +220,11 @@ def gossip_rounds(islands):
     return rounds
 
 
-def random_rounds(islands, seed, count=RANDOM_ROUNDS):
+def random_rounds(islands: Sequence[str], seed: int, count: int = RANDOM_ROUNDS) -> list[list[list[str]]]:
     """Moshpit-style: a fresh random partition into groups of about sqrt(n) every round."""
     rng = np.random.default_rng(seed)
     n, size = len(islands), math.ceil(math.sqrt(len(islands)))
-    rounds = []
+    rounds: list[list[list[str]]] = []
     for _ in range(count):
         order = [islands[i] for i in rng.permutation(n)]
         rounds.append([order[i:i + size] for i in range(0, n, size)])
@@ -213,24 +234,26 @@ def random_rounds(islands, seed, count=RANDOM_ROUNDS):
 # A study plans every seed of every charged setting once; cells that differ in the data split or the outer
 # step come back to the same plans.
 @functools.lru_cache(maxsize=1024)
-def plan_strategies(topology, islands, model_bytes, epsilon, steps, period, step_ms, aggregator, seed):
+def plan_strategies(topology: str, islands: tuple[str, ...], model_bytes: int, epsilon: float, steps: int, period: int,
+                    step_ms: float, aggregator: str, seed: int
+                    ) -> tuple[tuple[str, ...], dict[str, Strategy], dict[str, Any]]:
     """Every strategy's rounds and round times in the planner's cost model, plus the plans' summaries. The
     seed drives the planner's search and the random strategy's partitions, as it drives the training."""
     topology_object = load_topology(topology)
-    islands = tuple(islands) or tuple(topology_object.cities)
-    plan = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=seed,
+    chosen = tuple(islands) or tuple(topology_object.cities)
+    plan = plan_schedule(topology_object, list(chosen), model_bytes=model_bytes, epsilon=epsilon, seed=seed,
                          aggregator=aggregator)
-    local = plan_schedule(topology_object, list(islands), model_bytes=model_bytes, epsilon=epsilon, seed=seed,
+    local = plan_schedule(topology_object, list(chosen), model_bytes=model_bytes, epsilon=epsilon, seed=seed,
                           aggregator=aggregator, local_steps=period, step_ms=step_ms)
-    model = CostModel(topology_object, islands, model_bytes, aggregator=aggregator)
+    model = CostModel(topology_object, chosen, model_bytes, aggregator=aggregator)
     evaluator = Evaluator(model, epsilon)
     schedules = {name: plan.baselines[baseline] for name, baseline in BASELINE_OF.items()}
     schedules["schedule"] = plan.best
     schedules["schedule-h"] = local.best
-    schedules["gossip"] = evaluator.evaluate(gossip_rounds(list(islands)))
-    schedules["random"] = evaluator.evaluate(random_rounds(list(islands), seed))
+    schedules["gossip"] = evaluator.evaluate(gossip_rounds(list(chosen)))
+    schedules["random"] = evaluator.evaluate(random_rounds(list(chosen), seed))
 
-    def of(name, schedule, every=period):
+    def of(name: str, schedule: Schedule, every: int = period) -> Strategy:
         groups = tuple(tuple(tuple(c.members) for c in cliques if len(c.members) > 1) for cliques in schedule.rounds)
         return Strategy(name, groups, tuple(schedule.round_times_ms), every, schedule.rho)
 
@@ -253,10 +276,10 @@ def plan_strategies(topology, islands, model_bytes, epsilon, steps, period, step
                                                               "time_to_epsilon_ms", "method", "aggregator")}
     summary["local_step_objective"] = {key: schedule_document(local)[key]
                                        for key in ("local_steps", "step_ms", "period_ms", "time_to_epsilon_ms")}
-    return islands, strategies, summary
+    return chosen, strategies, summary
 
 
-def _finite(value):
+def _finite(value: float | None) -> float | None:
     return None if value is None or math.isinf(value) else value
 
 
@@ -264,7 +287,8 @@ def _finite(value):
 # Data and the simulated islands
 
 @functools.lru_cache(maxsize=64)
-def split_data(alpha, seed, islands_count):
+def split_data(alpha: float | None, seed: int, islands_count: int
+               ) -> tuple[list[tuple[np.ndarray, np.ndarray]], tuple[np.ndarray, np.ndarray]]:
     """Standardized digits: a shared test set, and a training share per island (IID when alpha is None)."""
     from sklearn.datasets import load_digits
 
@@ -291,7 +315,7 @@ class Islands:
     """n copies of the MLP stacked on a leading axis; parameters laid out as nn.Sequential(Linear, ReLU,
     Linear) flattens them, so one island's vector is what `CliqueAverager` would send."""
 
-    def __init__(self, n, hidden, seed):
+    def __init__(self, n: int, hidden: int, seed: int) -> None:
         import torch
 
         torch.manual_seed(seed)
@@ -300,18 +324,18 @@ class Islands:
                        for p in (first.weight, first.bias, second.weight, second.bias)]
         self.n = n
 
-    def logits(self, x):
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         import torch
 
         w1, b1, w2, b2 = self.params
         hidden = torch.relu(torch.baddbmm(b1.unsqueeze(1), x, w1.transpose(1, 2)))
         return torch.baddbmm(b2.unsqueeze(1), hidden, w2.transpose(1, 2))
 
-    def vectors(self):
+    def vectors(self) -> np.ndarray:
         """(n, parameters) float32 array."""
         return np.concatenate([p.detach().reshape(self.n, -1).numpy() for p in self.params], axis=1)
 
-    def load(self, index, vector):
+    def load(self, index: int, vector: np.ndarray) -> None:
         import torch
 
         offset = 0
@@ -322,7 +346,7 @@ class Islands:
                 offset += size
 
 
-def _evaluate(islands, test_x, test_y):
+def _evaluate(islands: Islands, test_x: torch.Tensor, test_y: torch.Tensor) -> tuple[float, float, float]:
     """Mean island test loss and accuracy, and the accuracy of the islands' exact mean model."""
     import torch
 
@@ -343,7 +367,7 @@ def _evaluate(islands, test_x, test_y):
 class DigitsRun:
     """The digits workload's islands with their SGD optimizer and batches: one `step` trains them all."""
 
-    def __init__(self, n, config):
+    def __init__(self, n: int, config: TrainConfig | _SimulationKey) -> None:
         import torch
 
         shards, (test_x, test_y) = split_data(config.alpha, config.seed, n)
@@ -357,7 +381,7 @@ class DigitsRun:
         self.batch = config.batch
         self.vectors, self.load = self.model.vectors, self.model.load
 
-    def step(self):
+    def step(self) -> None:
         import torch
 
         picks = [torch.randint(max(1, len(y)), (self.batch,), generator=g)
@@ -371,17 +395,18 @@ class DigitsRun:
         (losses * self.has_data).sum().backward()
         self.optimizer.step()
 
-    def evaluate(self):
+    def evaluate(self) -> dict[str, float]:
         loss, accuracy, averaged = _evaluate(self.model, self.test_x, self.test_y)
         return {"loss": loss, "accuracy": accuracy, "averaged_accuracy": averaged}
 
 
-def simulate(config, strategy, islands_count):
+def simulate(config: TrainConfig | _SimulationKey, strategy: Strategy, islands_count: int) -> Curve:
     """Train under one strategy; returns the points every EVALUATE_EVERY steps: step, syncs and the
     workload's scores (digits: test loss and accuracies; text: validation losses)."""
     import torch
 
     torch.set_num_threads(1)
+    run: TextIslands | DigitsRun
     if config.workload == "text":
         from .text import TextIslands
 
@@ -391,8 +416,9 @@ def simulate(config, strategy, islands_count):
     every = EVALUATE_EVERY[config.workload]
     outer = config.outer
     anchors = list(run.vectors())
-    buffers = [None] * islands_count
-    syncs, points = 0, []
+    buffers: list[np.ndarray | None] = [None] * islands_count
+    syncs = 0
+    points: Curve = []
     for step in range(1, config.steps + 1):
         run.step()
         if strategy.groups and step % strategy.period == 0:
@@ -410,7 +436,8 @@ def simulate(config, strategy, islands_count):
 
 
 @functools.lru_cache(maxsize=4096)
-def _simulate_cached(config, groups_by_index, period):
+def _simulate_cached(config: _SimulationKey, groups_by_index: tuple[tuple[tuple[int, ...], ...], ...],
+                     period: int) -> Curve:
     """Training does not depend on what a round costs: strategies with the same rounds and period (global
     and ring, or the same schedule charged for another model size) share one run."""
     strategy = Strategy("cached", groups_by_index, (), period)
@@ -442,11 +469,12 @@ class _SimulationKey:
     islands_count: int
 
     @property
-    def outer(self):
+    def outer(self) -> OuterOptimizer:
         return OuterOptimizer(self.outer_lr, self.outer_momentum)
 
 
-def training_inputs(config, islands, strategy):
+def training_inputs(config: TrainConfig, islands: Sequence[str], strategy: Strategy
+                    ) -> tuple[_SimulationKey, tuple[tuple[tuple[int, ...], ...], ...], int]:
     """The arguments of `_simulate_cached` for one strategy: all its training depends on (hashable; runs with
     equal inputs train alike, whatever their rounds cost)."""
     index = {name: i for i, name in enumerate(islands)}
@@ -456,7 +484,7 @@ def training_inputs(config, islands, strategy):
     return key, groups, strategy.period
 
 
-def run_strategy(config, islands, strategy, points=None):
+def run_strategy(config: TrainConfig, islands: Sequence[str], strategy: Strategy, points: Curve | None = None) -> Curve:
     """The curve of one strategy: training points (`points`, else trained now) with the time each is reached."""
     if points is None:
         points = _simulate_cached(*training_inputs(config, islands, strategy))
@@ -466,41 +494,42 @@ def run_strategy(config, islands, strategy, points=None):
             for point in points]
 
 
-def run_training(config):
+def run_training(config: TrainConfig) -> dict[str, Any]:
     """One seed, every strategy asked for: curves, plus what each strategy is and costs."""
     islands, strategies, plan = plan_strategies(config.topology, tuple(config.islands), charged_bytes(config),
                                                 config.epsilon, config.steps, config.local_steps, config.step_ms,
                                                 config.aggregator, config.seed)
     curves = {name: run_strategy(config, islands, strategies[name]) for name in config.strategies}
-    described = {}
+    described: dict[str, dict[str, Any]] = {}
     for name in config.strategies:
         strategy = strategies[name]
         described[name] = {"period": strategy.period, "rounds": [list(map(list, r)) for r in strategy.groups],
                            "round_times_ms": list(strategy.round_times_ms), "rho": strategy.rho, **strategy.detail}
-    report = {"config": {**asdict(config), "islands": list(islands)}, "parameters": workload_parameters(config),
-              "charged_bytes": charged_bytes(config), "plan": plan, "strategies": described, "curves": curves}
+    report: dict[str, Any] = {"config": {**asdict(config), "islands": list(islands)},
+                              "parameters": workload_parameters(config), "charged_bytes": charged_bytes(config),
+                              "plan": plan, "strategies": described, "curves": curves}
     if config.workload == "text":
         report["corpus"] = text_corpus(len(islands))
     return report
 
 
-def text_corpus(islands_count):
+def text_corpus(islands_count: int) -> dict[str, Any]:
     """The text workload's files with their hashes, and which families each island trains on."""
     from .text import island_families, load_corpus
 
     return {**load_corpus().describe(), "island_families": island_families(islands_count)}
 
 
-def charged_bytes(config):
+def charged_bytes(config: TrainConfig) -> int:
     return config.model_bytes or 4 * workload_parameters(config)
 
 
-def time_to_accuracy_ms(curve, target=TARGET_ACCURACY, key="accuracy"):
+def time_to_accuracy_ms(curve: Curve, target: float = TARGET_ACCURACY, key: str = "accuracy") -> float | None:
     """Simulated time at which `key` first reaches `target`, or None if it never does."""
     return next((point["time_ms"] for point in curve if point[key] >= target), None)
 
 
-def time_to_target_ms(curve, target, key):
+def time_to_target_ms(curve: Curve, target: float, key: str) -> float | None:
     """Simulated time at which `key` first reaches `target`: a loss from above, anything else from below."""
     if key.endswith("loss"):
         return next((point["time_ms"] for point in curve if point[key] <= target), None)
@@ -510,7 +539,7 @@ def time_to_target_ms(curve, target, key):
 # ---------------------------------------------------------------------------------------------------
 # The study: seeds, data splits, model sizes, outer optimizers
 
-def _stats(values):
+def _stats(values: Sequence[float | None]) -> Stats:
     """Mean, sample standard deviation and count of the values that are not None."""
     finite = [v for v in values if v is not None]
     if not finite:
@@ -519,10 +548,10 @@ def _stats(values):
             "n": len(finite), "of": len(values)}
 
 
-def summarize(runs, target, score="accuracy"):
+def summarize(runs: Sequence[dict[str, Any]], target: float, score: str = "accuracy") -> dict[str, dict[str, Any]]:
     """Per strategy: final scores, total and communication time, time to target, over the seeds. `score` is
     "accuracy" (digits: the test loss is reported too) or "loss" (text: with the perplexity exp(loss))."""
-    summary = {}
+    summary: dict[str, dict[str, Any]] = {}
     for name in runs[0]["curves"]:
         curves = [run["curves"][name] for run in runs]
         if score == "loss":
@@ -545,7 +574,7 @@ def summarize(runs, target, score="accuracy"):
     return summary
 
 
-def sign_test_p(sooner, later):
+def sign_test_p(sooner: int, later: int) -> float:
     """Two-sided exact sign test (scipy's binomial test at 1/2): the chance of a split at least this uneven
     if either were as likely."""
     if sooner + later == 0:
@@ -555,7 +584,8 @@ def sign_test_p(sooner, later):
     return float(binomtest(sooner, sooner + later, 0.5).pvalue)
 
 
-def compare(runs, name, other, target, score="accuracy"):
+def compare(runs: Sequence[dict[str, Any]], name: str, other: str, target: float,
+            score: str = "accuracy") -> dict[str, Any]:
     """Paired over seeds: how often `name` reaches the target sooner than `other`, and the verdict.
 
     A run that never reaches the target counts as slower than any that does; seeds where both are equal
@@ -564,7 +594,7 @@ def compare(runs, name, other, target, score="accuracy"):
     `tie` otherwise. With 10 seeds that takes at least 9 of 10 one way.
     """
     sooner = later = 0
-    differences = []
+    differences: list[float] = []
     for run in runs:
         a = time_to_target_ms(run["curves"][name], target, score)
         b = time_to_target_ms(run["curves"][other], target, score)
@@ -586,7 +616,9 @@ def compare(runs, name, other, target, score="accuracy"):
             "both_reached": len(differences), "verdict": verdict}
 
 
-def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms=None, aggregators=None):
+def run_study(config: TrainConfig, seeds: Sequence[int], alphas: Sequence[float | None] | None = None,
+              model_bytes: Sequence[int] | None = None, outers: Sequence[tuple[float, float]] | None = None,
+              step_ms: Sequence[float] | None = None, aggregators: Sequence[str] | None = None) -> Study:
     """Every (aggregator, data split, model size, step time, outer optimizer) cell over `seeds`: summaries
     and verdicts. The text workload's split is its module families: pass alphas=[None].
     Training runs are shared between cells that differ only in what time is charged."""
@@ -595,7 +627,8 @@ def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms
     outers = [(config.outer_lr, config.outer_momentum)] if outers is None else outers
     step_times = [config.step_ms] if step_ms is None else step_ms
     aggregators = [config.aggregator] if aggregators is None else aggregators
-    cells, islands = [], None
+    cells: list[Cell] = []
+    islands: list[str] | None = None
     score, target = SCORE[config.workload], config.score_target
     settings = list(itertools.product(aggregators, alphas, sizes, step_times, outers))
     with progress.counting(len(settings) * len(seeds), "training run") as advance:
@@ -603,12 +636,12 @@ def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms
             cell_config = TrainConfig(**{**asdict(config), "alpha": alpha, "model_bytes": size, "step_ms": step,
                                          "outer_lr": outer_lr, "outer_momentum": outer_momentum,
                                          "aggregator": aggregator})
-            runs = []
+            runs: list[dict[str, Any]] = []
             for seed in seeds:
                 runs.append(run_training(TrainConfig(**{**asdict(cell_config), "seed": seed})))
                 advance()
             islands = runs[0]["config"]["islands"]
-            cell = {"workload": config.workload, "aggregator": aggregator, "alpha": alpha,
+            cell: Cell = {"workload": config.workload, "aggregator": aggregator, "alpha": alpha,
                     "model_bytes": charged_bytes(cell_config),
                     "step_ms": step, "outer_lr": outer_lr, "outer_momentum": outer_momentum, "seeds": list(seeds),
                     "strategies": {name: across_seeds([run["strategies"][name] for run in runs])
@@ -620,14 +653,15 @@ def run_study(config, seeds, alphas=None, model_bytes=None, outers=None, step_ms
                 cell["schedule_vs"] = {other: compare(runs, "schedule", other, target, score)
                                        for other in config.strategies if other != "schedule"}
             cells.append(cell)
-    study = {"config": {**asdict(config), "islands": list(islands)}, "workload": config.workload,
+    assert islands is not None, "a study has at least one cell"
+    study: Study = {"config": {**asdict(config), "islands": list(islands)}, "workload": config.workload,
              "parameters": workload_parameters(config), "seeds": list(seeds), "target": target, "cells": cells}
     if config.workload == "text":
         study["corpus"] = text_corpus(len(islands))
     return study
 
 
-def across_seeds(descriptions):
+def across_seeds(descriptions: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One description from one per seed: what every seed agrees on as it is, the rest under "per_seed", a
     list in seed order (the random strategy's partitions, and the planner's schedules where its search
     finds another per seed)."""
@@ -637,14 +671,15 @@ def across_seeds(descriptions):
     return {**same, "per_seed": varying} if varying else same
 
 
-def per_seed(description, key, seeds):
+def per_seed(description: dict[str, Any], key: str, seeds: int) -> list[Any]:
     """The value of `key` on each of `seeds` seeds, from a description made by `across_seeds`."""
     if key in description:
         return [description[key]] * seeds
-    return description["per_seed"][key]
+    varying: list[Any] = description["per_seed"][key]
+    return varying
 
 
-def _mean_curves(runs, score="accuracy"):
+def _mean_curves(runs: Sequence[dict[str, Any]], score: str = "accuracy") -> dict[str, dict[str, list[float]]]:
     """Per strategy: time and the mean island score at each evaluation step, mean and std over seeds."""
     curves = {}
     for name in runs[0]["curves"]:
@@ -661,29 +696,29 @@ def _mean_curves(runs, score="accuracy"):
 # ---------------------------------------------------------------------------------------------------
 # Reports
 
-def alpha_name(alpha):
+def alpha_name(alpha: float | None) -> str:
     return "IID" if alpha is None else f"Dirichlet α={alpha:g}"
 
 
-def _is_text(cell):
+def _is_text(cell: Cell) -> bool:
     return cell.get("workload") == "text"
 
 
-def data_name(cell):
+def data_name(cell: Cell) -> str:
     return "stdlib module families" if _is_text(cell) else alpha_name(cell["alpha"])
 
 
-def target_name(target, text=False):
+def target_name(target: float, text: bool = False) -> str:
     return f"loss {target:g}" if text else f"{target:.0%}"
 
 
-def outer_name(cell):
+def outer_name(cell: Cell) -> str:
     if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0:
         return "plain averaging"
     return f"outer Nesterov lr {cell['outer_lr']:g}, momentum {cell['outer_momentum']:g}"
 
 
-def _pm(stats, scale=1.0, digits=2, percent=False):
+def _pm(stats: Stats, scale: float = 1.0, digits: int = 2, percent: bool = False) -> str:
     if stats["mean"] is None:
         return f"never (0/{stats['of']})"
     unit = "%" if percent else ""
@@ -691,14 +726,14 @@ def _pm(stats, scale=1.0, digits=2, percent=False):
     return text + (f" ({stats['n']}/{stats['of']})" if stats["n"] < stats["of"] else "")
 
 
-def cell_title(cell):
+def cell_title(cell: Cell) -> str:
     if "title" in cell:
-        return cell["title"]
+        return str(cell["title"])
     return (f"{data_name(cell)}, charged {cell['model_bytes'] / 1e6:g} MB, {cell['aggregator']} aggregator, "
             f"{cell['step_ms']:g} ms per step, {outer_name(cell)}, {len(cell['seeds'])} seeds")
 
 
-def format_cell(cell, target):
+def format_cell(cell: Cell, target: float) -> str:
     """A markdown table of one cell: a row per strategy, mean ± std over seeds."""
     if _is_text(cell):
         return _format_text_cell(cell, target)
@@ -716,7 +751,7 @@ def format_cell(cell, target):
     return "\n".join(lines)
 
 
-def _format_text_cell(cell, target):
+def _format_text_cell(cell: Cell, target: float) -> str:
     lines = [f"**{cell_title(cell)}**", "",
              f"| strategy | H | comm. (s) | total (s) | time to loss {target:g} (s) | averaged model: time to "
              f"loss {target:g} (s) | mean island val. loss | averaged model val. loss | mean island perplexity | "
@@ -731,7 +766,7 @@ def _format_text_cell(cell, target):
     return "\n".join(lines)
 
 
-def _verdict(cell, name):
+def _verdict(cell: Cell, name: str) -> str:
     """The schedule against `name` in one table cell: the verdict and the paired counts."""
     versus = cell.get("schedule_vs", {}).get(name)
     if versus is None:
@@ -739,11 +774,11 @@ def _verdict(cell, name):
     return f"{versus['verdict']} ({versus['sooner']}↑ {versus['later']}↓ of {versus['seeds']})"
 
 
-def _seconds(ms):
+def _seconds(ms: float | None) -> str:
     return "–" if ms is None else f"{ms / 1000:.2f}"
 
 
-def _span(values, show=str):
+def _span(values: Sequence[Any], show: Callable[[Any], str] = str) -> str:
     """Per-seed values in one table cell: the value where every seed shows the same, else the range over the
     seeds, with how many have one where some have none."""
     shown = [show(v) for v in values]
@@ -757,7 +792,7 @@ def _span(values, show=str):
 VERDICT_COLUMNS = ("none", "global", "global-equal", "hierarchical", "ring", "gossip", "random", "schedule-h")
 
 
-def format_verdicts(study):
+def format_verdicts(study: Study) -> str:
     """One line per cell: the schedule against each baseline, and whether the planner's schedule differs
     from the global clique at all in that cell."""
     columns = [c for c in VERDICT_COLUMNS if any(c in cell.get("schedule_vs", {}) for cell in study["cells"])]
@@ -778,7 +813,7 @@ def format_verdicts(study):
     return "\n".join(lines)
 
 
-def _kinds(cell, name):
+def _kinds(cell: Cell, name: str) -> str:
     """What the strategy's rounds are: every kind the seeds give, in order of their names."""
     if name not in cell["strategies"]:
         return "–"
@@ -786,13 +821,13 @@ def _kinds(cell, name):
     return "; ".join(sorted({_kind(r) for r in rounds}))
 
 
-def _kind(rounds):
+def _kind(rounds: Sequence[Sequence[Sequence[str]]]) -> str:
     if len(rounds) == 1 and len(rounds[0]) == 1 and len(rounds[0][0]) > 2:
         return "global clique"
     return f"{len(rounds)} round{'s' if len(rounds) > 1 else ''} of {'+'.join(str(len(c)) for c in rounds[0])}"
 
 
-def format_study(study):
+def format_study(study: Study) -> str:
     text = study.get("workload") == "text"
     parts = [f"Seeds {study['seeds'][0]}–{study['seeds'][-1]}; 'schedule is' compares time to "
              f"{target_name(study['target'], text)} with the row's strategy, paired over seeds (↑ sooner, ↓ later; "
@@ -816,7 +851,7 @@ def format_study(study):
     return "\n\n".join(parts) + "\n"
 
 
-def format_summary(study):
+def format_summary(study: Study) -> str:
     """The study in a line per cell for the terminal: each strategy's mean time to target over seeds, soonest
     first (`format_study`, written to study.md, has every figure)."""
     text = study.get("workload") == "text"
@@ -852,7 +887,7 @@ STRATEGY_COLOURS = {
 }
 
 
-def draw_cell(cell, target):
+def draw_cell(cell: Cell, target: float) -> Figure:
     """The figure of one cell. Left, a small panel per strategy: its mean island score (digits: test accuracy;
     text: validation loss) against simulated
     time (mean ± std over seeds) in its colour over the other strategies in grey, with the target line; right,
@@ -950,7 +985,7 @@ def draw_cell(cell, target):
     return figure
 
 
-def plot_cell(cell, target, path):
+def plot_cell(cell: Cell, target: float, path: str | pathlib.Path) -> Figure:
     """Draw one cell (`draw_cell`) into the PNG at `path`, at plotstyle.DPI; returns the figure."""
     figure = draw_cell(cell, target)
     with plotstyle.figure_context():
@@ -958,19 +993,19 @@ def plot_cell(cell, target, path):
     return figure
 
 
-def cell_file_name(cell):
+def cell_file_name(cell: Cell) -> str:
     alpha = "text" if _is_text(cell) else "iid" if cell["alpha"] is None else f"alpha{cell['alpha']:g}"
     outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "nesterov"
     return f"{cell['aggregator']}-{alpha}-{cell['model_bytes'] / 1e6:g}mb-{cell['step_ms']:g}ms-{outer}.png"
 
 
-def study_json(study):
+def study_json(study: Study) -> str:
     """The study as JSON, without the mean curves (the plots show them)."""
     cells = [{key: value for key, value in cell.items() if key != "mean_curves"} for cell in study["cells"]]
     return json.dumps({**study, "cells": cells}, separators=(",", ":"))
 
 
-def write_study(study, out_dir):
+def write_study(study: Study, out_dir: pathlib.Path) -> list[pathlib.Path]:
     """Write study.json, study.md and one plot per cell into `out_dir`, all of them or (on an error, such as a
     plot that cannot be drawn) none; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
