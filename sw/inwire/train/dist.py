@@ -350,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out-dir", default="", help="logs and per-rank records (default: a new temporary folder)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
     args = parser.parse_args(argv)
-    sim = ()
+    sim: tuple[str, int] | tuple[()] = ()
     if args.sim:
         from ..simulators import parse_simulator
 
