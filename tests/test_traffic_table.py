@@ -10,6 +10,7 @@ import pytest
 
 from inwire import fastpath
 from inwire.datagram import ip_str
+from inwire.model import Aggregator
 from inwire.protocol import COUNTERS, Disposition
 from inwire.serve import SoftwareAggregator
 from traffic import (
@@ -21,6 +22,7 @@ from traffic import (
     missing_scenario,
     model_outcome,
     moved_disposition,
+    payloads,
 )
 
 DISPOSITIONS = [d.name.lower() for d in Disposition]
@@ -154,3 +156,70 @@ def test_serve(name, engine):
     finally:
         server.close()
     assert not differences(f"serve ({engine})", expected, got)
+
+
+# --- the gateware ------------------------------------------------------------------------------------------
+
+GATEWARE_SIMULATOR = "verilator"
+"""One simulator, one cocotb run per width: the builds are the cocotb suite's (the table's configuration is
+the default one), so the table adds only its run."""
+
+
+def gateware_outcomes(width):
+    """{scenario name: (Outcome, aborted answers per frame)} of the gateware at `width`, every scenario of
+    the table in one cocotb run."""
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from inwire_hdl import sim
+
+    if shutil.which(GATEWARE_SIMULATOR) is None:
+        pytest.fail(f"{GATEWARE_SIMULATOR} is not on PATH (run `make setup`)")
+    runner, run_dir = sim.build(GATEWARE_SIMULATOR, width, TABLE_CONFIG)
+    steps = {name: [(data.hex(), now) for data, now in entry.steps(TABLE_CONFIG)] for name, entry in SCENARIOS.items()}
+    with tempfile.TemporaryDirectory() as scratch:
+        inputs, outputs = Path(scratch) / "in.json", Path(scratch) / "out.json"
+        inputs.write_text(json.dumps(steps))
+        outcome = sim.run(runner, run_dir, TABLE_CONFIG, testcase="traffic_table", test_module="traffic_table",
+                          extra_env={"INWIRE_TABLE_IN": str(inputs), "INWIRE_TABLE_OUT": str(outputs)},
+                          results_name="traffic_table.xml")
+        assert outcome == {"traffic_table": True} and outputs.exists(), (
+            f"the traffic table's simulation failed: {outcome}, see {run_dir / 'traffic_table.log'}")
+        results = json.loads(outputs.read_text())
+    outcomes = {}
+    for name, frames in results.items():
+        dispositions, previous = [], dict.fromkeys(COUNTERS, 0)
+        for entry in frames:
+            dispositions.append(moved_disposition(previous, entry["counters"]))
+            previous = entry["counters"]
+        outcomes[name] = (Outcome(tuple(dispositions), tuple(payloads(bytes.fromhex(out) for out in entry["outputs"])
+                                                                for entry in frames), previous),
+                          [entry["aborted"] for entry in frames])
+    return outcomes
+
+
+@pytest.fixture(scope="module", params=[8, 64], ids=lambda width: f"w{width}")
+def gateware(request):
+    return request.param, gateware_outcomes(request.param)
+
+
+def expected_aborts(name, width):
+    """Answers the model says a cut-through aggregator at `width` starts and aborts, per frame."""
+    model = Aggregator(TABLE_CONFIG)
+    aborts = []
+    for data, now in scenario(name).steps(TABLE_CONFIG):
+        aborts.append(int(model.cut_through_abort(data, width, now) is not None))
+        model.process(data, now)
+    return aborts
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("name", COUNTERS)
+def test_the_gateware(gateware, name):
+    width, outcomes = gateware
+    expected = expectation(name, TABLE_CONFIG)
+    got, aborted = outcomes[name]
+    assert not differences(f"gateware ({GATEWARE_SIMULATOR}, width {width})", expected, got)
+    assert aborted == expected_aborts(name, width)
