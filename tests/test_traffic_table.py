@@ -112,7 +112,8 @@ def test_the_fast_path(name, backend):
     expected = expectation(name, TABLE_CONFIG)
     got = fast_outcome(fastpath.FastAggregator(TABLE_CONFIG, backend), scenario(name).steps(TABLE_CONFIG),
                        TABLE_CONFIG)
-    assert not differences(f"fast path ({backend})", expected, got)
+    problems = differences(f"fast path ({backend})", expected, got)
+    assert not problems, "; ".join(problems)
 
 
 SERVE_ENGINES = ["golden", *(f"fast-{backend}" for backend in fastpath._BACKENDS)]
@@ -155,7 +156,8 @@ def test_serve(name, engine):
         got = serve_outcome(server, scenario(name).steps(server.config))
     finally:
         server.close()
-    assert not differences(f"serve ({engine})", expected, got)
+    problems = differences(f"serve ({engine})", expected, got)
+    assert not problems, "; ".join(problems)
 
 
 # --- the gateware ------------------------------------------------------------------------------------------
@@ -221,5 +223,6 @@ def test_the_gateware(gateware, name):
     width, outcomes = gateware
     expected = expectation(name, TABLE_CONFIG)
     got, aborted = outcomes[name]
-    assert not differences(f"gateware ({GATEWARE_SIMULATOR}, width {width})", expected, got)
+    problems = differences(f"gateware ({GATEWARE_SIMULATOR}, width {width})", expected, got)
+    assert not problems, "; ".join(problems)
     assert aborted == expected_aborts(name, width)
