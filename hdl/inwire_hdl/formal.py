@@ -1212,7 +1212,9 @@ def summary(rows):
         lines.append(f"| {check.label} | {check.width} | {method(check)} | {check.engine} | {check.depth} | "
                      f"{step} | {caught} | {result} | {seconds:.0f} s | {check.statement} |")
     for row in rows:
-        if row.real is not None and row.real.status != "PASS":
+        if row.real is not None and row.real.status != "PASS" and row.check.mode == "cover":
+            lines.append(f"\n{row.check.job}: cover not reached ({row.real.status}); log {row.real.log}")
+        elif row.real is not None and row.real.status != "PASS":
             where = row.real.trace or row.real.log
             lines.append(f"\n{row.check.job}: {row.real.status}; counterexample trace: {where}")
         if row.cover is not None and row.first_step is None and not row.check.note:
