@@ -77,8 +77,9 @@ def test_subject_is_reached_within_the_depth(check, rows):
 
 
 def test_every_property_has_a_mutant_at_both_widths():
-    """In CI where the budget allows, else in `--deep` (the drain check at 8 bytes)."""
-    for name in {check.name for check in formal.CHECKS}:
+    """In CI where the budget allows, else in `--deep` (the drain check at 8 bytes). The cover rows (each
+    counter reached) state no property."""
+    for name in {check.name for check in formal.CHECKS if check.mode != "cover"}:
         for width in (8, 64):
             assert any(c.mutants or c.deep_mutants for c in formal.CHECKS if c.name == name and c.width == width), (
                 name, width)
