@@ -104,26 +104,22 @@ def fast_outcome(aggregator, steps, config):
     return Outcome(tuple(dispositions), tuple(outputs), aggregator.stats())
 
 
-@pytest.mark.parametrize("backend", fastpath._BACKENDS)
 @pytest.mark.parametrize("name", DATAGRAM_SCENARIOS)
-def test_the_fast_path(name, backend):
-    if backend == "c" and fastpath.compiled is None:
+def test_the_fast_path(name):
+    if fastpath.compiled is None:
         pytest.fail("the compiled fast path is not built (run `make setup`)")
     expected = expectation(name, TABLE_CONFIG)
-    got = fast_outcome(fastpath.FastAggregator(TABLE_CONFIG, backend), scenario(name).steps(TABLE_CONFIG),
-                       TABLE_CONFIG)
-    problems = differences(f"fast path ({backend})", expected, got)
+    got = fast_outcome(fastpath.FastAggregator(TABLE_CONFIG), scenario(name).steps(TABLE_CONFIG), TABLE_CONFIG)
+    problems = differences("fast path", expected, got)
     assert not problems, "; ".join(problems)
 
 
-SERVE_ENGINES = ["golden", *(f"fast-{backend}" for backend in fastpath._BACKENDS)]
+SERVE_ENGINES = ["golden", "fast"]
 
 
 def serving(engine):
-    kind, _, backend = engine.partition("-")
     return SoftwareAggregator(("127.0.0.1", 0), slots=TABLE_CONFIG.slots, max_elements=TABLE_CONFIG.max_elements,
-                              lease=TABLE_CONFIG.lease, log=lambda line: None, engine=kind, backend=backend or None,
-                              receive_buffer=None)
+                              lease=TABLE_CONFIG.lease, log=lambda line: None, engine=engine, receive_buffer=None)
 
 
 def serving_config():
