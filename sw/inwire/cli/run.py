@@ -9,6 +9,7 @@ import sys
 
 from .. import extras, progress
 from ..output import atomic_output, check_outputs_apart, check_writable
+from ..simulators import SIMULATORS
 from .options import topology_file, whole
 
 
@@ -18,7 +19,7 @@ def add_arguments(parser):
     parser.add_argument("--rounds", type=whole("--rounds"), default=2, metavar="N", help="rounds to run on each target")
     parser.add_argument("--elements", type=whole("--elements"), default=512, metavar="N",
                         help="gradient elements per island")
-    parser.add_argument("--sim", default="verilator", choices=("icarus", "verilator"),
+    parser.add_argument("--sim", default="verilator", choices=SIMULATORS,
                         help="simulator of the gateware: verilator comes with the Python packages (its first "
                              "build takes a minute or two); icarus (a Debian package) starts sooner")
     parser.add_argument("--json", action="store_true", help="print both reports as JSON")
