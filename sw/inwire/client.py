@@ -188,18 +188,18 @@ class Contributions(Sequence[bytes]):
         if not (isinstance(quantized, np.ndarray) and quantized.dtype == ELEMENT_DTYPE):
             quantized = np.asarray(quantized, dtype=np.int32).astype(ELEMENT_DTYPE)
         self.elements, self.chunk, self.window, self.key = len(quantized), chunk, window, key
-        self.count = -(-self.elements // chunk)
+        self.chunks = -(-self.elements // chunk)
         self.common = dict(opcode=Opcode.CONTRIBUTION, sender=member, fanin=key.fanin, exponent=key.exponent,
                            job=key.job, round=key.round, clique=key.clique, group=key.group, **(route or {}))
         self.wire = memoryview(np.ascontiguousarray(quantized)).cast("B")
         self.templates = {}
 
     def __len__(self) -> int:
-        return self.count
+        return self.chunks
 
     def __getitem__(self, index: int) -> bytes:
-        if not 0 <= index < self.count:
-            raise IndexError(f"chunk {index} of {self.count}")
+        if not 0 <= index < self.chunks:
+            raise IndexError(f"chunk {index} of {self.chunks}")
         first = index * self.chunk
         count = min(self.chunk, self.elements - first)
         key = self.key
