@@ -485,3 +485,12 @@ def test_a_datagram_the_kernel_refuses_raises_its_error_on_either_socket_path(so
         assert raised.value.errno == errno.EACCES
     finally:
         island.close()
+
+
+def test_contributions_keeps_the_sequence_methods():
+    """`Contributions` is a `Sequence` of payloads: its chunk total has a name of its own, so `count` and
+    `index` stay the sequence's methods."""
+    key = CliqueKey(job=3, round=5, clique=0, group=0xEF000001, fanin=2, exponent=0)
+    payloads = Contributions(np.arange(150, dtype=np.int32), 1, key, 64, 4)
+    assert payloads.chunks == len(payloads) == 3
+    assert payloads.count(payloads[2]) == 1 and payloads.index(payloads[1]) == 1

@@ -207,3 +207,27 @@ def test_a_partial_goes_up_and_the_result_comes_back_down_to_every_member(server
     assert child.counters()["results_relayed"] == 2
     assert child.handle(result, ("127.0.0.9", child.address[1])) == []
     assert child.counters()["drop_opcode"] == 1
+
+
+def test_slot_key_of_an_aggregator_without_a_slot_table_says_so():
+    """A golden engine that decides as the model does but keeps no slot table (a co-simulation) cannot tell a
+    slot's owner: a one-line ServeError naming it, not an AttributeError from inside the service."""
+    from inwire.model import Aggregator
+    from inwire.serve import ServeError
+
+    class Decides:
+        def __init__(self, config):
+            self.config, self.model = config, Aggregator(config)
+
+        def process(self, frame, now=None):
+            return self.model.process(frame, now)
+
+        def stats(self):
+            return self.model.stats()
+
+    server = SoftwareAggregator(("127.0.0.1", 0), make_aggregator=Decides)
+    try:
+        with pytest.raises(ServeError, match="Decides does not tell who owns its slots"):
+            server.slot_key(0)
+    finally:
+        server.close()

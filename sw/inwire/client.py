@@ -30,8 +30,9 @@ DDP communication hook) are thin users of this module, as SwitchML's client libr
 import select
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -112,7 +113,7 @@ class RouteError(InwireError):
     """A clique's reduction tree cannot be carried by a frame; the message names the member and its path."""
 
 
-def slots_needed(max_cliques, window):
+def slots_needed(max_cliques: int, window: int) -> int:
     """Slots the schedule needs at an aggregator: every pool of every clique of a round, a window each."""
     return SLOT_POOLS * max_cliques * window
 
@@ -123,15 +124,17 @@ def slot(round_: int, clique: int, chunk: int, window: int, max_cliques: int) ->
     return pool * max_cliques * window + clique * window + chunk % window
 
 
-def clique_group(period_round, clique):
+def clique_group(period_round: int, clique: int) -> int:
     return GROUP_PREFIX | (period_round << 8) | clique
 
 
-def clique_routes(members, root, tree, address, where="schedule"):
+def clique_routes(members: Sequence[str], root: str, tree: Mapping[str, str] | None, address: Callable[[str], int],
+                  where: str = "schedule") -> dict[str, tuple[str, dict[str, int]]]:
     """member -> (aggregator city it sends to, the tree fields of its contributions), for one clique whose
     schedule tree is `tree` ({city: up}, docs/schedule.md); `address(city)` is an aggregator's IPv4 address
     as an int. A member's path may climb at most three aggregators: a frame names two above its own."""
-    paths, level = member_paths(members, root, tree), {}
+    paths = member_paths(members, root, tree)
+    level: dict[str, int] = {}
     for index, member in enumerate(members):
         path = paths[member]
         if len(path) > 1 + ROUTE_HOPS:
@@ -188,18 +191,19 @@ class Contributions(Sequence[bytes]):
         if not (isinstance(quantized, np.ndarray) and quantized.dtype == ELEMENT_DTYPE):
             quantized = np.asarray(quantized, dtype=np.int32).astype(ELEMENT_DTYPE)
         self.elements, self.chunk, self.window, self.key = len(quantized), chunk, window, key
-        self.count = -(-self.elements // chunk)
+        self.chunks = -(-self.elements // chunk)
         self.common = dict(opcode=Opcode.CONTRIBUTION, sender=member, fanin=key.fanin, exponent=key.exponent,
                            job=key.job, round=key.round, clique=key.clique, group=key.group, **(route or {}))
-        self.wire = memoryview(np.ascontiguousarray(quantized)).cast("B")
-        self.templates = {}
+        self.wire = np.ascontiguousarray(quantized).data.cast("B")
+        self.templates: dict[int, bytes] = {}
 
     def __len__(self) -> int:
-        return self.count
+        return self.chunks
 
-    def __getitem__(self, index: int) -> bytes:
-        if not 0 <= index < self.count:
-            raise IndexError(f"chunk {index} of {self.count}")
+    # Chunks are asked for one at a time: no slices (Sequence's other overload).
+    def __getitem__(self, index: int) -> bytes:  # type: ignore[override]
+        if not 0 <= index < self.chunks:
+            raise IndexError(f"chunk {index} of {self.chunks}")
         first = index * self.chunk
         count = min(self.chunk, self.elements - first)
         key = self.key
@@ -300,7 +304,8 @@ class RollCall:
         if len(payload) < RESULT_MIN_BYTES:
             return
         fields = RESULT_HEADER.unpack_from(payload)
-        opcode, job, round_, clique, slot_, offset = fields[2], *fields[7:12]
+        opcode = fields[2]
+        job, round_, clique, slot_, offset = fields[7:12]
         if opcode != Opcode.RESULT or offset != PRESENCE_CHUNK:
             return
         if (job, round_, clique) != self.owner:
@@ -313,7 +318,7 @@ class RollCall:
             self.seen.add(member)
 
 
-def _state():
+def _state() -> Any:
     """A field of MemberSum's running state: set by `__post_init__`, not an argument, not compared."""
     return field(init=False, repr=False, compare=False)
 
@@ -409,16 +414,17 @@ class MemberSum:
 
     def sums(self) -> npt.NDArray[np.int32]:
         """The sums as int32 (valid once `done`)."""
+        assert self.received is not None  # `__post_init__` made it
         return np.frombuffer(self.received, dtype=ELEMENT_DTYPE)
 
     def start(self, now: float) -> list[bytes]:
         self.progress_at = now
         return self._refill(now)
 
-    def _refill(self, now):
+    def _refill(self, now: float) -> list[bytes]:
         window, payloads, done = self.window, self.payloads, self.done_chunks
         chunk, end = self.next, len(payloads)
-        sends = []
+        sends: list[bytes] = []
         if chunk < end and (chunk < window or done[chunk - window]):
             deadline = now + self.rto
             adaptive = self.min_timeout_s is not None
@@ -435,9 +441,10 @@ class MemberSum:
     def next_deadline(self) -> float | None:
         timeout = self._timeout_at()
         probe = self._probe_at()
-        return probe if probe is not None and probe < timeout else timeout
+        # A probe is due only with chunks in flight, which have a timeout too.
+        return probe if probe is not None and (timeout is None or probe < timeout) else timeout
 
-    def _timeout_at(self):
+    def _timeout_at(self) -> float | None:
         """When the next retransmission timeout falls due; None with nothing in flight."""
         soonest = min(self.deadline.values(), default=None)
         if self.sent_at:
@@ -449,16 +456,17 @@ class MemberSum:
             soonest = early if soonest is None else min(soonest, early)
         return soonest
 
-    def _probe_at(self):
+    def _probe_at(self) -> float | None:
         """When the tail-loss probe of the current stall is due; None when there is none to send."""
-        if self.probed or self.srtt is None or self.interval is None or not self.deadline:
+        if (self.probed or self.srtt is None or self.interval is None or self.min_timeout_s is None
+                or not self.deadline):
             return None
         return self.progress_at + max(PROBE_SRTTS * max(self.srtt, self.interval), self.min_timeout_s)
 
     def due(self, now: float) -> list[bytes]:
-        sends = []
+        sends: list[bytes] = []
         timeout, probe = self._timeout_at(), self._probe_at()
-        if probe is not None and probe <= now < timeout:
+        if probe is not None and probe <= now and (timeout is None or now < timeout):
             newest = next(reversed(self.deadline))
             if self.retries is None or self.tries[newest] < self.retries:
                 self.tries[newest] += 1
@@ -489,19 +497,20 @@ class MemberSum:
             self.probed = True  # a probe or a timeout's retransmission: the stall's one probe is spent
         return sends
 
-    def _measured(self, chunk, now):
+    def _measured(self, chunk: int, now: float) -> list[bytes]:
         """Fold a chunk's round trip into the timeout; the chunks in flight that look lost, each once."""
         sent = self.sent_at.pop(chunk, None)
-        if sent is not None:
+        # Round trips are measured only with an adaptive timeout (`min_timeout_s` set).
+        if sent is not None and self.min_timeout_s is not None:
             sample = now - sent
-            if self.srtt is None:
+            if self.srtt is None or self.rttvar is None:
                 self.srtt, self.rttvar = sample, sample / 2
             else:
                 self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
                 self.srtt = 0.875 * self.srtt + 0.125 * sample
             self.rto = min(max(self.srtt + 4 * self.rttvar, self.min_timeout_s), self.timeout_s)
         self.backoff.pop(chunk, None)
-        lost = []
+        lost: list[int] = []
         for earlier in self.deadline:  # chunks enter the dict in ascending order and keep their place
             if chunk - earlier < FAST_RETRANSMIT:
                 break
@@ -537,6 +546,7 @@ class MemberSum:
             self.wrong_chunks.add(chunk)
         got = min(count, want)
         start = ELEMENT_BYTES * offset
+        assert self.received is not None  # `__post_init__` made it
         self.received[start:start + ELEMENT_BYTES * got] = payload[PAYLOAD_HEADER_BYTES:
                                                                    PAYLOAD_HEADER_BYTES + ELEMENT_BYTES * got]
         del self.deadline[chunk]
@@ -556,7 +566,7 @@ class MemberSum:
                    now: float) -> list[bytes]:
         """`on_result` of each datagram of `sizes`, the i-th at buffer[i * slot_size:] (as `_receive` reads
         them); the payloads they let out, in order."""
-        view, sends = memoryview(buffer), []
+        view, sends = memoryview(buffer), list[bytes]()
         for index, size in enumerate(sizes):
             sends += self.on_result(view[index * slot_size:index * slot_size + size], now)
         return sends
@@ -567,12 +577,12 @@ _LANE_FIELDS = ("magic", "version", "opcode", "fanin", "exponent", "contributors
 """The result fields the compiled lane reads, in the order of its `enum LaneField` (inwire/_client.c)."""
 
 
-def _field_at(name):
+def _field_at(name: str) -> tuple[int, int]:
     """(offset in the payload, bytes) of an aggregation header field."""
     return FRAME_OFFSETS[name] - PAYLOAD_OFFSET, FIELDS_BY_NAME[name].nbytes
 
 
-def _field_contents(name, value):
+def _field_contents(name: str, value: int) -> int | None:
     """`value` as the unsigned contents of field `name`; None when the field cannot hold it."""
     bits = FIELDS_BY_NAME[name].bits
     low = -(1 << (bits - 1)) if FIELDS_BY_NAME[name].signed else 0
@@ -598,7 +608,7 @@ class CompiledMemberSum(MemberSum):
         super().__post_init__()
         self.lane = self._lane()
 
-    def _lane(self):
+    def _lane(self) -> Any:
         key, payloads = self.key, self.payloads
         if compiled is None or len(payloads) != -(-self.elements // self.chunk):
             return None
@@ -633,12 +643,12 @@ class CompiledMemberSum(MemberSum):
         return compiled.member_results(self.lane, self, buffer, list(sizes), slot_size, now)
 
 
-def member_sum(*args, **kwargs) -> MemberSum:
+def member_sum(*args: Any, **kwargs: Any) -> MemberSum:
     """A `MemberSum(*args, **kwargs)`, its results read by the compiled kernel where it is built."""
     return (MemberSum if compiled is None else CompiledMemberSum)(*args, **kwargs)
 
 
-def _receive(sock, buffer, slot):
+def _receive(sock: socket.socket, buffer: bytearray, slot: int) -> list[int]:
     """Sizes of the datagrams waiting at `sock`, read without blocking into `buffer`, the i-th at i * slot:
     with the compiled kernel up to RECEIVE_BATCH with one recvmmsg, else one; [] when none is waiting."""
     if compiled is not None:
@@ -649,15 +659,15 @@ def _receive(sock, buffer, slot):
         return []
 
 
-def local_address_towards(address):
+def local_address_towards(address: Address) -> str:
     """The local IPv4 address the kernel sends from to reach `address` (host, port): a connected UDP
     socket's own address (no datagram is sent)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect(tuple(address))
-        return probe.getsockname()[0]
+        return str(probe.getsockname()[0])
 
 
-def _round(key, averaging):
+def _round(key: CliqueKey, averaging: bool) -> str:
     """The round a message names: the averaging's own (as the averager counts them) for an attempt of an
     averaging, with the attempt when it is a re-send at a raised bound; else the key's."""
     if not averaging:
@@ -692,7 +702,8 @@ class UdpMember:
         if not 0 <= loss < 1:
             raise ValueError(f"loss must lie in [0, 1), got {loss}")
         self.loss, self.loss_rng = loss, np.random.default_rng([seed, 0x1055])
-        self.aggregators = dict(aggregators) if isinstance(aggregators, dict) else {None: tuple(aggregators)}
+        self.aggregators: dict[str | None, Address] = (dict(aggregators) if isinstance(aggregators, dict)
+                                                        else {None: cast(Address, tuple(aggregators))})
         self.job, self.chunk, self.window = job, chunk, window
         self.timeout_s, self.retries, self.deadline_s = timeout_s, retries, deadline_s
         first = next(iter(self.aggregators.values()))
@@ -706,7 +717,7 @@ class UdpMember:
         set_receive_buffer(self.socket, max(1 << 18, 4 * window * (RESULT_MIN_BYTES + ELEMENT_BYTES * chunk
                                                                     + KERNEL_BYTES_PER_DATAGRAM)))
         self.multicast = multicast
-        self.listener = None
+        self.listener: socket.socket | None = None
         if multicast:
             self.listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -737,7 +748,9 @@ class UdpMember:
         run = self._run(key, member, quantized, city, route, members)
         return run.sums().astype(np.int32), run.overflow
 
-    def _run(self, key, member, quantized, city, route, members, in_place=False, nearby=(), averaging=False):
+    def _run(self, key: CliqueKey, member: int, quantized: npt.NDArray[np.integer] | Sequence[int], city: str | None,
+             route: Mapping[str, int] | None, members: Sequence[str] | None, in_place: bool = False,
+             nearby: Sequence[Nearby] = (), averaging: bool = False) -> MemberSum:
         """`sum`'s work: the finished `MemberSum`, its sums still big-endian as they came. `in_place`: the sums
         overwrite `quantized` (big-endian int32), chunk by chunk as their results come: a chunk whose result
         is in is never sent again, and one buffer the size of the vector is faulted in, not two. `averaging`:
@@ -747,8 +760,7 @@ class UdpMember:
         payloads = Contributions(quantized, member, key, self.chunk, self.window, route)
         # The sums in numpy's memory, which takes huge pages for large arrays: a bytearray of 100 MB costs
         # 25,000 page faults as it fills.
-        received = payloads.wire if in_place else memoryview(np.empty(ELEMENT_BYTES * len(quantized),
-                                                                      dtype=np.uint8))
+        received = payloads.wire if in_place else np.empty(ELEMENT_BYTES * len(quantized), dtype=np.uint8).data
         run = member_sum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries,
                          min(MIN_TIMEOUT_S, self.timeout_s), received=received)
         sockets = [self.socket] if self.listener is None else [self.socket, self.listener]
@@ -758,7 +770,9 @@ class UdpMember:
             self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
         buffer, view, slot = self.buffer, self.view, RECEIVE_SLOT
         send = self._sender(destination)
-        roll, roll_send, roll_next = None, None, None
+        roll: RollCall | None = None
+        roll_send: Callable[[Sequence[bytes]], None] | None = None
+        roll_next: float | None = None
         quiet = min(ROLL_CALL_TIMEOUTS * self.timeout_s, self.deadline_s / 4)
         began = time.monotonic()
         try:
@@ -775,7 +789,7 @@ class UdpMember:
                 if roll_next is not None:
                     roll_at = max(roll_at, roll_next)
                 if now >= roll_at:
-                    if roll is None:
+                    if roll is None or roll_send is None:
                         roll = RollCall(key, member, self.window, nearby)
                         roll_send = self._sender(self._root(host, port, route))
                     roll_send(roll.datagrams())
@@ -790,7 +804,7 @@ class UdpMember:
                                 roll.read(view[index * slot:index * slot + size])
                         send(sends)
         finally:
-            if membership is not None:
+            if membership is not None and self.listener is not None:
                 self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, membership)
             self.retransmits += run.retransmits
         if run.wrong_chunks:
@@ -799,12 +813,12 @@ class UdpMember:
                               f"exponent {key.exponent} (another job's traffic in these slots?)")
         return run
 
-    def _sender(self, destination):
+    def _sender(self, destination: Address) -> Callable[[Sequence[bytes]], None]:
         """send(payloads) to `destination`: with the compiled kernel one sendmmsg per call (equal-sized runs as
         UDP GSO messages), else datagram by datagram; `loss` drops its share first."""
         sock, loss, rng = self.socket, self.loss, self.loss_rng
 
-        def send(payloads):
+        def send(payloads: Sequence[bytes]) -> None:
             if loss:
                 payloads = [payload for payload in payloads if rng.random() >= loss]
             if not payloads:
@@ -826,7 +840,7 @@ class UdpMember:
                     select.select([], [sock], [])  # a full send buffer, waited out as a blocking sendto would
         return send
 
-    def _root(self, host, port, route):
+    def _root(self, host: str, port: int, route: Mapping[str, int] | None) -> Address:
         """The (host, port) of the clique's root aggregator, where the roll call is kept: the member's own
         aggregator, or the topmost hop its route names (the aggregators of a tree share one port)."""
         hops = [route.get(f"hop{hop}", 0) for hop in range(1, 1 + ROUTE_HOPS)] if route else []
@@ -834,16 +848,17 @@ class UdpMember:
         host = host if top is None else ip_str(top)
         return (host, port) if compiled is None else (socket.gethostbyname(host), port)
 
-    def _failure(self, run, key, member, members, elapsed, roll, aggregator, averaging):
+    def _failure(self, run: MemberSum, key: CliqueKey, member: int, members: Sequence[str] | None, elapsed: float,
+                 roll: RollCall | None, aggregator: Address, averaging: bool) -> tuple[str, list[str | int]]:
         """The message of a sum that failed, and the members the roll call found missing. `aggregator`: the
         (host, port) the contributions went to."""
         chunk = run.failed_chunk if run.failed_chunk is not None else min(run.deadline, default=0)
         tries = run.tries.get(chunk, 0)
-        names = list(members) if members else list(range(key.fanin))
-        named = [name if members else f"member {name}" for name in names]
+        names: list[str | int] = list(members) if members else list(range(key.fanin))
+        named = [str(name) if members else f"member {name}" for name in names]
         drops = self.kernel_drops()
         dropped = f"; the kernel dropped {drops} datagrams at this island's socket" if drops else ""
-        missing = []
+        missing: list[int] = []
         unreached = f"the aggregator's results do not reach this island at {self.address[0]}"
         if roll is None:
             cause = f"a member of the clique never contributed it, or {unreached}"

@@ -28,7 +28,7 @@ contribution, compared only when another owner wants an unfinished slot.
 from .datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET
 from .datagram import payload_at as _at
 from .kernel import compiled
-from .model import TIME_BITS, _prefix_mask
+from .model import TIME_BITS, AggregatorConfig, _prefix_mask
 from .protocol import (
     AGGREGATION_FIELDS,
     COUNTERS,
@@ -69,7 +69,7 @@ assert MAX_FANIN <= 8 * FIELDS_BY_NAME["bitmap"].nbytes, "a member bitmap holds 
 assert FRAME_HEADER_BYTES - PAYLOAD_OFFSET == PAYLOAD_HEADER_BYTES
 
 
-def decider_parameters(config):
+def decider_parameters(config: AggregatorConfig) -> tuple[dict[str, tuple[int, int]], dict[str, int], dict[str, int]]:
     """(fields, constants, config) of the compiled `Decider` for `config`: each aggregation header field's
     (offset within the payload, width), and every number it decides with, named as `_fastpath.c` reads them,
     from the protocol tables."""
@@ -86,7 +86,7 @@ def decider_parameters(config):
     return fields, constants, _decider_config(config)
 
 
-def _decider_config(config):
+def _decider_config(config: AggregatorConfig) -> dict[str, int]:
     network, length = config.upstream_prefix
     return {"slots": config.slots, "max_fanin": config.max_fanin, "max_elements": config.max_elements,
             "lease": config.lease, "ip": config.ip, "upstream_network": network,
@@ -101,7 +101,7 @@ class FastAggregator:
     serve's table too. `serve` (one datagram) and `serve_batch` (a recvmmsg batch) take serve's common case,
     `learned` is serve's learning table and `copies` makes a result's unicast copies (`_kernel.Decider`)."""
 
-    def __init__(self, config):
+    def __init__(self, config: AggregatorConfig) -> None:
         if compiled is None:
             raise ValueError("the compiled fast path (inwire._kernel) is not built; run `make setup`")
         self._config = config
@@ -114,25 +114,25 @@ class FastAggregator:
         self.learned = self._decider.learned
 
     @property
-    def config(self):
+    def config(self) -> AggregatorConfig:
         return self._config
 
     @config.setter
-    def config(self, config):
+    def config(self, config: AggregatorConfig) -> None:
         """Another configuration (addresses, limits, lease) for the same number of slots; the state stays."""
         if config.slots != self._config.slots:
             raise ValueError(f"the fast path has {self._config.slots} slots; a configuration cannot change that")
         self._decider.configure(_decider_config(config))
         self._config = config
 
-    def stats(self):
+    def stats(self) -> dict[str, int]:
         return dict(zip(COUNTERS, self._decider.counts(), strict=True))
 
-    def slot_key(self, slot):
+    def slot_key(self, slot: int) -> tuple[int, int, int, int] | None:
         return self._decider.slot_key(slot)
 
 
-def next_hop(payload):
+def next_hop(payload: bytes | bytearray | memoryview) -> int:
     """The IPv4 address (an int) that a partial answering datagram `payload` goes to: the payload's hop1
     (to the aggregators' common port). Only meaningful when the answer is a partial."""
     return int.from_bytes(payload[HOP1_AT:HOP1_EXPECT_AT], "big")

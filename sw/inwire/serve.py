@@ -52,9 +52,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from .datagram import (
     MAX_DATAGRAM,
@@ -62,6 +62,7 @@ from .datagram import (
     PAYLOAD_OFFSET,
     SENDER_AT,
     Address,
+    Payload,
     header_struct,
     ip_int,
     ip_str,
@@ -111,9 +112,13 @@ IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)
 """Linux's option that hands each received datagram's destination address over (Python 3.11 lacks the name)."""
 PKTINFO_BYTES = socket.CMSG_SPACE(12)
 """Ancillary space of one `struct in_pktinfo` (ifindex, spec_dst, addr); the destination is its last 4 bytes."""
+SlotKey = tuple[int, int, int, int]
+"""(job, round, clique, chunk): who owns a slot."""
+Learned = dict[int, tuple[SlotKey, dict[int, Address], set[Address]]]
+"""slot -> (owner key, {sender index: (ip, port)} of members, {(ip, port)} of child aggregators)."""
 
 
-def parse_prefix(text, option="--upstream"):
+def parse_prefix(text: str, option: str = "--upstream") -> tuple[int, int]:
     """'A.B.C.D/N' as (network, length), host bits not allowed; one line naming `option` otherwise."""
     try:
         network = ipaddress.IPv4Network(text, strict=True)
@@ -122,7 +127,7 @@ def parse_prefix(text, option="--upstream"):
     return int(network.network_address), network.prefixlen
 
 
-def _owner(payload):
+def _owner(payload: Payload) -> tuple[int, SlotKey, int]:
     """(slot, (job, round, clique, chunk), sender) of a payload whose header is whole."""
     sender, _, _, _, job, round_, clique, slot, chunk = _OWNER.unpack_from(payload, SENDER_AT)
     return slot, (job, round_, clique, chunk), sender
@@ -143,6 +148,8 @@ Send = tuple[bytes, Address]
 
 class FrameAggregator(Protocol):
     """What the golden path serves: `model.Aggregator`, or what decides as it does (a co-simulation)."""
+
+    config: AggregatorConfig
 
     def process(self, frame: bytes, now: int | None = None) -> list[bytes]: ...
 
@@ -216,8 +223,10 @@ class SoftwareAggregator:
         """(ip, port) the aggregator decides as: the listen address, or with a wildcard one the address the
         datagram being decided arrived on (`decide_at`)."""
         self._copies_in_decider = unicast and not self.wildcard
-        self._local = {}
+        self._local: dict[str, bool] = {}
         self._started = time.monotonic()
+        self.model: FrameAggregator | None
+        self.fast: FastAggregator | None
         if engine == "fast":
             self.model = None
             self.fast = FastAggregator(self.config)
@@ -231,16 +240,16 @@ class SoftwareAggregator:
             self.handle = self._handle_golden
             self.batch_io = False
         self.dst_mac = self.config.mac.to_bytes(6, "big")
-        self._learned = {}
-        self.parents = {}
+        self._learned: Learned = {}
+        self.parents: dict[int, tuple[SlotKey, Address]] = {}
         """slot -> (owner key, (ip, port)) of the partial this service last sent up for the slot: the one
         result it may relay next."""
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
-        self._groups = {}
+        self._groups: dict[int, Address] = {}
         self._stop = threading.Event()
 
     @property
-    def learned(self) -> dict:
+    def learned(self) -> Learned:
         """slot -> (owner key, {sender index: (ip, port)} of members, {(ip, port)} of child aggregators),
         learned from the accepted contributions and partials of the slot's current owner. With the compiled
         decider the table lives in it, and this is a copy."""
@@ -252,15 +261,19 @@ class SoftwareAggregator:
             return "the fast path (compiled, bit-exact with the golden model)"
         return "the golden model" if isinstance(self.model, Aggregator) else type(self.model).__name__
 
-    def slot_key(self, slot: int) -> tuple[int, int, int, int] | None:
+    def slot_key(self, slot: int) -> SlotKey | None:
         """(job, round, clique, chunk) owning `slot`, or None while it was never used."""
-        return self.fast.slot_key(slot) if self.fast is not None else self.model.slots[slot].key
+        if self.fast is not None:
+            return self.fast.slot_key(slot)
+        if not isinstance(self.model, Aggregator):
+            raise ServeError(f"{self.description} does not tell who owns its slots")
+        return self.model.slots[slot].key
 
     def ticks(self) -> int:
         """Milliseconds since the service started: the arrival time of a datagram read now."""
         return int((time.monotonic() - self._started) / LEASE_TICK_S)
 
-    def _refused_before_deciding(self, payload, peer):
+    def _refused_before_deciding(self, payload: Payload, peer: Address) -> list[Send] | None:
         """Datagrams the service itself answers or refuses before the aggregator decides: a result (relayed
         or refused) with `unicast`, a stats request from elsewhere, anything from its own address. None
         when the aggregator decides."""
@@ -272,11 +285,11 @@ class SoftwareAggregator:
             return []
         return None
 
-    def _may_ask_stats(self, host):
+    def _may_ask_stats(self, host: str) -> bool:
         address = ipaddress.IPv4Address(host)
         return address.is_loopback or address in self.stats_from
 
-    def _handle_compiled(self, payload, peer, now=None):
+    def _handle_compiled(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
         """The compiled decider's answer to `payload` from `peer`: it learns the peer as `_learn` would and, in
         the common case, makes the unicast copies of a completed result too (`Decider.serve`)."""
         now = self.ticks() if now is None else now
@@ -288,6 +301,7 @@ class SoftwareAggregator:
             refused = self._refused_before_deciding(payload, peer)
             if refused is not None:
                 return refused
+            assert self.fast is not None  # this path serves only with it
             disposition, answer = self.fast.handle(payload, now, peer[0], peer)
             return [] if answer is None else self._send_answer(payload, peer, disposition, answer)
         if decided.__class__ is list:  # nothing to send
@@ -300,7 +314,7 @@ class SoftwareAggregator:
             return first
         return self._send_answer(payload, peer, first, second)
 
-    def _send_answer(self, payload, peer, disposition, answer):
+    def _send_answer(self, payload: Payload, peer: Address, disposition: int, answer: bytes) -> list[Send]:
         """Where the fast path's answer to `payload` from `peer` goes."""
         if answer[3] == _PARTIAL:
             return self._partial(answer, (ip_str(next_hop(payload)), self.config.port))
@@ -315,19 +329,21 @@ class SoftwareAggregator:
             destination = self._groups[group] = (ip_str(group), self.config.port)
         return [(answer, destination)]
 
-    def _handle_golden(self, payload, peer, now=None):
+    def _handle_golden(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
+        model = self.model
+        assert model is not None  # this path serves only with it
         if len(payload) > 3 and payload[3] in _SERVICE_OPCODES:
             refused = self._refused_before_deciding(payload, peer)
             if refused is not None:
                 return refused
         frame = wrap(payload, peer, self._at, self.dst_mac)
-        before = self.model.stats()
-        outputs = self.model.process(frame, self.ticks() if now is None else now)
-        after = self.model.stats()
+        before = model.stats()
+        outputs = model.process(frame, self.ticks() if now is None else now)
+        after = model.stats()
         answered = after["answered"] > before["answered"]
         if answered or after["accumulated"] > before["accumulated"]:
             self._learn(payload, peer)
-        sends = []
+        sends: list[Send] = []
         for output in outputs:
             body = payload_of(output)
             opcode = frame_field(output, "opcode")
@@ -352,10 +368,10 @@ class SoftwareAggregator:
         self._at = (ip_str(destination) if destination else self.address[0], self.address[1])
         if self.fast is not None:
             self.fast.config = self.config
-        else:
+        elif self.model is not None:
             self.model.config = self.config
 
-    def _partial(self, body, parent):
+    def _partial(self, body: bytes, parent: Address) -> list[Send]:
         """Send a partial to `parent` (never to this service) and earn the one relay of its result."""
         if self._is_own(parent):
             self.own["sends_refused"] += 1
@@ -364,7 +380,7 @@ class SoftwareAggregator:
         self.parents[slot] = (key, parent)
         return [(body, parent)]
 
-    def _learn(self, payload, peer):
+    def _learn(self, payload: Payload, peer: Address) -> None:
         """Who sent an accepted contribution or partial (only those get here, so the header is whole), for
         unicast copies: a member by its index, an aggregator below by its address; per slot, for its
         current owner."""
@@ -379,14 +395,14 @@ class SoftwareAggregator:
         else:
             entry[1][sender] = peer
 
-    def _unicast_copies(self, body, peer, answered):
+    def _unicast_copies(self, body: bytes, peer: Address, answered: bool) -> list[Send]:
         if answered:
             return self._unless_own([(body, peer)])
         copies = self._copies(body)
         self.own["unicast_copies"] += len(copies)
         return copies
 
-    def _copies(self, body, parent=None):
+    def _copies(self, body: bytes, parent: Address | None = None) -> list[Send]:
         """A result for each member and child aggregator learned for its slot's owner, except `parent`
         (where a relayed result came from) and this service."""
         if self.fast is not None:
@@ -400,14 +416,14 @@ class SoftwareAggregator:
         addresses += sorted(entry[2])
         return self._unless_own([(body, address) for address in addresses if address != parent])
 
-    def _relay(self, payload, peer):
+    def _relay(self, payload: Payload, peer: Address) -> list[Send] | None:
         """Copies of a result for everyone below, when it answers the partial this service last sent up for
         its slot, from the parent it went to: once per partial sent. None for any other result (the aggregator's
         decision then counts it, as `drop_opcode`)."""
         if len(payload) < PAYLOAD_HEADER_BYTES:
             return None
         slot, key, _ = _owner(payload)
-        peer = tuple(peer)
+        peer = (peer[0], peer[1])
         if self.parents.get(slot) != (key, peer):
             return None
         del self.parents[slot]
@@ -415,7 +431,7 @@ class SoftwareAggregator:
         self.own["results_relayed"] += len(copies)
         return copies
 
-    def _unless_own(self, sends):
+    def _unless_own(self, sends: Sequence[Send]) -> list[Send]:
         """`sends` without those addressed to this service, which are counted."""
         if self.wildcard:
             kept = [send for send in sends if not self._is_own(send[1])]
@@ -425,7 +441,7 @@ class SoftwareAggregator:
         self.own["sends_refused"] += len(sends) - len(kept)
         return kept
 
-    def _is_own(self, destination):
+    def _is_own(self, destination: Address) -> bool:
         """Whether a datagram to `destination` (ip, port) would come back to this service."""
         if tuple(destination) == self.address:
             return True
@@ -455,6 +471,7 @@ class SoftwareAggregator:
 
     def counters(self) -> dict[str, int]:
         engine = self.fast if self.fast is not None else self.model
+        assert engine is not None  # one of them serves
         return {**engine.stats(), **self.own}
 
     def counters_line(self, prefix: str = "counters") -> str:
@@ -477,23 +494,24 @@ class SoftwareAggregator:
         (at most POLL_S, so that a stop request is seen). With the compiled kernel, datagrams are read
         with one recvmmsg and the answers to a batch leave with one sendmmsg."""
         self._next_log = time.monotonic() + stats_interval if stats_interval else None
-        self._stats_interval = stats_interval
+        self._stats_interval = stats_interval or 0.0
         if self.batch_io:
             self._serve_batched()
         else:
             self._serve_each()
         self.log(f"inwire serve: stopped; final {self.counters_line()}")
 
-    def _log_due(self):
+    def _log_due(self) -> None:
         if self._next_log is not None and time.monotonic() >= self._next_log:
             self.log(f"inwire serve: {self.counters_line()}")
             self._next_log += self._stats_interval
 
-    def _serve_each(self):
+    def _serve_each(self) -> None:
         buffer = bytearray(MAX_DATAGRAM)
         view = memoryview(buffer)
         sock, stopped, handle = self.sock, self._stop.is_set, self.handle
         receive = self._receive_with_destination if self.wildcard else sock.recvfrom_into
+        size: int | None
         while not stopped():
             try:
                 size, peer = receive(buffer)
@@ -509,7 +527,7 @@ class SoftwareAggregator:
                     self.send(sends)
             self._log_due()
 
-    def _receive_with_destination(self, buffer):
+    def _receive_with_destination(self, buffer: bytearray) -> tuple[int, Address]:
         """recvfrom_into that also decides the datagram as the aggregator at the address it arrived on."""
         size, ancillary, _, peer = self.sock.recvmsg_into([buffer], PKTINFO_BYTES)
         destination = 0
@@ -519,13 +537,13 @@ class SoftwareAggregator:
         self.decide_at(destination)
         return size, peer
 
-    def _serve_batched(self):
+    def _serve_batched(self) -> None:
         slot = MAX_DATAGRAM + 1
         buffer = bytearray(slot * BATCH)
         view = memoryview(buffer)
         sock, fd, stopped, handle_batch = self.sock, self.sock.fileno(), self._stop.is_set, self.handle_batch
         receive = compiled.recv_batch
-        destinations = [] if self.wildcard else None
+        destinations: list[int] | None = [] if self.wildcard else None
         while not stopped():
             try:
                 if destinations is None:
@@ -558,7 +576,8 @@ class SoftwareAggregator:
         `destinations` (wildcard listen address): the address each datagram arrived on, which decides it."""
         view = memoryview(buffer) if view is None else view
         if destinations:
-            sends, start = [], 0
+            sends: list[Send] = []
+            start = 0
             while start < len(batch):
                 # one run of datagrams that arrived on one address
                 end = start + 1
@@ -570,10 +589,11 @@ class SoftwareAggregator:
             return sends
         return self._handle_run(buffer, batch, 0, slot, now, view)
 
-    def _handle_run(self, buffer, batch, start, slot, now, view):
+    def _handle_run(self, buffer: bytearray, batch: Sequence[tuple[int, Address]], start: int, slot: int, now: int,
+                    view: memoryview) -> list[Send]:
         """`handle_batch` on the datagrams of `batch` from `start` on."""
         if self.fast is None:
-            sends = []
+            sends: list[Send] = []
             for index, (size, peer) in enumerate(batch[start:], start):
                 sends += self.handle(view[index * slot:index * slot + size], peer, now)
             return sends
@@ -608,11 +628,12 @@ class SoftwareAggregator:
 
     def close(self) -> None:
         self.sock.close()
-        if hasattr(self.model, "close"):
-            self.model.close()
+        close = getattr(self.model, "close", None)  # a co-simulation has a simulator to end
+        if close is not None:
+            close()
 
 
-def _is_local_address(host):
+def _is_local_address(host: str) -> bool:
     """Whether IPv4 `host` is an address of this machine: only a local address can be bound."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -633,8 +654,21 @@ _ANSWERED = int(Disposition.ANSWERED)
 _GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
 
 
+class Served(Protocol):
+    """A service `serving_in_thread` runs: `SoftwareAggregator`, or one that serves as it does."""
+
+    def serve(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+ServedT = TypeVar("ServedT", bound=Served)
+
+
 @contextlib.contextmanager
-def serving_in_thread(server, serve=None):
+def serving_in_thread(server: ServedT, serve: Callable[[], object] | None = None) -> Iterator[ServedT]:
     """Run `server.serve()` (or `serve`, which runs it) in a thread for the body of a with-statement; stop and
     close it afterwards."""
     thread = threading.Thread(target=serve or server.serve, daemon=True)

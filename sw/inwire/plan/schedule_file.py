@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -172,7 +172,7 @@ def _check_tree(tree: object, root: object, members: Collection[str], exchange: 
             seen.add(step)
 
 
-def member_paths(members: Iterable[str], root: str, tree: Tree | None) -> dict[str, list[str]]:
+def member_paths(members: Iterable[str], root: str, tree: Mapping[str, str] | None) -> dict[str, list[str]]:
     """member -> the aggregators its contribution climbs, its own level's first and the root last, by a
     clique's reduction tree (a validated one, or None): a member sends to its own city when that sums,
     else to tree[city], else to the root."""

@@ -22,7 +22,7 @@ through one reusable host buffer (pinned where CUDA is present).
 
 from collections.abc import Iterable, Mapping, Sequence
 from numbers import Integral
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -35,10 +35,13 @@ from ..plan.schedule_file import ScheduleFile
 from ..protocol import MAX_FANIN
 from .outer import OuterOptimizer
 
-try:
+if TYPE_CHECKING:
     from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
-except ImportError:  # a torch build without torch.distributed has no averagers to subclass
-    ModelAverager = object
+else:
+    try:
+        from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
+    except ImportError:  # a torch build without torch.distributed has no averagers to subclass
+        ModelAverager = object
 
 __all__ = ["AveragingError", "CliqueAverager", "InwireExchange", "LocalSGD", "OuterOptimizer", "UdpCliqueExchange",
            "anchor_parameters"]
@@ -51,7 +54,7 @@ def _schedule_rounds(schedule: ScheduleFile | Sequence[Any] | None
                      ) -> tuple[list[list[tuple[tuple[str, ...], str | None]]], Any]:
     """(period: rounds of (members, aggregator), trees: per round per clique a tree or None) of a loaded
     schedule file (`load_schedule_file`) or of a plain list of rounds."""
-    period = getattr(schedule, "period", schedule)
+    period = cast(Sequence[Any], getattr(schedule, "period", schedule))
     trees = getattr(schedule, "trees", ()) or tuple((None,) * len(cliques) for cliques in period)
     return [[(tuple(members), aggregator) for members, aggregator in cliques] for cliques in period], trees
 
@@ -123,6 +126,7 @@ class InwireExchange:
         if not self.cities:
             return None, None
         root = self._root_city(members, aggregator)
+        assert root is not None  # with aggregators by city, a clique always has one
         missing = sorted({root, *(tree or {}).values()} - set(self.cities))
         if missing:
             raise AveragingError(f"no aggregator address for {', '.join(missing)} (the schedule's tree sums there)")
@@ -183,6 +187,10 @@ class CliqueAverager(ModelAverager):
     on the inner optimizer so that its checkpoints carry all of it (`step`).
     """
 
+    # Wider than ModelAverager's: torch's averagers need an initialized group, this one runs without.
+    process_group: "torch.distributed.ProcessGroup | None"  # type: ignore[assignment]
+    """The island's group; None on a single-process island."""
+
     # A string: torch builds without torch.distributed have no ProcessGroup to name at import.
     def __init__(self, period: int, warmup_steps: int = 0,
                  process_group: "torch.distributed.ProcessGroup | None" = None, *, island: str,
@@ -208,22 +216,24 @@ class CliqueAverager(ModelAverager):
         self.max_cliques = max(len(cliques) for cliques in self.rounds)
         self.group = process_group
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        # ModelAverager's own __init__ needs an initialized default group; a single-process island has none.
-        self.process_group = process_group or (torch.distributed.group.WORLD if distributed else None)
+        # ModelAverager's own __init__ needs an initialized default group; a single-process island has none
+        # (torch's WORLD is None until the default group is initialized).
+        group = process_group or (torch.distributed.group.WORLD if distributed else None)
+        self.process_group = group
         self.distributed = distributed
         self.rank = torch.distributed.get_rank(process_group) if distributed else 0
-        self.source = torch.distributed.get_global_rank(process_group or torch.distributed.group.WORLD, 0) \
-            if distributed else 0
+        self.source = torch.distributed.get_global_rank(group, 0) if distributed and group is not None else 0
         if self.rank == 0 and exchange is None:
             raise ValueError("the island's rank 0 needs an exchange to reach inwire")
         self._step = 0
         self.rounds_done = 0
         self.resumed = False
         """Loaded from a checkpoint and not averaged since (`_nearby`)."""
-        self.anchor = self.buffer = None
-        self.host = None
+        self.anchor: np.ndarray | None = None
+        self.buffer: np.ndarray | None = None
+        self.host: torch.Tensor | None = None
         """The reusable host buffer parameters are staged through (pinned where CUDA is present)."""
-        self.last = None
+        self.last: tuple[int, list[str], np.ndarray, np.ndarray] | None = None
         """(round index, members, vector sent, average received) of the latest averaging, for logs and checks."""
 
     @property
@@ -272,13 +282,14 @@ class CliqueAverager(ModelAverager):
     def _stage(self, params: Sequence[torch.Tensor]) -> np.ndarray:
         """The parameters as one float32 numpy vector in the host buffer (copied, whatever their device)."""
         total = sum(p.numel() for p in params)
-        if self.host is None or self.host.numel() != total:
-            self.host = torch.empty(total, dtype=torch.float32, pin_memory=torch.cuda.is_available())
+        host = self.host
+        if host is None or host.numel() != total:
+            host = self.host = torch.empty(total, dtype=torch.float32, pin_memory=torch.cuda.is_available())
         offset = 0
         for p in params:
-            self.host[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+            host[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
             offset += p.numel()
-        return self.host.numpy()
+        return host.numpy()
 
     def set_anchor(self, params: Iterable) -> None:
         """Start the outer step from these parameters (else from those at the first call)."""
@@ -291,7 +302,7 @@ class CliqueAverager(ModelAverager):
         parameter groups."""
         params, names = _named_parameters(params)
         if self.outer_optimizer is not None and not self.outer_checked:
-            self._refuse_an_outer_optimizer_on(params)
+            self._refuse_an_outer_optimizer_on(self.outer_optimizer, params)
             self.outer_checked = True
         if self.anchor is None:
             self.set_anchor(params)
@@ -306,31 +317,33 @@ class CliqueAverager(ModelAverager):
         period_round = round_index % len(self.rounds)
         for clique_index, (members, aggregator) in enumerate(self.rounds[period_round]):
             if self.island in members and len(members) > 1:
-                members = list(members)
+                clique = list(members)
                 tree = self.trees[period_round][clique_index] if self.trees else None
                 with torch.no_grad():
                     flat = self._stage(params).copy()
                     if not np.isfinite(flat).all():
                         raise AveragingError(_non_finite(params, names, self._step, round_index))
-                    average = self._average(round_index, clique_index, members, flat, aggregator, tree, period_round,
-                                            params[0].device, self._nearby(round_index, members))
-                    self.last = (round_index, members, flat, average)
+                    average = self._average(round_index, clique_index, clique, flat, aggregator, tree, period_round,
+                                            params[0].device, self._nearby(round_index, clique))
+                    self.last = (round_index, clique, flat, average)
                     self.anchor = self._outer_step(average)
                     _load(params, self.anchor)
-                return members
+                return clique
         return None
 
-    def _refuse_an_outer_optimizer_on(self, params: Iterable[torch.Tensor]) -> None:
+    def _refuse_an_outer_optimizer_on(self, outer_optimizer: torch.optim.Optimizer,
+                                      params: Iterable[torch.Tensor]) -> None:
         """An outer optimizer built on the model's own parameters (torchft's DiLoCo takes it so, keeping its
         own backup of the anchor) would step the local parameters instead of the anchor: every island would
         train on without ever agreeing. Refused before any step."""
-        anchors = [p for group in self.outer_optimizer.param_groups for p in group["params"]]
+        anchors = [p for group in outer_optimizer.param_groups for p in group["params"]]
         if _storages(anchors) & _storages(params):
             raise ValueError("outer_optimizer holds the model's own parameters; build it on "
                              "anchor_parameters(model), the copies the outer step moves (torch.optim.SGD("
                              "anchor_parameters(model), lr=0.7, momentum=0.9, nesterov=True))")
 
     def _outer_step(self, average: np.ndarray) -> np.ndarray:
+        assert self.anchor is not None  # `average_parameters` set it before its first averaging
         if self.outer_optimizer is None:
             updated, self.buffer = self.outer.step(self.anchor, self.buffer, average)
             return updated
@@ -364,8 +377,10 @@ class CliqueAverager(ModelAverager):
                  nearby: Sequence[tuple[int, int, Sequence[str], str | None]]) -> np.ndarray:
         """Rank 0 asks inwire; with a process group it broadcasts the average (or its failure) to the others,
         in tensors on the group's device (NCCL takes only CUDA tensors)."""
-        error = average = None
+        error: Exception | None = None
+        average: np.ndarray | None = None
         if self.rank == 0:
+            assert self.exchange is not None  # `__init__` refuses a rank 0 without one
             try:
                 average = self.exchange.average(round_index, clique_index, members, members.index(self.island),
                                                 flat, aggregator=aggregator, tree=tree, max_cliques=self.max_cliques,
@@ -375,6 +390,7 @@ class CliqueAverager(ModelAverager):
         if not self.distributed:
             if error is not None:
                 raise error
+            assert average is not None  # a single-process island is its own rank 0
             return average
         if torch.distributed.get_backend(self.group) != "nccl":
             device = torch.device("cpu")
@@ -387,7 +403,8 @@ class CliqueAverager(ModelAverager):
             torch.distributed.broadcast_object_list(reason, src=self.source, group=self.group, device=device)
             if error is not None:
                 raise error
-            message, missing = reason[0]
+            # Filled in on this rank by the broadcast.
+            message, missing = cast(tuple[str, Sequence[str]], reason[0])
             raise AveragingError(f"round {round_index}: rank 0 of island {self.island} could not average with its "
                                  f"clique: {message}", missing)
         carrier = (torch.from_numpy(np.ascontiguousarray(average)) if average is not None
@@ -397,9 +414,10 @@ class CliqueAverager(ModelAverager):
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed job needs to continue the same rotation bit for bit."""
-        state = {"step": self._step, "rounds_done": self.rounds_done,
-                 "anchor": None if self.anchor is None else torch.from_numpy(self.anchor.copy()),
-                 "buffer": None if self.buffer is None else torch.from_numpy(np.array(self.buffer))}
+        state: dict[str, Any] = {
+            "step": self._step, "rounds_done": self.rounds_done,
+            "anchor": None if self.anchor is None else torch.from_numpy(self.anchor.copy()),
+            "buffer": None if self.buffer is None else torch.from_numpy(np.array(self.buffer))}
         if self.outer_optimizer is not None:
             state["outer_optimizer"] = self.outer_optimizer.state_dict()
         return state
@@ -463,7 +481,7 @@ class LocalSGD:
             raise ValueError(f"sync_every {sync_every} is not the averager's period {averager.period}; the averager "
                              f"counts the steps, so give it the period")
         self.model, self.optimizer, self.averager = model, optimizer, averager
-        self.handles = []
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> "LocalSGD":
         if self.handles:
