@@ -204,6 +204,9 @@ def main(argv):
                  f"{args.fuzz_frames}")
     if args.sample and args.sample < len(names):
         names = [name for name in names if name in random.Random(args.seed).sample(names, args.sample)]
+    stale = sorted(set(DIRECTED) - set(mutants.MUTANTS))
+    if stale:
+        print(f"directed: DIRECTED names mutants that mutants.py no longer has: {', '.join(stale)}")
     unnamed = [name for name in names if name not in DIRECTED]
     if unnamed:
         print(f"directed: no tests named for {', '.join(unnamed)}: they run every test of the file")
