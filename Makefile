@@ -66,12 +66,25 @@ fuzz:
 coverage:
 	PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage $(BIN)/python tb/coverage/verilator_coverage.py
 
-# Mutation score (docs/verification.md): mutmut over the golden model and the fast path, each against its own
-# tests, then the gateware's mutants (hdl/inwire_hdl/mutants.py) against the cocotb suite and the formal rows
-# that name them; not part of `make test`.
+# Mutation score (docs/verification.md), not part of `make test`, by area: mutmut over the golden model (model)
+# and the fast path (fastpath), each against its own tests, MUTATE_SAMPLE mutants of each file drawn with
+# MUTATE_SEED (0: all); then the gateware's mutants (hdl/inwire_hdl/mutants.py) against the directed cocotb tests
+# that name them (directed), the CI's Icarus fuzz stream (fuzz) and the formal rows that name them (formal), each
+# scored in its own column. AREA=directed,fuzz (say) runs those shards only; AREA=cocotb runs every cocotb test
+# against every mutant (about an hour).
+MUTATE_AREAS := model fastpath directed cocotb fuzz formal
+AREA ?= model,fastpath,directed,fuzz,formal
+MUTATE_SAMPLE ?= 100
+MUTATE_SEED ?= 1
+comma := ,
+areas := $(subst $(comma), ,$(AREA))
 mutate:
-	$(BIN)/python tb/mutation/software.py
-	PYTHONPATH=tb/aggregator $(BIN)/python tb/mutation/gateware.py
+	$(if $(filter-out $(MUTATE_AREAS),$(areas)),$(error AREA: unknown $(filter-out $(MUTATE_AREAS),$(areas)); \
+		choose from $(MUTATE_AREAS), comma-separated))
+	$(if $(filter model fastpath,$(areas)),$(BIN)/python tb/mutation/software.py --sample $(MUTATE_SAMPLE) \
+		--seed $(MUTATE_SEED) $(filter model fastpath,$(areas)))
+	$(if $(filter directed cocotb fuzz formal,$(areas)),PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage \
+		$(BIN)/python tb/mutation/gateware.py $(foreach area,$(filter directed cocotb fuzz formal,$(areas)),--target $(area)))
 
 verilog:
 	$(BIN)/inwire verilog --out build/inwire_aggregator.v

@@ -1,5 +1,6 @@
 """Model averaging through the software aggregator over UDP: exact clique averages, refusals."""
 
+import copy
 import io
 import math
 import socket
@@ -149,6 +150,20 @@ def test_outer_step_moves_from_the_anchor_along_the_averaged_delta(aggregator):
         expected = before[name] - np.float32(0.7) * (gradient + np.float32(0.9) * gradient)
         np.testing.assert_allclose(flat(models[name]), expected, rtol=0, atol=1e-6)
         assert not np.array_equal(flat(models[name]), average)
+
+
+def test_an_outer_step_at_lr_1_with_momentum_is_no_plain_average():
+    """Learning rate 1 is plain averaging only without momentum: with momentum 0.5 the first outer step goes
+    (1 + 0.5) times the outer gradient from the anchor (Nesterov), past the clique's average (2 everywhere)."""
+    model = torch.nn.Linear(3, 1)
+    anchor = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().copy()
+    averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo(), outer=OuterOptimizer(1.0, 0.5))
+    averager.average_parameters(model.parameters())
+    gradient = anchor - np.float32(2.0)
+    expected = anchor - np.float32(1.5) * gradient
+    after = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
+    np.testing.assert_allclose(after, expected, rtol=0, atol=1e-6)
+    assert not np.allclose(after, 2.0)
 
 
 def test_parameter_groups_are_accepted_like_torch_averagers():
@@ -492,6 +507,34 @@ def test_a_resume_through_post_local_sgd_continues_the_rotation_bit_for_bit(oute
         assert np.array_equal(resumed.anchor, averager.anchor)
         assert torch.equal(resumed.state_dict()["outer_optimizer"]["state"][0]["momentum_buffer"],
                            averager.state_dict()["outer_optimizer"]["state"][0]["momentum_buffer"])
+
+
+def test_a_resume_keeps_the_numpy_outer_steps_momentum():
+    """An averager with the numpy outer step (momentum 0.9): four averagings straight through, or two, its
+    state_dict() through torch.save and torch.load, and two more in a new averager, end at the same bits:
+    the momentum buffer comes back with the anchor (dropped, the third step would take the gradient alone)."""
+    def averager_of():
+        return CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo(), outer=OuterOptimizer(0.7, 0.9))
+
+    straight_model = torch.nn.Linear(3, 1)
+    resumed_model = copy.deepcopy(straight_model)
+    straight = averager_of()
+    for _ in range(4):
+        straight.average_parameters(straight_model.parameters())
+
+    first = averager_of()
+    for _ in range(2):
+        first.average_parameters(resumed_model.parameters())
+    saved = io.BytesIO()
+    torch.save(first.state_dict(), saved)
+    saved.seek(0)
+    resumed = averager_of()
+    resumed.load_state_dict(torch.load(saved))
+    for _ in range(2):
+        resumed.average_parameters(resumed_model.parameters())
+    assert np.array_equal(resumed.buffer, straight.buffer)
+    assert all(torch.equal(p, q) for p, q in zip(resumed_model.parameters(), straight_model.parameters(),
+                                                  strict=True))
 
 
 def small_model_after(outer_step, keep_state):

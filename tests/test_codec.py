@@ -21,6 +21,20 @@ def test_exponent_is_the_smallest_that_keeps_the_sum_in_int32(max_abs, fanin):
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_the_exponent_leaves_room_for_rounding_up_at_the_bound(rounding):
+    """Each member's value may round up by up to one unit: at exponent 0, 2**30 - 0.5 becomes 2**30, and two
+    members' sum 2**31 would saturate though 2 * (2**30 - 0.5) fits int32. The exponent keeps that slack."""
+    bound, fanin = 2**30 - 0.5, 2
+    exponent = choose_exponent(bound, fanin)
+    # Stochastic rounding rounds up half the time: with 64 elements some element rounds up in both members.
+    values = np.resize([bound, -bound], 64)
+    rng = np.random.default_rng(5)
+    members = [quantize(values, exponent, rounding, rng=rng) for _ in range(fanin)]
+    total = np.sum(members, axis=0, dtype=np.int64)
+    assert np.abs(total).max() <= INT32_MAX, (exponent, total)
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("fanin", [1, 2, 3, 9, 64])
 @pytest.mark.parametrize("scale", [1e-6, 1.0, 3e4])
 def test_average_error_stays_within_the_bound(rounding, fanin, scale):

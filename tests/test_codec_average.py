@@ -201,3 +201,12 @@ def test_a_tampered_fast_decoder_is_caught(original, replacement, numpy_only):
             caught |= not np.array_equal(got.view(np.int32),
                                          decode_definition(sums, False, exponent, fanin, 16.0)[0].view(np.int32))
     assert caught
+
+
+def test_the_overflow_flag_stays_set_after_a_later_contribution_brings_the_sum_back():
+    """The aggregator's sum saturates as the second member arrives and no longer at the third, whose
+    contribution brings it back in range: the sum is clipped at each arrival (2**31 - 1, then 0) and the
+    overflow flag, like the golden model's slot flag, stays set, so the members re-send at a raised bound."""
+    members = [np.array([INT32_MAX, 5]), np.array([INT32_MAX, 5]), np.array([-INT32_MAX, 5])]
+    sums, overflow = codec_average.aggregate(members)
+    assert sums.tolist() == [0, 15] and overflow is True

@@ -12,7 +12,7 @@ import pytest
 from inwire import client
 from inwire.client import CliqueKey, Contributions, MemberSum, UdpMember, contributions, slot, slots_needed
 from inwire.codec_average import clique_average
-from inwire.datagram import payload_of, wrap
+from inwire.datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_HEADER_DTYPE, payload_of, wrap
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.netns import AGGREGATOR_IP, Lab, inside, unavailable_reason
 from inwire.serve import SoftwareAggregator, serving_in_thread
@@ -271,6 +271,33 @@ def test_the_client_reads_what_the_model_answers():
             assert not run.wrong_chunks and not run.overflow and run.failed_chunk is None
         used = {slot(key.round, clique, j, window, 3) for j in range(-(-elements // chunk))}
         assert max(used) < config.slots
+
+
+def test_consecutive_rounds_use_disjoint_slots():
+    """The slots a round's payloads name, every clique's every chunk, never meet the next round's: the last
+    round's results stay in place for late retransmissions while the next round sums. Across the 32-bit
+    wrap too (round 2**32 - 1, then 0). All of them fit the slots the schedule asks for."""
+    chunk = 2
+
+    def slots_of(round_, window, max_cliques):
+        used = set()
+        for clique in range(max_cliques):
+            key = CliqueKey(job=1, round=round_, clique=clique, group=0xEF000001, fanin=2, exponent=0,
+                            max_cliques=max_cliques)
+            # Five windows of chunks: both of a round's window pools, each reused.
+            vector = np.zeros(5 * window * chunk, dtype=np.int32)
+            used |= {int(np.frombuffer(payload[:PAYLOAD_HEADER_BYTES], dtype=PAYLOAD_HEADER_DTYPE)["slot"][0])
+                     for payload in contributions(vector, 0, key, chunk, window)}
+        return used
+
+    for window in (1, 2, 5):
+        for max_cliques in (1, 3):
+            for round_ in (0, 1, 6, 2**32 - 2, 2**32 - 1):
+                this, following = slots_of(round_, window, max_cliques), slots_of((round_ + 1) % 2**32, window,
+                                                                                 max_cliques)
+                assert len(this) == 2 * window * max_cliques, (round_, window, max_cliques, sorted(this))
+                assert not this & following, (round_, window, max_cliques, sorted(this & following))
+                assert max(this | following) < slots_needed(max_cliques, window)
 
 
 def test_adaptive_retransmission_measures_backs_off_and_resends_a_gap_at_once():

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from inwire.cli import main
-from inwire.datagram import parse_result, parse_stats_reply, payload_of, stats_request, wrap
+from inwire.datagram import PAYLOAD_OFFSET, parse_result, parse_stats_reply, payload_of, stats_request, wrap
 from inwire.packets import build_frames, parse_header
-from inwire.protocol import FRAME_HEADER_BYTES, Opcode
+from inwire.protocol import FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
 from inwire.serve import SoftwareAggregator, parse_counters_line
 
 GROUP = 0xEF490001
@@ -231,3 +231,22 @@ def test_slot_key_of_an_aggregator_without_a_slot_table_says_so():
             server.slot_key(0)
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("engine", ["golden", "fast"])
+def test_relayed_copies_go_only_to_the_members_the_result_names(server, engine):
+    """Copies of a result go to the learned members whose bits its bitmap holds: a result from the parent
+    naming member 0 alone reaches member 0 and not member 1, though the child learned both."""
+    child = server("127.0.0.2", unicast=True, engine=engine)
+    # The fast engine makes its copies in the compiled kernel (_fastpath.c).
+    parent_ip = int.from_bytes(socket.inet_aton("127.0.0.3"), "big")
+    peers = [("127.0.0.1", 5000), ("127.0.0.1", 5001)]
+    assert child.handle(tree_contribution(0, [1, 2], parent_ip, 0b011), peers[0]) == []
+    (partial, parent), = child.handle(tree_contribution(1, [10, 20], parent_ip, 0b011), peers[1])
+    assert sorted(child.learned[0][1]) == [0, 1]
+    result = bytearray(partial)
+    result[FRAME_OFFSETS["opcode"] - PAYLOAD_OFFSET] = Opcode.RESULT
+    at = FRAME_OFFSETS["bitmap"] - PAYLOAD_OFFSET
+    result[at:at + 8] = (0b001).to_bytes(8, "big")
+    assert child.handle(bytes(result), parent) == [(bytes(result), peers[0])]
+    assert child.counters()["results_relayed"] == 1

@@ -607,3 +607,75 @@ async def members_32_to_63(dut):
     assert members == [(Opcode.PARTIAL, 0xFFFFFFFF_00000000, 32)] * 2 + [(Opcode.RESULT, 2**64 - 1, 64)] * 2, members
     stats = tb.model.stats()
     assert (stats["drop_duplicate"], stats["drop_sender"]) == (2, 1), stats
+
+
+@cocotb.test()
+async def max_count_partial_keeps_to_its_bank(dut):
+    """A partial carrying the maximum element count: at 8 bytes its status trailer has a beat of its own, one
+    past the last word of the slot's bank of sums, where the next slot's bank begins. That beat writes no
+    sum: the neighbouring slot's stored result is answered unchanged. Two rounds of each slot reach both
+    banks of both."""
+    tb, traffic = await start(dut, 32)
+    count = tb.config.max_elements
+    answers = []
+    for neighbour_round in (1, 2):
+        await tb.send(traffic.clique(5, fanin=2, slot=1, job=91, round=neighbour_round))
+        for round_ in (2 * neighbour_round, 2 * neighbour_round + 1):
+            frames = [traffic.partial(traffic.elements(count), bitmap=0b11, sender=0, fanin=2, slot=0, job=92,
+                                      round=round_),
+                      traffic.request(slot=1, job=91, round=neighbour_round, fanin=2, count=5)]
+            answers += decided(tb, frames)
+            await tb.send(frames)
+    await tb.check()
+    assert answers == [("accumulated", 1), ("answered", 1)] * 4, answers
+
+
+@cocotb.test()
+async def round_order_across_the_wrap_on_an_unfinished_slot(dut):
+    """Rounds compare in serial order on a slot still gathering its members, not only on a completed one:
+    round 0 is newer than round 2**32 - 1 and reclaims its unfinished slot; round 2**32 - 1 is then older
+    than the owner and dropped as stale."""
+    tb, traffic = await start(dut, 33)
+    last = traffic.clique(6, fanin=3, slot=2, job=93, round=2**32 - 1)
+    first = traffic.clique(6, fanin=3, slot=2, job=93, round=0)
+    frames = [last[0], first[0], last[1], first[1], first[2]]
+    assert [disposition for disposition, _ in decided(tb, frames)] == [
+        "accumulated", "accumulated", "drop_stale", "accumulated", "accumulated"]
+    await tb.send(frames)
+    await tb.check()
+    stats = tb.model.stats()
+    assert (stats["slots_reclaimed"], stats["results_emitted"]) == (1, 1), stats
+
+
+@cocotb.test()
+async def earlier_chunk_of_another_clique_is_not_stale(dut):
+    """Only an earlier chunk of the owner's own clique is stale: a lower chunk of another clique of the same
+    job and round claims a completed slot afresh, and collides with an unfinished one."""
+    tb, traffic = await start(dut, 34)
+    owner = dict(fanin=2, job=94, round=5, clique=1, chunk=64)
+    other = dict(fanin=2, job=94, round=5, clique=2, chunk=0)
+    await tb.send(traffic.clique(4, slot=3, **owner) + traffic.clique(4, slot=4, **owner)[:1])
+    frames = traffic.clique(4, slot=3, **other) + traffic.clique(4, slot=4, **other)[:1]
+    assert decided(tb, frames) == [("accumulated", 0), ("accumulated", 1), ("drop_collision", 0)]
+    await tb.send(frames)
+    await tb.check()
+    assert tb.model.stats()["drop_stale"] == 0
+
+
+@cocotb.test()
+async def reclaim_counted_only_when_accepted(dut):
+    """A newer round's member that would reclaim an unfinished slot but is dropped for its length (a byte
+    over, four short) reclaims nothing and counts no `slots_reclaimed`; the good copy then reclaims once."""
+    tb, traffic = await start(dut, 35)
+    old = traffic.clique(5, fanin=3, slot=5, job=95, round=1)
+    new = traffic.clique(5, fanin=2, slot=5, job=95, round=2)
+    await tb.send(old[:2])
+    bad = [new[0] + bytes(1), new[0][:-4]]
+    assert decided(tb, bad) == [("drop_length", 0)] * 2
+    await tb.send(bad)
+    await tb.check()
+    assert tb.model.stats()["slots_reclaimed"] == 0
+    await tb.send(new)
+    await tb.check()
+    stats = tb.model.stats()
+    assert (stats["slots_reclaimed"], stats["results_emitted"]) == (1, 1), stats
