@@ -4,6 +4,7 @@ the island means, bit for bit."""
 
 import multiprocessing
 import pathlib
+import threading
 
 import numpy as np
 import pytest
@@ -44,11 +45,13 @@ def island_process(island, address, folder, out):
     records = {}
 
     def recording_hook(state, bucket):
-        step, before = state.step, bucket.buffer().clone().numpy()
-        future = inwire_hook(state, bucket)
-        records[f"{step}-{bucket.index()}-before"] = before
-        records[f"{step}-{bucket.index()}-after"] = future.value().numpy().copy()
-        return future
+        step, index = state.step, bucket.index()
+        records[f"{step}-{index}-before"] = bucket.buffer().clone().numpy()
+
+        def record(future):
+            records[f"{step}-{index}-after"] = future.value().numpy().copy()
+            return future.value()
+        return inwire_hook(state, bucket).then(record)
 
     try:
         model = torch.nn.parallel.DistributedDataParallel(build_model(), bucket_cap_mb=0.02)
@@ -113,6 +116,73 @@ class Bucket:
         return True
 
 
+def hook_threads():
+    """The names of the hook's worker threads still running once they have had the time to end."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("inwire-hook"):
+            thread.join(timeout=30)  # a bound on a hang, not a measurement
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith("inwire-hook")]
+
+
+def held_islands(folder, out):
+    """Two islands in one process, LON and NYC, each with its exchange, hand the hook one bucket each while the
+    aggregator is held back (it serves only once released): whether each future was done when its hook
+    returned, then the sums once released, the codec's average of the two buckets, and leftover threads."""
+    import torch.distributed as dist
+
+    from inwire.train.averaging import InwireExchange
+    from inwire.train.ddp import InwireHookState, inwire_hook
+
+    store = dist.FileStore(str(pathlib.Path(folder) / "held.store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    released = threading.Event()
+    server = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)
+
+    def serve_once_released():
+        released.wait()
+        server.serve()
+
+    generator = torch.Generator().manual_seed(7)
+    gradients = {island: torch.randn(1000, generator=generator) for island in ("LON", "NYC")}
+    with serving_in_thread(server, serve_once_released):
+        exchanges = {island: InwireExchange(server.address, deadline_s=5.0) for island in gradients}
+        try:
+            futures, done = {}, {}
+            try:
+                for island, gradient in gradients.items():
+                    state = InwireHookState(exchanges[island], island, list(gradients))
+                    futures[island] = inwire_hook(state, Bucket(gradient.clone(), 0))
+                    done[island] = futures[island].done()
+            finally:
+                released.set()
+            sums = {island: future.wait().numpy().copy() for island, future in futures.items()}
+            expected = clique_average([gradient.numpy() for gradient in gradients.values()])
+            out.put(("summed", done, sums, expected, hook_threads()))
+        except Exception as error:  # what the hook raised, reported to the test
+            out.put((type(error).__name__, str(error), None, None, hook_threads()))
+        finally:
+            for exchange in exchanges.values():
+                exchange.close()
+            dist.destroy_process_group()
+
+
+def test_the_hook_returns_before_the_bucket_is_summed(tmp_path):
+    """The hook hands the bucket to its worker and returns: with the aggregator held back, both islands'
+    hooks return futures that are not done (a blocking hook would wait for a sum that cannot come), and once
+    the aggregator serves, both futures hold the codec's average of the two buckets, and no worker is left."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    process = context.Process(target=held_islands, args=(str(tmp_path), out))
+    process.start()
+    kind, done, sums, expected, threads = out.get(timeout=60)
+    process.join(timeout=30)
+    assert kind == "summed", done
+    assert done == {"LON": False, "NYC": False}
+    for island, got in sums.items():
+        assert np.array_equal(got, expected), island
+    assert threads == []
+
+
 def lone_island(address, folder, buckets, out):
     """LON, one rank, sums its last bucket with NYC, which never comes: what the hook raised."""
     import torch.distributed as dist
@@ -125,11 +195,15 @@ def lone_island(address, folder, buckets, out):
     exchange = InwireExchange(tuple(address), deadline_s=2.0, timeout_s=0.05)
     try:
         state = InwireHookState(exchange, "LON", ["LON", "NYC"], buckets=buckets)
+        returned = False
         try:
-            inwire_hook(state, Bucket(torch.ones(1000), state.buckets - 1))
-            out.put(("no error", "", ()))
-        except Exception as error:  # what the hook raised, reported to the test
-            out.put((type(error).__name__, str(error), tuple(getattr(error, "missing", ()))))
+            future = inwire_hook(state, Bucket(torch.ones(1000), state.buckets - 1))
+            returned = True
+            future.wait()
+            out.put(("no error", "", (), returned, hook_threads()))
+        except Exception as error:  # what the hook or its future raised, reported to the test
+            out.put((type(error).__name__, str(error), tuple(getattr(error, "missing", ())), returned,
+                     hook_threads()))
     finally:
         exchange.close()
         dist.destroy_process_group()
@@ -146,8 +220,11 @@ def test_the_hook_names_a_missing_island_with_its_default_buckets(tmp_path, buck
     with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
         process = context.Process(target=lone_island, args=(server.address, str(tmp_path), buckets, out))
         process.start()
-        kind, message, missing = out.get(timeout=60)
+        kind, message, missing, returned, threads = out.get(timeout=60)
         process.join(timeout=30)
+    # The exchange fails on the hook's worker: the hook has returned, its future carries the error, and the
+    # worker has ended.
+    assert returned and threads == [], (returned, threads)
     assert kind == "ClientError", message
     if named:
         assert missing == ("NYC",) and "no contribution of NYC arrived" in message, message
