@@ -202,7 +202,9 @@ def lone_island(address, folder, buckets, out):
             future.wait()
             out.put(("no error", "", (), returned, hook_threads()))
         except Exception as error:  # what the hook or its future raised, reported to the test
-            out.put((type(error).__name__, str(error), tuple(getattr(error, "missing", ())), returned,
+            # The future's error wraps the exchange's, which the state keeps as raised.
+            failure = state.failure[2] if returned and state.failure is not None else error
+            out.put((type(failure).__name__, str(failure), tuple(getattr(failure, "missing", ())), returned,
                      hook_threads()))
     finally:
         exchange.close()
@@ -231,6 +233,71 @@ def test_the_hook_names_a_missing_island_with_its_default_buckets(tmp_path, buck
     else:
         assert missing == () and "answered neither the sum nor any of" in message, message
         assert "roll calls, whose records need 288 slots, more than inwire serve's default 256" in message, message
+
+
+def lone_ranks(rank, address, folder, out):
+    """Rank `rank` of LON, two ranks, training through the hook with NYC, which never comes: how many bucket
+    hooks returned, what backward raised, and the hook's threads left."""
+    import torch.distributed as dist
+
+    from inwire.train.averaging import InwireExchange
+    from inwire.train.ddp import InwireHookState, inwire_hook
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(str(pathlib.Path(folder) / "lone-ranks.store"), 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    exchange = InwireExchange(tuple(address), deadline_s=2.0, timeout_s=0.05) if rank == 0 else None
+    returned = []
+
+    def counting_hook(state, bucket):
+        future = inwire_hook(state, bucket)
+        returned.append(bucket.index())
+        return future
+
+    state = None
+    try:
+        # DDP's first backward sums one bucket of everything unless it looks for unused parameters; that also
+        # puts DDP's own all-reduce of the used parameters beside the hook's collectives.
+        model = torch.nn.parallel.DistributedDataParallel(build_model(), bucket_cap_mb=0.02,
+                                                          find_unused_parameters=True)
+        state = InwireHookState(exchange, "LON", ["LON", "NYC"])
+        model.register_comm_hook(state, counting_hook)
+        inputs, labels = batch("LON", rank)
+        try:
+            torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+            out.put((rank, returned, "no error", (), hook_threads()))
+        except Exception as error:  # what backward raised, reported to the test
+            missing = tuple(getattr(state.failure[2], "missing", ())) if state.failure is not None else ()
+            out.put((rank, returned, str(error), missing, hook_threads()))
+    finally:
+        if exchange is not None:
+            exchange.close()
+        dist.destroy_process_group()
+
+
+def test_a_failed_sum_fails_backward_on_every_rank_after_every_bucket_was_handed_over(tmp_path):
+    """The exchange fails on rank 0's worker (NYC never comes): every bucket's hook has returned by then, on
+    both ranks (the sums were in flight together), and backward raises on both instead of hanging, rank 0
+    naming the missing island and rank 1 its rank 0; no worker thread is left on either."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        processes = [context.Process(target=lone_ranks, args=(rank, server.address, str(tmp_path), out))
+                     for rank in range(2)]
+        for process in processes:
+            process.start()
+        got = {rank: rest for rank, *rest in (out.get(timeout=120) for _ in processes)}
+        for process in processes:
+            process.join(timeout=30)
+    for rank, (returned, _, _, threads) in got.items():
+        assert len(returned) > 1 and sorted(returned) == list(range(len(returned))), (rank, returned)
+        assert threads == [], (rank, threads)
+    assert got[0][0] == got[1][0]
+    message = got[0][1]
+    assert "ClientError: round 0, clique 0 (LON, NYC): no result" in message, message
+    assert f"from the aggregator at 127.0.0.1:{server.address[1]}" in message, message
+    assert "no contribution of NYC arrived" in message and got[0][2] == ("NYC",), (message, got[0][2])
+    assert "step 0, bucket 0: rank 0 of island LON could not sum it across islands" in got[1][1], got[1][1]
 
 
 def sparse_island(folder, out):

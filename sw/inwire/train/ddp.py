@@ -109,9 +109,10 @@ class InwireHookState:
         self._jobs: deque[_Job] = deque()
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
-        self._failure: tuple[int, int, Exception] | None = None
-        """(step, bucket index, error) of the latest bucket the worker could not sum: the step's later buckets
-        fail with it, as the blocking hook's backward stopped at the first."""
+        self.failure: tuple[int, int, Exception] | None = None
+        """(step, bucket index, error) of the latest bucket the worker could not sum, the error as raised (DDP's
+        backward raises it wrapped in a RuntimeError); the step's later buckets fail naming it, as a backward
+        stops at its first error."""
         self._results: dist.ProcessGroup | None = None
         """The island's ranks again, for rank 0's status and sum: a group of their own, because the worker
         broadcasts on it while the backward pass issues the next buckets' all-reduces (and DDP its own
@@ -141,7 +142,7 @@ class InwireHookState:
             try:
                 self._sum(job)
             except Exception as failure:  # any: the future carries it to backward instead of a hang
-                self._failure = (job.step, job.index, failure)
+                self.failure = (job.step, job.index, failure)
                 job.future.set_exception(failure)
             else:
                 job.future.set_result(job.tensor)
@@ -173,8 +174,8 @@ class InwireHookState:
     def _across_islands(self, job: _Job) -> Exception | None:
         """Rank 0: the bucket's island mean averaged across islands into the bucket (NaN if any island's was not
         finite); the error when it could not be."""
-        if self._failure is not None and self._failure[0] == job.step:
-            _, index, first = self._failure
+        if self.failure is not None and self.failure[0] == job.step:
+            _, index, first = self.failure
             return AveragingError(f"step {job.step}, bucket {job.index}: not summed, bucket {index} of this step "
                                   f"failed first: {first}")
         tensor, size = job.tensor, job.tensor.numel()
@@ -249,11 +250,17 @@ def inwire_hook(state: InwireHookState, bucket: dist.GradBucket) -> torch.future
     if dist.get_world_size(state.group) > 1:
         reduced = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
     stream = torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    state.submit(_Job(state.step, index, tensor, reduced, future, stream))
+    summed: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    state.submit(_Job(state.step, index, tensor, reduced, summed, stream))
     if bucket.is_last():
         state.step += 1
-    return future
+    # A future given an exception holds it as its value, which DDP would read as the gradients ("Unable to cast
+    # ... to Tensor"); a callback that raises it fails the future DDP waits on, so backward raises the error.
+    return summed.then(_value)
+
+
+def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    return future.value()
 
 
 def _first_rank(group: dist.ProcessGroup | None) -> int:
