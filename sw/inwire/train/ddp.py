@@ -143,7 +143,7 @@ class InwireHookState:
                 self._sum(job)
             except Exception as failure:  # any: the future carries it to backward instead of a hang
                 self.failure = (job.step, job.index, failure)
-                job.future.set_exception(failure)
+                job.future.set_exception(failure)  # type: ignore[arg-type]  # torch types it as the result
             else:
                 job.future.set_result(job.tensor)
 
