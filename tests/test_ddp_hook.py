@@ -43,13 +43,16 @@ def island_process(island, address, folder, out):
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     exchange = InwireExchange(tuple(address), deadline_s=30)
     records = {}
+    handed, completed = [], []
 
     def recording_hook(state, bucket):
         step, index = state.step, bucket.index()
         records[f"{step}-{index}-before"] = bucket.buffer().clone().numpy()
+        handed.append((step, index))
 
         def record(future):
             records[f"{step}-{index}-after"] = future.value().numpy().copy()
+            completed.append((step, index))
             return future.value()
         return inwire_hook(state, bucket).then(record)
 
@@ -63,6 +66,7 @@ def island_process(island, address, folder, out):
             torch.nn.functional.cross_entropy(model(inputs), labels).backward()
             optimizer.step()
         records["parameters"] = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
+        records["handed"], records["completed"] = np.array(handed), np.array(completed)
         np.savez(out, **records)
     finally:
         exchange.close()
@@ -81,14 +85,17 @@ def run_processes(target, arguments):
 
 
 def test_every_island_steps_with_the_codec_average_of_the_island_gradients(tmp_path):
-    """Each bucket of each step leaves every island as the codec's average of what the islands put in; so
-    the islands, started alike, stay bit-identical while their data differ."""
+    """Each bucket of each step leaves every island as the codec's average of what the islands put in, the
+    buckets completing in the order they were handed over; so the islands, started alike, stay bit-identical
+    while their data differ."""
     with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
         run_processes(island_process, [(island, server.address, str(tmp_path), str(tmp_path / f"{island}.npz"))
                                        for island in ISLANDS])
     got = {island: dict(np.load(tmp_path / f"{island}.npz")) for island in ISLANDS}
     sums = sorted(key[:-len("-before")] for key in got["LON"] if key.endswith("-before"))
     assert len(sums) > STEPS  # several buckets a step
+    for island in ISLANDS:  # the futures complete in the order DDP handed the buckets over
+        assert np.array_equal(got[island].pop("completed"), got[island].pop("handed")), island
     for name in sums:
         assert {tuple(sorted(k for k in got[i] if k.startswith(name))) for i in ISLANDS} == {(f"{name}-after",
                                                                                                f"{name}-before")}
