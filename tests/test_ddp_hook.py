@@ -15,6 +15,7 @@ from inwire.codec_average import clique_average  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
 
 ISLANDS = ("LON", "NYC", "SIN")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 STEPS = 3
 
 
@@ -131,7 +132,7 @@ def hook_threads():
     return [thread.name for thread in threading.enumerate() if thread.name.startswith("inwire-hook")]
 
 
-def held_islands(folder, out):
+def held_islands(folder, device, out):
     """Two islands in one process, LON and NYC, each with its exchange, hand the hook one bucket each while the
     aggregator is held back (it serves only once released): whether each future was done when its hook
     returned, then the sums once released, the codec's average of the two buckets, and leftover threads."""
@@ -158,11 +159,11 @@ def held_islands(folder, out):
             try:
                 for island, gradient in gradients.items():
                     state = InwireHookState(exchanges[island], island, list(gradients))
-                    futures[island] = inwire_hook(state, Bucket(gradient.clone(), 0))
+                    futures[island] = inwire_hook(state, Bucket(gradient.clone().to(device), 0))
                     done[island] = futures[island].done()
             finally:
                 released.set()
-            sums = {island: future.wait().numpy().copy() for island, future in futures.items()}
+            sums = {island: future.wait().cpu().numpy().copy() for island, future in futures.items()}
             expected = clique_average([gradient.numpy() for gradient in gradients.values()])
             out.put(("summed", done, sums, expected, hook_threads()))
         except Exception as error:  # what the hook raised, reported to the test
@@ -173,13 +174,15 @@ def held_islands(folder, out):
             dist.destroy_process_group()
 
 
-def test_the_hook_returns_before_the_bucket_is_summed(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_hook_returns_before_the_bucket_is_summed(tmp_path, device):
     """The hook hands the bucket to its worker and returns: with the aggregator held back, both islands'
     hooks return futures that are not done (a blocking hook would wait for a sum that cannot come), and once
-    the aggregator serves, both futures hold the codec's average of the two buckets, and no worker is left."""
+    the aggregator serves, both futures hold the codec's average of the two buckets, and no worker is left.
+    Where CUDA is present the buckets are on the GPU too (the worker on the buckets' stream)."""
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    process = context.Process(target=held_islands, args=(str(tmp_path), out))
+    process = context.Process(target=held_islands, args=(str(tmp_path), device, out))
     process.start()
     kind, done, sums, expected, threads = out.get(timeout=60)
     process.join(timeout=30)
