@@ -18,8 +18,8 @@ pending: it ends when the queue is empty, so no thread outlives the step, an err
 in the worker completes the bucket's future with the exception (DDP raises it from backward) and the step's
 later buckets with an error that names it, on every rank of the island. A bucket's sum is named by the step
 and the bucket's index (round and clique fields), so islands whose buckets become ready in another order still
-meet in the same slots. Every island
-must build the same buckets (the same model and `bucket_cap_mb`), as every rank of one DDP job does.
+meet in the same slots. Every island must build the same buckets (the same model and `bucket_cap_mb`), as
+every rank of one DDP job does.
 Buckets anywhere (CPU or CUDA) are staged through one reusable float32 host buffer (pinned where CUDA is
 present), as `CliqueAverager` stages parameters.
 
@@ -110,9 +110,9 @@ class InwireHookState:
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
         self.failure: tuple[int, int, Exception] | None = None
-        """(step, bucket index, error) of the latest bucket the worker could not sum, the error as raised (DDP's
-        backward raises it wrapped in a RuntimeError); the step's later buckets fail naming it, as a backward
-        stops at its first error."""
+        """(step, bucket index, error) of the first bucket the worker could not sum in the latest step that had
+        one, the error as raised (DDP's backward raises it wrapped in a RuntimeError); the step's later buckets
+        fail naming it, as a backward stops at its first error."""
         self._results: dist.ProcessGroup | None = None
         """The island's ranks again, for rank 0's status and sum: a group of their own, because the worker
         broadcasts on it while the backward pass issues the next buckets' all-reduces (and DDP its own
@@ -142,7 +142,8 @@ class InwireHookState:
             try:
                 self._sum(job)
             except Exception as failure:  # any: the future carries it to backward instead of a hang
-                self.failure = (job.step, job.index, failure)
+                if self.failure is None or self.failure[0] != job.step:
+                    self.failure = (job.step, job.index, failure)
                 job.future.set_exception(failure)  # type: ignore[arg-type]  # torch types it as the result
             else:
                 job.future.set_result(job.tensor)
@@ -260,6 +261,7 @@ def inwire_hook(state: InwireHookState, bucket: dist.GradBucket) -> torch.future
 
 
 def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    """The summed bucket, or the worker's error raised."""
     return future.value()
 
 
