@@ -14,7 +14,7 @@ the island means (`codec_average.clique_average`). The hook does not wait for th
 island's all-reduce and returns a future, and a worker thread of the state sums the buckets in the order DDP
 hands them over (one at a time: the exchange's socket is the worker's while a step is in flight), so the
 backward pass goes on computing while earlier buckets travel. The worker exists only while buckets are
-pending: it ends when the queue is empty, so no thread outlives the step, an error or the process. A failure
+pending: it ends when the queue is empty, so no thread outlives the step or an error. A failure
 in the worker completes the bucket's future with the exception (DDP raises it from backward) and the step's
 later buckets with an error that names it, on every rank of the island. A bucket's sum is named by the step
 and the bucket's index (round and clique fields), so islands whose buckets become ready in another order still
@@ -127,8 +127,10 @@ class InwireHookState:
         with self._lock:
             self._jobs.append(job)
             if self._worker is None:
-                self._worker = threading.Thread(target=self._drain, name=f"inwire-hook-{self.island}",
-                                                daemon=True)
+                # Not a daemon: it completes the step's last future from inside torch, and a daemon thread still
+                # there when the interpreter exits is stopped inside C++ ("terminate called without an active
+                # exception"); exit waits for it instead, at most the rest of the exchange's deadline.
+                self._worker = threading.Thread(target=self._drain, name=f"inwire-hook-{self.island}")
                 self._worker.start()
 
     def _drain(self) -> None:
