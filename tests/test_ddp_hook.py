@@ -4,6 +4,7 @@ the island means, bit for bit."""
 
 import multiprocessing
 import pathlib
+import threading
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from inwire.codec_average import clique_average  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
 
 ISLANDS = ("LON", "NYC", "SIN")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 STEPS = 3
 
 
@@ -42,13 +44,18 @@ def island_process(island, address, folder, out):
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     exchange = InwireExchange(tuple(address), deadline_s=30)
     records = {}
+    handed, completed = [], []
 
     def recording_hook(state, bucket):
-        step, before = state.step, bucket.buffer().clone().numpy()
-        future = inwire_hook(state, bucket)
-        records[f"{step}-{bucket.index()}-before"] = before
-        records[f"{step}-{bucket.index()}-after"] = future.value().numpy().copy()
-        return future
+        step, index = state.step, bucket.index()
+        records[f"{step}-{index}-before"] = bucket.buffer().clone().numpy()
+        handed.append((step, index))
+
+        def record(future):
+            records[f"{step}-{index}-after"] = future.value().numpy().copy()
+            completed.append((step, index))
+            return future.value()
+        return inwire_hook(state, bucket).then(record)
 
     try:
         model = torch.nn.parallel.DistributedDataParallel(build_model(), bucket_cap_mb=0.02)
@@ -60,6 +67,7 @@ def island_process(island, address, folder, out):
             torch.nn.functional.cross_entropy(model(inputs), labels).backward()
             optimizer.step()
         records["parameters"] = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
+        records["handed"], records["completed"] = np.array(handed), np.array(completed)
         np.savez(out, **records)
     finally:
         exchange.close()
@@ -78,14 +86,17 @@ def run_processes(target, arguments):
 
 
 def test_every_island_steps_with_the_codec_average_of_the_island_gradients(tmp_path):
-    """Each bucket of each step leaves every island as the codec's average of what the islands put in; so
-    the islands, started alike, stay bit-identical while their data differ."""
+    """Each bucket of each step leaves every island as the codec's average of what the islands put in, the
+    buckets completing in the order they were handed over; so the islands, started alike, stay bit-identical
+    while their data differ."""
     with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
         run_processes(island_process, [(island, server.address, str(tmp_path), str(tmp_path / f"{island}.npz"))
                                        for island in ISLANDS])
     got = {island: dict(np.load(tmp_path / f"{island}.npz")) for island in ISLANDS}
     sums = sorted(key[:-len("-before")] for key in got["LON"] if key.endswith("-before"))
     assert len(sums) > STEPS  # several buckets a step
+    for island in ISLANDS:  # the futures complete in the order DDP handed the buckets over
+        assert np.array_equal(got[island].pop("completed"), got[island].pop("handed")), island
     for name in sums:
         assert {tuple(sorted(k for k in got[i] if k.startswith(name))) for i in ISLANDS} == {(f"{name}-after",
                                                                                                f"{name}-before")}
@@ -113,6 +124,75 @@ class Bucket:
         return True
 
 
+def hook_threads():
+    """The names of the hook's worker threads still running once they have had the time to end."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("inwire-hook"):
+            thread.join(timeout=30)  # a bound on a hang, not a measurement
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith("inwire-hook")]
+
+
+def held_islands(folder, device, out):
+    """Two islands in one process, LON and NYC, each with its exchange, hand the hook one bucket each while the
+    aggregator is held back (it serves only once released): whether each future was done when its hook
+    returned, then the sums once released, the codec's average of the two buckets, and leftover threads."""
+    import torch.distributed as dist
+
+    from inwire.train.averaging import InwireExchange
+    from inwire.train.ddp import InwireHookState, inwire_hook
+
+    store = dist.FileStore(str(pathlib.Path(folder) / "held.store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    released = threading.Event()
+    server = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)
+
+    def serve_once_released():
+        released.wait()
+        server.serve()
+
+    generator = torch.Generator().manual_seed(7)
+    gradients = {island: torch.randn(1000, generator=generator) for island in ("LON", "NYC")}
+    with serving_in_thread(server, serve_once_released):
+        exchanges = {island: InwireExchange(server.address, deadline_s=5.0) for island in gradients}
+        try:
+            futures, done = {}, {}
+            try:
+                for island, gradient in gradients.items():
+                    state = InwireHookState(exchanges[island], island, list(gradients))
+                    futures[island] = inwire_hook(state, Bucket(gradient.clone().to(device), 0))
+                    done[island] = futures[island].done()
+            finally:
+                released.set()
+            sums = {island: future.wait().cpu().numpy().copy() for island, future in futures.items()}
+            expected = clique_average([gradient.numpy() for gradient in gradients.values()])
+            out.put(("summed", done, sums, expected, hook_threads()))
+        except Exception as error:  # what the hook raised, reported to the test
+            out.put((type(error).__name__, str(error), None, None, hook_threads()))
+        finally:
+            for exchange in exchanges.values():
+                exchange.close()
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_hook_returns_before_the_bucket_is_summed(tmp_path, device):
+    """The hook hands the bucket to its worker and returns: with the aggregator held back, both islands'
+    hooks return futures that are not done (a blocking hook would wait for a sum that cannot come), and once
+    the aggregator serves, both futures hold the codec's average of the two buckets, and no worker is left.
+    Where CUDA is present the buckets are on the GPU too (the worker on the buckets' stream)."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    process = context.Process(target=held_islands, args=(str(tmp_path), device, out))
+    process.start()
+    kind, done, sums, expected, threads = out.get(timeout=60)
+    process.join(timeout=30)
+    assert kind == "summed", done
+    assert done == {"LON": False, "NYC": False}
+    for island, got in sums.items():
+        assert np.array_equal(got, expected), island
+    assert threads == []
+
+
 def lone_island(address, folder, buckets, out):
     """LON, one rank, sums its last bucket with NYC, which never comes: what the hook raised."""
     import torch.distributed as dist
@@ -125,11 +205,17 @@ def lone_island(address, folder, buckets, out):
     exchange = InwireExchange(tuple(address), deadline_s=2.0, timeout_s=0.05)
     try:
         state = InwireHookState(exchange, "LON", ["LON", "NYC"], buckets=buckets)
+        returned = False
         try:
-            inwire_hook(state, Bucket(torch.ones(1000), state.buckets - 1))
-            out.put(("no error", "", ()))
-        except Exception as error:  # what the hook raised, reported to the test
-            out.put((type(error).__name__, str(error), tuple(getattr(error, "missing", ()))))
+            future = inwire_hook(state, Bucket(torch.ones(1000), state.buckets - 1))
+            returned = True
+            future.wait()
+            out.put(("no error", "", (), returned, hook_threads()))
+        except Exception as error:  # what the hook or its future raised, reported to the test
+            # The future's error wraps the exchange's, which the state keeps as raised.
+            failure = state.failure[2] if returned and state.failure is not None else error
+            out.put((type(failure).__name__, str(failure), tuple(getattr(failure, "missing", ())), returned,
+                     hook_threads()))
     finally:
         exchange.close()
         dist.destroy_process_group()
@@ -146,14 +232,82 @@ def test_the_hook_names_a_missing_island_with_its_default_buckets(tmp_path, buck
     with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
         process = context.Process(target=lone_island, args=(server.address, str(tmp_path), buckets, out))
         process.start()
-        kind, message, missing = out.get(timeout=60)
+        kind, message, missing, returned, threads = out.get(timeout=60)
         process.join(timeout=30)
+    # The exchange fails on the hook's worker: the hook has returned, its future carries the error, and the
+    # worker has ended.
+    assert returned and threads == [], (returned, threads)
     assert kind == "ClientError", message
     if named:
         assert missing == ("NYC",) and "no contribution of NYC arrived" in message, message
     else:
         assert missing == () and "answered neither the sum nor any of" in message, message
         assert "roll calls, whose records need 288 slots, more than inwire serve's default 256" in message, message
+
+
+def lone_ranks(rank, address, folder, out):
+    """Rank `rank` of LON, two ranks, training through the hook with NYC, which never comes: how many bucket
+    hooks returned, what backward raised, and the hook's threads left."""
+    import torch.distributed as dist
+
+    from inwire.train.averaging import InwireExchange
+    from inwire.train.ddp import InwireHookState, inwire_hook
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(str(pathlib.Path(folder) / "lone-ranks.store"), 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    exchange = InwireExchange(tuple(address), deadline_s=2.0, timeout_s=0.05) if rank == 0 else None
+    returned = []
+
+    def counting_hook(state, bucket):
+        future = inwire_hook(state, bucket)
+        returned.append(bucket.index())
+        return future
+
+    state = None
+    try:
+        # DDP's first backward sums one bucket of everything unless it looks for unused parameters; that also
+        # puts DDP's own all-reduce of the used parameters beside the hook's collectives.
+        model = torch.nn.parallel.DistributedDataParallel(build_model(), bucket_cap_mb=0.02,
+                                                          find_unused_parameters=True)
+        state = InwireHookState(exchange, "LON", ["LON", "NYC"])
+        model.register_comm_hook(state, counting_hook)
+        inputs, labels = batch("LON", rank)
+        try:
+            torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+            out.put((rank, returned, "no error", (), hook_threads()))
+        except Exception as error:  # what backward raised, reported to the test
+            missing = tuple(getattr(state.failure[2], "missing", ())) if state.failure is not None else ()
+            out.put((rank, returned, str(error), missing, hook_threads()))
+    finally:
+        if exchange is not None:
+            exchange.close()
+        dist.destroy_process_group()
+
+
+def test_a_failed_sum_fails_backward_on_every_rank_after_every_bucket_was_handed_over(tmp_path):
+    """The exchange fails on rank 0's worker (NYC never comes): every bucket's hook has returned by then, on
+    both ranks (the sums were in flight together), and backward raises on both instead of hanging, rank 0
+    naming the missing island and rank 1 its rank 0; no worker thread is left on either."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        processes = [context.Process(target=lone_ranks, args=(rank, server.address, str(tmp_path), out))
+                     for rank in range(2)]
+        for process in processes:
+            process.start()
+        got = {rank: rest for rank, *rest in (out.get(timeout=120) for _ in processes)}
+        for process in processes:
+            process.join(timeout=30)
+    for rank, (returned, _, _, threads) in got.items():
+        assert len(returned) > 1 and sorted(returned) == list(range(len(returned))), (rank, returned)
+        assert threads == [], (rank, threads)
+    assert got[0][0] == got[1][0]
+    message = got[0][1]
+    assert "ClientError: round 0, clique 0 (LON, NYC): no result" in message, message
+    assert f"from the aggregator at 127.0.0.1:{server.address[1]}" in message, message
+    assert "no contribution of NYC arrived" in message and got[0][2] == ("NYC",), (message, got[0][2])
+    assert "step 0, bucket 0: rank 0 of island LON could not sum it across islands" in got[1][1], got[1][1]
 
 
 def sparse_island(folder, out):

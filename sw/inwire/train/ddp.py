@@ -10,10 +10,16 @@ process group DDP runs on), then its rank 0 averages the island means across isl
 aggregator, as one clique of every island (the global clique, or the tree the schedule gives it through
 `aggregator` and `tree`), with the codec's shared exponent and its overflow re-send; the result is broadcast
 back inside the island and the future returns it. Every island gets the same bits: the codec's average of
-the island means (`codec_average.clique_average`). The hook blocks until the bucket is summed, so buckets are
-summed one after the other; a bucket's sum is named by the step and the bucket's index (round and clique
-fields), so islands whose buckets become ready in another order still meet in the same slots. Every island
-must build the same buckets (the same model and `bucket_cap_mb`), as every rank of one DDP job does.
+the island means (`codec_average.clique_average`). The hook does not wait for the sum: it starts the
+island's all-reduce and returns a future, and a worker thread of the state sums the buckets in the order DDP
+hands them over (one at a time: the exchange's socket is the worker's while a step is in flight), so the
+backward pass goes on computing while earlier buckets travel. The worker exists only while buckets are
+pending: it ends when the queue is empty, so no thread outlives the step or an error. A failure
+in the worker completes the bucket's future with the exception (DDP raises it from backward) and the step's
+later buckets with an error that names it, on every rank of the island. A bucket's sum is named by the step
+and the bucket's index (round and clique fields), so islands whose buckets become ready in another order still
+meet in the same slots. Every island must build the same buckets (the same model and `bucket_cap_mb`), as
+every rank of one DDP job does.
 Buckets anywhere (CPU or CUDA) are staged through one reusable float32 host buffer (pinned where CUDA is
 present), as `CliqueAverager` stages parameters.
 
@@ -27,8 +33,12 @@ island reads the same flags in the same average, so every island decides alike. 
 the one the bucket alone gives.
 """
 
+import contextlib
 import math
+import threading
+from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,6 +59,19 @@ def default_buckets(islands: int) -> int:
     records (one per island per bucket, `client.presence_slot`) fit the service's default slots: so that a
     missing island can be named."""
     return DEFAULT_SLOTS // (SLOT_POOLS * DEFAULT_WINDOW + islands)
+
+
+@dataclass
+class _Job:
+    """One bucket handed to the worker: its sum's names, its gradients (the DDP bucket's buffer), the island's
+    all-reduce of them (None for a one-rank island), the future the hook returned, and the CUDA stream the
+    gradients were computed on (None on CPU)."""
+    step: int
+    index: int
+    tensor: torch.Tensor
+    reduced: "torch.futures.Future[list[torch.Tensor]] | None"
+    future: "torch.futures.Future[torch.Tensor]"
+    stream: "torch.cuda.Stream | None"
 
 
 class InwireHookState:
@@ -83,6 +106,99 @@ class InwireHookState:
         self.non_finite: tuple[int, int, list[str]] | None = None
         """On rank 0: (step, bucket index, the islands whose mean held NaN or infinity) of the latest bucket
         that every island ended as NaN; None until one did."""
+        self._jobs: deque[_Job] = deque()
+        self._lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        self.failure: tuple[int, int, Exception] | None = None
+        """(step, bucket index, error) of the first bucket the worker could not sum in the latest step that had
+        one, the error as raised (DDP's backward raises it wrapped in a RuntimeError); the step's later buckets
+        fail naming it, as a backward stops at its first error."""
+        self._results: dist.ProcessGroup | None = None
+        """The island's ranks again, for rank 0's status and sum: a group of their own, because the worker
+        broadcasts on it while the backward pass issues the next buckets' all-reduces (and DDP its own
+        collectives) on `process_group`; one group's collectives must come in one order on every rank."""
+        if dist.get_world_size(process_group) > 1:
+            self._results = dist.new_group(dist.get_process_group_ranks(process_group or dist.group.WORLD),
+                                           backend=dist.get_backend(process_group),
+                                           use_local_synchronization=True)
+
+    def submit(self, job: _Job) -> None:
+        """Queues a bucket for the worker, starting one when none runs."""
+        with self._lock:
+            self._jobs.append(job)
+            if self._worker is None:
+                # Not a daemon: it completes the step's last future from inside torch, and a daemon thread still
+                # there when the interpreter exits is stopped inside C++ ("terminate called without an active
+                # exception"); exit waits for it instead, at most the rest of the exchange's deadline.
+                self._worker = threading.Thread(target=self._drain, name=f"inwire-hook-{self.island}")
+                self._worker.start()
+
+    def _drain(self) -> None:
+        """The worker: sums queued buckets in order until none is left, then ends."""
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._worker = None
+                    return
+                job = self._jobs.popleft()
+            try:
+                self._sum(job)
+            except Exception as failure:  # any: the future carries it to backward instead of a hang
+                if self.failure is None or self.failure[0] != job.step:
+                    self.failure = (job.step, job.index, failure)
+                job.future.set_exception(failure)  # type: ignore[arg-type]  # torch types it as the result
+            else:
+                job.future.set_result(job.tensor)
+
+    def _sum(self, job: _Job) -> None:
+        """One bucket: the island's mean, rank 0's average of it across islands, broadcast in the island."""
+        tensor = job.tensor
+        with torch.cuda.stream(job.stream) if job.stream is not None else contextlib.nullcontext():
+            if job.reduced is not None:
+                job.reduced.wait()
+                tensor.div_(dist.get_world_size(self.group))
+            error: Exception | None = None
+            if dist.get_rank(self.group) == 0:
+                error = self._across_islands(job)
+            if self._results is not None:
+                device = tensor.device if dist.get_backend(self._results) == "nccl" else torch.device("cpu")
+                status = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=device)
+                dist.broadcast(status, src=_first_rank(self.group), group=self._results)
+                if int(status.item()) != 0 and error is None:
+                    error = AveragingError(f"step {job.step}, bucket {job.index}: rank 0 of island {self.island} "
+                                           f"could not sum it across islands")
+                if error is None:
+                    dist.broadcast(tensor, src=_first_rank(self.group), group=self._results)
+            if error is not None:
+                raise error
+            if job.stream is not None:
+                job.stream.synchronize()
+
+    def _across_islands(self, job: _Job) -> Exception | None:
+        """Rank 0: the bucket's island mean averaged across islands into the bucket (NaN if any island's was not
+        finite); the error when it could not be."""
+        if self.failure is not None and self.failure[0] == job.step:
+            _, index, first = self.failure
+            return AveragingError(f"step {job.step}, bucket {job.index}: not summed, bucket {index} of this step "
+                                  f"failed first: {first}")
+        tensor, size = job.tensor, job.tensor.numel()
+        host = self.stage(tensor)
+        self.flag(host, size)
+        assert self.exchange is not None, "rank 0 has the exchange (InwireHookState checks)"
+        try:
+            average = self.exchange.average(job.step, job.index, self.islands, self.islands.index(self.island),
+                                            host, aggregator=self.aggregator, tree=self.tree,
+                                            max_cliques=self.buckets)
+        except (AveragingError, ClientError, OSError, ValueError) as failure:
+            return failure
+        self.last = (job.step, job.index, host[:size], average[:size])
+        flagged = [island for island, flag in zip(self.islands, average[size:]) if flag != 0]
+        if flagged:
+            self.non_finite = (job.step, job.index, flagged)
+            tensor.fill_(math.nan)
+        else:
+            tensor.copy_(torch.from_numpy(np.ascontiguousarray(average[:size])).view_as(tensor))
+        return None
 
     def stage(self, tensor: torch.Tensor) -> np.ndarray:
         """What this island sends for the bucket, as a float32 numpy vector in the host buffer: the bucket,
@@ -129,49 +245,26 @@ def inwire_hook(state: InwireHookState, bucket: dist.GradBucket) -> torch.future
         raise ValueError(f"step {state.step}, bucket {bucket.index()}: sparse gradients ({tensor.layout}; "
                          f"nn.Embedding or nn.EmbeddingBag with sparse=True): the hook sums dense buckets only, "
                          f"build the model with sparse=False")
-    group = state.group
-    world = dist.get_world_size(group)
-    dist.all_reduce(tensor, group=group)
-    tensor.div_(world)
     index = bucket.index()
     if index >= state.buckets:
         raise ValueError(f"bucket {index} of a model with more than the {state.buckets} buckets the hook's state "
                          f"allows; raise InwireHookState(buckets=) or DDP's bucket_cap_mb")
-    error: Exception | None = None
-    if dist.get_rank(group) == 0:
-        size = tensor.numel()
-        host = state.stage(tensor)
-        state.flag(host, size)
-        assert state.exchange is not None, "rank 0 has the exchange (InwireHookState checks)"
-        try:
-            average = state.exchange.average(state.step, index, state.islands, state.islands.index(state.island),
-                                             host, aggregator=state.aggregator, tree=state.tree,
-                                             max_cliques=state.buckets)
-            state.last = (state.step, index, host[:size], average[:size])
-            flagged = [island for island, flag in zip(state.islands, average[size:]) if flag != 0]
-            if flagged:
-                state.non_finite = (state.step, index, flagged)
-                tensor.fill_(math.nan)
-            else:
-                tensor.copy_(torch.from_numpy(np.ascontiguousarray(average[:size])).view_as(tensor))
-        except (AveragingError, ClientError, OSError, ValueError) as failure:
-            error = failure
-    if world > 1:
-        device = tensor.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
-        status = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=device)
-        dist.broadcast(status, src=_first_rank(group), group=group)
-        if int(status.item()) != 0 and error is None:
-            error = AveragingError(f"step {state.step}, bucket {index}: rank 0 of island {state.island} could not "
-                                   f"sum it across islands")
-        if error is None:
-            dist.broadcast(tensor, src=_first_rank(group), group=group)
-    if error is not None:
-        raise error
+    reduced = None
+    if dist.get_world_size(state.group) > 1:
+        reduced = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
+    stream = torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None
+    summed: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    state.submit(_Job(state.step, index, tensor, reduced, summed, stream))
     if bucket.is_last():
         state.step += 1
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(tensor)
-    return future
+    # A future given an exception holds it as its value, which DDP would read as the gradients ("Unable to cast
+    # ... to Tensor"); a callback that raises it fails the future DDP waits on, so backward raises the error.
+    return summed.then(_value)
+
+
+def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    """The summed bucket, or the worker's error raised."""
+    return future.value()
 
 
 def _first_rank(group: dist.ProcessGroup | None) -> int:

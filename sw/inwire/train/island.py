@@ -178,10 +178,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 step, index = state.step, bucket.index()
                 if "gradient" in log:
                     log["gradient"].append(bucket.buffer().detach().cpu().numpy().copy())
-                future = inwire_hook(state, bucket)
-                sent, average = state.last[2:] if rank == 0 and state.last is not None else (None, None)
-                record(step * state.buckets + index, clique, sent, average, future.value().cpu().numpy())
-                return future
+                def record_sum(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+                    # On the hook's worker, which sets state.last before it completes the future and takes the
+                    # next bucket only after this returns.
+                    sent, average = state.last[2:] if rank == 0 and state.last is not None else (None, None)
+                    record(step * state.buckets + index, clique, sent, average, future.value().cpu().numpy())
+                    return future.value()
+
+                return inwire_hook(state, bucket).then(record_sum)
 
             replica.register_comm_hook(state, recording_hook)
         else:
