@@ -26,6 +26,7 @@ per mutant and a column per target (the tests and rows that caught it). Run from
 """
 
 import argparse
+import importlib.util
 import random
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -75,8 +76,11 @@ DIRECTED = {
 
 def fuzz_stream():
     """(configuration, seed, frames) of the CI's Icarus fuzz at 8 bytes, from tests/test_fuzz.py."""
-    sys.path.insert(0, "tests")
-    import test_fuzz
+    # Loaded from its file: the tests folder is no package, and the path is not this process's to change.
+    source = Path(__file__).resolve().parents[2] / "tests" / "test_fuzz.py"
+    spec = importlib.util.spec_from_file_location("test_fuzz", source)
+    test_fuzz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(test_fuzz)
 
     return test_fuzz.FUZZ_CONFIG, 8 + test_fuzz.SEED_OFFSET[SIMULATOR], test_fuzz.CI_FRAMES[SIMULATOR, 8]
 
