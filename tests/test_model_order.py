@@ -5,18 +5,32 @@ building, for each pair of steps, one frame that fails both.
 """
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from inwire.model import FRAME_CHECKS, SLOT_CHECKS, Aggregator, AggregatorConfig
+from inwire.jobs import CliqueRoute, JobEntry
+from inwire.model import FRAME_CHECKS, JOB_DISPOSITIONS, SLOT_CHECKS, Aggregator, AggregatorConfig
 from inwire.packets import build_frames, ipv4_checksums
-from inwire.protocol import FIELDS_BY_NAME, FRAME_HEADER_BYTES, FRAME_OFFSETS, Disposition, Opcode
+from inwire.protocol import (
+    FIELDS_BY_NAME,
+    FRAME_HEADER_BYTES,
+    FRAME_OFFSETS,
+    JOB_VERSION,
+    VERSION,
+    Disposition,
+    Opcode,
+)
 
-CONFIG = AggregatorConfig(slots=8, max_elements=16, max_fanin=8)
-BASE = {"eth_dst": CONFIG.mac, "eth_src": 0x02_00_00_00_00_05, "ip_src": 0x0A_00_00_05, "ip_dst": CONFIG.ip,
-        "opcode": Opcode.CONTRIBUTION, "fanin": 3, "sender": 0, "group": 0xEF_01_02_03, "slot": 1, "job": 9,
-        "round": 4, "clique": 2, "chunk": 0}
+CONFIG = AggregatorConfig(slots=16, max_elements=16, max_fanin=8, registered=True)
+MEMBER = (0x0A_00_00_05, 4000)
+JOB = JobEntry(job=9, token=0x5EC2E7_0000_0001, slots=6, members=frozenset({MEMBER}), group=0xEF_01_02_03)
+BASE = {"eth_dst": CONFIG.mac, "eth_src": 0x02_00_00_00_00_05, "ip_src": MEMBER[0], "udp_sport": MEMBER[1],
+        "ip_dst": CONFIG.ip, "opcode": Opcode.CONTRIBUTION, "fanin": 3, "sender": 0, "group": JOB.group, "slot": 1,
+        "job": JOB.job, "token": JOB.token, "version": JOB_VERSION, "round": 4, "clique": 2, "chunk": 0}
+OPEN = {"version": VERSION, "token": 0}
+"""A version 2 frame at the same aggregator, which takes unregistered frames too."""
 
 
 def truncate(length):
@@ -37,17 +51,24 @@ FAILURES = (
     {"fields": {"ip_frag": 0x2000}},
     {"edit": flip_checksum},
     {"edit": truncate(100)},
-    {"fields": {"version": 3}},
-    {"fields": {"opcode": Opcode.RESULT}},
+    {"fields": {"version": 4}},
+    {"fields": {"opcode": Opcode.STATS_REPLY}},
     {"edit": lambda frame: frame + bytes(4)},
     {"fields": {"opcode": Opcode.STATS_REQUEST, "elements": ()}},
+    {"fields": {"job": 10}},
+    {"fields": {"token": JOB.token ^ 1}},
+    {"fields": {"udp_sport": MEMBER[1] + 1}},
     {"fields": {"fanin": 0}},
     {"fields": {"sender": 3}},
     {"fields": {"elements": np.zeros(CONFIG.max_elements + 1, dtype=np.int64)}},
     {"fields": {"group": 0x0A_00_00_01}},
-    {"fields": {"slot": CONFIG.slots}},
+    {"fields": {"slot": JOB.slots}},
     {"fields": {"hop1": CONFIG.ip}},
 )
+"""Each step's failure for a version 3 frame of the registered job; a version 2 frame fails the same steps the
+same way, except the job's (DROP_JOB, DROP_TOKEN, DROP_MEMBER), which it never reaches, and the slot's,
+which it meets beyond the aggregator's slots."""
+OPEN_FAILURES = {17: {"fields": {"slot": CONFIG.slots}}}
 
 
 def with_checksum(frame):
@@ -62,13 +83,14 @@ def contribution(elements=(1, 2, 3), **fields):
     return bytes(build_frames(np.asarray(elements, dtype=np.int64), **dict(BASE, **fields))[0])
 
 
-def frame_failing(*steps):
+def frame_failing(*steps, version=JOB_VERSION):
     """A contribution that fails each of the given FRAME_CHECKS steps (0-based)."""
-    fields, patches, edits = {}, {}, []
+    fields, patches, edits = dict(OPEN) if version != JOB_VERSION else {}, {}, []
     for step in steps:
-        fields.update(FAILURES[step].get("fields", {}))
-        patches.update(FAILURES[step].get("patch", {}))
-        edits += [FAILURES[step]["edit"]] if "edit" in FAILURES[step] else []
+        failure = OPEN_FAILURES.get(step, FAILURES[step]) if version != JOB_VERSION else FAILURES[step]
+        fields.update(failure.get("fields", {}))
+        patches.update(failure.get("patch", {}))
+        edits += [failure["edit"]] if "edit" in failure else []
     frame = bytearray(contribution(**fields))
     for name, value in patches.items():
         offset, nbytes = FRAME_OFFSETS[name], FIELDS_BY_NAME[name].nbytes
@@ -79,8 +101,14 @@ def frame_failing(*steps):
     return frame
 
 
-def disposition(frame):
-    aggregator = Aggregator(CONFIG)
+def aggregator_with_job(config=CONFIG):
+    aggregator = Aggregator(config)
+    aggregator.install(JOB)
+    return aggregator
+
+
+def disposition(frame, aggregator=None):
+    aggregator = aggregator or aggregator_with_job()
     before = aggregator.stats()
     aggregator.process(frame)
     after = aggregator.stats()
@@ -94,6 +122,20 @@ def test_every_step_has_a_failure():
 @pytest.mark.parametrize("step", range(len(FRAME_CHECKS)), ids=lambda step: f"step{step + 1}")
 def test_each_failure_reaches_its_own_step(step):
     assert disposition(frame_failing(step)) == FRAME_CHECKS[step][0]
+
+
+OPEN_STEPS = [step for step, (d, _, _) in enumerate(FRAME_CHECKS) if d not in JOB_DISPOSITIONS]
+
+
+@pytest.mark.parametrize("step", OPEN_STEPS, ids=lambda step: f"step{step + 1}")
+def test_a_version_2_frame_fails_each_step_as_before(step):
+    assert disposition(frame_failing(step, version=VERSION)) == FRAME_CHECKS[step][0]
+
+
+def test_version_2_frames_count_only_where_unregistered_frames_are_taken():
+    closed = aggregator_with_job(replace(CONFIG, unregistered=False))
+    assert disposition(frame_failing(version=VERSION), closed) == Disposition.DROP_VERSION
+    assert disposition(frame_failing(version=VERSION)) == Disposition.ACCUMULATED
 
 
 def _compatible(first, second):
@@ -118,32 +160,66 @@ def result_request(**fields):
     return with_checksum(frame)
 
 
-def _completed(fanin=1, chunk=0):
-    aggregator = Aggregator(CONFIG)
+def _completed(fanin=1, chunk=0, **fields):
+    aggregator = aggregator_with_job()
+    aggregator.install(TREE_JOB)
     for sender in range(fanin):
-        aggregator.process(contribution(fanin=fanin, sender=sender, chunk=chunk))
+        aggregator.process(contribution(fanin=fanin, sender=sender, chunk=chunk, **fields))
     return aggregator
 
 
-def _started():
-    aggregator = Aggregator(CONFIG)
-    aggregator.process(contribution())
+def _started(**fields):
+    aggregator = aggregator_with_job()
+    aggregator.process(contribution(**fields))
     return aggregator
+
+
+PARENT = (0x0A_00_01_01, 5000)
+TREE_JOB = replace(JOB, job=11, routes={2: CliqueRoute(parent=PARENT)})
+"""A job whose clique 2 goes on up from this aggregator, to PARENT."""
+
+
+def _tree_completed():
+    return _completed(3, job=TREE_JOB.job)
+
+
+def _tree_started():
+    aggregator = _completed(0)
+    aggregator.process(contribution(job=TREE_JOB.job))
+    return aggregator
+
+
+def _tree_relayed():
+    aggregator = _tree_completed()
+    aggregator.process(result_from_parent())
+    return aggregator
+
+
+def result_from_parent(**fields):
+    frame = build_frames(np.array([3, 6, 9]), status=0, **dict(BASE, opcode=Opcode.RESULT, ip_src=PARENT[0],
+                                                                 udp_sport=PARENT[1], job=TREE_JOB.job, fanin=3,
+                                                                 bitmap=0b111, **fields))
+    return bytes(frame[0])
 
 
 SLOT_CASES = {
     # name: (the slot's state, the frame, the SLOT_CHECKS step that must decide); the name says which later
     # step the frame also meets.
-    "stored result before no result": (lambda: _completed(3), lambda: result_request(fanin=3), 0),
-    "request for another owner": (lambda: _completed(3), lambda: result_request(fanin=3, round=5), 1),
-    "mismatch before stored answer": (lambda: _completed(1), lambda: contribution(fanin=1, exponent=-2), 2),
-    "mismatch before duplicate": (_started, lambda: contribution(exponent=-2), 2),
-    "stored answer before duplicate": (lambda: _completed(1), lambda: contribution(fanin=1), 3),
-    "stale before collision": (_started, lambda: contribution(round=3, sender=1), 5),
-    "stale before claiming a completed slot": (lambda: _completed(1), lambda: contribution(fanin=1, round=3), 5),
-    "earlier chunk is stale before claiming": (lambda: _completed(1, chunk=16), lambda: contribution(fanin=1), 5),
-    "collision before accumulation": (_started, lambda: contribution(job=10, sender=1), 6),
-    "newer round of the same job reclaims instead of colliding": (_started, lambda: contribution(round=5, sender=1), 7),
+    "result from the parent is relayed": (_tree_completed, result_from_parent, 0),
+    "result from the parent of another shape": (_tree_completed, lambda: result_from_parent(exponent=-1), 1),
+    "result from the parent twice": (_tree_relayed, result_from_parent, 2),
+    "result from the parent before the level completes": (_tree_started, result_from_parent, 3),
+    "stored result before no result": (lambda: _completed(3), lambda: result_request(fanin=3), 4),
+    "request for another owner": (lambda: _completed(3), lambda: result_request(fanin=3, round=5), 5),
+    "mismatch before stored answer": (lambda: _completed(1), lambda: contribution(fanin=1, exponent=-2), 6),
+    "mismatch before duplicate": (_started, lambda: contribution(exponent=-2), 6),
+    "stored answer before duplicate": (lambda: _completed(1), lambda: contribution(fanin=1), 7),
+    "stale before collision": (_started, lambda: contribution(round=3, sender=1), 9),
+    "stale before claiming a completed slot": (lambda: _completed(1), lambda: contribution(fanin=1, round=3), 9),
+    "earlier chunk is stale before claiming": (lambda: _completed(1, chunk=16), lambda: contribution(fanin=1), 9),
+    "collision before accumulation": (lambda: _started(**OPEN), lambda: contribution(job=10, sender=1, **OPEN), 10),
+    "newer round of the same job reclaims instead of colliding": (_started, lambda: contribution(round=5, sender=1),
+                                                                  11),
 }
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .jobs import FLAT, CliqueRoute, Endpoint, JobEntry, JobLimits, JobTable
 from .packets import build_frames, frame_field, ipv4_header_valid, mac_bytes, parse_header
 from .protocol import (
     COUNTERS,
@@ -44,14 +45,15 @@ from .protocol import (
     IP_PROTO_UDP,
     IP_VER_IHL,
     IPV4_BYTES,
+    JOB_VERSION,
     MAGIC,
     MAX_FANIN,
     MAX_RESULT_ELEMENTS,
     MIN_FRAME_BYTES,
+    OPEN_VERSIONS,
     RESULT_TRAILER_BYTES,
     STATUS_OVERFLOW,
     SUMMED_OPCODES,
-    VERSIONS,
     Disposition,
     Opcode,
     clique_mask,
@@ -94,6 +96,13 @@ class AggregatorConfig:
     upstream: tuple[int, int] | None = None
     """(network, prefix length): the only addresses partials may be sent to, the aggregators above this one;
     None: the /24 of `ip`."""
+    registered: bool = False
+    """Holds job tables (`install`): version 3 frames of registered jobs count. The gateware has none yet."""
+    unregistered: bool = True
+    """Takes version 1 and 2 frames, whose headers name their fan-in, group, level and route: for captures
+    and the lab. An aggregator shared by jobs that do not trust each other takes registered jobs only."""
+    limits: JobLimits = JobLimits()
+    """How much the job tables hold (with `registered`)."""
 
     def __post_init__(self) -> None:
         mac_bytes(self.mac)
@@ -145,6 +154,12 @@ class Slot:
     stamp: int = 0
     """Arrival time of the slot's last accepted contribution."""
     sums: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    sources: dict[int, Endpoint] = field(default_factory=dict)
+    """Version 3: member index -> the address its contribution came from (one of the job's members)."""
+    children: set[Endpoint] = field(default_factory=set)
+    """Version 3: the child aggregators whose partials the slot holds."""
+    final: bool = False
+    """Version 3, below the root: the clique's result came down from the parent and replaced the sums."""
 
 
 def round_is_newer(candidate: int, current: int) -> bool:
@@ -197,36 +212,56 @@ FRAME_CHECKS: tuple[tuple[Disposition, str, FrameCheck], ...] = (
      lambda agg, frame, header: not ipv4_header_valid(frame)),
     (Disposition.DROP_LENGTH, f"it is shorter than the {FRAME_HEADER_BYTES}-byte header",
      lambda agg, frame, header: len(frame) < FRAME_HEADER_BYTES),
-    (Disposition.DROP_VERSION, "its magic or version is unknown",
-     lambda agg, frame, header: header["magic"] != MAGIC or header["version"] not in VERSIONS),
-    (Disposition.DROP_OPCODE, "its opcode is not contribution, partial, result request or stats request",
-     lambda agg, frame, header: header["opcode"] not in ACCEPTED_OPCODES),
+    (Disposition.DROP_VERSION, "its magic or version is unknown, or a version the aggregator does not take: 3 "
+                               "without job tables (`registered`), 1 and 2 without `unregistered`",
+     lambda agg, frame, header: header["magic"] != MAGIC or not agg.takes_version(int(header["version"]))),
+    (Disposition.DROP_OPCODE, "its opcode is not contribution, partial, result request or stats request (or, "
+                              "version 3, result: one coming down a tree)",
+     lambda agg, frame, header: header["opcode"] not in ACCEPTED_OPCODES
+     and not (header["opcode"] == Opcode.RESULT and header["version"] == JOB_VERSION)),
     (Disposition.DROP_LENGTH, "frame length, IPv4 and UDP lengths and element count disagree",
      lambda agg, frame, header: _lengths_disagree(frame, header)),
     (Disposition.ANSWERED, "it is a stats request (whatever its other fields say)",
      lambda agg, frame, header: header["opcode"] == Opcode.STATS_REQUEST),
+    (Disposition.DROP_JOB, "it is version 3 and its job is not in the aggregator's tables",
+     lambda agg, frame, header: header["version"] == JOB_VERSION and agg.entry(header) is None),
+    (Disposition.DROP_TOKEN, "it is version 3 and its token is not its job's",
+     lambda agg, frame, header: header["version"] == JOB_VERSION and header["token"] != agg.job_of(header).token),
+    (Disposition.DROP_MEMBER, "it is version 3 and its source (IPv4 address and UDP port) is not where its job's "
+                              "tables say it may come from: a member for a contribution or result request, a child "
+                              "aggregator of its clique for a partial (holding none but that child's members), the "
+                              "clique's parent for a result",
+     lambda agg, frame, header: header["version"] == JOB_VERSION and not agg.source_allowed(frame, header)),
     (Disposition.DROP_FANIN, "its fan-in is 0 or above the aggregator's maximum",
      lambda agg, frame, header: not 1 <= header["fanin"] <= agg.config.max_fanin),
     (Disposition.DROP_SENDER, "its sender index is not below its fan-in, it holds a member outside its level, "
                               "or its level has a member not below its fan-in",
-     lambda agg, frame, header: header["sender"] >= header["fanin"] or not _members_valid(header)),
+     lambda agg, frame, header: header["sender"] >= header["fanin"] or not agg.members_valid(header)),
     (Disposition.DROP_COUNT, "its element count is 0 or above the aggregator's maximum",
      lambda agg, frame, header: not 1 <= header["count"] <= agg.config.max_elements),
-    (Disposition.DROP_GROUP, "its group is not in 239.0.0.0/8",
-     lambda agg, frame, header: not is_multicast_group(header["group"])),
-    (Disposition.DROP_SLOT, "its slot is beyond the aggregator's slots",
-     lambda agg, frame, header: header["slot"] >= agg.config.slots),
+    (Disposition.DROP_GROUP, "its group is not in 239.0.0.0/8, or it is version 3 and its group is not its job's",
+     lambda agg, frame, header: not agg.group_valid(header)),
+    (Disposition.DROP_SLOT, "its slot is beyond the aggregator's slots, or it is version 3 and its slot is beyond "
+                            "its job's quota, or it is version 1 or 2 and its slot is one a registered job holds",
+     lambda agg, frame, header: not agg.slot_valid(header)),
     (Disposition.DROP_ROUTE, "its `hop1` is the aggregator's own address, the frame's IPv4 source or outside "
                              "the aggregator's upstream prefix, or its `hop2` is set while `hop1` is 0, equals "
-                             "`hop1` or is the aggregator's own address",
-     lambda agg, frame, header: not _route_allowed(agg.config, frame_field(frame, "ip_src"), tree_fields(header))),
+                             "`hop1` or is the aggregator's own address; or it is version 3 and its `expect` or a "
+                             "hop is not 0",
+     lambda agg, frame, header: not agg.route_valid(frame, header)),
 )
 """The checks before any slot is looked at, in the order `Aggregator` applies them: (disposition, when,
 test). The first that applies decides; docs/protocol.md lists them from here."""
 
 SLOT_CHECKS = (
+    (Disposition.RELAYED, "it is a version 3 result from the parent for the slot's owner, whose level is complete "
+                          "and has no result yet: stored, and sent down"),
+    (Disposition.DROP_MISMATCH, "it is such a result with another fan-in, count or exponent"),
+    (Disposition.DROP_DUPLICATE, "it is such a result for a slot that has it already"),
+    (Disposition.DROP_NO_RESULT, "it is any other version 3 result"),
     (Disposition.ANSWERED,
-     "it is a result request for the slot's completed result, same job, round, clique and chunk"),
+     "it is a result request for the slot's completed result, same job, round, clique and chunk (version 3 "
+     "below the root: once the result came down)"),
     (Disposition.DROP_NO_RESULT, "it is any other result request"),
     (Disposition.DROP_MISMATCH,
      "it is a contribution or partial with the slot's owner but another fan-in, group, count, exponent or level"),
@@ -242,7 +277,11 @@ SLOT_CHECKS = (
     (Disposition.ACCUMULATED, "it is any other contribution or partial: summed, and the slot's output sent when "
                               "its members make up the level (a result at the root, a partial below)"),
 )
-"""What happens next, by the slot the frame names, in the order `Aggregator` decides it."""
+"""What happens next, by the slot the frame names, in the order `Aggregator` decides it. A version 3 frame
+names a slot of its job's range: slot s of a job whose range starts at b is the aggregator's slot b + s."""
+
+JOB_DISPOSITIONS = (Disposition.DROP_JOB, Disposition.DROP_TOKEN, Disposition.DROP_MEMBER, Disposition.RELAYED)
+"""Dispositions that only an aggregator holding job tables (`AggregatorConfig.registered`) gives."""
 
 
 class Aggregator:
@@ -254,6 +293,87 @@ class Aggregator:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.now = 0
         """Arrival time of the latest frame, in lease ticks modulo 2**TIME_BITS."""
+        self.jobs = JobTable(self.config.slots, self.config.limits)
+        """The registered jobs (with `config.registered`): what the control interface writes."""
+
+    def install(self, entry: JobEntry) -> int:
+        """The control interface: install or renew a job's tables; returns the first slot of its range. A
+        clash or a full table raises `JobTableError`. Installing a job frees nothing of another's."""
+        if not self.config.registered:
+            raise ValueError("this aggregator holds no job tables (AggregatorConfig.registered is off)")
+        return self.jobs.install(entry)
+
+    def remove(self, job: int) -> bool:
+        """The control interface: tear a job down; its slots become free (and forget its sums)."""
+        base = self.jobs.bases.get(job)
+        entry = self.jobs.entries.get(job)
+        if base is None or entry is None:
+            return False
+        for index in range(base, base + entry.slots):
+            self.slots[index] = Slot()
+        return self.jobs.remove(job)
+
+    def takes_version(self, version: int) -> bool:
+        if version == JOB_VERSION:
+            return self.config.registered
+        return version in OPEN_VERSIONS and self.config.unregistered
+
+    def entry(self, header: np.void) -> JobEntry | None:
+        """The tables of a version 3 frame's job, None when it is not registered."""
+        return self.jobs.entries.get(int(header["job"]))
+
+    def job_of(self, header: np.void) -> JobEntry:
+        entry = self.entry(header)
+        assert entry is not None, "checked before (DROP_JOB)"
+        return entry
+
+    def route(self, header: np.void) -> CliqueRoute:
+        """A version 3 frame's clique route at this aggregator (flat and rooted here for other versions)."""
+        if header["version"] != JOB_VERSION:
+            return FLAT
+        return self.job_of(header).route(int(header["clique"]))
+
+    def source_allowed(self, frame: bytes, header: np.void) -> bool:
+        source = (frame_field(frame, "ip_src"), frame_field(frame, "udp_sport"))
+        opcode = header["opcode"]
+        route = self.route(header)
+        if opcode == Opcode.PARTIAL:
+            held = route.children.get(source)
+            return held is not None and tree_fields(header).members & ~held == 0
+        if opcode == Opcode.RESULT:
+            return route.parent == source
+        return source in self.job_of(header).members
+
+    def members_valid(self, header: np.void) -> bool:
+        """Members within the level, and the level within the clique (sender < fan-in is checked before); a
+        result coming down holds members of the whole clique."""
+        tree = tree_fields(header, self.route(header))
+        clique = clique_mask(header["fanin"])
+        if header["opcode"] == Opcode.RESULT:
+            return tree.members & ~clique == 0
+        return tree.members & ~tree.level == 0 and tree.level & ~clique == 0
+
+    def group_valid(self, header: np.void) -> bool:
+        if header["version"] == JOB_VERSION:
+            return int(header["group"]) == self.job_of(header).group
+        return is_multicast_group(header["group"])
+
+    def slot_valid(self, header: np.void) -> bool:
+        if header["version"] == JOB_VERSION:
+            return int(header["slot"]) < self.job_of(header).slots
+        return int(header["slot"]) < self.config.slots and not self.jobs.holds(int(header["slot"]))
+
+    def route_valid(self, frame: bytes, header: np.void) -> bool:
+        if header["version"] == JOB_VERSION:
+            return not any(int(header[name]) for name in ("expect", "hop1", "hop1_expect", "hop2", "hop2_expect"))
+        return _route_allowed(self.config, frame_field(frame, "ip_src"), tree_fields(header))
+
+    def slot_of(self, header: np.void) -> Slot:
+        """The aggregator slot a frame names: for version 3, within its job's range."""
+        index = int(header["slot"])
+        if header["version"] == JOB_VERSION:
+            index += self.jobs.bases[int(header["job"])]
+        return self.slots[index]
 
     def process(self, frame: bytes | bytearray | memoryview, now: int | None = None) -> list[bytes]:
         """Feed one frame (bytes, without FCS) that arrived at `now` (lease ticks; None: no time passed
@@ -301,7 +421,8 @@ class Aggregator:
         if len(frame) < FRAME_HEADER_BYTES or not self._addressed_to_me(frame):
             return None
         header = parse_header(frame)
-        if header["magic"] != MAGIC or header["version"] not in VERSIONS or header["opcode"] not in SUMMED_OPCODES:
+        if header["magic"] != MAGIC or not self.takes_version(int(header["version"])) \
+                or header["opcode"] not in SUMMED_OPCODES:
             return None
         expected = frame_bytes(int(header["count"]), int(header["opcode"]))
         if len(frame) == expected:
@@ -327,43 +448,49 @@ class Aggregator:
                 if disposition == Disposition.ANSWERED:
                     return disposition, [self._stats_reply(header)]
                 return disposition, []
+        source = (frame_field(frame, "ip_src"), frame_field(frame, "udp_sport"))
         if header["opcode"] == Opcode.RESULT_REQUEST:
-            return self._result_request(header)
+            return self._result_request(header, source)
         count = int(header["count"])
         elements = np.frombuffer(frame, dtype=ELEMENT_DTYPE, count=count, offset=FRAME_HEADER_BYTES)
-        carried = (header["opcode"] == Opcode.PARTIAL
+        carried = (header["opcode"] in (Opcode.PARTIAL, Opcode.RESULT)
                    and int.from_bytes(frame[-RESULT_TRAILER_BYTES:], "big") & STATUS_OVERFLOW)
-        return self._contribution(header, elements, bool(carried))
+        if header["opcode"] == Opcode.RESULT:
+            return self._relay(header, elements, bool(carried))
+        return self._contribution(header, elements, bool(carried), source)
 
     def _addressed_to_me(self, frame: bytes) -> bool:
         return (frame_field(frame, "eth_type") == ETHERTYPE_IPV4 and frame_field(frame, "ip_proto") == IP_PROTO_UDP
                 and frame_field(frame, "ip_dst") == self.config.ip
                 and frame_field(frame, "udp_dport") == self.config.port)
 
-    def _contribution(self, header: np.void, elements: np.ndarray, carried: bool) -> tuple[Disposition, list[bytes]]:
-        """Sum a contribution or partial; `carried` is a partial's overflow flag, set by a level below."""
-        slot = self.slots[int(header["slot"])]
+    def _contribution(self, header: np.void, elements: np.ndarray, carried: bool,
+                      source: Endpoint) -> tuple[Disposition, list[bytes]]:
+        """Sum a contribution or partial from `source`; `carried` is a partial's overflow flag, set by a level
+        below."""
+        slot = self.slot_of(header)
         key = _key(header)
-        members = tree_fields(header).members
+        route = self.route(header)
+        members = tree_fields(header, route).members
         if slot.key == key:
-            if (slot.fanin, slot.group, slot.count, slot.exponent, slot.level) != _shape(header):
+            if (slot.fanin, slot.group, slot.count, slot.exponent, slot.level) != _shape(header, route):
                 return Disposition.DROP_MISMATCH, []
             if slot.complete:
-                return Disposition.ANSWERED, [self._output(header, slot)]
+                return Disposition.ANSWERED, self._answer(header, slot, source)
             if slot.bitmap & members:
                 return Disposition.DROP_DUPLICATE, []
         elif slot.key is None:
-            self._claim(slot, header)
+            self._claim(slot, header, route)
         elif is_older(key, slot.key) and not self.lease_expired(slot):
             return Disposition.DROP_STALE, []
         elif slot.complete:
-            self._claim(slot, header)
+            self._claim(slot, header, route)
         elif header["job"] == slot.key[0] and round_is_newer(int(header["round"]), slot.key[1]):
             self.counters["slots_reclaimed"] += 1
-            self._claim(slot, header)
+            self._claim(slot, header, route)
         elif self.lease_expired(slot):
             self.counters["leases_expired"] += 1
-            self._claim(slot, header)
+            self._claim(slot, header, route)
         else:
             return Disposition.DROP_COLLISION, []
 
@@ -376,24 +503,99 @@ class Aggregator:
         slot.sums = np.clip(total, INT32_MIN, INT32_MAX)
         slot.bitmap |= members
         slot.stamp = self.now
+        if header["version"] == JOB_VERSION:
+            if header["opcode"] == Opcode.PARTIAL:
+                slot.children.add(source)
+            else:
+                slot.sources[int(header["sender"])] = source
         if slot.bitmap != slot.level:
             return Disposition.ACCUMULATED, []
         slot.complete = True
-        return Disposition.ACCUMULATED, [self._output(header, slot)]
+        if header["version"] != JOB_VERSION:
+            return Disposition.ACCUMULATED, [self._output(header, slot)]
+        if route.parent is not None:
+            return Disposition.ACCUMULATED, [self._partial_up(header, slot, route.parent)]
+        return Disposition.ACCUMULATED, self._down(header, slot)
 
-    def _result_request(self, header: np.void) -> tuple[Disposition, list[bytes]]:
-        slot = self.slots[int(header["slot"])]
+    def _result_request(self, header: np.void, source: Endpoint) -> tuple[Disposition, list[bytes]]:
+        slot = self.slot_of(header)
         if slot.complete and slot.key == _key(header):
-            return Disposition.ANSWERED, [self._output(header, slot)]
+            if header["version"] != JOB_VERSION:
+                return Disposition.ANSWERED, [self._output(header, slot)]
+            if self.route(header).parent is None or slot.final:
+                return Disposition.ANSWERED, [self._result_to(header, slot, source)]
         return Disposition.DROP_NO_RESULT, []
 
-    def _claim(self, slot: Slot, header: np.void) -> None:
+    def _relay(self, header: np.void, elements: np.ndarray, carried: bool) -> tuple[Disposition, list[bytes]]:
+        """A version 3 result from the clique's parent: stored in the slot whose partial it answers, and sent
+        down once; the slot's later retransmissions are answered with it, here, without going up again."""
+        slot = self.slot_of(header)
+        if slot.key != _key(header) or not slot.complete:
+            return Disposition.DROP_NO_RESULT, []
+        if (slot.fanin, slot.count, slot.exponent) != (int(header["fanin"]), int(header["count"]),
+                                                        int(header["exponent"])):
+            return Disposition.DROP_MISMATCH, []
+        if slot.final:
+            return Disposition.DROP_DUPLICATE, []
+        slot.sums = elements.astype(np.int64)
+        slot.bitmap = tree_fields(header).members
+        slot.overflow = carried
+        slot.final = True
+        return Disposition.RELAYED, self._down(header, slot)
+
+    def _claim(self, slot: Slot, header: np.void, route: CliqueRoute = FLAT) -> None:
         slot.key = _key(header)
-        slot.fanin, slot.group, slot.count, slot.exponent, slot.level = _shape(header)
+        slot.fanin, slot.group, slot.count, slot.exponent, slot.level = _shape(header, route)
         slot.bitmap = 0
         slot.overflow = False
         slot.complete = False
+        slot.final = False
+        slot.sources = {}
+        slot.children = set()
         slot.sums = np.zeros(slot.count, dtype=np.int64)
+
+    def _answer(self, header: np.void, slot: Slot, source: Endpoint) -> list[bytes]:
+        """The answer to a contribution or partial for a completed slot: for versions 1 and 2 its output
+        again; for version 3 below the root the partial again until the result came down, else the result,
+        to the frame's source alone."""
+        if header["version"] != JOB_VERSION:
+            return [self._output(header, slot)]
+        parent = self.route(header).parent
+        if parent is not None and not slot.final:
+            return [self._partial_up(header, slot, parent)]
+        return [self._result_to(header, slot, source)]
+
+    def _down(self, header: np.void, slot: Slot) -> list[bytes]:
+        """A version 3 result sent down from this aggregator: to the job's group, or (no group) a copy to each
+        member whose contribution the slot took here and to each child aggregator whose partial it took."""
+        entry = self.job_of(header)
+        if entry.group:
+            return [self._v3_frame(header, slot, Opcode.RESULT, multicast_mac(entry.group), (entry.group,
+                                                                                           self.config.port))]
+        destinations = [slot.sources[index] for index in sorted(slot.sources)] + sorted(slot.children)
+        return [self._result_to(header, slot, destination) for destination in destinations]
+
+    def _result_to(self, header: np.void, slot: Slot, destination: Endpoint) -> bytes:
+        return self._v3_frame(header, slot, Opcode.RESULT, self.config.gateway_mac, destination)
+
+    def _partial_up(self, header: np.void, slot: Slot, parent: Endpoint) -> bytes:
+        return self._v3_frame(header, slot, Opcode.PARTIAL, self.config.gateway_mac, parent)
+
+    def _v3_frame(self, header: np.void, slot: Slot, opcode: Opcode, eth_dst: int, destination: Endpoint) -> bytes:
+        """A version 3 output of `slot` to `destination` (from the job's tables), for the frame `header`."""
+        self.counters["partials_emitted" if opcode == Opcode.PARTIAL else "results_emitted"] += 1
+        assert slot.key is not None, "only a claimed slot has an output"
+        job, round_, clique, chunk = slot.key
+        entry = self.job_of(header)
+        frame = build_frames(
+            slot.sums.astype(np.int32), eth_src=self.config.mac, eth_dst=eth_dst, ip_src=self.config.ip,
+            ip_dst=destination[0], udp_sport=self.config.port, udp_dport=destination[1], version=JOB_VERSION,
+            opcode=opcode, sender=int(header["sender"]), fanin=slot.fanin, exponent=slot.exponent,
+            contributors=slot.bitmap.bit_count(), job=job, round=round_, clique=clique, slot=int(header["slot"]),
+            chunk=chunk, group=entry.group, bitmap=slot.bitmap, token=entry.token,
+            status=STATUS_OVERFLOW if slot.overflow else 0,
+        )
+        return bytes(frame[0])
 
     def _output(self, header: np.void, slot: Slot) -> bytes:
         """The completed slot's output; `header` is the frame that completed or asked for it and says where
@@ -437,9 +639,9 @@ def _key(header: np.void) -> tuple[int, int, int, int]:
     return (int(header["job"]), int(header["round"]), int(header["clique"]), int(header["chunk"]))
 
 
-def _shape(header: np.void) -> tuple[int, int, int, int, int]:
+def _shape(header: np.void, route: CliqueRoute = FLAT) -> tuple[int, int, int, int, int]:
     return (int(header["fanin"]), int(header["group"]), int(header["count"]), int(header["exponent"]),
-            tree_fields(header).level)
+            tree_fields(header, route).level)
 
 
 @dataclass(frozen=True)
@@ -455,17 +657,15 @@ class TreeFields:
     hop2_expect: int
 
 
-def tree_fields(header: np.void) -> TreeFields:
-    """The reduction-tree fields of a parsed header; a version 1 frame reads as if they were all 0."""
+def tree_fields(header: np.void, route: CliqueRoute = FLAT) -> TreeFields:
+    """The reduction-tree fields of a parsed header; a version 1 frame reads as if they were all 0. A version
+    3 frame's level is its clique's `route` at the aggregator, and it names no hops."""
     fanin = int(header["fanin"])
+    if int(header["version"]) == JOB_VERSION:
+        return TreeFields(int(header["bitmap"]) or 1 << int(header["sender"]), route.resolved_level(fanin),
+                          0, 0, 0, 0)
     if int(header["version"]) == 1:
         return TreeFields(1 << int(header["sender"]), clique_mask(fanin), 0, 0, 0, 0)
     bitmap, expect = int(header["bitmap"]), int(header["expect"])
     return TreeFields(bitmap or 1 << int(header["sender"]), expect or clique_mask(fanin),
                       int(header["hop1"]), int(header["hop1_expect"]), int(header["hop2"]), int(header["hop2_expect"]))
-
-
-def _members_valid(header: np.void) -> bool:
-    """Members within the level, and the level within the clique (sender < fan-in is checked before)."""
-    tree = tree_fields(header)
-    return tree.members & ~tree.level == 0 and tree.level & ~clique_mask(header["fanin"]) == 0

@@ -59,7 +59,8 @@ ROUTE_HOPS = 2
 
 AGGREGATION_FIELDS = (
     Field("magic", 2, "0x4957 ('IW'): marks an inwire header"),
-    Field("version", 1, "protocol version, 2; aggregators still take version 1 frames (see Versions)"),
+    Field("version", 1, "protocol version: 3 for a registered job's frames; 1 and 2 only where an aggregator "
+                        "takes unregistered frames (see Versions)"),
     Field("opcode", 1, "contribution, partial, result, result request, stats request or stats reply"),
     Field("sender", 1, "sender's index within its clique, below fanin; in an answer, whose frame caused it"),
     Field("fanin", 1, "number of members in the clique, 1 to the aggregator's maximum"),
@@ -81,7 +82,9 @@ AGGREGATION_FIELDS = (
     Field("hop1_expect", 8, "hop1's level, as `expect`"),
     Field("hop2", 4, "the aggregator above hop1 (0: hop1 is the root); a partial moves hop2 to hop1"),
     Field("hop2_expect", 8, "hop2's level, as `expect`"),
-    Field("reserved", 14, "zero; pads the frame header to 128 bytes"),
+    Field("reserved", 6, "zero; pads the frame header to 128 bytes"),
+    Field("token", 8, "version 3: the job's secret token, which the aggregator compares with its tables; a "
+                      "result carries it back to the members (0 in versions 1 and 2)"),
 )
 
 RESULT_TRAILER_FIELDS = (
@@ -120,7 +123,13 @@ VERSION = 2
 """Version 2 adds reduction trees (member bitmaps, levels, hops, partials). A version 1 frame still works:
 it is read as a version 2 frame whose `bitmap`, `expect` and hop fields are 0 (a one-member contribution
 to a flat clique's root), and its answer carries version 1."""
-VERSIONS = (1, VERSION)
+OPEN_VERSIONS = (1, VERSION)
+"""Versions whose frames configure their slot and route themselves (fan-in, group, level and hops in the
+header): only an aggregator in unregistered mode (captures, the lab) takes them."""
+JOB_VERSION = 3
+"""Version 3: a registered job's frame. Its token, source and slot are checked against the job's tables,
+which say where its outputs go; its `expect` and hop fields are 0 (docs/protocol.md, Trust)."""
+VERSIONS = (*OPEN_VERSIONS, JOB_VERSION)
 ELEMENT_BYTES = 4
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 """Limits of an element; sums saturate at them."""
@@ -215,7 +224,10 @@ class Disposition(IntEnum):
                         "--chunk {chunk} needs a larger MTU on the path, or lower --chunk")
     DROP_IP_CHECKSUM = 6, "IPv4 header checksum wrong"
     DROP_LENGTH = 7, "frame, IPv4 and UDP lengths and element count disagree (requests carry no elements)"
-    DROP_VERSION = 8, "magic or version unknown"
+    DROP_VERSION = (8, "magic or version unknown, or a version the aggregator does not take (3 without job "
+                       "tables; 1 and 2 where only registered jobs count)",
+                    "the aggregator takes registered jobs only: register the job (inwire job), or start inwire "
+                    "serve with --unregistered for captures and the lab")
     DROP_OPCODE = (9, "opcode is not one an aggregator accepts (contribution, partial, result request, stats "
                       "request)")
     DROP_FANIN = (10, "fanin is 0 or above the aggregator's maximum",
@@ -225,8 +237,9 @@ class Disposition(IntEnum):
     DROP_COUNT = (12, "element count is 0 or above the aggregator's maximum",
                   "--chunk {chunk} is above its maximum elements per frame; lower --chunk, or start inwire serve "
                   "with --max-elements {chunk} (the gateware: --elements)")
-    DROP_GROUP = 13, "group is not in 239.0.0.0/8"
-    DROP_SLOT = (14, "slot index beyond the aggregator's slots",
+    DROP_GROUP = 13, "group is not in 239.0.0.0/8, or (version 3) not its job's group"
+    DROP_SLOT = (14, "slot index beyond the aggregator's slots, or (version 3) beyond its job's quota, or "
+                     "(versions 1 and 2) a slot a registered job holds",
                  "the run needs {slots_needed} slots (4 x cliques x --window), more than it has; lower --window, "
                  "or start inwire serve with --slots {slots_needed}")
     DROP_DUPLICATE = 15, "holds a member already summed into this slot", "", True
@@ -238,7 +251,8 @@ class Disposition(IntEnum):
     DROP_NO_RESULT = 18, "result request for a slot with no matching completed result", "", True
     DROP_ROUTE = (19, "its hops would send a partial where none may go: `hop1` is the aggregator itself, the "
                       "frame's source or outside its upstream prefix, or `hop2` is set without `hop1`, equals "
-                      "`hop1` or is the aggregator itself",
+                      "`hop1` or is the aggregator itself; or it is version 3 and names a route (`expect` or a "
+                      "hop not 0), which only its job's tables hold",
                   "the schedule's tree names a next aggregator that is this one, the sender, or outside its "
                   "upstream prefix; start inwire serve with --upstream covering the tree's aggregators")
     DROP_STALE = (20, "older than the slot's live owner of the same job (an earlier round, or an earlier chunk of "
@@ -246,6 +260,19 @@ class Disposition(IntEnum):
                   "delayed or duplicated copies of earlier chunks or rounds that arrived after their slot had "
                   "moved on; they never evict a newer result, so they only cost bandwidth; a network that delays "
                   "datagrams this much may need a larger --timeout-ms")
+    DROP_JOB = (21, "version 3 frame of a job the aggregator holds no tables for",
+                "the job is not registered at this aggregator (or its registration expired): register it "
+                "(inwire job register), and renew it while it runs")
+    DROP_TOKEN = (22, "version 3 frame whose token is not its job's",
+                  "a sender uses another token than the job registered: a stale job file, or someone outside "
+                  "the job")
+    DROP_MEMBER = (23, "version 3 frame from a source its job's tables do not name for it: a contribution or "
+                       "result request not from a member, a partial not from a child aggregator of its clique "
+                       "(or holding members beyond that child's), a result not from the clique's parent",
+                   "a sender's address and port are not the job's: register each member's socket address, or "
+                   "someone outside the job")
+    RELAYED = (24, "version 3 result from the clique's parent for a slot waiting for it: stored and sent down "
+                   "(to the job's group, or to the slot's members and child aggregators)")
 
 
 COUNTERS = tuple(disposition.name.lower() for disposition in Disposition) + (

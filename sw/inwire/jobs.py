@@ -1,0 +1,186 @@
+"""What a control plane installs at an aggregator for a job: the tables its data plane trusts.
+
+A version 3 frame (`protocol.JOB_VERSION`) counts only at an aggregator that holds its job: the frame's
+token must equal the job's, its source must be one of the job's members (a contribution or result request),
+a child aggregator of its clique (a partial) or the clique's parent (a result coming down a tree), and its
+slot must lie within the job's quota. Everything the aggregator sends goes to an address from these tables:
+the job's multicast group, its members, the clique's parent and children. The frame names none of them.
+
+The tables are bounded (`JobLimits`), so that no registration can grow an aggregator without bound, and
+each job's slots are a range of its own (`JobTable.install` allocates it), so that one job's traffic can
+never claim, read or evict another job's slots.
+"""
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from .protocol import MAX_FANIN, clique_mask, is_multicast_group
+
+Endpoint = tuple[int, int]
+"""(IPv4 address as an int, UDP port)."""
+
+TOKEN_BITS = 64
+JOB_BITS = 32
+
+
+class JobTableError(ValueError):
+    """A registration the aggregator refuses; the message is one line naming the cause."""
+
+
+@dataclass(frozen=True)
+class CliqueRoute:
+    """One clique's place at this aggregator in its reduction tree. A clique the job names no route for is
+    a flat clique rooted here: this aggregator gathers all of it and sends the result down."""
+
+    level: int = 0
+    """Bitmap of the clique's members this aggregator gathers (its own members and its children's); 0: all."""
+    parent: Endpoint | None = None
+    """The aggregator this one sends its level's partial to; None at the root."""
+    children: Mapping[Endpoint, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Child aggregator -> bitmap of the members its partials may hold."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "children", MappingProxyType(dict(self.children)))
+
+    def resolved_level(self, fanin: int) -> int:
+        return self.level or clique_mask(fanin)
+
+
+FLAT = CliqueRoute()
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """How much one aggregator's tables hold."""
+
+    jobs: int = 16
+    members: int = 256
+    """Member addresses per job."""
+    routes: int = 1024
+    """Cliques with a route of their own, per job."""
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """A job as one aggregator holds it."""
+
+    job: int
+    token: int
+    slots: int
+    """Quota: the job's frames name slots 0 to slots - 1, a range of the aggregator's own."""
+    members: frozenset[Endpoint]
+    """Where the job's members send from, and where unicast results go."""
+    group: int = 0
+    """IPv4 multicast group results go to, in 239.0.0.0/8; 0: each member gets a unicast copy."""
+    routes: Mapping[int, CliqueRoute] = field(default_factory=lambda: MappingProxyType({}))
+    """clique -> its route here; a clique not named is flat and rooted here."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", frozenset(self.members))
+        object.__setattr__(self, "routes", MappingProxyType(dict(self.routes)))
+        if not 0 < self.job < 1 << JOB_BITS:
+            raise JobTableError(f"job id {self.job} is not a nonzero {JOB_BITS}-bit number")
+        if not 0 < self.token < 1 << TOKEN_BITS:
+            raise JobTableError(f"job {self.job}: its token is not a nonzero {TOKEN_BITS}-bit number")
+        if self.slots < 1:
+            raise JobTableError(f"job {self.job}: a quota of {self.slots} slots holds nothing")
+        if self.group and not is_multicast_group(self.group):
+            raise JobTableError(f"job {self.job}: group {self.group:#x} is not in 239.0.0.0/8")
+        for endpoint in self.members:
+            _check_endpoint(self.job, "member", endpoint)
+        for clique, route in self.routes.items():
+            if not 0 <= clique < 1 << 16:
+                raise JobTableError(f"job {self.job}: clique {clique} does not fit the 16-bit clique field")
+            if route.level & ~clique_mask(MAX_FANIN):
+                raise JobTableError(f"job {self.job}, clique {clique}: level {route.level:#x} has members beyond "
+                                    f"{MAX_FANIN}")
+            if route.parent is not None:
+                _check_endpoint(self.job, "parent", route.parent)
+            for child, members in route.children.items():
+                _check_endpoint(self.job, "child", child)
+                level = route.level or clique_mask(MAX_FANIN)
+                if not members or members & ~level:
+                    raise JobTableError(f"job {self.job}, clique {clique}: child {_show(child)} holds members "
+                                        f"{members:#x}, none or outside the level {level:#x}")
+
+    def route(self, clique: int) -> CliqueRoute:
+        return self.routes.get(clique, FLAT)
+
+
+def _check_endpoint(job: int, what: str, endpoint: Endpoint) -> None:
+    address, port = endpoint
+    if not (0 < address < 1 << 32 and 0 < port < 1 << 16) or is_multicast_group(address):
+        raise JobTableError(f"job {job}: {what} {_show(endpoint)} is not a unicast IPv4 address and port")
+
+
+def _show(endpoint: Endpoint) -> str:
+    address, port = endpoint
+    if not 0 <= address < 1 << 32:
+        return f"{address}:{port}"
+    return f"{'.'.join(str(address >> shift & 0xFF) for shift in (24, 16, 8, 0))}:{port}"
+
+
+class JobTable:
+    """The jobs one aggregator holds, each with its range of the aggregator's `slots`."""
+
+    def __init__(self, slots: int, limits: JobLimits | None = None) -> None:
+        self.slots = slots
+        self.limits = limits or JobLimits()
+        self.entries: dict[int, JobEntry] = {}
+        self.bases: dict[int, int] = {}
+        """job -> the first aggregator slot of its range."""
+
+    def install(self, entry: JobEntry) -> int:
+        """Install `entry`; returns the first slot of its range. Installing a job that is installed with the
+        same token, quota, group and routes adds `entry`'s members to it (each island may register its own
+        socket; doing it again changes nothing). A job id installed with anything else is refused: a clash."""
+        held = self.entries.get(entry.job)
+        if held is not None:
+            if replace(held, members=entry.members) != entry:
+                raise JobTableError(f"job {entry.job} is registered already with another token, quota, group or "
+                                    f"routes (a clash: choose another job id, or tear the first one down)")
+            members = held.members | entry.members
+            if len(members) > self.limits.members:
+                raise JobTableError(f"job {entry.job}: {len(members)} members, more than the "
+                                    f"{self.limits.members} an aggregator holds per job")
+            self.entries[entry.job] = replace(held, members=members)
+            return self.bases[entry.job]
+        limits = self.limits
+        if len(self.entries) >= limits.jobs:
+            raise JobTableError(f"job {entry.job}: this aggregator holds {limits.jobs} jobs already")
+        if len(entry.members) > limits.members:
+            raise JobTableError(f"job {entry.job}: {len(entry.members)} members, more than the {limits.members} "
+                                f"an aggregator holds per job")
+        if len(entry.routes) > limits.routes:
+            raise JobTableError(f"job {entry.job}: {len(entry.routes)} routes, more than the {limits.routes} an "
+                                f"aggregator holds per job")
+        base = self._free_range(entry.slots)
+        if base is None:
+            raise JobTableError(f"job {entry.job}: no {entry.slots} free slots in a row among this aggregator's "
+                                f"{self.slots}")
+        self.entries[entry.job] = entry
+        self.bases[entry.job] = base
+        return base
+
+    def remove(self, job: int) -> bool:
+        """Tear `job` down (its slots are free for others); whether it was installed."""
+        self.bases.pop(job, None)
+        return self.entries.pop(job, None) is not None
+
+    def holds(self, slot: int) -> bool:
+        """Whether aggregator slot `slot` is in a registered job's range."""
+        return any(base <= slot < base + self.entries[job].slots for job, base in self.bases.items())
+
+    def _free_range(self, size: int) -> int | None:
+        """The lowest first slot of `size` free slots in a row."""
+        taken = sorted((self.bases[job], self.bases[job] + entry.slots) for job, entry in self.entries.items())
+        start = 0
+        for low, high in taken + [(self.slots, self.slots)]:
+            if low - start >= size:
+                return start
+            start = max(start, high)
+        return None
+
+    def __iter__(self) -> Iterator[JobEntry]:
+        return iter(self.entries.values())
