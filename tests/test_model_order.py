@@ -29,8 +29,8 @@ JOB = JobEntry(job=9, token=0x5EC2E7_0000_0001, slots=6, members=frozenset({MEMB
 BASE = {"eth_dst": CONFIG.mac, "eth_src": 0x02_00_00_00_00_05, "ip_src": MEMBER[0], "udp_sport": MEMBER[1],
         "ip_dst": CONFIG.ip, "opcode": Opcode.CONTRIBUTION, "fanin": 3, "sender": 0, "group": JOB.group, "slot": 1,
         "job": JOB.job, "token": JOB.token, "version": JOB_VERSION, "round": 4, "clique": 2, "chunk": 0}
-OPEN = {"version": VERSION, "token": 0}
-"""A version 2 frame at the same aggregator, which takes unregistered frames too."""
+OPEN = {"version": VERSION, "token": 0, "slot": 15}
+"""A version 2 frame at the same aggregator, which takes unregistered frames too, in a slot no job holds."""
 
 
 def truncate(length):
@@ -232,3 +232,7 @@ def test_slot_checks_decide_in_order(name):
     after = aggregator.stats()
     got = next(d for d in Disposition if after[d.name.lower()] != before[d.name.lower()])
     assert got == SLOT_CHECKS[decides][0], (got, SLOT_CHECKS[decides][1])
+
+
+def test_a_version_2_frame_never_touches_a_registered_job_s_slots():
+    assert disposition(contribution(**dict(OPEN, slot=1))) == Disposition.DROP_SLOT
