@@ -94,13 +94,15 @@ class Reference:
 
     def install(self, entry):
         """Hold the tables of a new job (`entry`, a JobEntry, read as data); its range is the lowest run of
-        `entry.slots` slots that no job holds. Returns the range's first slot."""
+        `entry.slots` slots that no job holds, emptied. Returns the range's first slot."""
         held = {index for job in self.jobs.values() for index in range(job["base"], job["base"] + job["slots"])}
         base = next(first for first in range(self.config.slots - entry.slots + 1)
                     if not held & set(range(first, first + entry.slots)))
         routes = {clique: (route.level, route.parent, dict(route.children)) for clique, route in entry.routes.items()}
         self.jobs[entry.job] = dict(token=entry.token, slots=entry.slots, base=base, members=set(entry.members),
                                     group=entry.group, routes=routes)
+        for index in range(base, base + entry.slots):
+            self.slots.pop(index, None)  # a new job starts with empty slots, whatever used them while free
         return base
 
     def in_a_job(self, index):
