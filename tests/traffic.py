@@ -198,10 +198,10 @@ SCENARIOS = {scenario.reaches: scenario for scenario in (
         job_frame(c), job_frame(c, job=CLIQUE["job"] + 1)]), table_jobs),
     Scenario("drop_token", "the member's version 3 frame with one bit of the token flipped", at_zero(lambda c: [
         job_frame(c, token=TOKEN ^ 1 << 40)]), table_jobs),
-    Scenario("drop_member", "a contribution from another port of the member's host, then a partial from the "
-             "member, which is no child aggregator", at_zero(lambda c: [
-                 job_frame(c, udp_sport=HOST_PORT + 1), job_frame(c, opcode=Opcode.PARTIAL, status=0, bitmap=0b10,
-                                                                  sender=1)]), table_jobs),
+    Scenario("drop_member", "a partial from the member, which is no child aggregator, then a contribution from "
+             "another port of the member's host", at_zero(lambda c: [
+                 job_frame(c, opcode=Opcode.PARTIAL, status=0, bitmap=0b10, sender=1),
+                 job_frame(c, udp_sport=HOST_PORT + 1)]), table_jobs),
     Scenario("relayed", "a member's level below the parent completes (a partial up), the parent's result comes "
              "down: sent to the member, once", at_zero(lambda c: [
                  job_frame(c, fanin=1, clique=TREE_CLIQUE),
