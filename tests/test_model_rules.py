@@ -398,9 +398,9 @@ def compare(aggregator, reference, frames):
 
 def describe(f):
     names = ("opcode", "version", "sender", "fanin", "job", "round", "clique", "chunk", "slot", "bitmap", "expect",
-             "hop1", "hop1_expect", "hop2", "hop2_expect", "status")
-    return " ".join(f"{name}={f[name]:#x}" if name.startswith(("bitmap", "expect", "hop")) else f"{name}={f[name]}"
-                    for name in names if f.get(name) is not None)
+             "hop1", "hop1_expect", "hop2", "hop2_expect", "status", "token", "ip_src", "udp_sport")
+    return " ".join(f"{name}={f[name]:#x}" if name.startswith(("bitmap", "expect", "hop", "token", "ip_src"))
+                    else f"{name}={f[name]}" for name in names if f.get(name) is not None)
 
 
 # --- frames ----------------------------------------------------------------------------------------------
