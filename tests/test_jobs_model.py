@@ -7,6 +7,7 @@ port, as a network would carry them; every test states what must be true.
 
 import random
 from collections import Counter, defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -227,7 +228,7 @@ def test_a_flood_of_another_jobs_frames_does_not_disturb_a_round(unregistered):
     started before the flood, is untouched by it and completes exact in every slot."""
     attacker = (0x0A_00_00_77, 6000)
     own = JobEntry(job=0x0BAD_0001, token=0xBAD, slots=4, members={attacker})
-    aggregator = with_jobs(JOB, own, config=CONFIG.__class__(**{**CONFIG.__dict__, "unregistered": unregistered}))
+    aggregator = with_jobs(JOB, own, config=replace(CONFIG, unregistered=unregistered))
     for slot in range(JOB.slots):
         send(aggregator, frame(JOB, A, sender=0, slot=slot, round=10))
     victim = slots_state(aggregator, JOB)
@@ -294,7 +295,7 @@ TREE_JOB = dict(job=0x7EE_0001, token=0x7EE_7EE_7EE_7EE, slots=2)
 def chain(depth=DEPTH):
     """Aggregators 0 (the root) to depth - 1 in a chain; aggregator i has members 2i and 2i + 1 of a clique
     of 2 * depth and gathers them and those below it; the root's level is the whole clique (0)."""
-    configs = [CONFIG.__class__(**{**CONFIG.__dict__, "ip": 0x0A_00_10_01 + level, "mac": 0x02_00_00_10_00_01 + level})
+    configs = [replace(CONFIG, ip=0x0A_00_10_01 + level, mac=0x02_00_00_10_00_01 + level)
                for level in range(depth)]
     endpoints = [(config.ip, config.port) for config in configs]
     members = [[(0x0A_00_20_00 + 16 * level + k, 7000 + k) for k in (0, 1)] for level in range(depth)]
@@ -536,7 +537,7 @@ def test_the_tables_are_bounded(limit, entries, refused):
 def test_teardown_frees_the_slots_for_another_job_and_forgets_their_sums():
     """A torn-down job's range is free for the next job, and its sums are gone: not even a version 2
     request naming its slot and key (where unregistered frames are taken) reads them."""
-    aggregator = Aggregator(CONFIG.__class__(**{**CONFIG.__dict__, "slots": 4, "unregistered": True}))
+    aggregator = Aggregator(replace(CONFIG, slots=4, unregistered=True))
     whole = JobEntry(job=JOB.job, token=JOB.token, slots=4, members={A, B}, group=GROUP)
     aggregator.install(whole)
     assert send(aggregator, frame(whole, A, fanin=1, slot=3))[0] == Disposition.ACCUMULATED
@@ -562,7 +563,7 @@ def test_a_job_installed_where_unregistered_frames_were_starts_clean():
     """A free range may hold what version 2 frames left; a job installed there starts with empty slots, so
     nobody can prepare a slot for a job before it registers: neither an unfinished one that its frames
     would find stale or colliding, nor a completed one its members would be answered from."""
-    config = CONFIG.__class__(**{**CONFIG.__dict__, "unregistered": True, "lease": 0})
+    config = replace(CONFIG, unregistered=True, lease=0)
     entry = JobEntry(job=JOB.job, token=JOB.token, slots=2, members={A, B}, group=GROUP)
     aggregator = Aggregator(config)
     prepared = dict(version=2, token=0, group=GROUP, fanin=1)
