@@ -520,11 +520,14 @@ def test_registering_again_merges_members_and_renewing_changes_nothing():
     ("members", [], JobEntry(job=1, token=1, slots=1, members={A, B, C})),
     ("routes", [], JobEntry(job=1, token=1, slots=1, members={A}, routes={c: CliqueRoute() for c in range(3)})),
     ("slots", [JobEntry(job=1, token=1, slots=3, members={A})], JobEntry(job=2, token=1, slots=2, members={A})),
+    ("children", [], JobEntry(job=1, token=1, slots=1, members={A},
+                              routes={0: CliqueRoute(children={A: 1, B: 2, C: 4})})),
 ])
 def test_the_tables_are_bounded(limit, entries, refused):
-    """At most `jobs` jobs, `members` members and `routes` routes per job, and a range only where that many
+    """At most `jobs` jobs, `members` members and `routes` routes per job, `children` child aggregators per
+    route, and a range only where that many
     slots in a row are free; a refusal is one line and leaves the tables as they were."""
-    table = JobTable(4, JobLimits(jobs=2, members=2, routes=2))
+    table = JobTable(4, JobLimits(jobs=2, members=2, routes=2, children=2))
     for entry in entries:
         table.install(entry)
     held = dict(table.entries)
