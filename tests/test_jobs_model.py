@@ -525,8 +525,8 @@ def test_registering_again_merges_members_and_renewing_changes_nothing():
 ])
 def test_the_tables_are_bounded(limit, entries, refused):
     """At most `jobs` jobs, `members` members and `routes` routes per job, `children` child aggregators per
-    route, and a range only where that many
-    slots in a row are free; a refusal is one line and leaves the tables as they were."""
+    route, and a range only where that many slots in a row are free; a refusal is one line and leaves the
+    tables as they were."""
     table = JobTable(4, JobLimits(jobs=2, members=2, routes=2, children=2))
     for entry in entries:
         table.install(entry)
