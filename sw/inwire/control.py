@@ -255,7 +255,8 @@ def entry_to_json(entry: JobEntry) -> dict[str, object]:
     }
 
 
-_ENTRY_FIELDS = ("job", "token", "slots", "members", "group", "routes")
+ENTRY_FIELDS = ("job", "token", "slots", "members", "group", "routes")
+"""The fields of a register request that describe its job (`entry_to_json`): a job file's."""
 _ROUTE_FIELDS = ("level", "parent", "children")
 
 
@@ -373,7 +374,7 @@ class ControlPlane:
             return {"job": job, "removed": removed}
         if op != "register":
             raise RequestError(f"field op: {_brief(op)} is neither \"register\" nor \"teardown\"")
-        _check_keys(request, ("op", "nonce", "issued_ms", "ttl_s", *_ENTRY_FIELDS))
+        _check_keys(request, ("op", "nonce", "issued_ms", "ttl_s", *ENTRY_FIELDS))
         ttl_s = _integer(request.get("ttl_s", DEFAULT_TTL_S), "ttl_s", 1, MAX_TTL_S)
         entry = entry_from_json(request)
         base = self.install(entry)
