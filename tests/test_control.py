@@ -149,9 +149,19 @@ def test_key_of_the_wrong_size_is_one_clear_error(tmp_path):
     assert "\n" not in str(caught.value)
 
 
-def test_unreadable_key_is_one_clear_error(tmp_path):
-    with pytest.raises(KeyFileError, match=r"operator key .*: cannot read it"):
-        load_key(tmp_path)  # a directory
+def test_unreadable_key_is_one_clear_error(tmp_path, deadline):
+    with pytest.raises(KeyFileError, match=r": a folder, not a regular file \(the operator key is read from a file"):
+        load_key(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(KeyFileError, match="fifo: a FIFO, not a regular file"):
+        load_key(fifo)
+    with pytest.raises(KeyFileError, match="/dev/zero: a character device"):
+        load_key("/dev/zero")
+    long = tmp_path / "long.key"
+    long.write_bytes(bytes(33))
+    with pytest.raises(KeyFileError, match="long.key: more than 32 bytes, not the 32 of a key"):
+        load_key(long)
     dangling = tmp_path / "config"
     dangling.symlink_to(tmp_path / "nowhere")
     with pytest.raises(KeyFileError, match="does not exist and cannot be made"):
