@@ -76,6 +76,8 @@ def test_new_jobs_differ(capsys):
     (["--members", "127.0.0.1:1", "--slots", "65537"], r"--slots must lie in \[1, 65,536\], got 65,537"),
     (["--members", "127.0.0.1:1", "--slots", "1", "--group", "10.0.0.1"], "--group 10.0.0.1: not in 239.0.0.0/8"),
     (["--members", "127.0.0.1:1", "--slots", "1", "--group", "239.1"], "--group '239.1' is not an IPv4 address"),
+    (["--members", ",".join(f"127.0.0.1:{port}" for port in range(1000, 1257)), "--slots", "1"],
+     "--members: 257 members, more than the 256 an aggregator holds per job"),
 ])
 def test_new_refuses_bad_values_in_one_line(capsys, argv, message):
     status, out, err = one_line(capsys, ["job", "new", *argv])

@@ -362,9 +362,14 @@ def test_register_without_a_service_gets_no_answer():
         register(address, new_job([MEMBER], slots=4), key=KEY, timeout_s=0.1, retries=1)
 
 
-def test_register_refuses_a_ttl_out_of_range():
+def test_register_refuses_values_out_of_range_before_sending():
+    job = new_job([MEMBER], slots=1)
     with pytest.raises(ValueError, match=r"ttl_s must be .* \[1, 3600\], got 3601"):
-        register(("127.0.0.1", 9), new_job([MEMBER], slots=1), key=KEY, ttl_s=3601)
+        register(("127.0.0.1", 9), job, key=KEY, ttl_s=3601)
+    with pytest.raises(ValueError, match=r"retries must be a whole number in \[0, 100\], got -1"):
+        register(("127.0.0.1", 9), job, key=KEY, retries=-1)
+    with pytest.raises(ValueError, match=r"timeout_s must lie in \(0, 60\] seconds, got 0"):
+        teardown(("127.0.0.1", 9), job, key=KEY, timeout_s=0)
 
 
 def test_lease_registers_renews_and_tears_down(aggregator, deadline):

@@ -429,6 +429,10 @@ def _exchange(aggregator: str | Address, body: dict[str, object], key: bytes | N
               retries: int, what: str) -> dict[str, object]:
     """Send the request `body` (a fresh nonce and issue time each try) until an authenticated reply to one of
     them comes; that reply."""
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 60):
+        raise ValueError(f"timeout_s must lie in (0, 60] seconds, got {timeout_s!r}")
+    if type(retries) is not int or not 0 <= retries <= 100:
+        raise ValueError(f"retries must be a whole number in [0, 100], got {retries!r}")
     key = _key(key)
     address = _aggregator(aggregator)
     sent: set[str] = set()

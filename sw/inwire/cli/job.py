@@ -23,6 +23,7 @@ from ..control import DEFAULT_TTL_S, ENTRY_FIELDS, MAX_BODY, MAX_TTL_S, RequestE
 from ..datagram import ip_int, parse_endpoint
 from ..errors import InwireError
 from ..inputs import open_regular
+from ..jobs import JobLimits
 from . import HelpFormatter
 from .options import decimal, whole
 
@@ -105,10 +106,11 @@ def _new(args):
         if group >> 24 != 239:
             raise ValueError(f"--group {args.group}: not in 239.0.0.0/8, where results' multicast groups are "
                              f"(leave it out for unicast results)")
+    if len(members) > JobLimits().members:
+        raise ValueError(f"--members: {len(members)} members, more than the {JobLimits().members} an aggregator "
+                         f"holds per job")
     entry = control.new_job(members, args.slots, group=group)
     text = json.dumps(control.entry_to_json(entry), indent=2) + "\n"
-    if len(text) > MAX_JOB_FILE:
-        raise ValueError(f"--members: {len(members)} members make a job file larger than one registration holds")
     try:
         stdout = sys.stdout.fileno()
     except (AttributeError, io.UnsupportedOperation):
