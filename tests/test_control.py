@@ -482,6 +482,15 @@ def test_serve_without_registered_jobs_has_no_control_port():
 
 
 @pytest.mark.skipif(compiled is None, reason="needs the compiled kernel")
+def test_fast_service_answers_control_messages(service):
+    server, address = service(engine="fast")
+    assert server.batch_io
+    assert teardown(address, 999, key=KEY) is False
+    counters = server.counters()
+    assert counters["drop_version"] == 0 and counters["frames_in"] == 0
+
+
+@pytest.mark.skipif(compiled is None, reason="needs the compiled kernel")
 def test_batched_fast_path_hands_control_messages_aside():
     server = SoftwareAggregator(("127.0.0.1", 0), engine="fast", registered=True, key=KEY, log=lambda line: None)
     try:
