@@ -61,7 +61,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Protocol, TypeVar
 
-from .control import MAGIC, ControlPlane, RequestError, load_key
+from .control import MAGIC, ControlPlane, RequestError, is_control, load_key
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
@@ -301,7 +301,7 @@ class SoftwareAggregator:
 
     def _handle_with_control(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
         """`handle` with the control port: control messages go to it, everything else to the engine."""
-        if payload[:len(MAGIC)] == MAGIC:
+        if is_control(payload):
             return self._control(payload, peer)
         return self._decide(payload, peer, now)
 
