@@ -531,3 +531,19 @@ def test_register_ignores_replies_to_other_requests():
         thread.start()
         assert register(fake.getsockname(), entry(), key=KEY) == 5
         thread.join()
+
+
+@pytest.mark.skipif(compiled is None, reason="needs the compiled kernel")
+def test_batched_fast_path_reads_no_control_message_from_a_runts_stale_bytes():
+    """recvmmsg reuses its buffer: a 2-byte runt in a slot that held a control message before is a runt."""
+    server = SoftwareAggregator(("127.0.0.1", 0), engine="fast", registered=True, key=KEY, log=lambda line: None)
+    try:
+        slot = MAX_DATAGRAM + 1
+        buffer = bytearray(slot)
+        message = encode(request("teardown", issued_s=time.time()), KEY)
+        buffer[:len(message)] = message
+        assert server.handle_batch(buffer, [(2, PEER)], slot, 0) == []
+        counters = server.counters()
+        assert counters["drop_runt"] == 1 and counters["control_refused"] == 0
+    finally:
+        server.close()

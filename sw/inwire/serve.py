@@ -640,10 +640,14 @@ class SoftwareAggregator:
                     view: memoryview) -> list[Send]:
         """`handle_batch` on the datagrams of `batch` from `start` on. Control messages are taken aside here: the
         compiled decider would drop them as data frames of no known version."""
-        if self.control is None or self.fast is None:
+        # One slice of the batch's version bytes tells whether any datagram may be one (most batches: none).
+        if (self.control is None or self.fast is None
+                or _CONTROL_MARK not in buffer[start * slot + _CONTROL_MARK_AT:len(batch) * slot:slot]):
             return self._decide_run(buffer, batch, start, slot, now, view)
-        at = buffer.startswith
-        controls = [index for index in range(start, len(batch)) if at(MAGIC, index * slot)]
+        at, magic_bytes = buffer.startswith, len(MAGIC)
+        # a datagram's size first: the bytes past it are an earlier datagram's
+        controls = [index for index in range(start, len(batch))
+                    if batch[index][0] >= magic_bytes and at(MAGIC, index * slot)]
         if not controls:
             return self._decide_run(buffer, batch, start, slot, now, view)
         sends: list[Send] = []
@@ -718,6 +722,9 @@ _LEARNED_OPCODES = frozenset((int(Opcode.CONTRIBUTION), _PARTIAL))
 """Opcodes whose sender the service learns for unicast copies, when the aggregator takes or answers them."""
 _ANSWERED = int(Disposition.ANSWERED)
 _GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
+_CONTROL_MARK_AT = FRAME_OFFSETS["version"] - PAYLOAD_OFFSET
+_CONTROL_MARK = MAGIC[_CONTROL_MARK_AT:_CONTROL_MARK_AT + 1]
+"""The byte of a control message where a data header has its version: "C", no version of the protocol."""
 
 
 class Served(Protocol):
