@@ -35,7 +35,7 @@ from inwire.fastpath import compiled
 from inwire.jobs import CliqueRoute, JobEntry, JobTable
 from inwire.packets import build_frames
 from inwire.protocol import JOB_VERSION, Opcode
-from inwire.serve import SoftwareAggregator, serving_in_thread
+from inwire.serve import ServeError, SoftwareAggregator, serving_in_thread
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -472,13 +472,15 @@ def test_serve_expires_a_registration(service, deadline):
     assert register(address, new_job([MEMBER], slots=16), key=KEY) == 0
 
 
-def test_serve_without_registered_jobs_has_no_control_port():
-    server = SoftwareAggregator(("127.0.0.1", 0), engine="golden", log=lambda line: None)
+def test_serve_without_a_key_has_no_control_port():
+    server = SoftwareAggregator(("127.0.0.1", 0), engine="golden", registered=True, log=lambda line: None)
     try:
         assert server.handle(encode(request("teardown"), KEY), PEER) == []
         assert server.counters()["drop_version"] == 1 and "control_refused" not in server.counters()
     finally:
         server.close()
+    with pytest.raises(ServeError, match="registered must be on"):
+        SoftwareAggregator(("127.0.0.1", 0), engine="golden", key=KEY, log=lambda line: None)
 
 
 @pytest.mark.skipif(compiled is None, reason="needs the compiled kernel")
