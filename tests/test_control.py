@@ -35,7 +35,7 @@ from inwire.fastpath import compiled
 from inwire.jobs import CliqueRoute, JobEntry, JobTable
 from inwire.packets import build_frames
 from inwire.protocol import JOB_VERSION, Opcode
-from inwire.serve import ServeError, SoftwareAggregator, serving_in_thread
+from inwire.serve import SoftwareAggregator, serving_in_thread
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -472,15 +472,27 @@ def test_serve_expires_a_registration(service, deadline):
     assert register(address, new_job([MEMBER], slots=16), key=KEY) == 0
 
 
-def test_serve_without_a_key_has_no_control_port():
-    server = SoftwareAggregator(("127.0.0.1", 0), engine="golden", registered=True, log=lambda line: None)
+def test_serve_without_registered_jobs_has_no_control_port():
+    server = SoftwareAggregator(("127.0.0.1", 0), engine="golden", log=lambda line: None)
     try:
         assert server.handle(encode(request("teardown"), KEY), PEER) == []
         assert server.counters()["drop_version"] == 1 and "control_refused" not in server.counters()
     finally:
         server.close()
-    with pytest.raises(ServeError, match="registered must be on"):
-        SoftwareAggregator(("127.0.0.1", 0), engine="golden", key=KEY, log=lambda line: None)
+
+
+def test_serve_with_registered_jobs_reads_the_default_key_before_binding(operator_key, tmp_path, monkeypatch):
+    server = SoftwareAggregator(("127.0.0.1", 0), engine="golden", registered=True, log=lambda line: None)
+    try:
+        assert server.control.key == load_key(operator_key)
+    finally:
+        server.close()
+    monkeypatch.setenv("INWIRE_KEY_FILE", str(tmp_path))  # a folder
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        with pytest.raises(KeyFileError, match="a folder"):
+            # the key error, not "address in use": nothing is bound before the key is read
+            SoftwareAggregator(taken.getsockname(), engine="golden", registered=True, log=lambda line: None)
 
 
 @pytest.mark.skipif(compiled is None, reason="needs the compiled kernel")

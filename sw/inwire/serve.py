@@ -24,10 +24,10 @@ from its parent (the address it sent that slot's partial to) to the members and 
 for the slot; a result that answers a child's retransmitted partial reaches that child alone, and it
 relays it to all of its own.
 
-Registered jobs: given the operator key, the service's port is also its control port. A datagram starting
-with b"IWCP" is a control message (`control.ControlPlane`), taken aside before the data plane decides: an
-authenticated registration installs a job's tables in the engine (`registered`), and a registration not
-renewed within its ttl is removed (checked once a second). `unregistered` (default on) keeps taking
+Registered jobs (`registered`): the service's port is also its control port. A datagram starting with
+b"IWCP" is a control message (`control.ControlPlane`), taken aside before the data plane decides: an
+authenticated registration installs a job's tables in the engine, and a registration not renewed within
+its ttl is removed (checked once a second). `unregistered` (default on) keeps taking
 version 1 and 2 frames beside registered jobs.
 
 A service listening on the wildcard address (0.0.0.0) is the aggregator at every address of its machine: each
@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Protocol, TypeVar
 
-from .control import MAGIC, ControlPlane, RequestError, is_control
+from .control import MAGIC, ControlPlane, RequestError, is_control, load_key
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
@@ -176,8 +176,9 @@ class SoftwareAggregator:
     `stats_from` who besides this machine may ask for the counters (default: `upstream`). `engine` is
     "fast" (default) or "golden"; `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a
     co-simulation) implies "golden". `registered` (job tables: version 3) and `unregistered` (versions 1 and 2)
-    are the aggregator's (`AggregatorConfig`); the operator `key` opens the control port (`control`), through
-    which registrations reach the job tables.
+    are the aggregator's (`AggregatorConfig`); with `registered` the control port (`control`) takes
+    registrations signed with the operator `key` (default: `control.load_key()`, read before the socket is
+    bound).
     """
 
     handle: Callable[..., list[Send]]
@@ -197,8 +198,8 @@ class SoftwareAggregator:
         if make_aggregator is not None and listen[0] in ("0.0.0.0", ""):
             raise ServeError(f"a co-simulation's gateware is built for one address: listen on it, not "
                              f"{listen[0] or '0.0.0.0'}:{listen[1]}")
-        if key is not None and not registered:
-            raise ServeError("a control port (an operator key) installs jobs in the job tables: registered must be on")
+        if registered and key is None:
+            key = load_key()
         if engine not in ENGINES:
             raise ServeError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if engine == "fast" and make_aggregator is not None:
@@ -263,7 +264,7 @@ class SoftwareAggregator:
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
         self._groups: dict[int, Address] = {}
         self._stop = threading.Event()
-        self.control = None if key is None else ControlPlane(self.install_job, self.remove_job, key, self.log)
+        self.control = ControlPlane(self.install_job, self.remove_job, key, self.log) if registered else None
         self._next_expiry = 0.0
         if self.control is not None:
             self._decide = self.handle
