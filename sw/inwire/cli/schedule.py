@@ -3,6 +3,7 @@ on (a named profile or an `inwire build` report), beside the baselines and a low
 --sweep, optimize over aggregator profiles, in-path reduction, model sizes and step times and write a
 table and phase plots of where rotating cliques win."""
 
+import argparse
 import itertools
 import json
 import math
@@ -20,7 +21,7 @@ from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
 from inwire.plan.cost import AGGREGATE, HOST_TREE, ROUTINGS, ScheduleError  # noqa: E402
 from inwire.plan.schedule_file import MIXING_LEGEND, format_plan, write_schedule  # noqa: E402
 from inwire.plan.schedule_map import draw_schedule_map  # noqa: E402
-from inwire.plan.search import global_clique_plan, plan_schedule  # noqa: E402
+from inwire.plan.search import AUTO_ROUTING, global_clique_plan, plan_schedule  # noqa: E402
 from inwire.plan.topology import load_topology  # noqa: E402
 
 from .options import (  # noqa: E402
@@ -66,17 +67,20 @@ def add_arguments(parser):
                         help=f"default in-line aggregator: {', '.join(PROFILES)}, or an `inwire build` report.json "
                              f"(a topology city may set its own) (default: {PLAN_DEFAULTS['aggregator']}; with "
                              f"--sweep a comma-separated list, default: every profile)")
-    parser.add_argument("--reduce-in-path", action="store_true",
-                        help="every aggregating city on the way to a clique's root sums what it forwards")
-    parser.add_argument("--routing", choices=ROUTINGS, default="latency",
+    parser.add_argument("--reduce-in-path", action=argparse.BooleanOptionalAction, default=True,
+                        help="every aggregating city on the way to a clique's root sums what it forwards, as the "
+                             "gateware's trees do (default: on)")
+    parser.add_argument("--routing", choices=(*ROUTINGS, AUTO_ROUTING), default=AUTO_ROUTING,
                         help="latency: fixed latency-shortest paths (DoubleZero routes so); bandwidth: each "
                              "transfer takes the candidate path that completes soonest, farthest first; balanced: "
-                             "flows then moved to other paths one at a time while that shortens their clique")
+                             "flows then moved to other paths one at a time while that shortens their clique; "
+                             "auto: the topology's own routing where it names one, else the sooner of latency and "
+                             "balanced (default: auto; the output says which)")
     parser.add_argument("--host-nic-gbps", type=decimal("--host-nic-gbps"), metavar="GBPS",
                         help="every island's host NIC rate in and out, in Gb/s (default: unlimited)")
-    parser.add_argument("--host-tree", action="store_true",
-                        help="let the optimizer exchange a clique on a host-side tree all-reduce (always reported "
-                             "as the host-tree baseline)")
+    parser.add_argument("--host-tree", action=argparse.BooleanOptionalAction, default=True,
+                        help="let the optimizer exchange a clique on a host-side tree all-reduce (default: on; "
+                             "with --no-host-tree the host-tree baseline is still printed, marked as no candidate)")
     parser.add_argument("--local-steps", type=whole("--local-steps"), default=0,
                         help="H local steps before every round; > 0 switches to the local-step objective")
     parser.add_argument("--step-ms", metavar="MS[,MS...]",

@@ -25,11 +25,13 @@ LINK_KINDS = ("dedicated", "public")
 FIBER_MS_PER_KM = 4.9e-3
 """Light in fiber: about 4.9 microseconds per kilometre."""
 EARTH_RADIUS_KM = 6371.0
-BUILTIN_TOPOLOGIES = ("doublezero9",)
+BUILTIN_TOPOLOGIES = ("doublezero9", "doublezero-public")
+ROUTINGS = ("latency", "bandwidth", "balanced")
+"""How transfers find their paths (inwire.plan.cost.CostModel); a topology may name the one its network uses."""
 
 _CITY_KEYS = {"name", "lat", "lon", "aggregation", "multicast", "aggregator"}
 _LINK_KEYS = {"a", "b", "latency_ms", "bandwidth_gbps", "kind"}
-_TOP_KEYS = {"name", "description", "cities", "links"}
+_TOP_KEYS = {"name", "description", "cities", "links", "routing"}
 
 
 class TopologyError(InwireError, ValueError):
@@ -61,8 +63,10 @@ class Topology:
     """Validated cities and links with shortest-latency routes between every pair of cities."""
 
     def __init__(self, name: str, cities: Iterable[City], links: Iterable[Link], description: str = "",
-                 source: str | None = None) -> None:
+                 source: str | None = None, routing: str | None = None) -> None:
         self.name = name
+        self.routing = routing
+        """The routing the network itself uses (its controller's, not the endpoints' choice), or None."""
         # What load_topology was given (a built-in name or a file path): a schedule names it so the
         # host can load the same topology again.
         self.source = source or name
@@ -129,6 +133,7 @@ class Topology:
                        for c in self.cities.values()],
             "links": [{"a": link.a, "b": link.b, "latency_ms": link.latency_ms, "bandwidth_gbps": link.bandwidth_gbps,
                        "kind": link.kind} for link in self.links],
+            **({} if self.routing is None else {"routing": self.routing}),
         }
 
 
@@ -227,7 +232,10 @@ def topology_from_dict(document: object, source: str | None = None) -> Topology:
         seen_links[key] = i
         links.append(Link(a, b, _number(entry.get("latency_ms"), where, "latency_ms", minimum=0),
                           _number(entry.get("bandwidth_gbps"), where, "bandwidth_gbps", positive=True), kind))
-    return Topology(str(name), cities, links, str(document.get("description", "")), source)
+    routing = document.get("routing")
+    if routing is not None and routing not in ROUTINGS:
+        raise TopologyError(f"{label}: routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+    return Topology(str(name), cities, links, str(document.get("description", "")), source, routing)
 
 
 def _validate_connected(topology: Topology) -> None:
