@@ -9,6 +9,7 @@ from inwire.cli import main
 from inwire.plan.aggregator import AggregatorProfile
 from inwire.plan.cost import ALL_TO_ALL, GLOO_RING, HOST_TREE, RING, Clique, CostModel, wire_bytes
 from inwire.plan.search import plan_schedule
+from inwire.plan.sensitivity import BANDWIDTH_FACTORS, LATENCY_FACTORS, sensitivity_sweep, sensitivity_table
 from inwire.plan.topology import load_topology, topology_from_dict
 
 
@@ -153,3 +154,40 @@ def test_doublezero_public_takes_the_public_figures_and_keeps_the_rest_from_doub
     assert public.cities == dz9.cities and public.routing == dz9.routing == "latency"
     for words in ("64.16 ms", "5.8 ms", "66.71 ms", "invented"):
         assert words in public.description
+
+
+def test_the_sensitivity_sweep_replans_at_every_factor_and_writes_json(tmp_path, capsys):
+    """Latency x0.5..2 and bandwidth x0.1..10 on a star whose hub H sums, with slower direct links between the
+    islands: the host-side all-to-all (12 ms one way) wins a small vector, the sum at H a large one."""
+    star = {"name": "star", "cities": [{"name": n, "lat": 0, "lon": i} for i, n in enumerate("HABC")],
+            "links": [*({"a": "H", "b": n, "latency_ms": 10, "bandwidth_gbps": 10} for n in "ABC"),
+                      *({"a": a, "b": b, "latency_ms": 12, "bandwidth_gbps": 1} for a, b in ("AB", "BC", "AC"))]}
+    topology = topology_from_dict(star)
+    rows = sensitivity_sweep(topology, [0.01, 1000], islands=["A", "B", "C"], iterations=10, host_tree=True,
+                             reduce_in_path=True)
+    assert [(r["latency_factor"], r["bandwidth_factor"]) for r in rows[:9]] == [
+        (latency, bandwidth) for latency in LATENCY_FACTORS for bandwidth in BANDWIDTH_FACTORS]
+    small = {(r["latency_factor"], r["bandwidth_factor"]): r for r in rows if r["model_mb"] == 0.01}
+    large = {(r["latency_factor"], r["bandwidth_factor"]): r for r in rows if r["model_mb"] == 1000}
+    # Each point is planned on its own scaled links: twice the latency, twice the all-to-all's 12 ms.
+    assert small[2.0, 10.0]["time_to_epsilon_ms"] == pytest.approx(2 * small[1.0, 10.0]["time_to_epsilon_ms"], rel=0.01)
+    assert all(r["winner"] == "host all-to-all" and r["host_side"] for r in small.values())
+    assert all(r["winner"] == "in-network" and not r["host_side"] for r in large.values())
+    assert all(r["time_to_epsilon_ms"] <= min(r[f"{name}_ms"] for name in ("global", HOST_TREE, "ring"))
+               for r in rows)
+    table = sensitivity_table(rows)
+    assert "| x2 | host all-to-all (" in table and "star, 1000 MB: winner (its time / host tree's)" in table
+    path = tmp_path / "star.json"
+    path.write_text(json.dumps(star))
+    out = tmp_path / "sensitivity.json"
+    assert main(["schedule", "--topology", str(path), "--islands", "A,B,C", "--model-mb", "0.01",
+                 "--sensitivity", str(out)]) == 0
+    assert len(json.loads(out.read_text())) == 9 and "star, 0.01 MB" in capsys.readouterr().out
+
+
+def test_sensitivity_refuses_a_plans_outputs_before_any_work(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert main(["schedule", "--sensitivity", str(out), "--out", str(tmp_path / "plan.json")]) == 2
+    error = capsys.readouterr().err
+    assert "--sensitivity writes its own file and table; --out belongs to a plan" in error and error.count("\n") == 1
+    assert not out.exists()
