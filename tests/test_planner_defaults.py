@@ -10,7 +10,7 @@ from inwire.plan.aggregator import AggregatorProfile
 from inwire.plan.cost import ALL_TO_ALL, GLOO_RING, HOST_TREE, RING, Clique, CostModel, wire_bytes
 from inwire.plan.search import plan_schedule
 from inwire.plan.sensitivity import BANDWIDTH_FACTORS, LATENCY_FACTORS, sensitivity_sweep, sensitivity_table
-from inwire.plan.topology import load_topology, topology_from_dict
+from inwire.plan.topology import TopologyError, load_topology, topology_from_dict
 
 
 def printed_rows(table):
@@ -144,16 +144,34 @@ def test_auto_routing_takes_the_sooner_and_says_which():
 def test_doublezero_public_takes_the_public_figures_and_keeps_the_rest_from_doublezero9():
     dz9, public = load_topology("doublezero9"), load_topology("doublezero-public")
     assert dz9.description.startswith("INVENTED") and "network-shapley" in dz9.description
-    links = {(link.a, link.b, link.kind): link for link in public.links}
-    nyc_lon = links["NYC", "LON", "dedicated"]
-    assert (nyc_lon.latency_ms, nyc_lon.bandwidth_gbps) == (32.08, 100)
-    assert links["LON", "AMS", "dedicated"].latency_ms == 2.9
-    changed = {key for key, link in links.items()
-               if link != next(old for old in dz9.links if (old.a, old.b, old.kind) == key)}
-    assert changed == {("NYC", "LON", "dedicated"), ("LON", "AMS", "dedicated")}
+    links = {(link.a, link.b, link.kind, link.contributor): link for link in public.links}
+    first, second = links["NYC", "LON", "dedicated", "first"], links["NYC", "LON", "dedicated", "second"]
+    assert (first.latency_ms, first.bandwidth_gbps) == (32.08, 100)
+    assert (second.latency_ms, second.bandwidth_gbps) == (33.355, 10)
+    assert links["LON", "AMS", "dedicated", ""].latency_ms == 2.9
+    kept = {(link.a, link.b, link.kind): link for link in dz9.links}
+    changed = {key for key, link in links.items() if kept.get(key[:3]) != link}
+    assert changed == {("NYC", "LON", "dedicated", "first"), ("NYC", "LON", "dedicated", "second"),
+                       ("LON", "AMS", "dedicated", "")}
     assert public.cities == dz9.cities and public.routing == dz9.routing == "latency"
     for words in ("64.16 ms", "5.8 ms", "66.71 ms", "invented"):
         assert words in public.description
+    # Routed by latency NYC-LON is the 100 Gb/s link alone; a sender that splits flows has both.
+    assert public.link_between("NYC", "LON") == first and public.parallel_gbps("NYC", "LON") == 110
+
+
+def test_parallel_links_carry_flows_only_where_the_sender_chooses_its_paths():
+    pair = {"name": "pair", "cities": [{"name": "A", "lat": 0, "lon": 0}, {"name": "B", "lat": 0, "lon": 1}],
+            "links": [{"a": "A", "b": "B", "latency_ms": 5, "bandwidth_gbps": 10, "contributor": "x"},
+                      {"a": "A", "b": "B", "latency_ms": 6, "bandwidth_gbps": 30, "contributor": "y"}]}
+    topology = topology_from_dict(pair)
+    clique = Clique(("A", "B"), None, ALL_TO_ALL)
+    vector_ms = 1e3 * 8 * wire_bytes(10**8) / 1e9
+    assert CostModel(topology, "AB", 10**8).clique_time_alone(clique) == pytest.approx(5 + vector_ms / 10)
+    assert CostModel(topology, "AB", 10**8, routing="balanced").clique_time_alone(clique) == pytest.approx(
+        5 + vector_ms / 40)
+    with pytest.raises(TopologyError, match="duplicate dedicated link, first at links.0. .parallel links need"):
+        topology_from_dict({**pair, "links": [{**link, "contributor": "x"} for link in pair["links"]]})
 
 
 def test_the_sensitivity_sweep_replans_at_every_factor_and_writes_json(tmp_path, capsys):

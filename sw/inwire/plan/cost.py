@@ -188,7 +188,11 @@ class CostModel:
         self.vector_bits = 8 * wire_bytes(self.model_bytes)
         directed = sorted(edge for u, v in topology.graph.edges for edge in ((u, v), (v, u)))
         self.edge_index = {edge: i for i, edge in enumerate(directed)}
-        self.bandwidth_bps = np.array([topology.link_between(u, v).bandwidth_gbps * 1e9 for u, v in directed])
+        # Routed by latency, a pair's traffic takes its lowest-latency link alone (as IS-IS with delay metrics
+        # does); a sender that chooses its paths splits flows over parallel links too (their extra latency, a
+        # millisecond or so on NYC-LON, is not charged).
+        self.bandwidth_bps = np.array([(topology.link_between(u, v).bandwidth_gbps if routing == "latency" else
+                                        topology.parallel_gbps(u, v)) * 1e9 for u, v in directed])
         cities = topology.cities
         self.aggregation_cities = tuple(name for name in cities if aggregation and cities[name].aggregation)
         # Aggregators that limit anything get three resources after the links: ingress, core, egress.

@@ -3,11 +3,12 @@ again at each point (`inwire schedule --sensitivity`, docs/schedule.md)."""
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .cost import AGGREGATE, GLOO_RING, HOST_TREE
 from .search import PlanResult, plan_schedule
-from .topology import Link, Topology
+from .topology import Topology
 
 LATENCY_FACTORS = (0.5, 1.0, 2.0)
 BANDWIDTH_FACTORS = (0.1, 1.0, 10.0)
@@ -17,8 +18,8 @@ COMPARED = ("global", HOST_TREE, "ring", GLOO_RING)
 
 def scaled_topology(topology: Topology, latency_factor: float, bandwidth_factor: float) -> Topology:
     """The topology with every link's latency and bandwidth multiplied; cities, kinds and routing kept."""
-    links = [Link(link.a, link.b, link.latency_ms * latency_factor, link.bandwidth_gbps * bandwidth_factor, link.kind)
-             for link in topology.links]
+    links = [replace(link, latency_ms=link.latency_ms * latency_factor,
+                     bandwidth_gbps=link.bandwidth_gbps * bandwidth_factor) for link in topology.links]
     return Topology(f"{topology.name} x{latency_factor:g} latency x{bandwidth_factor:g} bandwidth",
                     topology.cities.values(), links, topology.description, topology.source, topology.routing)
 

@@ -30,7 +30,7 @@ ROUTINGS = ("latency", "bandwidth", "balanced")
 """How transfers find their paths (inwire.plan.cost.CostModel); a topology may name the one its network uses."""
 
 _CITY_KEYS = {"name", "lat", "lon", "aggregation", "multicast", "aggregator"}
-_LINK_KEYS = {"a", "b", "latency_ms", "bandwidth_gbps", "kind"}
+_LINK_KEYS = {"a", "b", "latency_ms", "bandwidth_gbps", "kind", "contributor"}
 _TOP_KEYS = {"name", "description", "cities", "links", "routing"}
 
 
@@ -57,6 +57,8 @@ class Link:
     latency_ms: float
     bandwidth_gbps: float
     kind: str = "dedicated"
+    contributor: str = ""
+    """Who provides the link: parallel links of one kind between two cities need different contributors."""
 
 
 class Topology:
@@ -77,13 +79,18 @@ class Topology:
 
     @cached_property
     def graph(self) -> nx.Graph:
-        """One edge per city pair: the lowest-latency link between them carries the traffic."""
+        """One edge per city pair: the lowest-latency link between them carries the traffic routed by latency
+        (`link`); `parallel_gbps` adds the bandwidth of the other links of its kind between the same cities,
+        which a sender that splits its flows can use too."""
         graph = nx.Graph()
         graph.add_nodes_from(sorted(self.cities))
         for link in self.links:
             current = graph.get_edge_data(link.a, link.b)
             if current is None or link.latency_ms < current["link"].latency_ms:
                 graph.add_edge(link.a, link.b, latency_ms=link.latency_ms, link=link)
+        for a, b, data in graph.edges(data=True):
+            data["parallel_gbps"] = sum(link.bandwidth_gbps for link in self.links
+                                        if {link.a, link.b} == {a, b} and link.kind == data["link"].kind)
         return graph
 
     @cached_property
@@ -106,6 +113,10 @@ class Topology:
     def link_between(self, a: str, b: str) -> Link:
         link: Link = self.graph.edges[a, b]["link"]
         return link
+
+    def parallel_gbps(self, a: str, b: str) -> float:
+        """Bandwidth of every link of the routed link's kind between a and b, parallel ones included."""
+        return float(self.graph.edges[a, b]["parallel_gbps"])
 
     def resolve_islands(self, names: Iterable[str] | None = None) -> tuple[str, ...]:
         """The island cities in a stable order; all cities when `names` is None."""
@@ -132,7 +143,8 @@ class Topology:
                         **({} if c.aggregator is None else {"aggregator": c.aggregator.to_json()})}
                        for c in self.cities.values()],
             "links": [{"a": link.a, "b": link.b, "latency_ms": link.latency_ms, "bandwidth_gbps": link.bandwidth_gbps,
-                       "kind": link.kind} for link in self.links],
+                       "kind": link.kind, **({"contributor": link.contributor} if link.contributor else {})}
+                      for link in self.links],
             **({} if self.routing is None else {"routing": self.routing}),
         }
 
@@ -205,7 +217,7 @@ def topology_from_dict(document: object, source: str | None = None) -> Topology:
                            _flag(entry, "aggregation", where), _flag(entry, "multicast", where), aggregator))
 
     links: list[Link] = []
-    seen_links: dict[tuple[str, str, str], int] = {}
+    seen_links: dict[tuple[str, str, str, str], int] = {}
     for i, entry in enumerate(links_in):
         where = f"links[{i}]"
         if not isinstance(entry, dict):
@@ -226,12 +238,17 @@ def topology_from_dict(document: object, source: str | None = None) -> Topology:
         kind = entry.get("kind", "dedicated")
         if kind not in LINK_KINDS:
             raise TopologyError(f"{where}: kind must be one of {', '.join(LINK_KINDS)}, got {kind!r}")
-        key = (min(a, b), max(a, b), kind)
+        contributor = entry.get("contributor", "")
+        if not isinstance(contributor, str):
+            raise TopologyError(f"{where}: contributor must be a name, got {contributor!r}")
+        key = (min(a, b), max(a, b), kind, contributor)
         if key in seen_links:
-            raise TopologyError(f"{where}: duplicate {kind} link, first at links[{seen_links[key]}]")
+            raise TopologyError(f"{where}: duplicate {kind} link, first at links[{seen_links[key]}] (parallel links "
+                                f"need different contributors)")
         seen_links[key] = i
         links.append(Link(a, b, _number(entry.get("latency_ms"), where, "latency_ms", minimum=0),
-                          _number(entry.get("bandwidth_gbps"), where, "bandwidth_gbps", positive=True), kind))
+                          _number(entry.get("bandwidth_gbps"), where, "bandwidth_gbps", positive=True), kind,
+                          contributor))
     routing = document.get("routing")
     if routing is not None and routing not in ROUTINGS:
         raise TopologyError(f"{label}: routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
