@@ -71,7 +71,7 @@ CASES = [
     # A schedule's "topology": a built-in name or a .json file from the schedule's folder, never /proc.
     (["stream", *UDP, "--schedule", "{tmp}/environ.json"],
      "inwire stream: {tmp}/environ.json: 'topology' '/proc/self/environ' is neither a built-in topology "
-     "(doublezero9) nor a topology file ending in .json"),
+     "(doublezero9, doublezero-public) nor a topology file ending in .json"),
     (["stream", *UDP, "--schedule", "{tmp}/climbs.json"],
      "inwire stream: {tmp}/climbs.json: 'topology' '" + "../" * 40 + "proc/self/x.json' leads to "
      "/proc/{pid}/x.json, not a topology file (a .json file outside /proc, /sys, /dev)"),

@@ -166,14 +166,17 @@ def test_optimizer_takes_host_trees_only_when_offered(dz9):
 
 def test_cli_reports_the_host_tree_and_its_file_loads(tmp_path, capsys):
     out = tmp_path / "s.json"
-    assert main(["schedule", "--model-mb", "100", "--out", str(out)]) == 0
+    assert main(["schedule", "--model-mb", "100", "--no-host-tree", "--out", str(out)]) == 0
     table = capsys.readouterr().out
-    assert any(line.split()[:1] == [HOST_TREE] and "289.5" in line for line in table.splitlines())
+    # Not offered, it is still printed, marked as no candidate.
+    assert any(line.split()[:1] == [HOST_TREE + "*"] and "289.5" in line for line in table.splitlines())
+    assert f"{HOST_TREE}*: not a candidate: host trees not offered (--no-host-tree)" in table
     document = json.loads(out.read_text())
     assert set(document["baselines"]) == set(BASELINE_NAMES)
     [[entry]] = [r["cliques"] for r in document["baselines"][HOST_TREE]["rounds"]]
     assert entry["exchange"] == HOST_TREE and entry["aggregator"] is None and entry["members"][0] == "NYC"
     assert "tree" not in entry and document["host_nic_gbps"] is None and document["host_tree"] is False
+    assert document["excluded_baselines"] == {HOST_TREE: "host trees not offered (--no-host-tree)"}
     # A schedule of host trees loads (the stream sums it as any direct exchange); one naming an aggregator not.
     document["rounds"] = document["baselines"][HOST_TREE]["rounds"]
     out.write_text(json.dumps(document))

@@ -196,8 +196,8 @@ UDP = ["--target", "udp://127.0.0.1:9"]
      "/dev/zero: a character device, not a regular file (the schedule is read from a JSON file)"),
     (["stream", *UDP, "--schedule", "/dev/urandom"], "/dev/urandom: a character device, not a regular file"),
     (["stream", *UDP, "--schedule", "{tmp}/zero-topology.json"],
-     "zero-topology.json: 'topology' '/dev/zero' is neither a built-in topology (doublezero9) nor a topology file "
-     "ending in .json"),
+     "zero-topology.json: 'topology' '/dev/zero' is neither a built-in topology (doublezero9, doublezero-public) "
+     "nor a topology file ending in .json"),
     (["stream", *UDP, "--schedule", "{tmp}/fifo.json"], "fifo.json: a FIFO, not a regular file (the schedule"),
     (["stream", "--target", "udp:/dev/zero", "--schedule", "{tmp}/schedule.json"],
      "/dev/zero: a character device, not a regular file (the aggregator map"),

@@ -285,7 +285,7 @@ def test_planned_reduction_trees_fit_in_a_frame(tmp_path, aggregator):
     # Uncapped, the global clique's tree took SIN's vector through four summing levels (to NYC with ideal
     # aggregators, to LAX with port10g), which the stream refuses; planned trees now stop at the header's limit.
     out = tmp_path / "global.json"
-    assert schedule_cli("--reduce-in-path", "--aggregator", aggregator, "--out", str(out)) == 0
+    assert schedule_cli("--no-host-tree", "--aggregator", aggregator, "--out", str(out)) == 0
     deepest = 0
     for _, _, members, root, tree in clique_trees(load_plan(out)):
         if tree:
@@ -374,10 +374,10 @@ def test_global_clique_writes_the_clique_of_every_island_the_ddp_hook_sums_in(tm
     from inwire.train.ddp import global_clique
 
     optimized, one = tmp_path / "optimized.json", tmp_path / "global.json"
-    assert main(["schedule", "--out", str(optimized)]) == 0
+    assert main(["schedule", "--no-host-tree", "--no-reduce-in-path", "--out", str(optimized)]) == 0
     with pytest.raises(ValueError, match="inwire schedule --global-clique writes one"):
         global_clique(load_schedule_file(optimized))
-    assert main(["schedule", "--global-clique", "--out", str(one)]) == 0
+    assert main(["schedule", "--global-clique", "--no-reduce-in-path", "--out", str(one)]) == 0
     assert "global clique schedule, one period:" in capsys.readouterr().out
     schedule = load_schedule_file(one)
     members, aggregator, tree = global_clique(schedule)

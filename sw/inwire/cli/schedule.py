@@ -3,6 +3,7 @@ on (a named profile or an `inwire build` report), beside the baselines and a low
 --sweep, optimize over aggregator profiles, in-path reduction, model sizes and step times and write a
 table and phase plots of where rotating cliques win."""
 
+import argparse
 import itertools
 import json
 import math
@@ -20,7 +21,13 @@ from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
 from inwire.plan.cost import AGGREGATE, HOST_TREE, ROUTINGS, ScheduleError  # noqa: E402
 from inwire.plan.schedule_file import MIXING_LEGEND, format_plan, write_schedule  # noqa: E402
 from inwire.plan.schedule_map import draw_schedule_map  # noqa: E402
-from inwire.plan.search import global_clique_plan, plan_schedule  # noqa: E402
+from inwire.plan.search import AUTO_ROUTING, global_clique_plan, plan_schedule  # noqa: E402
+from inwire.plan.sensitivity import (  # noqa: E402
+    BANDWIDTH_FACTORS,
+    LATENCY_FACTORS,
+    sensitivity_sweep,
+    sensitivity_table,
+)
 from inwire.plan.topology import load_topology  # noqa: E402
 
 from .options import (  # noqa: E402
@@ -40,6 +47,7 @@ DEFAULT_SWEEP_SIZES_MB = "10,100,1000"
 DEFAULT_SWEEP_STEPS_MS = "0,100,1000"
 DEFAULT_SWEEP_PROFILES = ",".join(PROFILES)
 PLAN_DEFAULTS = {"model_mb": "100", "step_ms": "0", "aggregator": "ideal"}
+SENSITIVITY_SIZES_MB = "1,100,1000"
 SWEEP_DEFAULTS = {"model_mb": DEFAULT_SWEEP_SIZES_MB, "step_ms": DEFAULT_SWEEP_STEPS_MS,
                   "aggregator": DEFAULT_SWEEP_PROFILES}
 """--model-mb, --step-ms and --aggregator take one value for a plan and a comma-separated list with --sweep,
@@ -66,17 +74,20 @@ def add_arguments(parser):
                         help=f"default in-line aggregator: {', '.join(PROFILES)}, or an `inwire build` report.json "
                              f"(a topology city may set its own) (default: {PLAN_DEFAULTS['aggregator']}; with "
                              f"--sweep a comma-separated list, default: every profile)")
-    parser.add_argument("--reduce-in-path", action="store_true",
-                        help="every aggregating city on the way to a clique's root sums what it forwards")
-    parser.add_argument("--routing", choices=ROUTINGS, default="latency",
+    parser.add_argument("--reduce-in-path", action=argparse.BooleanOptionalAction, default=True,
+                        help="every aggregating city on the way to a clique's root sums what it forwards, as the "
+                             "gateware's trees do (default: on)")
+    parser.add_argument("--routing", choices=(*ROUTINGS, AUTO_ROUTING), default=AUTO_ROUTING,
                         help="latency: fixed latency-shortest paths (DoubleZero routes so); bandwidth: each "
                              "transfer takes the candidate path that completes soonest, farthest first; balanced: "
-                             "flows then moved to other paths one at a time while that shortens their clique")
+                             "flows then moved to other paths one at a time while that shortens their clique; "
+                             "auto: the topology's own routing where it names one, else the sooner of latency and "
+                             "balanced (default: auto; the output says which)")
     parser.add_argument("--host-nic-gbps", type=decimal("--host-nic-gbps"), metavar="GBPS",
                         help="every island's host NIC rate in and out, in Gb/s (default: unlimited)")
-    parser.add_argument("--host-tree", action="store_true",
-                        help="let the optimizer exchange a clique on a host-side tree all-reduce (always reported "
-                             "as the host-tree baseline)")
+    parser.add_argument("--host-tree", action=argparse.BooleanOptionalAction, default=True,
+                        help="let the optimizer exchange a clique on a host-side tree all-reduce (default: on; "
+                             "with --no-host-tree the host-tree baseline is still printed, marked as no candidate)")
     parser.add_argument("--local-steps", type=whole("--local-steps"), default=0,
                         help="H local steps before every round; > 0 switches to the local-step objective")
     parser.add_argument("--step-ms", metavar="MS[,MS...]",
@@ -92,6 +103,11 @@ def add_arguments(parser):
     parser.add_argument("--sweep", action="store_true",
                         help="aggregator profile x reduce-in-path x model size x step time: table and phase plots")
     parser.add_argument("--out-dir", default="sweep", help="folder for the --sweep table and plots")
+    parser.add_argument("--sensitivity", metavar="FILE.json",
+                        help=f"plan again with every link's latency x{', x'.join(f'{f:g}' for f in LATENCY_FACTORS)} "
+                             f"and bandwidth x{', x'.join(f'{f:g}' for f in BANDWIDTH_FACTORS)} at each --model-mb "
+                             f"(a comma-separated list, default: {SENSITIVITY_SIZES_MB}); write which strategy wins "
+                             f"at each point to FILE.json and print the table (in place of --out)")
     earlier_spelling(parser, "model_mb", "--sizes-mb")
     earlier_spelling(parser, "aggregator", "--profiles")
     earlier_spelling(parser, "step_ms", "--steps-ms")
@@ -100,13 +116,14 @@ def add_arguments(parser):
 def _settings(args):
     """--model-mb, --step-ms and --aggregator as given or by default: for a plan, one number, one number and
     one aggregator (a report's path may hold a comma); with --sweep, lists left to the sweep to read."""
-    defaults = SWEEP_DEFAULTS if args.sweep else PLAN_DEFAULTS
+    defaults = (SWEEP_DEFAULTS if args.sweep else
+                {**PLAN_DEFAULTS, "model_mb": SENSITIVITY_SIZES_MB} if args.sensitivity else PLAN_DEFAULTS)
     for key, default in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
     if args.sweep:
         return
-    for key in ("model_mb", "step_ms"):
+    for key in ("step_ms",) if args.sensitivity else ("model_mb", "step_ms"):
         option, text = "--" + key.replace("_", "-"), getattr(args, key)
         if "," in text:
             raise ScheduleError(f"{option} must be a number (a comma-separated list only with --sweep), got {text!r}")
@@ -132,7 +149,8 @@ def _check_numbers(args):
             raise ScheduleError("--global-clique writes one schedule; --sweep compares the optimum over settings, "
                                 "give one or the other")
         return
-    check_positive("--model-mb", args.model_mb, MAX_MODEL_MB, "MB", "a petabyte")
+    if not args.sensitivity:
+        check_positive("--model-mb", args.model_mb, MAX_MODEL_MB, "MB", "a petabyte")
     if not (args.step_ms >= 0 and math.isfinite(args.step_ms)):
         raise ScheduleError(f"--step-ms must be 0 or more, got {args.step_ms}")
 
@@ -140,6 +158,8 @@ def _check_numbers(args):
 def run(args):
     _settings(args)
     _check_numbers(args)
+    if args.sensitivity:
+        return _run_sensitivity(args)
     if args.sweep:
         sizes = _parse_sizes(args.model_mb, "--model-mb", high=MAX_MODEL_MB)
         steps = _parse_sizes(args.step_ms, "--step-ms", zero=True)
@@ -192,6 +212,34 @@ def run(args):
         write_schedule(plan, schedule_path, destination=args.out)
         if map_path:
             draw_schedule_map(topology, plan.best, map_path, _setting_title(plan), plan.cost_model)
+    return 0
+
+
+def _run_sensitivity(args):
+    """--sensitivity: the plan at every latency and bandwidth factor and model size, as JSON and a table."""
+    for option, given in (("--sweep", args.sweep), ("--global-clique", args.global_clique), ("--out", args.out),
+                          ("--map", args.map)):
+        if given:
+            raise ScheduleError(f"--sensitivity writes its own file and table; {option} belongs to a plan, give one "
+                                f"or the other")
+    sizes = _parse_sizes(args.model_mb, "--model-mb", high=MAX_MODEL_MB)
+    aggregator = load_aggregator(args.aggregator)
+    check_outputs_apart({"--sensitivity": args.sensitivity}, _input_files(args))
+    check_writable(args.sensitivity, "--sensitivity")
+    topology = load_topology(args.topology)
+    islands = topology.resolve_islands(None if not args.islands else [name.strip() for name in args.islands.split(",")])
+    points = len(sizes) * len(LATENCY_FACTORS) * len(BANDWIDTH_FACTORS)
+    with progress.counting(points, "sensitivity point") as advance:
+        rows = sensitivity_sweep(topology, sizes, advance=advance, islands=islands, epsilon=args.epsilon,
+                                 multicast=not args.no_multicast, aggregation=not args.no_aggregation, seed=args.seed,
+                                 aggregator=aggregator, reduce_in_path=args.reduce_in_path, routing=args.routing,
+                                 local_steps=args.local_steps, step_ms=args.step_ms, host_nic_gbps=args.host_nic_gbps,
+                                 host_tree=args.host_tree)
+    with atomic_output(args.sensitivity) as path, open(path, "w") as handle:
+        json.dump(rows, handle, indent=1)
+        handle.write("\n")
+    print(sensitivity_table(rows), end="")
+    print(f"wrote {args.sensitivity}")
     return 0
 
 

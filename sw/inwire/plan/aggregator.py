@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..model import AggregatorConfig
 from .errors import ScheduleError
 from .jsonfile import read_json
 
@@ -25,6 +26,10 @@ class AggregatorProfile:
     data_width: int | None = None
     core_mhz: float | None = None
     source: str = ""
+    max_fanin: int | None = None
+    """Most contributions one slot takes (the gateware drops a frame whose fan-in is above it); None: no limit."""
+    max_elements: int | None = None
+    """Most elements a frame may carry into it; None: as many as a frame holds."""
 
     @property
     def ingress_bps(self) -> float:
@@ -52,17 +57,23 @@ class AggregatorProfile:
         return {"profile": self.name, "ports": self.ports, "port_gbps": self.port_gbps,
                 "data_width": self.data_width, "core_mhz": self.core_mhz,
                 "ingress_gbps": gbps(self.ingress_bps), "egress_gbps": gbps(self.egress_bps),
-                "core_gbps": gbps(self.core_bps), "source": self.source}
+                "core_gbps": gbps(self.core_bps), "source": self.source, "max_fanin": self.max_fanin,
+                "max_elements": self.max_elements}
 
+
+BOARD_FANIN, BOARD_ELEMENTS = AggregatorConfig.max_fanin, AggregatorConfig.max_elements
+"""The boards' core is built with the default AggregatorConfig (hdl/inwire_hdl/board.py's aggregator_factory)."""
 
 # The board figures are those of hdl/inwire_hdl (board.py, board_build.py, alveo.py; docs/board.md);
 # tests/test_schedule.py checks that they still agree.
 PROFILES = {
     "ideal": AggregatorProfile("ideal", source="no limit: every aggregator takes in all its contributions at once"),
     "versa_ecp5": AggregatorProfile("versa_ecp5", 1, 1.0, 8, 31.25,
-                                    "Lattice ECP5 Versa: one RGMII 1 GbE port pair, core 8 bytes at 31.25 MHz"),
+                                    "Lattice ECP5 Versa: one RGMII 1 GbE port pair, core 8 bytes at 31.25 MHz",
+                                    BOARD_FANIN, BOARD_ELEMENTS),
     "alveo_u200": AggregatorProfile("alveo_u200", 1, 100.0, 64, 250.0,
-                                    "AMD Alveo U200: one QSFP28 100 GbE port pair, core 64 bytes at 250 MHz"),
+                                    "AMD Alveo U200: one QSFP28 100 GbE port pair, core 64 bytes at 250 MHz",
+                                    BOARD_FANIN, BOARD_ELEMENTS),
     "port10g": AggregatorProfile("port10g", 1, 10.0, source="one 10 Gb/s port pair, core not limiting"),
 }
 
@@ -121,7 +132,7 @@ def profile_from_report(report: object, where: str) -> AggregatorProfile:
         raise ScheduleError(f"{where}: no 'ports' and 'port_gbps', and board {board!r} is not one whose ports "
                             f"are known ({', '.join(BOARD_PORTS)})")
     return AggregatorProfile(f"{board or 'board'} build", ports, port_gbps, data_width, core_mhz,
-                             f"build report {where}")
+                             f"build report {where}", BOARD_FANIN, BOARD_ELEMENTS)
 
 
 def load_aggregator(spec: "str | os.PathLike[str] | AggregatorProfile") -> AggregatorProfile:

@@ -26,11 +26,14 @@ from inwire.protocol import (
 
 from .aggregator import AggregatorProfile, load_aggregator
 from .errors import ScheduleError
-from .topology import Topology
+from .topology import ROUTINGS, Topology
 
 AGGREGATE, ALL_TO_ALL, RING, HOST_TREE = "aggregate", "all-to-all", "ring", "host-tree"
 EXCHANGES = (AGGREGATE, ALL_TO_ALL, RING, HOST_TREE)
-ROUTINGS = ("latency", "bandwidth", "balanced")
+GLOO_RING = "gloo-ring"
+"""gloo's ring all-reduce over its TCP pairs: a ring whose every step first waits for the receiver's
+ready-to-receive. A predicted baseline only: never slower to run as a plain ring, so never offered to the
+optimizer and not an exchange a schedule file holds."""
 CANDIDATE_PATHS = 4
 """Bandwidth-aware routing chooses among this many latency-shortest simple paths per transfer."""
 ROUTING_MOVES = 100
@@ -53,6 +56,22 @@ _RoundState = tuple[tuple["_Profile", Any], ...]
 """A round's cliques as (profile, balanced routes or None) each."""
 _State = TypeVar("_State")
 _Element = TypeVar("_Element")
+
+
+def ring_chain_ms(hop_ms: Sequence[float], steps: int, handshake: bool = False) -> float:
+    """Propagation term of a ring whose hops (in ring order) take `hop_ms` one way, over `steps` steps.
+
+    Step s of a member forwards what it received at step s-1 from its predecessor, so the last chunk to
+    arrive has crossed `steps` consecutive hops of the ring one after the other: the term is the longest
+    sum of `steps` consecutive hops (cyclically), not `steps` times the longest hop. With `handshake`
+    (gloo's TCP pair) the receiver first tells the sender it is ready, so every step costs its hop's round
+    trip (the ready-to-receive back, the data forth) instead of one way.
+    """
+    k = len(hop_ms)
+    per_step = [2.0 * ms for ms in hop_ms] if handshake else list(hop_ms)
+    whole, left = divmod(steps, k)
+    chains = [whole * sum(per_step) + sum(per_step[(start + j) % k] for j in range(left)) for start in range(k)]
+    return max(chains)
 
 
 def wire_bytes(model_bytes: int) -> int:
@@ -169,7 +188,11 @@ class CostModel:
         self.vector_bits = 8 * wire_bytes(self.model_bytes)
         directed = sorted(edge for u, v in topology.graph.edges for edge in ((u, v), (v, u)))
         self.edge_index = {edge: i for i, edge in enumerate(directed)}
-        self.bandwidth_bps = np.array([topology.link_between(u, v).bandwidth_gbps * 1e9 for u, v in directed])
+        # Routed by latency, a pair's traffic takes its lowest-latency link alone (as IS-IS with delay metrics
+        # does); a sender that chooses its paths splits flows over parallel links too (their extra latency, a
+        # millisecond or so on NYC-LON, is not charged).
+        self.bandwidth_bps = np.array([(topology.link_between(u, v).bandwidth_gbps if routing == "latency" else
+                                        topology.parallel_gbps(u, v)) * 1e9 for u, v in directed])
         cities = topology.cities
         self.aggregation_cities = tuple(name for name in cities if aggregation and cities[name].aggregation)
         # Aggregators that limit anything get three resources after the links: ingress, core, egress.
@@ -476,7 +499,7 @@ class CostModel:
             loads[edges] += bits
         for member in members:
             self._charge_nic(loads, member, bits, bits)
-        return steps * max(ms for _, ms in routes) + self._busiest_ms(loads), loads
+        return ring_chain_ms([ms for _, ms in routes], steps) + self._busiest_ms(loads), loads
 
     def _bandwidth_ring(self, hops: Sequence[tuple[str, str]], steps: int, bits: float) -> RingRoutes:
         """Each hop in ring order on the candidate path that completes soonest behind the hops before it."""
@@ -709,10 +732,10 @@ class CostModel:
                 self._add_distribution(loads, sender, [m for m in members if m != sender], self.vector_bits)
                 copies = 1 if self._replicates[sender] else k - 1
                 self._charge_nic(loads, sender, (k - 1) * self.vector_bits, copies * self.vector_bits)
-        elif clique.exchange == RING:
+        elif clique.exchange in (RING, GLOO_RING):
             hops, steps, bits = self._ring_shape(members)
-            if self.routing == "latency":
-                latency = steps * max(self.latency_ms(a, b) for a, b in hops)
+            if self.routing == "latency" or clique.exchange == GLOO_RING:  # gloo's pairs use the network's routes
+                latency = ring_chain_ms([self.latency_ms(a, b) for a, b in hops], steps, clique.exchange == GLOO_RING)
                 for a, b in hops:
                     self._add_path(loads, a, b, bits)
             else:
@@ -722,7 +745,7 @@ class CostModel:
                     routes = self._balanced_routes[clique] = self._balanced_ring(members, hops, steps, bits)
                 for edges, _ in routes:
                     loads[edges] += bits
-                latency = steps * max(ms for _, ms in routes)
+                latency = ring_chain_ms([ms for _, ms in routes], steps)
             for member in members:
                 self._charge_nic(loads, member, bits, bits)
         elif clique.exchange == HOST_TREE:
@@ -741,10 +764,11 @@ class CostModel:
         return list(zip(members, members[1:] + members[:1])), steps, steps * 8 * wire_bytes(-(-self.model_bytes // k))
 
     def ring_order(self, members: Iterable[str]) -> tuple[str, ...]:
-        """A ring order with short hops; the longest sets the ring's latency (2(k-1) times it).
+        """A ring order whose dependency chain (the longest 2(k-1) consecutive hops, `ring_chain_ms`) is
+        short; it sets the ring's propagation term.
 
-        Up to 9 members: the order with the shortest longest hop (ties: shortest total), by trying all.
-        Beyond: nearest neighbour and 2-opt on the total, then 2-opt moves that shorten the longest hop.
+        Up to 9 members: the order with the shortest chain (ties: shortest longest hop), by trying all.
+        Beyond: nearest neighbour and 2-opt on the total, then 2-opt moves that shorten the chain.
         """
         key = frozenset(members)
         if key in self._ring_orders:
@@ -752,20 +776,25 @@ class CostModel:
         ordered = self.canonical(members)
         k = len(ordered)
         d = np.array([[self.latency_ms(a, b) for b in ordered] for a in ordered])
+        whole, left = divmod(2 * (k - 1), k)
 
         def hops(orders: np.ndarray) -> np.ndarray:
             return d[orders, np.roll(orders, -1, axis=-1)]
 
+        def chains(lengths: np.ndarray) -> np.ndarray:
+            windows = sum((np.roll(lengths, -j, axis=-1) for j in range(left)), np.zeros_like(lengths))
+            return whole * lengths.sum(axis=-1) + (windows.max(axis=-1) if left else 0.0)
+
         if k <= 9:
             orders = np.array([(0,) + p for p in itertools.permutations(range(1, k))])
             lengths = hops(orders)
-            best = list(orders[np.lexsort((lengths.sum(axis=1), lengths.max(axis=1)))[0]])
+            best = list(orders[np.lexsort((lengths.max(axis=1), chains(lengths)))[0]])
         else:
-            best, left = [0], list(range(1, k))
-            while left:
-                nearest = min(left, key=lambda j: d[best[-1], j])
+            best, remaining = [0], list(range(1, k))
+            while remaining:
+                nearest = min(remaining, key=lambda j: d[best[-1], j])
                 best.append(nearest)
-                left.remove(nearest)
+                remaining.remove(nearest)
             improved = True
             while improved:
                 improved = False
@@ -779,14 +808,15 @@ class CostModel:
             while improved:
                 improved = False
                 lengths = hops(np.array(best))
-                worst = int(np.argmax(lengths))
-                best = best[worst + 1:] + best[:worst + 1]  # the longest hop now closes the ring
-                current = (lengths.max(), lengths.sum())
-                for j in range(1, k - 1):
-                    trial = best[:j][::-1] + best[j:]
-                    trial_lengths = hops(np.array(trial))
-                    if (trial_lengths.max(), trial_lengths.sum()) < current:
-                        best, improved = trial, True
+                current = (float(chains(lengths)), lengths.max())
+                for i in range(1, k - 1):
+                    for j in range(i + 1, k):
+                        trial = best[:i] + best[i:j + 1][::-1] + best[j + 1:]
+                        trial_lengths = hops(np.array(trial))
+                        if (float(chains(trial_lengths)), trial_lengths.max()) < (current[0] - 1e-9, current[1]):
+                            best, improved = trial, True
+                            break
+                    if improved:
                         break
         order = tuple(ordered[int(i)] for i in best)
         self._ring_orders[key] = order
@@ -809,7 +839,61 @@ class CostModel:
             lat = self.latency_ms
             reach = sorted(cities, key=lambda g: max(lat(m, g) + lat(g, m) for m in ordered))[:shortlist]
             cities = [g for g in cities if g in reach or g in ordered]
+        # A board drops a contribution whose fan-in is above its maximum: no such clique sums there.
+        cities = [g for g in cities if (self.aggregator_of[g].max_fanin or math.inf) >= len(ordered)]
         return [Clique(ordered, city, AGGREGATE) for city in cities] + direct
+
+    def aggregation_limits(self, clique: Clique) -> list[str]:
+        """Why a clique exchanged between hosts is not summed in the network: one line per cause (fan-in,
+        ingress, core or egress rate, links, elements per frame), set against the clique's own time."""
+        members, k = clique.members, len(clique.members)
+        direct_ms = self.clique_time_alone(clique)
+        fanin = {self.aggregator_of[g].name: self.aggregator_of[g].max_fanin for g in self.aggregation_cities
+                 if (self.aggregator_of[g].max_fanin or math.inf) < k}
+        causes = [f"fan-in: {name} takes at most {most} contributions a slot, the clique has {k}"
+                  for name, most in sorted(fanin.items())]
+        options = [c for c in self.options(members) if c.exchange == AGGREGATE]
+        if not options:
+            return causes or ["no city of the topology aggregates in line (or --no-aggregation is given)"]
+        best = min(options, key=self.clique_time_alone)
+        best_ms = self.clique_time_alone(best)
+        if best_ms <= direct_ms:
+            return causes + [f"shared round: summed at {best.hub} alone it takes {best_ms:,.1f} ms against "
+                             f"{direct_ms:,.1f} by {clique.exchange}, but not beside the round's other cliques"]
+        hub, profile = best.hub, self.aggregator_of[best.hub]
+        loads, latency = self.profile(best).loads_bits, self.profile(best).latency_ms
+        first = self._aggregator_index.get(hub)
+        megabytes = self.vector_bits / 8e6
+        against = f"against {direct_ms:,.1f} ms for the whole clique by {clique.exchange}"
+        if first is not None:
+            for offset, what in enumerate(("ingress rate", "core rate", "egress rate")):
+                busy_ms = 1e3 * loads[first + offset] / self.capacity_bps[first + offset]
+                if latency + busy_ms > direct_ms:
+                    causes.append(f"{what}: {profile.name} at {hub} moves {loads[first + offset] / 8e6:,.1f} MB "
+                                  f"({loads[first + offset] / self.vector_bits:g} x the {megabytes:,.1f} MB vector) at "
+                                  f"{self.capacity_bps[first + offset] / 1e9:g} Gb/s: {latency + busy_ms:,.1f} ms "
+                                  f"with its propagation, {against}")
+        if self.reduce_in_path:
+            parent, aggregates = self._tree(hub)[0], set(self.aggregation_cities)
+            levels = 0
+            for member in members:
+                city, climbed = member, 1
+                while city != hub:
+                    climbed += city in aggregates
+                    city = parent[city]
+                levels = max(levels, climbed)
+            if levels > ROUTE_HOPS + 1:
+                causes.append(f"depth: the tree to {hub} has {levels} summing levels; a frame's route names at most "
+                              f"{ROUTE_HOPS} aggregators above the first, so the levels beyond forward unsummed")
+        if first is None or len(causes) == len(fanin):
+            links = loads[:len(self.bandwidth_bps)] / self.bandwidth_bps
+            causes.append(f"links: summed at {hub} (its fastest city) the clique takes {best_ms:,.1f} ms, its "
+                          f"busiest link {1e3 * float(links.max()):,.1f} ms of it, {against}")
+        if profile.max_elements is not None and profile.max_elements < MAX_ELEMENTS_PER_FRAME:
+            causes.append(f"elements: {profile.name} takes at most {profile.max_elements} elements a frame (the "
+                          f"planner's frames carry {MAX_ELEMENTS_PER_FRAME}), so every vector summed there needs "
+                          f"{MAX_ELEMENTS_PER_FRAME / profile.max_elements:.1f}x the frames (headers not charged)")
+        return causes
 
     def clique_time_alone(self, clique: Clique) -> float:
         p = self.profile(clique)
@@ -868,7 +952,7 @@ class CostModel:
         else:
             _, steps, bits = self._ring_shape(clique.members)
             loads, tree = self._ring_time_ms(clique.members, routes, steps, bits)[1], None
-            latency = steps * max(ms for _, ms in routes)
+            latency = ring_chain_ms([ms for _, ms in routes], steps)
         return _Profile(latency, loads, np.flatnonzero(loads), tree)
 
     def round_time(self, cliques: Sequence[Clique]) -> float:

@@ -91,8 +91,38 @@ def schedule_document(plan: PlanResult) -> dict[str, Any]:
                       for name, s in plan.baselines.items()},
         "lower_bound_ms": round(plan.lower_bound_ms, 6),
         "method": plan.method,
+        "routing_note": plan.routing_note,
+        "host_side": plan.host_side,
+        "recommendation": recommendation(plan),
+        "not_summed_in_network": not_summed_in_network(plan),
+        "excluded_baselines": plan.excluded_baselines,
     }
     return document
+
+
+def recommendation(plan: PlanResult) -> str:
+    """What the schedule asks for, in one sentence: summing in the network, or hosts only."""
+    if plan.host_side:
+        kinds = sorted({c.exchange for cliques in plan.best.rounds for c in cliques})
+        return (f"host-side: no aggregator sums anything, every clique exchanges between the island hosts "
+                f"({', '.join(kinds)}); this is not an FPGA schedule. The file says what to run, each clique's "
+                f"members (a host tree's root first, a ring in ring order); the hosts run it with their own "
+                f"collectives (a host tree as `python -m inwire.lab.hosttree` does, over TCP), while inwire "
+                f"stream would sum these cliques at an aggregator instead")
+    return "in-network: the aggregating cliques are summed in line at their aggregator cities"
+
+
+def not_summed_in_network(plan: PlanResult) -> list[str]:
+    """Where aggregation is on and the schedule still sums nowhere: why, for its largest clique, one line per
+    cause (CostModel.aggregation_limits); empty otherwise."""
+    model = plan.cost_model
+    if model is None or not plan.host_side or not plan.aggregation:
+        return []
+    cliques = [c for cliques in plan.best.rounds for c in cliques]
+    if not cliques:
+        return []
+    largest = max(cliques, key=lambda c: len(c.members))
+    return [f"{{{','.join(largest.members)}}} {line}" for line in model.aggregation_limits(largest)]
 
 
 def write_schedule(plan: PlanResult, path: str | os.PathLike[str],
@@ -321,12 +351,14 @@ def format_plan(plan: PlanResult) -> str:
         f"({wire_bytes(plan.model_bytes) / 1e6:,.1f} MB on the wire), epsilon {plan.epsilon:g}, "
         f"multicast {'on' if plan.multicast else 'off'}, aggregation {'on' if plan.aggregation else 'off'}",
         f"aggregator {aggregator.name} ({limits}), reduce in path {'on' if plan.reduce_in_path else 'off'}, "
-        f"routing {plan.routing}{hosts}; objective: {objective}",
+        f"routing {plan.routing}{f' ({plan.routing_note})' if plan.routing_note else ''}{hosts}; "
+        f"objective: {objective}",
         "",
         f"{'schedule':<14}{'rounds':>7}{'period ms':>12}{'rho':>10}{'spectral radius':>17}{'periods':>9}"
         f"{'time to eps ms':>16}{'x bound':>9}",
     ]
-    rows = [(plan.chosen, best)] + list(plan.baselines.items())
+    excluded = plan.excluded_baselines
+    rows = [(plan.chosen, best)] + [(name + ("*" if name in excluded else ""), s) for name, s in plan.baselines.items()]
     for name, s in rows:
         periods = ("-" if math.isinf(s.periods) else
                    str(s.periods) if isinstance(s.periods, int) else f"{s.periods:.2f}")
@@ -335,7 +367,13 @@ def format_plan(plan: PlanResult) -> str:
                      f"{periods:>9}{_time(s.time_to_epsilon_ms):>16}{'-' if math.isinf(ratio) else f'{ratio:.2f}':>9}")
     lines.append(f"{'lower bound':<14}{'':>7}{'':>12}{'':>10}{'':>17}{'':>9}{_time(plan.lower_bound_ms):>16}{1:>9.2f}")
     lines.append(MIXING_LEGEND)
+    lines.extend(f"{name}*: not a candidate: {why}" for name, why in excluded.items())
     lines.append("")
+    lines.append(f"recommendation: {recommendation(plan)}")
+    why_not = not_summed_in_network(plan)
+    if why_not:
+        lines.append("not summed in the network, because:")
+        lines.extend(f"  {line}" for line in why_not)
     lines.append(f"{plan.chosen} schedule, one period:")
     model = plan.cost_model
     for i, (cliques, duration) in enumerate(zip(best.rounds, best.round_times_ms), 1):

@@ -12,7 +12,7 @@ import numpy as np
 from .. import progress
 from .aggregator import AggregatorProfile
 from .baselines import GroupRounds, baselines, geographic_grid, lower_bound_ms
-from .cost import AGGREGATE, HOST_TREE, Clique, CostModel, Schedule, ScheduleError
+from .cost import AGGREGATE, GLOO_RING, HOST_TREE, ROUTINGS, Clique, CostModel, Schedule, ScheduleError
 from .mixing import (
     mixing_rate,
     periods_to_epsilon,
@@ -208,16 +208,28 @@ class PlanResult:
     host_nic_gbps: float | None = None
     """Every island's host NIC rate, in and out (None: unlimited)."""
     host_tree: bool = False
+    """Whether the optimizer could exchange a clique on a host-side tree."""
     chosen: str = "optimized"
     """What `best` is: the optimizer's schedule, or the one clique of every island `global_clique_plan` puts
     in its place."""
-    """Whether the optimizer could exchange a clique on a host-side tree."""
+    routing_note: str = ""
+    """How the routing was chosen where it was not given (`routing="auto"`)."""
 
     @property
     def candidate_baselines(self) -> dict[str, Schedule]:
         """The baselines the optimizer started from, which it is never worse than: all but the host-side
         tree unless it was offered host trees."""
-        return {name: s for name, s in self.baselines.items() if self.host_tree or name != HOST_TREE}
+        return {name: s for name, s in self.baselines.items() if name not in self.excluded_baselines}
+
+    @property
+    def excluded_baselines(self) -> dict[str, str]:
+        """Baselines printed for comparison that the optimized schedule may not use, with why."""
+        return {} if self.host_tree else {HOST_TREE: "host trees not offered (--no-host-tree)"}
+
+    @property
+    def host_side(self) -> bool:
+        """Whether the schedule sums nowhere in the network: every clique exchanges between hosts."""
+        return not any(c.exchange == AGGREGATE for cliques in self.best.rounds for c in cliques)
 
 
 def _groups_of(schedule: Schedule, islands: Iterable[str]) -> GroupRounds:
@@ -300,11 +312,44 @@ def _local_search(evaluator: Evaluator, start: Schedule, rng: np.random.Generato
     return best
 
 
-def _key(schedule: Schedule) -> tuple[float, int, float]:
-    return (schedule.time_to_epsilon_ms, len(schedule.rounds), schedule.period_ms)
+def _key(schedule: Schedule) -> tuple[float, int, float, int]:
+    """Sooner first; on a tie fewer rounds, a shorter period, then fewer cliques exchanged between hosts (the
+    in-network tree ties the host tree where the aggregators are ideal: the hardware is then the answer)."""
+    direct = sum(c.exchange != AGGREGATE for cliques in schedule.rounds for c in cliques)
+    return (schedule.time_to_epsilon_ms, len(schedule.rounds), schedule.period_ms, direct)
+
+
+AUTO_ROUTING = "auto"
+"""The routing the topology names, or else the better of latency and balanced routing, planned both ways."""
 
 
 def plan_schedule(topology: Topology, islands: Iterable[str] | None = None, model_bytes: int = 100_000_000,
+                  epsilon: float = 1e-3, multicast: bool = True, aggregation: bool = True, seed: int = 0,
+                  iterations: int | None = None, aggregator: str | AggregatorProfile = "ideal",
+                  reduce_in_path: bool = False, routing: str = "latency", local_steps: int = 0, step_ms: float = 0.0,
+                  host_nic_gbps: float | None = None, host_tree: bool = False) -> PlanResult:
+    """Find the periodic schedule with the least time to epsilon-consensus, beside the baselines
+    (`_plan_routed`). With routing "auto": the topology's own routing where it names one (a network whose
+    controller routes for its endpoints, as DoubleZero's does), else planned with latency and with balanced
+    routing, keeping the sooner (latency on a tie); the plan's `routing_note` says which and why."""
+    def plan(chosen_routing: str) -> PlanResult:
+        return _plan_routed(topology, islands, model_bytes, epsilon, multicast, aggregation, seed, iterations,
+                            aggregator, reduce_in_path, chosen_routing, local_steps, step_ms, host_nic_gbps, host_tree)
+
+    if routing != AUTO_ROUTING:
+        return plan(routing)
+    if topology.routing is not None:
+        return replace(plan(topology.routing),
+                       routing_note=f"auto: {topology.name}'s own routing; --routing to change")
+    latency, balanced = plan("latency"), plan("balanced")
+    better, other = ((balanced, latency) if balanced.best.time_to_epsilon_ms < latency.best.time_to_epsilon_ms
+                     else (latency, balanced))
+    return replace(better, wall_s=latency.wall_s + balanced.wall_s,
+                   routing_note=f"auto: the sooner of latency and balanced routing; {other.routing} gives "
+                                f"{other.best.time_to_epsilon_ms:,.1f} ms")
+
+
+def _plan_routed(topology: Topology, islands: Iterable[str] | None = None, model_bytes: int = 100_000_000,
                   epsilon: float = 1e-3, multicast: bool = True, aggregation: bool = True, seed: int = 0,
                   iterations: int | None = None, aggregator: str | AggregatorProfile = "ideal",
                   reduce_in_path: bool = False, routing: str = "latency", local_steps: int = 0, step_ms: float = 0.0,
@@ -318,6 +363,8 @@ def plan_schedule(topology: Topology, islands: Iterable[str] | None = None, mode
     """
     started = time.perf_counter()
     chosen = topology.resolve_islands(islands)
+    if routing not in ROUTINGS:
+        raise ScheduleError(f"routing must be one of {', '.join((*ROUTINGS, AUTO_ROUTING))}, got {routing!r}")
     if len(chosen) > MAX_ISLANDS:
         raise ScheduleError(f"{len(chosen)} islands, more than the {MAX_ISLANDS} a schedule is planned for (the "
                             f"search took 8 minutes for 200 here); choose fewer with --islands")
@@ -328,8 +375,9 @@ def plan_schedule(topology: Topology, islands: Iterable[str] | None = None, mode
     n = len(chosen)
 
     reported = baselines(evaluator, seed)
-    # The host-tree baseline is reported as a competitor; a candidate only where cliques may use it.
-    candidates = [s for name, s in reported.items() if host_tree or name != HOST_TREE]
+    # Every baseline the options allow is a candidate, so none of those printed beats the result; the host-tree
+    # one only where cliques may use host trees, and gloo's ring never (the plain ring on its order is faster).
+    candidates = [s for name, s in reported.items() if name != GLOO_RING and (host_tree or name != HOST_TREE)]
     factorizations = ordered_factorizations(n)
     if len(factorizations) > 40:
         factorizations = sorted(factorizations, key=lambda d: (len(d), d))[:40]

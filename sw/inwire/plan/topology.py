@@ -25,11 +25,13 @@ LINK_KINDS = ("dedicated", "public")
 FIBER_MS_PER_KM = 4.9e-3
 """Light in fiber: about 4.9 microseconds per kilometre."""
 EARTH_RADIUS_KM = 6371.0
-BUILTIN_TOPOLOGIES = ("doublezero9",)
+BUILTIN_TOPOLOGIES = ("doublezero9", "doublezero-public")
+ROUTINGS = ("latency", "bandwidth", "balanced")
+"""How transfers find their paths (inwire.plan.cost.CostModel); a topology may name the one its network uses."""
 
 _CITY_KEYS = {"name", "lat", "lon", "aggregation", "multicast", "aggregator"}
-_LINK_KEYS = {"a", "b", "latency_ms", "bandwidth_gbps", "kind"}
-_TOP_KEYS = {"name", "description", "cities", "links"}
+_LINK_KEYS = {"a", "b", "latency_ms", "bandwidth_gbps", "kind", "contributor"}
+_TOP_KEYS = {"name", "description", "cities", "links", "routing"}
 
 
 class TopologyError(InwireError, ValueError):
@@ -55,14 +57,18 @@ class Link:
     latency_ms: float
     bandwidth_gbps: float
     kind: str = "dedicated"
+    contributor: str = ""
+    """Who provides the link: parallel links of one kind between two cities need different contributors."""
 
 
 class Topology:
     """Validated cities and links with shortest-latency routes between every pair of cities."""
 
     def __init__(self, name: str, cities: Iterable[City], links: Iterable[Link], description: str = "",
-                 source: str | None = None) -> None:
+                 source: str | None = None, routing: str | None = None) -> None:
         self.name = name
+        self.routing = routing
+        """The routing the network itself uses (its controller's, not the endpoints' choice), or None."""
         # What load_topology was given (a built-in name or a file path): a schedule names it so the
         # host can load the same topology again.
         self.source = source or name
@@ -73,13 +79,18 @@ class Topology:
 
     @cached_property
     def graph(self) -> nx.Graph:
-        """One edge per city pair: the lowest-latency link between them carries the traffic."""
+        """One edge per city pair: the lowest-latency link between them carries the traffic routed by latency
+        (`link`); `parallel_gbps` adds the bandwidth of the other links of its kind between the same cities,
+        which a sender that splits its flows can use too."""
         graph = nx.Graph()
         graph.add_nodes_from(sorted(self.cities))
         for link in self.links:
             current = graph.get_edge_data(link.a, link.b)
             if current is None or link.latency_ms < current["link"].latency_ms:
                 graph.add_edge(link.a, link.b, latency_ms=link.latency_ms, link=link)
+        for a, b, data in graph.edges(data=True):
+            data["parallel_gbps"] = sum(link.bandwidth_gbps for link in self.links
+                                        if {link.a, link.b} == {a, b} and link.kind == data["link"].kind)
         return graph
 
     @cached_property
@@ -102,6 +113,10 @@ class Topology:
     def link_between(self, a: str, b: str) -> Link:
         link: Link = self.graph.edges[a, b]["link"]
         return link
+
+    def parallel_gbps(self, a: str, b: str) -> float:
+        """Bandwidth of every link of the routed link's kind between a and b, parallel ones included."""
+        return float(self.graph.edges[a, b]["parallel_gbps"])
 
     def resolve_islands(self, names: Iterable[str] | None = None) -> tuple[str, ...]:
         """The island cities in a stable order; all cities when `names` is None."""
@@ -128,7 +143,9 @@ class Topology:
                         **({} if c.aggregator is None else {"aggregator": c.aggregator.to_json()})}
                        for c in self.cities.values()],
             "links": [{"a": link.a, "b": link.b, "latency_ms": link.latency_ms, "bandwidth_gbps": link.bandwidth_gbps,
-                       "kind": link.kind} for link in self.links],
+                       "kind": link.kind, **({"contributor": link.contributor} if link.contributor else {})}
+                      for link in self.links],
+            **({} if self.routing is None else {"routing": self.routing}),
         }
 
 
@@ -200,7 +217,7 @@ def topology_from_dict(document: object, source: str | None = None) -> Topology:
                            _flag(entry, "aggregation", where), _flag(entry, "multicast", where), aggregator))
 
     links: list[Link] = []
-    seen_links: dict[tuple[str, str, str], int] = {}
+    seen_links: dict[tuple[str, str, str, str], int] = {}
     for i, entry in enumerate(links_in):
         where = f"links[{i}]"
         if not isinstance(entry, dict):
@@ -221,13 +238,21 @@ def topology_from_dict(document: object, source: str | None = None) -> Topology:
         kind = entry.get("kind", "dedicated")
         if kind not in LINK_KINDS:
             raise TopologyError(f"{where}: kind must be one of {', '.join(LINK_KINDS)}, got {kind!r}")
-        key = (min(a, b), max(a, b), kind)
+        contributor = entry.get("contributor", "")
+        if not isinstance(contributor, str):
+            raise TopologyError(f"{where}: contributor must be a name, got {contributor!r}")
+        key = (min(a, b), max(a, b), kind, contributor)
         if key in seen_links:
-            raise TopologyError(f"{where}: duplicate {kind} link, first at links[{seen_links[key]}]")
+            raise TopologyError(f"{where}: duplicate {kind} link, first at links[{seen_links[key]}] (parallel links "
+                                f"need different contributors)")
         seen_links[key] = i
         links.append(Link(a, b, _number(entry.get("latency_ms"), where, "latency_ms", minimum=0),
-                          _number(entry.get("bandwidth_gbps"), where, "bandwidth_gbps", positive=True), kind))
-    return Topology(str(name), cities, links, str(document.get("description", "")), source)
+                          _number(entry.get("bandwidth_gbps"), where, "bandwidth_gbps", positive=True), kind,
+                          contributor))
+    routing = document.get("routing")
+    if routing is not None and routing not in ROUTINGS:
+        raise TopologyError(f"{label}: routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+    return Topology(str(name), cities, links, str(document.get("description", "")), source, routing)
 
 
 def _validate_connected(topology: Topology) -> None:
