@@ -1132,3 +1132,68 @@ def test_fast_path_equals_the_model_with_or_without_job_tables(registered, unreg
     counters = pair.fast.stats()
     assert counters["drop_version"] > 0
     assert (counters["relayed"] > 0) == registered
+
+
+def serve_job_difference(golden, fast, stream, batch=0):
+    """`job_difference` through the services' `handle` (or, with `batch`, the fast one's `handle_batch` on up to
+    `batch` datagrams at a time, between table changes): the first event whose sends (in order) or counters
+    (the aggregator's and the service's own) differ, or None."""
+    pending = []
+
+    def flush():
+        if not pending:
+            return None
+        slot = max(len(payload) for payload, _ in pending) + 1
+        buffer = bytearray(slot * len(pending))
+        for index, (payload, _) in enumerate(pending):
+            buffer[index * slot:index * slot + len(payload)] = payload
+        want = [send for payload, peer in pending for send in golden.handle(payload, peer, 0)]
+        got = fast.handle_batch(buffer, [(len(payload), peer) for payload, peer in pending], slot, 0)
+        pending.clear()
+        return differs(golden, fast, want, got)
+
+    for index, event in enumerate(stream):
+        if event[0] in ("install", "remove"):
+            difference = flush()
+            outcomes = []
+            for service in (golden, fast):
+                try:
+                    outcomes.append(getattr(service, event[0])(event[1]))
+                except ValueError as error:
+                    outcomes.append(str(error))
+            difference = difference or (None if outcomes[0] == outcomes[1] else f"tables differ: {outcomes}")
+        elif batch:
+            pending.append(event)
+            difference = flush() if len(pending) == batch else None
+        else:
+            difference = differs(golden, fast, golden.handle(*event, 0), fast.handle(*event, 0))
+        if difference:
+            return index, difference
+    return None if flush() is None else (len(stream), "in the last batch")
+
+
+@pytest.mark.parametrize("batch", [0, 7], ids=["each", "batched"])
+@pytest.mark.parametrize("unicast", [True, False], ids=["unicast", "multicast"])
+def test_the_services_send_a_job_s_outputs_where_its_tables_say(pair, unicast, batch):
+    """`inwire serve` with either engine, datagram by datagram or a recvmmsg batch at a time: a version 3
+    decision's outputs go to the endpoints it names and nowhere else (not through the service's learning, copies
+    or relays, whatever `unicast` says), never to the service itself (a job whose members include the service's
+    own address gets no copy there; each is counted, sends_refused), the same on both engines. Only version 3
+    datagrams here, so that the service's unicast copies, relays and learning table stay unused."""
+    golden, fast = pair(unicast=unicast, slots=12, max_elements=16)
+    own = (ip_int(golden.address[0]), golden.address[1])
+    stream = []
+    for event in JobStream(seed=80 + unicast + batch, max_elements=16).stream(DATAGRAMS // 2):
+        if event[0] == "install" and event[1].job == 0x51:
+            event = ("install", dataclasses.replace(event[1], members=event[1].members | {own}))
+        elif event[0] not in ("install", "remove"):
+            if len(event[0]) < 3 or event[0][2] != 3:
+                continue  # version 3 only: the service's own machinery for versions 1 and 2 stays idle
+            if event[1] == MEMBER_PEERS[0] and len(stream) % 3 == 0:
+                event = (event[0], golden.address)  # a member sending from the service's own address
+        stream.append(event)
+    assert serve_job_difference(golden, fast, stream, batch) is None
+    counters = fast.counters()
+    assert counters["sends_refused"] > 0 and counters["relayed"] > 0 and counters["results_emitted"] > 0
+    assert counters["unicast_copies"] == counters["results_relayed"] == 0
+    assert fast.learned == {} == golden.learned

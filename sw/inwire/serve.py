@@ -24,6 +24,11 @@ from its parent (the address it sent that slot's partial to) to the members and 
 for the slot; a result that answers a child's retransmitted partial reaches that child alone, and it
 relays it to all of its own.
 
+Registered jobs (protocol version 3, `registered`): the control interface installs each job's tables
+(`install`, `remove`), and a version 3 datagram's answers go to exactly the endpoints its decision names, from
+those tables (the job's group, its members, the clique's parent and children); none of the learning, unicast
+copies and relays above, which serve versions 1 and 2 (taken with `unregistered`), is involved.
+
 A service listening on the wildcard address (0.0.0.0) is the aggregator at every address of its machine: each
 datagram is decided by the aggregator at the address it arrived on (IP_PKTINFO), as a board at that address
 would decide the frame.
@@ -73,6 +78,7 @@ from .datagram import (
 )
 from .errors import InwireError
 from .fastpath import FastAggregator, compiled, next_hop  # the kernel as the fast path loaded it
+from .jobs import JobEntry
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field
 from .protocol import (
@@ -80,6 +86,7 @@ from .protocol import (
     FAULT_DROP_COUNTERS,
     FRAME_OFFSETS,
     INWIRE_PORT,
+    JOB_VERSION,
     RETRANSMISSION_DROP_COUNTERS,
     Disposition,
     Opcode,
@@ -165,7 +172,8 @@ class SoftwareAggregator:
     ((network, length), or 'A.B.C.D/N') is where partials may go (default: the /24 of the listen address),
     `stats_from` who besides this machine may ask for the counters (default: `upstream`). `engine` is
     "fast" (default) or "golden"; `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a
-    co-simulation) implies "golden".
+    co-simulation) implies "golden". `registered` (job tables: version 3) and `unregistered` (versions 1 and 2)
+    are the aggregator's (`AggregatorConfig`); `install(entry)` and `remove(job)` reach its tables.
     """
 
     handle: Callable[..., list[Send]]
@@ -178,7 +186,8 @@ class SoftwareAggregator:
                  engine: str | None = None,
                  receive_buffer: int | None = DEFAULT_RECEIVE_BUFFER,
                  lease: int = DEFAULT_LEASE, upstream: tuple[int, int] | str | None = None,
-                 stats_from: tuple[int, int] | str | None = None) -> None:
+                 stats_from: tuple[int, int] | str | None = None, registered: bool = True,
+                 unregistered: bool = True) -> None:
         # Without the compiled kernel there is no fast path: the golden model serves, with the same answers.
         engine = engine or ("golden" if make_aggregator is not None or compiled is None else "fast")
         if make_aggregator is not None and listen[0] in ("0.0.0.0", ""):
@@ -211,7 +220,8 @@ class SoftwareAggregator:
         if isinstance(upstream, str):
             upstream = parse_prefix(upstream)
         self.config = AggregatorConfig(ip=ip_int(self.address[0]), port=self.address[1], slots=slots,
-                                       max_elements=max_elements, lease=lease, upstream=upstream)
+                                       max_elements=max_elements, lease=lease, upstream=upstream,
+                                       registered=registered, unregistered=unregistered)
         if isinstance(stats_from, str):
             stats_from = parse_prefix(stats_from, "--stats-from")
         network, length = stats_from or self.config.upstream_prefix
@@ -269,6 +279,25 @@ class SoftwareAggregator:
             raise ServeError(f"{self.description} does not tell who owns its slots")
         return self.model.slots[slot].key
 
+    def install(self, entry: JobEntry) -> int:
+        """Install or renew a registered job's tables in the aggregator; returns the first slot of its range.
+        A clash or a full table raises `jobs.JobTableError`."""
+        engine = self.fast if self.fast is not None else self.model
+        install = getattr(engine, "install", None)
+        if install is None:
+            raise ServeError(f"{self.description} holds no job tables")
+        base: int = install(entry)
+        return base
+
+    def remove(self, job: int) -> bool:
+        """Tear a registered job down (its slots become free); whether it was installed."""
+        engine = self.fast if self.fast is not None else self.model
+        remove = getattr(engine, "remove", None)
+        if remove is None:
+            raise ServeError(f"{self.description} holds no job tables")
+        removed: bool = remove(job)
+        return removed
+
     def ticks(self) -> int:
         """Milliseconds since the service started: the arrival time of a datagram read now."""
         return int((time.monotonic() - self._started) / LEASE_TICK_S)
@@ -279,7 +308,8 @@ class SoftwareAggregator:
         when the aggregator decides."""
         opcode = payload[3]
         if opcode == Opcode.RESULT:
-            return self._relay(payload, peer) if self.unicast else None
+            # A version 3 result comes down from a parent in its job's tables: the aggregator decides it.
+            return self._relay(payload, peer) if self.unicast and payload[2] != JOB_VERSION else None
         if opcode == Opcode.STATS_REQUEST and not self._may_ask_stats(peer[0]):
             self.own["stats_refused"] += 1
             return []
@@ -296,13 +326,13 @@ class SoftwareAggregator:
         # The service's address, for the decider to leave out of unicast copies; without it (multicast, or a
         # wildcard address, which makes other addresses the service's too) copies are made here.
         own = self.address if self._copies_in_decider else None
-        decided = self._serve(payload, now, peer[0], peer, own)
+        decided = self._serve(payload, now, peer, peer, own)
         if decided is None:  # a result or stats request: the service looks first
             refused = self._refused_before_deciding(payload, peer)
             if refused is not None:
                 return refused
             assert self.fast is not None  # this path serves only with it
-            disposition, answer = self.fast.handle(payload, now, peer[0], peer)
+            disposition, answer = self.fast.handle(payload, now, peer, peer)
             return [] if answer is None else self._send_answer(payload, peer, disposition, answer)
         if decided.__class__ is list:  # nothing to send
             return decided
@@ -314,8 +344,11 @@ class SoftwareAggregator:
             return first
         return self._send_answer(payload, peer, first, second)
 
-    def _send_answer(self, payload: Payload, peer: Address, disposition: int, answer: bytes) -> list[Send]:
-        """Where the fast path's answer to `payload` from `peer` goes."""
+    def _send_answer(self, payload: Payload, peer: Address, disposition: int,
+                     answer: bytes | list[Send]) -> list[Send]:
+        """Where the fast path's answer to `payload` from `peer` goes: a version 3 answer names its sends."""
+        if isinstance(answer, list):
+            return self._unless_own(answer)
         if answer[3] == _PARTIAL:
             return self._partial(answer, (ip_str(next_hop(payload)), self.config.port))
         if answer[3] != _RESULT:
@@ -339,6 +372,10 @@ class SoftwareAggregator:
         frame = wrap(payload, peer, self._at, self.dst_mac)
         before = model.stats()
         outputs = model.process(frame, self.ticks() if now is None else now)
+        if len(payload) > 2 and payload[2] == JOB_VERSION:
+            # Each output to where the model addressed it, from the job's tables (a stats reply: the asker).
+            return self._unless_own([(payload_of(output), (ip_str(frame_field(output, "ip_dst")),
+                                                           frame_field(output, "udp_dport"))) for output in outputs])
         after = model.stats()
         answered = after["answered"] > before["answered"]
         if answered or after["accumulated"] > before["accumulated"]:
