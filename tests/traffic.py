@@ -124,8 +124,8 @@ SCENARIOS = {scenario.reaches: scenario for scenario in (
     Scenario("drop_length", "a count one above the elements carried, and a header cut short",
              at_zero(lambda c: [contribution(c, count=len(ELEMENTS) + 1),
                                 datagram_frame(c, contribution(c)[PAYLOAD_OFFSET:PAYLOAD_OFFSET + 60])])),
-    Scenario("drop_version", "magic wrong, then version 3", at_zero(lambda c: [
-        contribution(c, magic=0x4956), contribution(c, version=3)])),
+    Scenario("drop_version", "magic wrong, then version 4 (no aggregator takes it)", at_zero(lambda c: [
+        contribution(c, magic=0x4956), contribution(c, version=4)])),
     Scenario("drop_opcode", "a result sent to the aggregator, and opcode 7", at_zero(lambda c: [
         frame(c, status=0, opcode=Opcode.RESULT), frame(c, opcode=7)])),
     Scenario("drop_fanin", "fan-in 0, then one above the maximum", at_zero(lambda c: [
