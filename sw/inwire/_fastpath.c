@@ -94,6 +94,8 @@ typedef struct {
 
 typedef struct {
     int owned;            /* has an owner (key) */
+    int held;             /* in a registered job's range: no version 1 or 2 frame may name it (beside `owned`, in
+                             the cache line every datagram reads) */
     owner_t key;
     shape_t shape;        /* the owner's, level resolved as the model's */
     uint64_t bitmap;      /* members summed */
@@ -109,7 +111,6 @@ typedef struct {
     PyObject **members;   /* max_members entries, NULL where none was learned */
     PyObject *children;   /* a set, NULL until a partial is learned */
     /* Version 3 (registered jobs). */
-    int held;             /* in a registered job's range: no version 1 or 2 frame may name it */
     int final;            /* below the root: the clique's result came down from the parent and replaced the sums */
     uint64_t sourced;     /* bit i: member i's contribution came from source[i] */
     Py_ssize_t n_children;
@@ -382,7 +383,7 @@ enum { ADMITTED = -2, ANSWER_DUE = -3 };
 /* Whether a contribution or partial of owner `key` and `shape` holding `members` may be summed into slot `s`
    (the model's SLOT_CHECKS for it): ADMITTED (claiming the slot when that is due), ANSWER_DUE (its owner's
    completed slot: the stored output again), a drop, or -1 with an error set. */
-static inline long long admit(Decider *d, slot_t *s, const owner_t *key, const shape_t *shape, uint64_t members)
+static inline __attribute__((always_inline)) long long admit(Decider *d, slot_t *s, const owner_t *key, const shape_t *shape, uint64_t members)
 {
     const uint64_t *k = d->k;
     if (s->owned && same_owner(&s->key, key)) {
@@ -422,7 +423,7 @@ static inline long long admit(Decider *d, slot_t *s, const owner_t *key, const s
 /* Sums an admitted contribution or partial of `count` elements (its length checked against the count, and the
    slot's output made for it: the elements lie within both). The first members' elements are the sums (0 + x
    saturates nowhere). */
-static inline void add(Decider *d, slot_t *s, const uint8_t *p, Py_ssize_t length, uint64_t opcode, uint64_t count,
+static inline __attribute__((always_inline)) void add(Decider *d, slot_t *s, const uint8_t *p, Py_ssize_t length, uint64_t opcode, uint64_t count,
                        uint64_t members)
 {
     const uint64_t *k = d->k;
