@@ -2,8 +2,8 @@
    copies: part of the compiled kernel inwire._kernel.
 
    Decider(fields, constants, config)
-       The fast aggregator's decisions on UDP payloads with its slot table, and inwire serve's learning table
-       (below).
+       The fast aggregator's decisions on UDP payloads with its slot table and the registered jobs' tables
+       (install_job, remove_job; version 3), and inwire serve's learning table (below).
 
    The golden model (inwire.model) is its definition: tests/test_fastpath.py runs both on the same streams
    and compares every answer, destination and counter; where this kernel is not built, inwire serve runs the

@@ -5,10 +5,12 @@ would have carried and hands the frame to the model; this path skips the frame. 
 certain is not checked again: a wrapped datagram is always IPv4/UDP addressed to the service, its IPv4
 header is 0x45, not a fragment and its checksum is right (`datagram.wrap` computed it). Version 1 and
 version 2 datagrams are taken, as the model takes them (a version 1 one is a flat one-member contribution,
-answered in version 1). Everything else is checked in the model's order, so every datagram gets the model's
-disposition and output, bit for bit, and the model's counters. The model stays the definition:
-`tests/test_fastpath.py` feeds both the same random and adversarial streams and compares every output,
-destination and counter, and shows the comparison failing on a decider with one of its numbers wrong.
+answered in version 1), and, with job tables (`AggregatorConfig.registered`), version 3 datagrams of the
+registered jobs, whose answers go where the tables say. Everything else is checked in the model's order,
+so every datagram gets the model's disposition and output, bit for bit, and the model's counters. The model
+stays the definition: `tests/test_fastpath.py` feeds both the same random and adversarial streams and
+compares every output, destination and counter, and shows the comparison failing on a decider with one of
+its numbers wrong.
 
 `FastAggregator` hands each datagram to the compiled kernel's `Decider` (_fastpath.c, in `inwire._kernel`),
 which holds the slot table and decides in one call per datagram; for `inwire serve` it also keeps serve.py's
