@@ -30,6 +30,7 @@ import pytest
 
 from inwire import fastpath
 from inwire.datagram import PAYLOAD_OFFSET, header_struct, ip_int, ip_str, payload_of, wrap
+from inwire.jobs import JobTableError
 from inwire.packets import build_frames, frame_field
 from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, MAX_RESULT_ELEMENTS, Disposition, Opcode, clique_mask
 from inwire.serve import SoftwareAggregator
@@ -895,7 +896,7 @@ class JobPair:
         for aggregator in (self.model, self.fast):
             try:
                 outcomes.append(aggregator.install(entry))
-            except ValueError as error:
+            except (ValueError, JobTableError) as error:
                 outcomes.append((type(error), str(error)))
         return outcomes
 
@@ -1158,8 +1159,8 @@ def serve_job_difference(golden, fast, stream, batch=0):
             outcomes = []
             for service in (golden, fast):
                 try:
-                    outcomes.append(getattr(service, event[0])(event[1]))
-                except ValueError as error:
+                    outcomes.append(getattr(service, f"{event[0]}_job")(event[1]))
+                except JobTableError as error:
                     outcomes.append(str(error))
             difference = difference or (None if outcomes[0] == outcomes[1] else f"tables differ: {outcomes}")
         elif batch:
@@ -1180,7 +1181,7 @@ def test_the_services_send_a_job_s_outputs_where_its_tables_say(pair, unicast, b
     or relays, whatever `unicast` says), never to the service itself (a job whose members include the service's
     own address gets no copy there; each is counted, sends_refused), the same on both engines. Only version 3
     datagrams here, so that the service's unicast copies, relays and learning table stay unused."""
-    golden, fast = pair(unicast=unicast, slots=12, max_elements=16)
+    golden, fast = pair(unicast=unicast, slots=12, max_elements=16, registered=True, key=bytes(32))
     own = (ip_int(golden.address[0]), golden.address[1])
     stream = []
     for event in JobStream(seed=80 + unicast + batch, max_elements=16).stream(DATAGRAMS // 2):

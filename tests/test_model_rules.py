@@ -6,7 +6,11 @@ the document's order, and the frames the rules say go out. Random streams drive 
 reference side by side: every tree field random (levels with members 32-63, hops inside and outside the
 upstream prefix, own address, the frame's source, nonzero hop levels), timers started just below 2**16
 and crossing it (idle times of a whole wrap included), stale and newer rounds and chunks, version 1
-frames with stray bytes in their tree fields, damaged frames. After every frame every counter must
+frames with stray bytes in their tree fields, damaged frames. Where the aggregator holds job tables, most
+frames are version 3 frames of registered jobs (a flat job, one with a group, one with tree routes):
+from members, strangers, children and the parent, with wrong tokens, jobs, groups, slots beyond the quota,
+results coming down once and again; the job rules are restated from the design of registered jobs (issue
+36: tables decide level, route and sources; outputs only to table addresses). After every frame every counter must
 equal the reference's and every output frame its bytes. Targeted cases pin what a stream reaches only
 by chance, and a tampered model (one rule changed) shows that the comparison fails when a rule does.
 """
@@ -20,6 +24,7 @@ import numpy as np
 import pytest
 
 from inwire import model
+from inwire.jobs import CliqueRoute, JobEntry
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.packets import build_frames
 from inwire.protocol import COUNTERS, FIELDS_BY_NAME, FRAME_OFFSETS, Disposition
@@ -40,10 +45,31 @@ OUTSIDE = [0x0A_07_01_02, 0x0A_08_00_02, 0xC0_A8_00_01]
 """Outside 10.7.0.0/24; the first two inside 10.0.0.0/8."""
 SOURCES = [0x0A_00_00_05, 0x0A_00_00_06, UPSTREAM[0]]
 """Where frames come from: two hosts and an aggregator that a route may also name (hop1 == source)."""
+MEMBERS = [(SOURCES[0], 41000), (SOURCES[1], 41001), (SOURCES[1], 41002)]
+"""Where registered jobs' members send from: two sockets share a host, so the port tells them apart."""
+CHILDREN = [(0x0A_07_00_0B, 0x4958), (0x0A_07_00_0C, 0x4959)]
+PARENT = (UPSTREAM[0], 0x4958)
+STRANGERS = [(SOURCES[0], 41003), (0x0A_00_00_09, 41000), (SOURCES[1], 41000), PARENT, CHILDREN[0]]
+"""Sources outside a job's members: another port of a member's host, a member's port on another host, a
+member's port on the other member host, the parent and a child aggregator (members of no job)."""
+JOBS = (
+    JobEntry(job=7, token=0x0123_4567_89AB_CDEF, slots=2, members=MEMBERS, group=0),
+    JobEntry(job=8, token=0xFEDC_BA98_7654_3210, slots=1, members={MEMBERS[0], MEMBERS[2]}, group=0xEF_00_00_08),
+    JobEntry(job=2**32 - 1, token=2**64 - 1, slots=2, members=MEMBERS[1:], group=0, routes={
+        0: CliqueRoute(level=0b0111, parent=PARENT, children={CHILDREN[0]: 0b0100}),
+        1: CliqueRoute(children={CHILDREN[0]: 0b1100, CHILDREN[1]: 0b0010}),
+        2: CliqueRoute(parent=PARENT)}),
+)
+"""Registered jobs: flat with unicast results (job 7 also the version 2 traffic's job), a group, and a tree:
+clique 0 a level below PARENT with a child, clique 1 rooted here with two children, clique 2 all below PARENT."""
+REGISTERED = dataclasses.replace(OWN, slots=8, registered=True)
+"""Job ranges 0-1, 2 and 3-4; versions 1 and 2 have 5-7."""
 CONFIGS = {
     "lease_20": OWN,
     "no_lease_upstream_8": dataclasses.replace(OWN, lease=0, upstream=(0x0A_00_00_00, 8), max_fanin=40),
     "lease_1_one_parent": dataclasses.replace(OWN, lease=1, upstream=(UPSTREAM[0], 32), slots=2),
+    "registered_lease_20": REGISTERED,
+    "registered_only_no_lease": dataclasses.replace(REGISTERED, slots=5, unregistered=False, lease=0, max_fanin=40),
 }
 
 
@@ -54,14 +80,33 @@ def popcount(value):
 # --- the reference, from docs/protocol.md -------------------------------------------------------------
 
 class Reference:
-    """What docs/protocol.md says an aggregator with `config` does; frames are given as the fields they
-    were built from (`build`), the frame's bytes only for their length."""
+    """What docs/protocol.md says an aggregator with `config` does (and, for version 3, the design of
+    registered jobs); frames are given as the fields they were built from (`build`), the frame's bytes only
+    for their length."""
 
     def __init__(self, config):
         self.config = config
         self.slots = {}
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.now = 0
+        self.jobs = {}
+        """job id -> its tables: token, quota, first slot of its range, members, group, routes."""
+
+    def install(self, entry):
+        """Hold the tables of a new job (`entry`, a JobEntry, read as data); its range is the lowest run of
+        `entry.slots` slots that no job holds, emptied. Returns the range's first slot."""
+        held = {index for job in self.jobs.values() for index in range(job["base"], job["base"] + job["slots"])}
+        base = next(first for first in range(self.config.slots - entry.slots + 1)
+                    if not held & set(range(first, first + entry.slots)))
+        routes = {clique: (route.level, route.parent, dict(route.children)) for clique, route in entry.routes.items()}
+        self.jobs[entry.job] = dict(token=entry.token, slots=entry.slots, base=base, members=set(entry.members),
+                                    group=entry.group, routes=routes)
+        for index in range(base, base + entry.slots):
+            self.slots.pop(index, None)  # a new job starts with empty slots, whatever used them while free
+        return base
+
+    def in_a_job(self, index):
+        return any(job["base"] <= index < job["base"] + job["slots"] for job in self.jobs.values())
 
     def upstream(self, address):
         network, length = self.config.upstream or (self.config.ip & 0xFFFFFF00, 24)
@@ -96,35 +141,60 @@ class Reference:
             return Disposition.DROP_IP_CHECKSUM, []
         if length < 128:
             return Disposition.DROP_LENGTH, []
-        if f["magic"] != 0x4957 or f["version"] not in (1, 2):
+        v3 = f["version"] == 3
+        if f["magic"] != 0x4957 or not (c.registered if v3 else f["version"] in (1, 2) and c.unregistered):
             return Disposition.DROP_VERSION, []
-        if opcode not in (CONTRIBUTION, PARTIAL, RESULT_REQUEST, STATS_REQUEST):
+        if opcode not in (CONTRIBUTION, PARTIAL, RESULT_REQUEST, STATS_REQUEST) and not (v3 and opcode == RESULT):
             return Disposition.DROP_OPCODE, []
         count = f["count"]
-        expected = 128 if opcode in (RESULT_REQUEST, STATS_REQUEST) else 128 + 4 * count + 4 * (opcode == PARTIAL)
+        trailer = opcode in (PARTIAL, RESULT)
+        expected = 128 if opcode in (RESULT_REQUEST, STATS_REQUEST) else 128 + 4 * count + 4 * trailer
         built = 128 + 4 * len(f["elements"]) + 4 * (f.get("status") is not None)
         if length != expected or built != expected:  # the IPv4 and UDP lengths say `built`
             return Disposition.DROP_LENGTH, []
         if opcode == STATS_REQUEST:
             return Disposition.ANSWERED, [("stats", f, dict(self.counters))]
         fanin, sender = f["fanin"], f["sender"]
+        source = (f["ip_src"], f["udp_sport"])
+        if v3:
+            job = self.jobs.get(f["job"])
+            if job is None:
+                return Disposition.DROP_JOB, []
+            if f.get("token", 0) != job["token"]:
+                return Disposition.DROP_TOKEN, []
+            own_level, parent, children = job["routes"].get(f["clique"], (0, None, {}))
+            held = f["bitmap"] or 1 << sender
+            if opcode == PARTIAL:
+                allowed = source in children and held & ~children[source] == 0
+            elif opcode == RESULT:
+                allowed = parent is not None and source == parent
+            else:
+                allowed = source in job["members"]
+            if not allowed:
+                return Disposition.DROP_MEMBER, []
         if not 1 <= fanin <= c.max_fanin:
             return Disposition.DROP_FANIN, []
         whole = (1 << fanin) - 1
         if f["version"] == 1:  # read as version 2 with bitmap, expect and hops 0
             members, level, hop1, hop1_expect, hop2, hop2_expect = 1 << sender, whole, 0, 0, 0, 0
-        else:
-            members, level = f["bitmap"] or 1 << sender, f["expect"] or whole
+        else:  # version 3: the level is the clique's at this aggregator, and the frame names no route
+            members, level = f["bitmap"] or 1 << sender, (own_level if v3 else f["expect"]) or whole
             hop1, hop1_expect, hop2, hop2_expect = f["hop1"], f["hop1_expect"], f["hop2"], f["hop2_expect"]
-        if sender >= fanin or members & ~level or level & ~whole:
+        if opcode == RESULT:  # coming down: it holds members of the whole clique, whatever this level is
+            outside = members & ~whole
+        else:
+            outside = members & ~level or level & ~whole
+        if sender >= fanin or outside:
             return Disposition.DROP_SENDER, []
         if not 1 <= count <= c.max_elements:
             return Disposition.DROP_COUNT, []
-        if f["group"] >> 24 != 239:
+        if (f["group"] != job["group"]) if v3 else f["group"] >> 24 != 239:
             return Disposition.DROP_GROUP, []
-        if f["slot"] >= c.slots:
+        if f["slot"] >= (job["slots"] if v3 else c.slots) or not v3 and self.in_a_job(f["slot"]):
             return Disposition.DROP_SLOT, []
-        if hop1:
+        if v3:
+            refused = bool(f["expect"] or hop1 or hop1_expect or hop2 or hop2_expect)
+        elif hop1:
             refused = (hop1 in (c.ip, f["ip_src"]) or not self.upstream(hop1) or hop2 in (hop1, c.ip))
         else:
             refused = hop2 != 0
@@ -132,18 +202,35 @@ class Reference:
             return Disposition.DROP_ROUTE, []
         route = (hop1, hop1_expect, hop2, hop2_expect)
         key = (f["job"], f["round"], f["clique"], f["chunk"])
-        slot = self.slots.get(f["slot"])
+        index = job["base"] + f["slot"] if v3 else f["slot"]
+        slot = self.slots.get(index)
         owner = slot and slot["owner"]
+        if opcode == RESULT:
+            if not (slot and slot["complete"] and owner == key):
+                return Disposition.DROP_NO_RESULT, []
+            if (slot["shape"][0], slot["shape"][2], slot["shape"][3]) != (fanin, count, f["exponent"]):
+                return Disposition.DROP_MISMATCH, []
+            if slot["final"]:
+                return Disposition.DROP_DUPLICATE, []
+            slot.update(sums=list(f["elements"]), members=members, overflow=bool(f["status"] & 1), final=True)
+            return Disposition.RELAYED, self.down(f, job, slot)
         if opcode == RESULT_REQUEST:
             if slot and slot["complete"] and owner == key:
-                return Disposition.ANSWERED, [self.output(f, route, slot)]
+                if not v3:
+                    return Disposition.ANSWERED, [self.output(f, route, slot)]
+                if parent is None or slot["final"]:
+                    return Disposition.ANSWERED, [self.job_output(f, job, slot, RESULT, source)]
             return Disposition.DROP_NO_RESULT, []
         shape = (fanin, f["group"], count, f["exponent"], level)
         if owner == key:
             if slot["shape"] != shape:
                 return Disposition.DROP_MISMATCH, []
             if slot["complete"]:
-                return Disposition.ANSWERED, [self.output(f, route, slot)]
+                if not v3:
+                    return Disposition.ANSWERED, [self.output(f, route, slot)]
+                if parent is not None and not slot["final"]:
+                    return Disposition.ANSWERED, [self.job_output(f, job, slot, PARTIAL, parent)]
+                return Disposition.ANSWERED, [self.job_output(f, job, slot, RESULT, source)]
             if slot["members"] & members:
                 return Disposition.DROP_DUPLICATE, []
         elif slot:
@@ -158,8 +245,8 @@ class Reference:
                     return Disposition.DROP_COLLISION, []
             slot = None
         if slot is None:
-            slot = self.slots[f["slot"]] = dict(owner=key, shape=shape, members=0, sums=[0] * count,
-                                                overflow=False, complete=False)
+            slot = self.slots[index] = dict(owner=key, shape=shape, members=0, sums=[0] * count, overflow=False,
+                                            complete=False, final=False, sources={}, children=set())
         sums = [s + e for s, e in zip(slot["sums"], f["elements"], strict=True)]
         if any(not INT32_MIN <= s <= INT32_MAX for s in sums):
             self.counters["saturations"] += 1
@@ -169,10 +256,41 @@ class Reference:
         slot["sums"] = [min(max(s, INT32_MIN), INT32_MAX) for s in sums]
         slot["members"] |= members
         slot["stamp"] = self.now
+        if v3 and opcode == PARTIAL:
+            slot["children"].add(source)
+        elif v3:
+            slot["sources"][sender] = source
         if slot["members"] != level:
             return Disposition.ACCUMULATED, []
         slot["complete"] = True
-        return Disposition.ACCUMULATED, [self.output(f, route, slot)]
+        if not v3:
+            return Disposition.ACCUMULATED, [self.output(f, route, slot)]
+        if parent is not None:
+            return Disposition.ACCUMULATED, [self.job_output(f, job, slot, PARTIAL, parent)]
+        return Disposition.ACCUMULATED, self.down(f, job, slot)
+
+    def down(self, f, job, slot):
+        """A version 3 result going down from here: to the job's group, else one copy to each member index's
+        source (by index) and to each child whose partial was summed (in address order)."""
+        if job["group"]:
+            return [self.job_output(f, job, slot, RESULT, (job["group"], self.config.port),
+                                    eth_dst=0x01_00_5E_00_00_00 | job["group"] & 0x7FFFFF)]
+        where = [slot["sources"][index] for index in sorted(slot["sources"])] + sorted(slot["children"])
+        return [self.job_output(f, job, slot, RESULT, destination) for destination in where]
+
+    def job_output(self, f, job, slot, opcode, destination, eth_dst=None):
+        """A version 3 frame of the slot to `destination`, an address of the job's tables: the job's token and
+        group, the asking frame's relative slot and sender, no route."""
+        c = self.config
+        fanin, group, count, exponent, _ = slot["shape"]
+        job_id, round_, clique, chunk = slot["owner"]
+        self.counters["partials_emitted" if opcode == PARTIAL else "results_emitted"] += 1
+        return bytes(build_frames(
+            np.array(slot["sums"], dtype=np.int64), status=1 if slot["overflow"] else 0, eth_src=c.mac,
+            eth_dst=c.gateway_mac if eth_dst is None else eth_dst, ip_src=c.ip, ip_dst=destination[0],
+            udp_sport=c.port, udp_dport=destination[1], version=3, opcode=opcode, sender=f["sender"], fanin=fanin,
+            exponent=exponent, contributors=popcount(slot["members"]), job=job_id, round=round_, clique=clique,
+            slot=f["slot"], chunk=chunk, group=job["group"], bitmap=slot["members"], token=job["token"])[0])
 
     def output(self, f, route, slot):
         """The completed slot's output for the asking frame `f`: a partial to its hop1 with its route moved
@@ -280,9 +398,9 @@ def compare(aggregator, reference, frames):
 
 def describe(f):
     names = ("opcode", "version", "sender", "fanin", "job", "round", "clique", "chunk", "slot", "bitmap", "expect",
-             "hop1", "hop1_expect", "hop2", "hop2_expect", "status")
-    return " ".join(f"{name}={f[name]:#x}" if name.startswith(("bitmap", "expect", "hop")) else f"{name}={f[name]}"
-                    for name in names if f.get(name) is not None)
+             "hop1", "hop1_expect", "hop2", "hop2_expect", "status", "token", "ip_src", "udp_sport")
+    return " ".join(f"{name}={f[name]:#x}" if name.startswith(("bitmap", "expect", "hop", "token", "ip_src"))
+                    else f"{name}={f[name]}" for name in names if f.get(name) is not None)
 
 
 # --- frames ----------------------------------------------------------------------------------------------
@@ -318,9 +436,13 @@ def build(f):
 class Traffic:
     """Cliques and tree levels on few slots, interleaved, with trouble: frames as (fields, bytes, now)."""
 
-    def __init__(self, seed, config):
+    def __init__(self, seed, config, jobs=()):
         self.rnd = random.Random(seed)
         self.config = config
+        self.jobs = list(jobs)
+        """Registered jobs, whose frames (version 3) are most of the stream when there are any."""
+        self.job_open, self.job_levels, self.job_history = [], [], []
+        """As `open`, `levels` and `history`, for the jobs' levels; a part is (members, source)."""
         self.open = []
         """Levels still being sent: (fields shared by their frames, the parts not sent yet, the whole clique)."""
         self.levels = []
@@ -360,9 +482,9 @@ class Traffic:
 
     def frame_fields(self, **fields):
         rnd = self.rnd
-        return frame_fields(self.config, eth_src=0x02_00_00_00_00_00 | rnd.getrandbits(16),
-                            ip_frag=rnd.choice((0, 0x4000)), ip_src=rnd.choice(SOURCES),
-                            udp_sport=rnd.randrange(1024, 65536), **fields)
+        return frame_fields(self.config, **{"eth_src": 0x02_00_00_00_00_00 | rnd.getrandbits(16),
+                                            "ip_frag": rnd.choice((0, 0x4000)), "ip_src": rnd.choice(SOURCES),
+                                            "udp_sport": rnd.randrange(1024, 65536), **fields})
 
     def next_owner(self, slot):
         """An owner key for `slot` related to the last one there: newer, older, half-way around, another
@@ -505,6 +627,8 @@ class Traffic:
 
     def next_fields(self):
         rnd, pick = self.rnd, self.rnd.random()
+        if self.jobs and rnd.random() < 0.75:
+            return self.next_job_fields()
         if not self.open or pick < 0.08:
             self.level()
         if pick < 0.6:
@@ -522,6 +646,126 @@ class Traffic:
         if pick < 0.83:
             return self.stats_request()
         return self.trouble(rnd.choice(self.history) if self.history else self.request())
+
+    # Registered jobs (version 3): the tables decide level, route and sources; the frames name none of them.
+
+    def job_level(self):
+        """A level of a registered job: a clique with a route (or a flat one), its members split among the
+        frames that bring them: partials from the children that hold them, contributions from members."""
+        rnd, c = self.rnd, self.config
+        entry = rnd.choice(self.jobs)
+        clique = rnd.choice([*entry.routes, 5])
+        route = entry.route(clique)
+        children = dict(route.children)
+        lowest = max([route.level.bit_length()] + [held.bit_length() for held in children.values()] + [1])
+        fanin = rnd.choice((lowest, lowest, lowest + 1, rnd.randint(lowest, 64)))
+        if fanin > c.max_fanin:
+            fanin = rnd.randint(min(lowest, c.max_fanin), c.max_fanin)
+        whole = (1 << fanin) - 1
+        level = route.level or whole
+        count = rnd.choice((1, 2, rnd.randint(1, c.max_elements), c.max_elements))
+        slot = entry.slots if rnd.random() < 0.03 else rnd.randrange(entry.slots)
+        _, round_, _, chunk = self.next_owner(("job", entry.job, slot))
+        shared = dict(version=3, token=entry.token, fanin=fanin, count=count, slot=slot, job=entry.job,
+                      round=round_, clique=clique, chunk=chunk, exponent=rnd.choice((0, -3, 7, -128, 127)),
+                      group=entry.group)
+        remaining = level
+        parts = []
+        for child, held in rnd.sample(list(children.items()), len(children)):
+            if held & remaining and rnd.random() < 0.8:
+                parts.append(([m for m in range(64) if (held & remaining) >> m & 1], child))
+                remaining &= ~held
+        members = [m for m in range(fanin) if remaining >> m & 1]
+        rnd.shuffle(members)
+        while members:
+            cut = rnd.choice((1, 1, rnd.randint(1, len(members))))
+            parts.append((members[:cut], rnd.choice(sorted(entry.members))))
+            members = members[cut:]
+        rnd.shuffle(parts)
+        self.job_levels = (self.job_levels + [(shared, route)])[-12:]
+        self.job_open.append((shared, parts))
+        if len(self.job_open) > 4:
+            self.job_open.pop(0)
+
+    def job_part(self, shared, part):
+        rnd = self.rnd
+        members, (address, port) = part
+        fields = dict(shared, sender=rnd.choice(members), bitmap=sum(1 << m for m in members),
+                      elements=self.elements(shared["count"]), ip_src=address, udp_sport=port)
+        if (address, port) in CHILDREN:
+            return self.frame_fields(opcode=PARTIAL, status=rnd.choice((0, 0, 1, 2, 0x80000001)), **fields)
+        if len(members) == 1 and rnd.random() < 0.5:
+            fields["bitmap"] = 0
+        return self.frame_fields(opcode=CONTRIBUTION, **fields)
+
+    def job_request(self):
+        rnd = self.rnd
+        shared, _ = rnd.choice(self.job_levels)
+        entry = next(entry for entry in self.jobs if entry.job == shared["job"])
+        sender = rnd.randrange(shared["fanin"])
+        address, port = rnd.choice(sorted(entry.members) if rnd.random() < 0.8 else STRANGERS)
+        return self.frame_fields(**dict(shared, opcode=RESULT_REQUEST, sender=sender, elements=[],
+                                        bitmap=rnd.choice((0, 1 << sender)), ip_src=address, udp_sport=port))
+
+    def parent_result(self):
+        """A result coming down from the parent of a clique that has one (now and then from elsewhere, or to
+        a clique rooted here): all the clique's members or some, any overflow flag."""
+        rnd = self.rnd
+        routed = [(shared, route) for shared, route in self.job_levels if route.parent is not None]
+        shared, route = rnd.choice(routed if routed and rnd.random() < 0.9 else self.job_levels)
+        whole = (1 << shared["fanin"]) - 1
+        address, port = PARENT if rnd.random() < 0.85 else rnd.choice(STRANGERS + MEMBERS)
+        return self.frame_fields(**dict(shared, opcode=RESULT, sender=rnd.randrange(shared["fanin"]),
+                                        bitmap=rnd.choice((whole, whole, rnd.getrandbits(shared["fanin"]))),
+                                        status=rnd.choice((0, 0, 1, 2)), elements=self.elements(shared["count"]),
+                                        ip_src=address, udp_sport=port))
+
+    def job_trouble(self, f):
+        """A job's frame changed in one way a job rule is about, or in any way `trouble` changes frames."""
+        rnd = self.rnd
+        f = dict(f)
+        kind = rnd.randrange(10)
+        if kind == 0:
+            f["token"] = rnd.choice((0, f["token"] ^ 1 << rnd.randrange(64), rnd.getrandbits(64)))
+        elif kind == 1:
+            f["job"] = rnd.choice((1, 9, rnd.getrandbits(32), *(entry.job for entry in self.jobs)))
+        elif kind == 2:
+            f["ip_src"], f["udp_sport"] = rnd.choice(STRANGERS + MEMBERS + CHILDREN)
+        elif kind == 3:
+            f["group"] = rnd.choice((0, 0xEF_00_00_08, 0xEF_00_00_09))
+        elif kind == 4:
+            f["slot"] = rnd.choice((1, 2, 3, rnd.randrange(2**16)))
+        elif kind == 5:
+            f[rnd.choice(("expect", "hop1", "hop1_expect", "hop2", "hop2_expect"))] = rnd.getrandbits(32) | 1
+        elif kind == 6:
+            f["bitmap"] = f["bitmap"] | 1 << rnd.randrange(f["fanin"])
+        else:
+            return self.trouble(f)
+        return f
+
+    def next_job_fields(self):
+        rnd, pick = self.rnd, self.rnd.random()
+        if not self.job_open or pick < 0.08:
+            self.job_level()
+        if pick < 0.5:
+            entry = rnd.choice(self.job_open)
+            shared, parts = entry
+            f = self.job_part(shared, parts.pop(rnd.randrange(len(parts))))
+            if not parts:
+                self.job_open.remove(entry)
+            self.job_history = (self.job_history + [f])[-40:]
+            return f
+        if pick < 0.62 and self.job_history:
+            return rnd.choice(self.job_history)
+        if pick < 0.7:
+            return self.job_request()
+        if pick < 0.8:
+            f = self.parent_result()
+            self.job_history = (self.job_history + [f])[-40:]
+            return f
+        if pick < 0.82:
+            return dict(self.stats_request(), version=3)
+        return self.job_trouble(rnd.choice(self.job_history) if self.job_history else self.job_request())
 
     def next_time(self):
         """Mostly a tick or two on, now and then about a lease, a whole wrap of the timer (± 2), or any
@@ -548,17 +792,22 @@ class Traffic:
 
 
 FRAMES = 2500
+JOB_COUNTERS = {disposition.name.lower() for disposition in model.JOB_DISPOSITIONS}
 REACHED = {name: set(COUNTERS) - ({"leases_expired"} if not config.lease else set())
-           for name, config in CONFIGS.items()}
-"""Counters each stream must move: all of them, leases where there are leases."""
+           - (JOB_COUNTERS if not config.registered else set()) for name, config in CONFIGS.items()}
+"""Counters each stream must move: all of them, leases where there are leases, the job dispositions where
+there are job tables."""
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_model_follows_the_rules_on_random_traffic(name):
     config = CONFIGS[name]
-    frames = Traffic(seed=sorted(CONFIGS).index(name), config=config).frames(FRAMES)
-    reference = Reference(config)
-    assert compare(Aggregator(config), reference, frames) is None
+    jobs = JOBS if config.registered else ()
+    frames = Traffic(seed=sorted(CONFIGS).index(name), config=config, jobs=jobs).frames(FRAMES)
+    reference, aggregator = Reference(config), Aggregator(config)
+    for entry in jobs:
+        assert aggregator.install(entry) == reference.install(entry)
+    assert compare(aggregator, reference, frames) is None
     reached = {counter for counter, value in reference.counters.items() if value}
     assert REACHED[name] <= reached, REACHED[name] - reached
 
@@ -767,9 +1016,9 @@ def _replaced(function, *edits):
 
 
 def _answers_count_no_partial(original):
-    def contribution(self, header, elements, carried):
+    def contribution(self, header, elements, carried, source):
         before = self.counters["partials_emitted"]
-        disposition, outputs = original(self, header, elements, carried)
+        disposition, outputs = original(self, header, elements, carried, source)
         if disposition == Disposition.ANSWERED:
             self.counters["partials_emitted"] = before
         return disposition, outputs
@@ -808,19 +1057,56 @@ TAMPERS = {
     "version_1_hops_read": ((model, "tree_fields", lambda: _replaced(
         model.tree_fields, "clique_mask(fanin), 0, 0, 0, 0)", 'clique_mask(fanin), int(header["hop1"]), 0, 0, 0)')),
         "streams"),
+    # Registered jobs.
+    "token_not_compared": ((model, "FRAME_CHECKS", lambda: tuple(
+        check for check in model.FRAME_CHECKS if check[0] != Disposition.DROP_TOKEN)), "job_streams"),
+    "contribution_from_anyone": ((Aggregator, "source_allowed", lambda: _replaced(
+        Aggregator.source_allowed, "return source in self.job_of(header).members", "return True")), "job_streams"),
+    "partial_from_a_child_holds_any_members": ((Aggregator, "source_allowed", lambda: _replaced(
+        Aggregator.source_allowed, "return held is not None and tree_fields(header).members & ~held == 0",
+        "return held is not None")), "job_streams"),
+    "result_from_anyone": ((Aggregator, "source_allowed", lambda: _replaced(
+        Aggregator.source_allowed, "return route.parent == source", "return True")), "job_streams"),
+    "result_to_the_completing_frames_source": ((Aggregator, "_contribution", lambda: _replaced(
+        Aggregator._contribution, "return Disposition.ACCUMULATED, self._down(header, slot)",
+        "return Disposition.ACCUMULATED, [self._result_to(header, slot, source)]")), "job_streams"),
+    "retransmission_answered_to_every_member": ((Aggregator, "_answer", lambda: _replaced(
+        Aggregator._answer, "return [self._result_to(header, slot, source)]", "return self._down(header, slot)")),
+        "job_streams"),
+    "partial_again_after_the_result_came_down": ((Aggregator, "_answer", lambda: _replaced(
+        Aggregator._answer, "if parent is not None and not slot.final:", "if parent is not None:")), "job_streams"),
+    "relayed_every_time": ((Aggregator, "_relay", lambda: _replaced(
+        Aggregator._relay, "if slot.final:\n        return Disposition.DROP_DUPLICATE, []\n", "")), "job_streams"),
+    "request_below_the_root_answered_before_the_result": ((Aggregator, "_result_request", lambda: _replaced(
+        Aggregator._result_request, "if self.route(header).parent is None or slot.final:", "if True:")), "job_streams"),
+    "quota_not_checked": ((Aggregator, "slot_valid", lambda: _replaced(
+        Aggregator.slot_valid, 'return int(header["slot"]) < self.job_of(header).slots',
+        'return int(header["slot"]) < self.config.slots - self.jobs.bases[int(header["job"])]')), "job_streams"),
+    "version_2_in_a_jobs_slots": ((Aggregator, "slot_valid", lambda: _replaced(
+        Aggregator.slot_valid, ' and not self.jobs.holds(int(header["slot"]))', "")), "job_streams"),
+    "group_of_a_job_not_checked": ((Aggregator, "group_valid", lambda: _replaced(
+        Aggregator.group_valid, 'return int(header["group"]) == self.job_of(header).group', "return True")),
+        "job_streams"),
+    "job_level_from_the_frame": ((model, "tree_fields", lambda: _replaced(
+        model.tree_fields, "route.resolved_level(fanin)", "clique_mask(fanin)")), "job_streams"),
 }
 
 
-def _streams():
-    for name in CONFIGS:
-        test_the_model_follows_the_rules_on_random_traffic(name)
+def _streams(registered_only=False):
+    for name, config in CONFIGS.items():
+        if config.registered or not registered_only:
+            test_the_model_follows_the_rules_on_random_traffic(name)
 
 
 @pytest.mark.parametrize("tamper", list(TAMPERS))
 def test_a_tampered_model_is_caught(monkeypatch, tamper):
-    """Each rule changed in the model on its own makes the streams or the targeted case about it fail."""
+    """Each rule changed in the model on its own makes the streams (those with job tables, for a job's rule)
+    or the targeted case about it fail."""
     (owner, attribute, make), check = TAMPERS[tamper]
     monkeypatch.setattr(owner, attribute, make())
     with pytest.raises(AssertionError) as failure:
-        _streams() if check == "streams" else globals()[check]()
+        if check in ("streams", "job_streams"):
+            _streams(registered_only=check == "job_streams")
+        else:
+            globals()[check]()
     print(f"{tamper}: {str(failure.value).splitlines()[0][:300]}")

@@ -310,12 +310,12 @@ def test_a_registered_job_completes_and_strangers_get_nothing_back(server, engin
 
     if engine == "fast":
         pytest.importorskip("inwire._kernel")
-    aggregator = server(engine=engine, unicast=unicast)
+    aggregator = server(engine=engine, unicast=unicast, registered=True, key=bytes(32))
     *members, idle, stranger, observer = _udp_sockets(5)
     endpoints = [sock.getsockname() for sock in (*members, idle)]
     entry = JobEntry(job=0x2A2A, token=0x5EC2E7_0000_0001, slots=2,
                      members=frozenset((ip_int(host), port) for host, port in endpoints))
-    assert aggregator.install(entry) == 0
+    assert aggregator.install_job(entry) == 0
     thread = threading.Thread(target=aggregator.serve, daemon=True)
     thread.start()
     try:
@@ -359,12 +359,12 @@ def test_a_version_3_result_is_never_relayed_by_the_service_s_own_machinery(serv
 
     if engine == "fast":
         pytest.importorskip("inwire._kernel")
-    aggregator = server(engine=engine, unicast=True)
+    aggregator = server(engine=engine, unicast=True, registered=True, key=bytes(32))
     parent = ("127.0.0.2", aggregator.address[1])
     member = ("127.0.0.1", 5000)
     entry = JobEntry(job=0x77, token=0xABCDEF, slots=2, members=frozenset({(ip_int(member[0]), member[1])}),
                      routes={0: CliqueRoute(parent=(ip_int(parent[0]), parent[1]))})
-    aggregator.install(entry)
+    aggregator.install_job(entry)
     up = build_frames(np.array([[4]], dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=0, fanin=1, job=entry.job,
                       round=1, clique=0, slot=5, chunk=0, group=GROUP, hop1=ip_int(parent[0]))
     assert [to for _, to in aggregator.handle(payload_of(up[0]), member)] == [parent]

@@ -3,18 +3,20 @@
 Each test is parametrized by the counter a scenario exists to reach (every name in `COUNTERS`), so a
 disposition or counter added to the protocol's table without a scenario fails in every engine by its name,
 and a rule one engine decides otherwise fails there by the rule's name. The golden model's outcome on the
-same frames is the expectation: each frame's disposition, each frame's outputs and the counters.
+same frames is the expectation: each frame's disposition, each frame's outputs and the counters (and, for the
+scenarios with job tables, where each output goes).
 """
 
 import pytest
 
 from inwire import fastpath
-from inwire.datagram import ip_str
+from inwire.datagram import ip_int, ip_str
 from inwire.model import Aggregator
 from inwire.protocol import COUNTERS, Disposition
 from inwire.serve import SoftwareAggregator
 from traffic import (
     FRAME_ONLY,
+    JOB_SCENARIOS,
     SCENARIOS,
     TABLE_CONFIG,
     Outcome,
@@ -53,6 +55,10 @@ def differences(engine, expected, got):
         if want != have:
             problems.append(f"frame {index}: {engine} sends {[out.hex() for out in have]}, the model "
                             f"{[out.hex() for out in want]}")
+    if expected.destinations is not None:
+        for index, (want, have) in enumerate(zip(expected.destinations, got.destinations or (), strict=True)):
+            if want != have:
+                problems.append(f"frame {index}: {engine} sends to {have}, the model to {want}")
     moved = {name: (got.counters[name], expected.counters[name]) for name in COUNTERS
              if got.counters[name] != expected.counters[name]}
     if moved:
@@ -68,6 +74,7 @@ def test_the_table_has_a_scenario_for_every_disposition_and_counter():
     assert set(SCENARIOS) <= set(COUNTERS), f"scenarios for no counter: {sorted(set(SCENARIOS) - set(COUNTERS))}"
     assert set(DISPOSITIONS) <= set(SCENARIOS)
     assert set(FRAME_ONLY) <= set(SCENARIOS)
+    assert set(GATEWARE_WITHOUT) <= JOB_SCENARIOS, "the gateware is given every scenario but the job tables' ones"
 
 
 @pytest.mark.parametrize("name", COUNTERS)
@@ -94,14 +101,27 @@ def test_the_model(name):
             assert expected.dispositions[-1] == name, expected.dispositions
 
 
-def fast_outcome(aggregator, steps, config):
-    dispositions, outputs = [], []
+def fast_outcome(aggregator, steps, config, jobs=False):
+    """The fast path's outcome; with job tables (`jobs`) it is given each datagram's (host, port) and answers
+    with the list of (payload, (host, port)) the tables send to."""
+    dispositions, outputs, destinations = [], [], []
     for data, now in steps:
-        payload, source, _ = as_datagram(data, config)
-        disposition, answer = aggregator.handle(payload, now, source)
+        payload, source, port = as_datagram(data, config)
+        if not jobs:
+            disposition, answer = aggregator.handle(payload, now, source)
+            outputs.append(() if answer is None else (bytes(answer),))
+        else:
+            disposition, answers = aggregator.handle(payload, now, (ip_str(source), port))
+            outputs.append(tuple(bytes(body) for body, _ in answers or ()))
+            destinations.append(tuple((ip_int(host), port) for _, (host, port) in answers or ()))
         dispositions.append(Disposition(disposition).name.lower())
-        outputs.append(() if answer is None else (bytes(answer),))
-    return Outcome(tuple(dispositions), tuple(outputs), aggregator.stats())
+    return Outcome(tuple(dispositions), tuple(outputs), aggregator.stats(), tuple(destinations) if jobs else None)
+
+
+def installed(engine, install, name, config):
+    """Install scenario `name`'s job tables (for `config`'s addresses) with the engine's method `install`."""
+    for entry in scenario(name).jobs(config) if scenario(name).jobs else ():
+        getattr(engine, install)(entry)
 
 
 @pytest.mark.parametrize("name", DATAGRAM_SCENARIOS)
@@ -109,7 +129,9 @@ def test_the_fast_path(name):
     if fastpath.compiled is None:
         pytest.fail("the compiled fast path is not built (run `make setup`)")
     expected = expectation(name, TABLE_CONFIG)
-    got = fast_outcome(fastpath.FastAggregator(TABLE_CONFIG), scenario(name).steps(TABLE_CONFIG), TABLE_CONFIG)
+    fast = fastpath.FastAggregator(scenario(name).configured(TABLE_CONFIG))
+    installed(fast, "install", name, TABLE_CONFIG)
+    got = fast_outcome(fast, scenario(name).steps(TABLE_CONFIG), TABLE_CONFIG, jobs=name in JOB_SCENARIOS)
     problems = differences("fast path", expected, got)
     assert not problems, "; ".join(problems)
 
@@ -117,9 +139,13 @@ def test_the_fast_path(name):
 SERVE_ENGINES = ["golden", "fast"]
 
 
-def serving(engine):
+def serving(engine, registered=False):
+    """A service at the table's sizes; `registered`: with job tables (and a control port keyed with zeros,
+    never the user's key; the tables are installed directly)."""
+    tables = dict(registered=True, key=bytes(32)) if registered else {}
     return SoftwareAggregator(("127.0.0.1", 0), slots=TABLE_CONFIG.slots, max_elements=TABLE_CONFIG.max_elements,
-                              lease=TABLE_CONFIG.lease, log=lambda line: None, engine=engine, receive_buffer=None)
+                              lease=TABLE_CONFIG.lease, log=lambda line: None, engine=engine, receive_buffer=None,
+                              **tables)
 
 
 def serving_config():
@@ -128,16 +154,18 @@ def serving_config():
     return server.config
 
 
-def serve_outcome(server, steps):
-    dispositions, outputs = [], []
+def serve_outcome(server, steps, jobs=False):
+    dispositions, outputs, destinations = [], [], []
     for data, now in steps:
         payload, source, port = as_datagram(data, server.config)
         before = server.counters()
         sends = server.handle(payload, (ip_str(source), port), now)
         dispositions.append(moved_disposition(before, server.counters()))
         outputs.append(tuple(bytes(body) for body, _ in sends))
+        destinations.append(tuple((ip_int(host), port) for _, (host, port) in sends))
     counters = server.counters()
-    return Outcome(tuple(dispositions), tuple(outputs), {name: counters[name] for name in COUNTERS})
+    return Outcome(tuple(dispositions), tuple(outputs), {name: counters[name] for name in COUNTERS},
+                   tuple(destinations) if jobs else None)
 
 
 @pytest.mark.parametrize("engine", SERVE_ENGINES)
@@ -146,10 +174,12 @@ def test_serve(name, engine):
     """`inwire serve`'s whole decision (`handle`: its own refusals, then the engine's), at its address."""
     if engine == "fast-c" and fastpath.compiled is None:
         pytest.fail("the compiled fast path is not built (run `make setup`)")
-    server = serving(engine)
+    jobs = name in JOB_SCENARIOS
+    server = serving(engine, registered=jobs)
     try:
         expected = expectation(name, server.config)
-        got = serve_outcome(server, scenario(name).steps(server.config))
+        installed(server, "install_job", name, server.config)
+        got = serve_outcome(server, scenario(name).steps(server.config), jobs)
     finally:
         server.close()
     problems = differences(f"serve ({engine})", expected, got)
@@ -161,6 +191,10 @@ def test_serve(name, engine):
 GATEWARE_SIMULATOR = "verilator"
 """One simulator, one cocotb run per width: the builds are the cocotb suite's (the table's configuration is
 the default one), so the table adds only its run."""
+GATEWARE_WITHOUT = {} if TABLE_CONFIG.registered else {
+    name: "the gateware holds no job tables (TABLE_CONFIG.registered is off)" for name in sorted(JOB_SCENARIOS)}
+"""Scenarios the gateware is not given, and why."""
+GATEWARE_SCENARIOS = [name for name in COUNTERS if name not in GATEWARE_WITHOUT]
 
 
 def gateware_outcomes(width):
@@ -176,7 +210,8 @@ def gateware_outcomes(width):
     if shutil.which(GATEWARE_SIMULATOR) is None:
         pytest.fail(f"{GATEWARE_SIMULATOR} is not on PATH (run `make setup`)")
     runner, run_dir = sim.build(GATEWARE_SIMULATOR, width, TABLE_CONFIG)
-    steps = {name: [(data.hex(), now) for data, now in entry.steps(TABLE_CONFIG)] for name, entry in SCENARIOS.items()}
+    steps = {name: [(data.hex(), now) for data, now in SCENARIOS[name].steps(TABLE_CONFIG)]
+             for name in GATEWARE_SCENARIOS}
     with tempfile.TemporaryDirectory() as scratch:
         inputs, outputs = Path(scratch) / "in.json", Path(scratch) / "out.json"
         inputs.write_text(json.dumps(steps))
@@ -214,7 +249,7 @@ def expected_aborts(name, width):
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("name", COUNTERS)
+@pytest.mark.parametrize("name", GATEWARE_SCENARIOS)
 def test_the_gateware(gateware, name):
     width, outcomes = gateware
     expected = expectation(name, TABLE_CONFIG)

@@ -8,20 +8,25 @@ written here: the golden model, run on the same frames, says it (`model_outcome`
 tests/test_traffic_table.py check that the table names every counter and that each scenario reaches its
 counter in the model, and run every scenario through every engine, frame for frame.
 
+Four scenarios (`JOB_SCENARIOS`, one per job disposition) need an aggregator that holds job tables: the
+engines run them with `registered` on and the scenario's jobs installed. An engine without job tables (the
+gateware, so far) is not given them.
+
 Four scenarios hold frames that only a whole-frame engine sees (the model, the gateware): a frame for
 another address, or one whose IPv4 header a kernel refuses before any UDP socket does. `FRAME_ONLY` names
 them; every other scenario's frames are UDP datagrams that `datagram.wrap` makes again byte for byte, so the
 datagram engines (the fast path, `inwire serve`) are given their payloads and sources.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from inwire.datagram import PAYLOAD_OFFSET, ip_str, wrap
-from inwire.model import Aggregator, AggregatorConfig
+from inwire.jobs import CliqueRoute, JobEntry
+from inwire.model import JOB_DISPOSITIONS, Aggregator, AggregatorConfig
 from inwire.packets import build_frames, frame_field
-from inwire.protocol import FRAME_OFFSETS, INT32_MAX, Disposition, Opcode
+from inwire.protocol import FRAME_OFFSETS, INT32_MAX, JOB_VERSION, Disposition, Opcode
 
 HOST_MAC = 0x02_00_00_00_00_05
 HOST_PORT = 40000
@@ -72,6 +77,29 @@ def stats_request(config):
     return frame(config, (), opcode=Opcode.STATS_REQUEST)
 
 
+TOKEN = 0x7AB1_E5EC_2E70_0003
+TREE_CLIQUE = 2
+"""The registered job's clique that goes on up to `parent_ip`; its other cliques are rooted here."""
+
+
+def member(config):
+    return host_ip(config), HOST_PORT
+
+
+def table_jobs(config):
+    """The job tables of the job scenarios: the job of `CLIQUE`, the member at `host_ip` its only member,
+    unicast results, and clique TREE_CLIQUE below the aggregator at `parent_ip`."""
+    return [JobEntry(job=CLIQUE["job"], token=TOKEN, slots=2, members={member(config)}, group=0,
+                     routes={TREE_CLIQUE: CliqueRoute(parent=(parent_ip(config), config.port))})]
+
+
+def job_frame(config, elements=ELEMENTS, **fields):
+    """A version 3 frame of the registered job (`table_jobs`) from its member, a contribution unless
+    `fields` say otherwise."""
+    return frame(config, elements, **{"opcode": Opcode.CONTRIBUTION, "version": JOB_VERSION, "token": TOKEN,
+                                      "group": 0, **fields})
+
+
 def datagram_frame(config, payload):
     """The frame that carries UDP `payload` from the member to the aggregator, as a kernel delivers it."""
     return wrap(payload, (ip_str(host_ip(config)), HOST_PORT), (ip_str(config.ip), config.port),
@@ -91,6 +119,12 @@ class Scenario:
     story: str
     steps: object
     """config -> [(frame, arrival time in lease ticks)]."""
+    jobs: object = None
+    """config -> the JobEntry list an engine installs (with `registered` on) before the steps; None: none."""
+
+    def configured(self, config):
+        """`config` as this scenario runs at it: holding job tables when the scenario has jobs."""
+        return replace(config, registered=True) if self.jobs else config
 
 
 def at_zero(make):
@@ -124,8 +158,8 @@ SCENARIOS = {scenario.reaches: scenario for scenario in (
     Scenario("drop_length", "a count one above the elements carried, and a header cut short",
              at_zero(lambda c: [contribution(c, count=len(ELEMENTS) + 1),
                                 datagram_frame(c, contribution(c)[PAYLOAD_OFFSET:PAYLOAD_OFFSET + 60])])),
-    Scenario("drop_version", "magic wrong, then version 4 (no aggregator takes it)", at_zero(lambda c: [
-        contribution(c, magic=0x4956), contribution(c, version=4)])),
+    Scenario("drop_version", "magic wrong, then version 3", at_zero(lambda c: [
+        contribution(c, magic=0x4956), contribution(c, version=3)])),
     Scenario("drop_opcode", "a result sent to the aggregator, and opcode 7", at_zero(lambda c: [
         frame(c, status=0, opcode=Opcode.RESULT), frame(c, opcode=7)])),
     Scenario("drop_fanin", "fan-in 0, then one above the maximum", at_zero(lambda c: [
@@ -160,7 +194,24 @@ SCENARIOS = {scenario.reaches: scenario for scenario in (
     Scenario("leases_expired", "another job one tick before the lease runs out, then at it", _leased),
     Scenario("partials_emitted", "a level of one member below a parent aggregator", at_zero(lambda c: [
         contribution(c, expect=0b1, hop1=parent_ip(c))])),
+    Scenario("drop_job", "the member's version 3 frame, then one naming a job without tables", at_zero(lambda c: [
+        job_frame(c), job_frame(c, job=CLIQUE["job"] + 1)]), table_jobs),
+    Scenario("drop_token", "the member's version 3 frame with one bit of the token flipped", at_zero(lambda c: [
+        job_frame(c, token=TOKEN ^ 1 << 40)]), table_jobs),
+    Scenario("drop_member", "a partial from the member, which is no child aggregator, then a contribution from "
+             "another port of the member's host", at_zero(lambda c: [
+                 job_frame(c, opcode=Opcode.PARTIAL, status=0, bitmap=0b10, sender=1),
+                 job_frame(c, udp_sport=HOST_PORT + 1)]), table_jobs),
+    Scenario("relayed", "a member's level below the parent completes (a partial up), the parent's result comes "
+             "down: sent to the member, once", at_zero(lambda c: [
+                 job_frame(c, fanin=1, clique=TREE_CLIQUE),
+                 job_frame(c, fanin=1, clique=TREE_CLIQUE, opcode=Opcode.RESULT, status=0, bitmap=0b1,
+                           elements=(5, 6), ip_src=parent_ip(c), udp_sport=c.port)]), table_jobs),
 )}
+
+JOB_SCENARIOS = {d.name.lower() for d in JOB_DISPOSITIONS}
+"""The scenarios that need job tables."""
+assert all(SCENARIOS[name].jobs for name in JOB_SCENARIOS)
 
 FRAME_ONLY = {"forwarded": "not addressed to the service: no socket of it receives the frame",
               "drop_ip_header": "IPv4 options: the kernel delivers only the payload",
@@ -181,6 +232,8 @@ class Outcome:
     outputs: tuple
     """Each frame's outputs, as UDP payloads."""
     counters: dict
+    destinations: tuple | None = None
+    """With job tables: each frame's outputs' (IPv4 address as an int, UDP port), which the tables decide."""
 
 
 def moved_disposition(before, after):
@@ -194,13 +247,18 @@ def payloads(frames):
 
 def model_outcome(scenario, config):
     """What the golden model does with the scenario's frames: the expectation every engine is held to."""
-    aggregator = Aggregator(config)
-    dispositions, outputs = [], []
+    aggregator = Aggregator(scenario.configured(config))
+    for entry in scenario.jobs(config) if scenario.jobs else ():
+        aggregator.install(entry)
+    dispositions, outputs, destinations = [], [], []
     for data, now in scenario.steps(config):
         before = aggregator.stats()
-        outputs.append(payloads(aggregator.process(data, now)))
+        sent = aggregator.process(data, now)
+        outputs.append(payloads(sent))
+        destinations.append(tuple((frame_field(out, "ip_dst"), frame_field(out, "udp_dport")) for out in sent))
         dispositions.append(moved_disposition(before, aggregator.stats()))
-    return Outcome(tuple(dispositions), tuple(outputs), aggregator.stats())
+    return Outcome(tuple(dispositions), tuple(outputs), aggregator.stats(),
+                   tuple(destinations) if scenario.jobs else None)
 
 
 def as_datagram(data, config):

@@ -1439,7 +1439,8 @@ static void reset_slot(Decider *d, slot_t *s)
 }
 
 /* install_job(job, token, base, slots, group, members, routes): the tables of a job (jobs.JobTable, which
-   allocated its range and merged its members, is the allocator), replacing the job's own. */
+   allocated its range and merged its members, is the allocator), replacing the job's own; a new job's slots
+   start empty (the model's install). */
 static PyObject *Decider_install_job(Decider *d, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!ready(d))
@@ -1490,6 +1491,10 @@ static PyObject *Decider_install_job(Decider *d, PyObject *const *args, Py_ssize
         d->jobs = jobs;
         memmove(&d->jobs[at + 1], &d->jobs[at], (d->n_jobs - at) * sizeof(job_t));
         d->n_jobs++;
+        /* Versions 1 and 2 may use a range while it is free: a new job must not find slots someone prepared for
+           it. Renewing or merging members keeps them. */
+        for (uint64_t i = j.base; i < j.base + j.slots; i++)
+            reset_slot(d, &d->slot[i]);
     }
     d->jobs[at] = j;
     for (uint64_t i = j.base; i < j.base + j.slots; i++)

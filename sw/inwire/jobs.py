@@ -25,7 +25,7 @@ TOKEN_BITS = 64
 JOB_BITS = 32
 
 
-class JobTableError(InwireError, ValueError):
+class JobTableError(InwireError):
     """A registration the aggregator refuses; the message is one line naming the cause."""
 
 
@@ -60,6 +60,8 @@ class JobLimits:
     """Member addresses per job."""
     routes: int = 1024
     """Cliques with a route of their own, per job."""
+    children: int = MAX_FANIN
+    """Child aggregators per route: each holds at least one member of a clique of at most MAX_FANIN."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,11 @@ class JobTable:
         if len(entry.members) > limits.members:
             raise JobTableError(f"job {entry.job}: {len(entry.members)} members, more than the {limits.members} "
                                 f"an aggregator holds per job")
+        crowded = next((clique for clique, route in entry.routes.items() if len(route.children) > limits.children),
+                       None)
+        if crowded is not None:
+            raise JobTableError(f"job {entry.job}, clique {crowded}: {len(entry.routes[crowded].children)} child "
+                                f"aggregators, more than the {limits.children} a route holds")
         if len(entry.routes) > limits.routes:
             raise JobTableError(f"job {entry.job}: {len(entry.routes)} routes, more than the {limits.routes} an "
                                 f"aggregator holds per job")

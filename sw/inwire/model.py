@@ -301,7 +301,14 @@ class Aggregator:
         clash or a full table raises `JobTableError`. Installing a job frees nothing of another's."""
         if not self.config.registered:
             raise ValueError("this aggregator holds no job tables (AggregatorConfig.registered is off)")
-        return self.jobs.install(entry)
+        new = entry.job not in self.jobs.entries
+        base = self.jobs.install(entry)
+        if new:
+            # Versions 1 and 2 may use a range while it is free: a new job must not find slots someone prepared
+            # for it (stale or colliding ones it would wait behind, completed ones it would be answered from).
+            for index in range(base, base + entry.slots):
+                self.slots[index] = Slot()
+        return base
 
     def remove(self, job: int) -> bool:
         """The control interface: tear a job down; its slots become free (and forget its sums)."""

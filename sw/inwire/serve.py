@@ -24,10 +24,13 @@ from its parent (the address it sent that slot's partial to) to the members and 
 for the slot; a result that answers a child's retransmitted partial reaches that child alone, and it
 relays it to all of its own.
 
-Registered jobs (protocol version 3, `registered`): the control interface installs each job's tables
-(`install`, `remove`), and a version 3 datagram's answers go to exactly the endpoints its decision names, from
-those tables (the job's group, its members, the clique's parent and children); none of the learning, unicast
-copies and relays above, which serve versions 1 and 2 (taken with `unregistered`), is involved.
+Registered jobs (`registered`): the service's port is also its control port. A datagram starting with
+b"IWCP" is a control message (`control.ControlPlane`), taken aside before the data plane decides: an
+authenticated registration installs a job's tables in the engine, and a registration not renewed within
+its ttl is removed (checked once a second). `unregistered` (default on) keeps taking
+version 1 and 2 frames beside registered jobs. A version 3 datagram's answers go to exactly the endpoints
+its decision names, from its job's tables (the job's group, its members, the clique's parent and children);
+none of the learning, unicast copies and relays above, which serve versions 1 and 2, is involved.
 
 A service listening on the wildcard address (0.0.0.0) is the aggregator at every address of its machine: each
 datagram is decided by the aggregator at the address it arrived on (IP_PKTINFO), as a board at that address
@@ -61,6 +64,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Protocol, TypeVar
 
+from .control import MAGIC, ControlPlane, RequestError, is_control, load_key
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
@@ -113,6 +117,8 @@ _OWNER = header_struct("sender", "chunk")
 _BITMAP = header_struct("bitmap", "bitmap")
 _BITMAP_AT = FRAME_OFFSETS["bitmap"] - PAYLOAD_OFFSET
 _destination = operator.itemgetter(1)
+EXPIRY_INTERVAL_S = 1.0
+"""How often registrations are checked for expiry."""
 LOCAL_CACHE = 256
 """Addresses remembered as local or not (wildcard listen address only); the cache starts over when full."""
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)
@@ -173,7 +179,9 @@ class SoftwareAggregator:
     `stats_from` who besides this machine may ask for the counters (default: `upstream`). `engine` is
     "fast" (default) or "golden"; `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a
     co-simulation) implies "golden". `registered` (job tables: version 3) and `unregistered` (versions 1 and 2)
-    are the aggregator's (`AggregatorConfig`); `install(entry)` and `remove(job)` reach its tables.
+    are the aggregator's (`AggregatorConfig`); with `registered` the control port (`control`) takes
+    registrations signed with the operator `key` (default: `control.load_key()`, read before the socket is
+    bound).
     """
 
     handle: Callable[..., list[Send]]
@@ -186,13 +194,15 @@ class SoftwareAggregator:
                  engine: str | None = None,
                  receive_buffer: int | None = DEFAULT_RECEIVE_BUFFER,
                  lease: int = DEFAULT_LEASE, upstream: tuple[int, int] | str | None = None,
-                 stats_from: tuple[int, int] | str | None = None, registered: bool = True,
-                 unregistered: bool = True) -> None:
+                 stats_from: tuple[int, int] | str | None = None, registered: bool = False,
+                 unregistered: bool = True, key: bytes | None = None) -> None:
         # Without the compiled kernel there is no fast path: the golden model serves, with the same answers.
         engine = engine or ("golden" if make_aggregator is not None or compiled is None else "fast")
         if make_aggregator is not None and listen[0] in ("0.0.0.0", ""):
             raise ServeError(f"a co-simulation's gateware is built for one address: listen on it, not "
                              f"{listen[0] or '0.0.0.0'}:{listen[1]}")
+        if registered and key is None:
+            key = load_key()
         if engine not in ENGINES:
             raise ServeError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if engine == "fast" and make_aggregator is not None:
@@ -257,6 +267,11 @@ class SoftwareAggregator:
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
         self._groups: dict[int, Address] = {}
         self._stop = threading.Event()
+        self.control = ControlPlane(self.install_job, self.remove_job, key, self.log) if registered else None
+        self._next_expiry = 0.0
+        if self.control is not None:
+            self._decide = self.handle
+            self.handle = self._handle_with_control
 
     @property
     def learned(self) -> Learned:
@@ -279,24 +294,29 @@ class SoftwareAggregator:
             raise ServeError(f"{self.description} does not tell who owns its slots")
         return self.model.slots[slot].key
 
-    def install(self, entry: JobEntry) -> int:
-        """Install or renew a registered job's tables in the aggregator; returns the first slot of its range.
-        A clash or a full table raises `jobs.JobTableError`."""
-        engine = self.fast if self.fast is not None else self.model
-        install = getattr(engine, "install", None)
+    def install_job(self, entry: JobEntry) -> int:
+        """The control plane's write to the engine's job tables: install or renew `entry`; its first slot."""
+        install = getattr(self.fast if self.fast is not None else self.model, "install", None)
         if install is None:
-            raise ServeError(f"{self.description} holds no job tables")
-        base: int = install(entry)
-        return base
+            raise RequestError(f"{self.description} holds no job tables (serve --golden takes registered jobs)")
+        return install(entry)
 
-    def remove(self, job: int) -> bool:
-        """Tear a registered job down (its slots become free); whether it was installed."""
-        engine = self.fast if self.fast is not None else self.model
-        remove = getattr(engine, "remove", None)
-        if remove is None:
-            raise ServeError(f"{self.description} holds no job tables")
-        removed: bool = remove(job)
-        return removed
+    def remove_job(self, job: int) -> bool:
+        """Tear `job` down in the engine's job tables; whether it was there."""
+        remove = getattr(self.fast if self.fast is not None else self.model, "remove", None)
+        return False if remove is None else remove(job)
+
+    def _handle_with_control(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
+        """`handle` with the control port: control messages go to it, everything else to the engine."""
+        if is_control(payload):
+            return self._control(payload, peer)
+        return self._decide(payload, peer, now)
+
+    def _control(self, payload: Payload, peer: Address) -> list[Send]:
+        """The control plane's reply to a control message, if any (never to this service itself)."""
+        assert self.control is not None  # only a service with a control port gets here
+        reply = self.control.handle(payload, peer, time.time())
+        return [] if reply is None else self._unless_own([(reply, (peer[0], peer[1]))])
 
     def ticks(self) -> int:
         """Milliseconds since the service started: the arrival time of a datagram read now."""
@@ -509,7 +529,8 @@ class SoftwareAggregator:
     def counters(self) -> dict[str, int]:
         engine = self.fast if self.fast is not None else self.model
         assert engine is not None  # one of them serves
-        return {**engine.stats(), **self.own}
+        control = {} if self.control is None else self.control.counters
+        return {**engine.stats(), **self.own, **control}
 
     def counters_line(self, prefix: str = "counters") -> str:
         counters = self.counters()
@@ -539,6 +560,10 @@ class SoftwareAggregator:
         self.log(f"inwire serve: stopped; final {self.counters_line()}")
 
     def _log_due(self) -> None:
+        """Log the counters when their interval is up; and, once a second, remove expired registrations."""
+        if self.control is not None and time.monotonic() >= self._next_expiry:
+            self._next_expiry = time.monotonic() + EXPIRY_INTERVAL_S
+            self.control.expire(time.time())
         if self._next_log is not None and time.monotonic() >= self._next_log:
             self.log(f"inwire serve: {self.counters_line()}")
             self._next_log += self._stats_interval
@@ -628,7 +653,30 @@ class SoftwareAggregator:
 
     def _handle_run(self, buffer: bytearray, batch: Sequence[tuple[int, Address]], start: int, slot: int, now: int,
                     view: memoryview) -> list[Send]:
-        """`handle_batch` on the datagrams of `batch` from `start` on."""
+        """`handle_batch` on the datagrams of `batch` from `start` on. Control messages are taken aside here: the
+        compiled decider would drop them as data frames of no known version."""
+        # One slice of the batch's version bytes tells whether any datagram may be one (most batches: none).
+        if (self.control is None or self.fast is None
+                or _CONTROL_MARK not in buffer[start * slot + _CONTROL_MARK_AT:len(batch) * slot:slot]):
+            return self._decide_run(buffer, batch, start, slot, now, view)
+        at, magic_bytes = buffer.startswith, len(MAGIC)
+        # a datagram's size first: the bytes past it are an earlier datagram's
+        controls = [index for index in range(start, len(batch))
+                    if batch[index][0] >= magic_bytes and at(MAGIC, index * slot)]
+        if not controls:
+            return self._decide_run(buffer, batch, start, slot, now, view)
+        sends: list[Send] = []
+        for index in controls:
+            if index > start:
+                sends += self._decide_run(buffer, batch[:index], start, slot, now, view)
+            size, peer = batch[index]
+            sends += self._control(view[index * slot:index * slot + size], peer)
+            start = index + 1
+        return sends + self._decide_run(buffer, batch, start, slot, now, view)
+
+    def _decide_run(self, buffer: bytearray, batch: Sequence[tuple[int, Address]], start: int, slot: int, now: int,
+                    view: memoryview) -> list[Send]:
+        """The engine's decision on the datagrams of `batch` from `start` on."""
         if self.fast is None:
             sends: list[Send] = []
             for index, (size, peer) in enumerate(batch[start:], start):
@@ -689,6 +737,9 @@ _LEARNED_OPCODES = frozenset((int(Opcode.CONTRIBUTION), _PARTIAL))
 """Opcodes whose sender the service learns for unicast copies, when the aggregator takes or answers them."""
 _ANSWERED = int(Disposition.ANSWERED)
 _GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
+_CONTROL_MARK_AT = FRAME_OFFSETS["version"] - PAYLOAD_OFFSET
+_CONTROL_MARK = MAGIC[_CONTROL_MARK_AT:_CONTROL_MARK_AT + 1]
+"""The byte of a control message where a data header has its version: "C", no version of the protocol."""
 
 
 class Served(Protocol):

@@ -6,6 +6,7 @@ with the same outcome. A slot is `empty` (never claimed since reset), `partial` 
 reached) or `complete`; a transition is sampled whenever a frame changes a slot.
 """
 
+from inwire.model import JOB_DISPOSITIONS
 from inwire.protocol import FRAME_OFFSETS, Disposition, Opcode
 
 SLOT_TRANSITIONS = (
@@ -25,6 +26,8 @@ once), a new member summed, reclaimed by a newer round of its job, claimed by an
 ran out."""
 
 FRAME_CLASSES = tuple(d.name.lower() for d in Disposition)
+JOB_CLASSES = tuple(d.name.lower() for d in JOB_DISPOSITIONS)
+"""Classes only an aggregator with job tables gives: not bins where the model, like the gateware, holds none."""
 EVENTS = ("results_emitted", "saturations", "slots_reclaimed", "leases_expired", "partials_emitted")
 """Counters whose increase marks an event worth seeing: a result sent, a sum clipped, a slot taken over
 by a newer round or after its lease, a partial sent up a reduction tree."""
@@ -47,7 +50,8 @@ class Coverage:
 
     def __init__(self, model):
         self.model = model
-        self.classes = dict.fromkeys(FRAME_CLASSES, 0)
+        unreachable = () if model.config.registered else JOB_CLASSES
+        self.classes = {name: 0 for name in FRAME_CLASSES if name not in unreachable}
         self.transitions = dict.fromkeys(SLOT_TRANSITIONS, 0)
         self.events = dict.fromkeys(EVENTS + (PARTIAL_SUMMED,), 0)
         self._process = model.process
@@ -58,7 +62,7 @@ class Coverage:
         before = [(slot_state(slot), _snapshot(slot)) for slot in model.slots]
         counters = dict(model.counters)
         outputs = self._process(frame, now)
-        for name in FRAME_CLASSES:
+        for name in self.classes:
             if model.counters[name] != counters[name]:
                 self.classes[name] += 1
         for name in EVENTS:
