@@ -14,6 +14,10 @@ and through a chain of three with a lost partial; datagrams at the edge of every
 one. Deciders made with one number wrong (a counter index, a flag, an opcode, a limit, a field offset, the
 lease, the timer's width) show that the comparison catches those, and a partial routed to the wrong hop
 that it catches that.
+Registered jobs (protocol v3) are compared on the same job tables installed in both (a unicast job, a
+multicast one and a tree with a parent and children), with members, strangers, wrong tokens, partials from
+children, results from the parent, floods of another job, versions 1 and 2 aimed at the jobs' slots, and
+jobs removed and installed again in between: every disposition, output payload, destination and counter.
 `INWIRE_FUZZ_FRAMES` scales the streams as it does for the fuzz tests.
 """
 
@@ -26,6 +30,7 @@ import pytest
 
 from inwire import fastpath
 from inwire.datagram import PAYLOAD_OFFSET, header_struct, ip_int, ip_str, payload_of, wrap
+from inwire.jobs import JobTableError
 from inwire.packets import build_frames, frame_field
 from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, MAX_RESULT_ELEMENTS, Disposition, Opcode, clique_mask
 from inwire.serve import SoftwareAggregator
@@ -368,14 +373,18 @@ DECIDER_TAMPERS = {
     "stale_counted_as_collision": ("tree", _set("constants", "drop_stale", lambda c: c["drop_collision"])),
     "runt_limit_one_byte_short": ("edge", _set("constants", "runt_payload", lambda c: c["runt_payload"] - 1)),
     "longest_payload_one_element_longer": ("edge", _set("constants", "max_payload", lambda c: c["max_payload"] + 4)),
+    "member_drop_counted_as_token_drop": ("jobs", _set("constants", "drop_member", lambda c: c["drop_token"])),
+    "relay_counted_as_answer": ("jobs", _set("constants", "relayed", lambda c: c["answered"])),
+    "token_read_2_bytes_early": ("jobs", _set("fields", "token", lambda f: (f["token"][0] - 2, 8))),
+    "job_version_read_as_2": ("jobs", _set("constants", "version_job", lambda c: c["version"])),
 }
 
 
 @pytest.mark.parametrize("tamper", DECIDER_TAMPERS)
 def test_a_tampered_decider_is_caught(pair, monkeypatch, tamper):
     """The compiled backend is held to the model too: a decider made with one of its numbers wrong (a counter
-    index, the overflow flag, an opcode, the timer's width, the lease, a field's offset, a length limit) is
-    caught, by the stream that reaches it."""
+    index, the overflow flag, an opcode, the timer's width, the lease, a field's offset, a length limit, the
+    version of registered jobs) is caught, by the stream that reaches it."""
     require_kernel()
     stream, alter = DECIDER_TAMPERS[tamper]
     if alter is not None:
@@ -386,7 +395,10 @@ def test_a_tampered_decider_is_caught(pair, monkeypatch, tamper):
             alter(fields, constants)
             return fields, constants, decider_config
         monkeypatch.setattr(fastpath, "decider_parameters", tampered)
-    if stream == "tree":
+    if stream == "jobs":
+        difference = job_difference(JobPair(slots=12, max_elements=16), JobStream(seed=66, max_elements=16).stream(
+            DATAGRAMS))
+    elif stream == "tree":
         tree = ModelAndFast(ip=AGGREGATOR_IPS[0], slots=4, max_elements=32)
         difference = tree_difference(tree, TreeStream(seed=44, slots=4, max_elements=32).stream(DATAGRAMS))
     elif stream == "edge":
@@ -829,3 +841,360 @@ def test_fast_path_equals_the_model_on_edge_datagrams():
     for payload in datagrams:
         assert by_int.handle(payload, None, source) == by_string.handle(payload, None, PEERS[0][0])
     assert by_int.stats() == counters
+
+
+# Registered jobs (protocol version 3): the fast path against the model on the same job tables, datagram for
+# datagram: disposition, every output payload and the endpoint it goes to, and every counter.
+
+MEMBER_PEERS = [("127.0.0.1", 41000 + i) for i in range(6)]
+"""Where the jobs' members send from."""
+CHILD_PEERS = [("127.0.0.3", 42000 + i) for i in range(2)]
+PARENT_PEER = ("127.0.0.4", 43000)
+STRANGERS = [("127.0.0.1", 41999), ("127.0.0.9", 41000), ("127.0.0.3", 42009), ("127.0.0.4", 43001)]
+"""Not in any table: another port of a member's host, another host with a member's port, and so on."""
+
+
+def _endpoint(peer):
+    return ip_int(peer[0]), peer[1]
+
+
+def job_entries():
+    """Three jobs: flat cliques with unicast results (job 0x51), flat with a multicast group (0x52), and a tree
+    (0x53): clique 0 gathers members 0 and 1 here and sends its partial up to a parent; clique 1 is rooted here
+    with members 0 and 1 and a child holding members 2 and 3; clique 2 is a middle level, members 0 and 1 here,
+    a child holding 2 and 3, and a parent whose result comes down."""
+    from inwire.jobs import CliqueRoute, JobEntry
+
+    members = frozenset(_endpoint(peer) for peer in MEMBER_PEERS[:4])
+    child, parent = _endpoint(CHILD_PEERS[0]), _endpoint(PARENT_PEER)
+    routes = {0: CliqueRoute(level=0b0011, parent=parent),
+              1: CliqueRoute(level=0b1111, children={child: 0b1100}),
+              2: CliqueRoute(level=0b1111, parent=parent, children={child: 0b1100, _endpoint(CHILD_PEERS[1]): 0b1000})}
+    return [JobEntry(job=0x51, token=0x1111_2222_3333_4444, slots=3, members=members),
+            JobEntry(job=0x52, token=0xFEDC_BA98_7654_3210, slots=2, members=members, group=0xEF000005),
+            JobEntry(job=0x53, token=0x0123_4567_89AB_CDEF, slots=3, members=members, routes=routes)]
+
+
+class JobPair:
+    """A model aggregator and a fast one, both holding job tables and taking versions 1 and 2, fed the same
+    datagrams and the same installs and removals."""
+
+    def __init__(self, **config):
+        from inwire.model import Aggregator, AggregatorConfig
+
+        require_kernel()
+        self.config = AggregatorConfig(**{"ip": AGGREGATOR_IPS[0], "registered": True, **config})
+        self.model = Aggregator(self.config)
+        self.fast = fastpath.FastAggregator(self.config)
+        self.address = (ip_str(self.config.ip), self.config.port)
+        self.sent = []
+        """The fast path's sends, in order."""
+
+    def install(self, entry):
+        """Both aggregators' answer to installing `entry`: its base, or the error's type and message."""
+        outcomes = []
+        for aggregator in (self.model, self.fast):
+            try:
+                outcomes.append(aggregator.install(entry))
+            except (ValueError, JobTableError) as error:
+                outcomes.append((type(error), str(error)))
+        return outcomes
+
+    def remove(self, job):
+        return [self.model.remove(job), self.fast.remove(job)]
+
+    def feed(self, payload, peer, now=None):
+        """(disposition, [(payload, (host, port))]) of the model (its frames unwrapped, each to its IPv4
+        destination and UDP port) and of the fast path (a version 3 answer names its sends; a stats reply goes
+        to the asker, a version 1 or 2 result to its group, a partial to its asker's hop1)."""
+        before = self.model.stats()
+        frames = self.model.process(wrap(payload, peer, self.address, bytes(6)), now)
+        after = self.model.stats()
+        want = (next(d for d in Disposition if after[d.name.lower()] > before[d.name.lower()]),
+                [(payload_of(frame), (ip_str(frame_field(frame, "ip_dst")), frame_field(frame, "udp_dport")))
+                 for frame in frames])
+        disposition, answer = self.fast.handle(payload, now, peer)
+        if answer is None:
+            sends = []
+        elif isinstance(answer, list):
+            sends = [(bytes(body), tuple(to)) for body, to in answer]
+        elif answer[3] == Opcode.STATS_REPLY:
+            sends = [(bytes(answer), peer)]
+        else:
+            sends = [(bytes(answer), (ip_str(_destination(payload, answer)), self.config.port))]
+        self.sent += sends
+        return want, (disposition, sends)
+
+
+def job_difference(pair, stream):
+    """Index and description of the first event on which model and fast path differ, or None. An event is a
+    datagram (payload, peer[, now]), ("install", entry) or ("remove", job)."""
+    for index, event in enumerate(stream):
+        if event[0] == "install":
+            want, got = pair.install(event[1])
+        elif event[0] == "remove":
+            want, got = pair.remove(event[1])
+        else:
+            want, got = pair.feed(*event)
+        if want != got:
+            return index, f"golden {want!r:.400} fast {got!r:.400}"
+        if pair.model.stats() != pair.fast.stats():
+            return index, f"counters differ: golden {pair.model.stats()} fast {pair.fast.stats()}"
+    return None
+
+
+class JobStream(CliqueStream):
+    """Version 3 traffic of the registered jobs of `job_entries`, interleaved, with trouble: members sending from
+    another member's address, non-members (a stranger's contribution, result request, partial and result), wrong
+    tokens, unknown jobs, partials from children (within, beyond or beside what the child holds; from a stranger),
+    results from the parent (the one awaited, again, with another shape, before the level completed, from
+    elsewhere), retransmissions and result requests to completed slots, wrong groups, slots past the quota,
+    `expect` or hops set, and floods of another job; versions 1 and 2 into the jobs' slots and beside them;
+    damaged datagrams; and now and then a job removed and installed again, a member added, or a clash."""
+
+    def __init__(self, seed, max_elements):
+        super().__init__(seed, slots=12, max_elements=max_elements)
+        self.entries = {entry.job: entry for entry in job_entries()}
+        self.removed = set()
+
+    def frame(self, entry, values, status=None, **fields):
+        fields = {"version": 3, "token": entry.token, "job": entry.job, "group": entry.group, **fields}
+        return self.payload(values, status=status, **fields)
+
+    def payload(self, values, status=None, **fields):
+        frame = build_frames(np.asarray(values, dtype=np.int64).reshape(1, -1), status=status, **fields)
+        return payload_of(frame[0])
+
+    def member_peer(self, sender):
+        """A member's own address mostly; now and then another member's (the tables allow any member's)."""
+        if self.rnd.random() < 0.85 and sender < 4:
+            return MEMBER_PEERS[sender]
+        return self.rnd.choice(MEMBER_PEERS[:4])
+
+    def clique(self):
+        rnd = self.rnd
+        entry = self.entries[rnd.choice(list(self.entries))]
+        clique = rnd.randrange(3) if entry.routes else rnd.randrange(5)
+        route = entry.route(clique)
+        fanin = 4 if entry.routes else rnd.randint(1, 4)
+        count = rnd.choice((1, 2, rnd.randint(1, self.max_elements), self.max_elements))
+        slot = rnd.randrange(entry.slots + (rnd.random() < 0.05))  # past the quota now and then
+        key = (entry.job, slot)
+        self.rounds[hash(key) % len(self.rounds)] += 1
+        round_ = self.rounds[hash(key) % len(self.rounds)]
+        if rnd.random() < 0.1:  # an older round is stale
+            round_ -= 2
+        fields = dict(fanin=fanin, round=round_, clique=clique, slot=slot, chunk=rnd.randrange(3) * count,
+                      exponent=rnd.randint(-2, 2))
+        level = route.resolved_level(fanin)
+        gathered = [(sum(1 << m for m in (2, 3)), CHILD_PEERS[0])] if 0b1100 & level and route.children else []
+        local = [m for m in range(fanin) if level >> m & 1 and not (gathered and m in (2, 3))]
+        frames = [(self.frame(entry, self.elements(count), opcode=Opcode.CONTRIBUTION, sender=m, **fields),
+                   self.member_peer(m)) for m in local]
+        for bitmap, child in gathered:
+            if rnd.random() < 0.3:  # the child's members one partial each
+                frames += [(self.frame(entry, self.elements(count), status=rnd.choice((0, 1)), opcode=Opcode.PARTIAL,
+                                       sender=m, bitmap=1 << m, **fields), child) for m in (2, 3)]
+            else:
+                frames.append((self.frame(entry, self.elements(count), status=rnd.choice((0, 0, 1)),
+                                          opcode=Opcode.PARTIAL, sender=2, bitmap=bitmap, **fields), child))
+        rnd.shuffle(frames)
+        if route.parent is not None:
+            result = self.frame(entry, self.elements(count), status=rnd.choice((0, 1)), opcode=Opcode.RESULT,
+                                sender=rnd.randrange(fanin), bitmap=clique_mask(fanin), **fields)
+            frames.append((result, PARENT_PEER))
+            if rnd.random() < 0.3:
+                frames.insert(rnd.randrange(len(frames)), (result, PARENT_PEER))  # before the level completed
+            if rnd.random() < 0.3:
+                frames.append((result, PARENT_PEER))  # again: a duplicate
+        return frames + self.trouble(entry, frames, fields, count, level)
+
+    def trouble(self, entry, frames, fields, count, level):
+        rnd = self.rnd
+        extra = [rnd.choice(frames) for _ in range(rnd.randrange(3))]
+        request = dict(fields, opcode=Opcode.RESULT_REQUEST, sender=rnd.randrange(fields["fanin"]))
+        for kind in rnd.sample(range(14), rnd.randrange(5)):
+            body, peer = rnd.choice(frames)
+            if kind == 0:  # a result request from a member, or from a stranger
+                extra.append((self.frame(entry, np.zeros(count), **request)[:86],
+                              rnd.choice(MEMBER_PEERS[:4] + STRANGERS)))
+            elif kind == 1:  # any frame of the clique from a stranger
+                extra.append((body, rnd.choice(STRANGERS + CHILD_PEERS + [PARENT_PEER] + MEMBER_PEERS[4:])))
+            elif kind == 2:  # a wrong token, or an unknown job
+                extra.append((_with(body, token=rnd.choice((0, entry.token ^ 1 << rnd.randrange(64)))), peer))
+            elif kind == 3:
+                extra.append((_with(body, job=rnd.choice((0, 0x54, entry.job ^ 0x100))), peer))
+            elif kind == 4:  # another group, a slot past the quota, or a tree field set
+                name = rnd.choice(("group", "slot", "expect", "hop1", "hop1_expect", "hop2", "hop2_expect"))
+                value = {"group": rnd.choice((0, 0xEF000005, 0xEF000006)), "slot": entry.slots + rnd.randrange(3)}.get(
+                    name, 1 << rnd.randrange(8))
+                extra.append((_with(body, **{name: value}), peer))
+            elif kind == 5:  # a partial with a member its child does not hold, or from the other child
+                extra.append((self.frame(entry, self.elements(count), status=0, opcode=Opcode.PARTIAL, sender=1,
+                                         bitmap=rnd.choice((0b0110, 0b1000, 0b0100, 0b0001)), **fields),
+                              rnd.choice(CHILD_PEERS)))
+            elif kind == 6:  # a result from the parent with another shape, or from a member
+                other = rnd.choice(({"fanin": fields["fanin"] - 1 or 2}, {"exponent": fields["exponent"] + 1}, {}))
+                extra.append((self.frame(entry, self.elements(count), status=0, opcode=Opcode.RESULT,
+                                         sender=0, bitmap=0b0011, **{**fields, **other}),
+                              rnd.choice((PARENT_PEER, PARENT_PEER, MEMBER_PEERS[0]))))
+            elif kind == 7:  # version 1 or 2 into the job's slots (and beside them), from a member
+                extra.append((self.payload(self.elements(count), **{**fields, "version": rnd.choice((1, 2)),
+                                                                    "job": entry.job, "sender": 0,
+                                                                    "slot": rnd.randrange(14),
+                                                                    "group": 0xEF000001}), MEMBER_PEERS[0]))
+            elif kind == 8:  # a flood of another job on the same relative slot
+                other = self.entries[rnd.choice([job for job in self.entries if job != entry.job])]
+                extra += [(self.frame(other, self.elements(count), opcode=Opcode.CONTRIBUTION, sender=m,
+                                      **{**fields, "fanin": 4, "clique": 3, "round": rnd.randrange(2**32)}),
+                           MEMBER_PEERS[m]) for m in range(rnd.randint(1, 4))]
+            elif kind == 9:  # a sender past the fan-in, or beyond 64 with no bitmap
+                extra.append((_with(body, sender=rnd.choice((fields["fanin"], 64, 200))), peer))
+            elif kind == 10:  # a member outside the clique's level here
+                outside = [m for m in range(fields["fanin"]) if not level >> m & 1]
+                if outside:
+                    extra.append((self.frame(entry, self.elements(count), opcode=Opcode.CONTRIBUTION,
+                                             sender=outside[0], **fields), MEMBER_PEERS[0]))
+            elif kind == 11:  # damaged: truncated, extended (a result's trailer lost or doubled), a bit flipped
+                damaged = bytearray(rnd.choice((body[:rnd.randrange(len(body))], body + bytes(4), body)))
+                if len(damaged) >= 86 and rnd.random() < 0.5:
+                    damaged[rnd.randrange(86)] ^= 1 << rnd.randrange(8)
+                extra.append((bytes(damaged), peer))
+            elif kind == 12:  # a version 3 stats request (whatever its job)
+                extra.append((_with(self.frame(entry, np.zeros(0))[:86], opcode=Opcode.STATS_REQUEST),
+                              rnd.choice(MEMBER_PEERS + STRANGERS)))
+            elif kind == 13:  # a result request of another round or chunk
+                extra.append((self.frame(entry, np.zeros(count), **{**request, "chunk": fields["chunk"] + 1})[:86],
+                              MEMBER_PEERS[1]))
+        return extra
+
+    def table_change(self):
+        """Remove a job, install one (again: its members merge, a clash is refused), or add a member."""
+        from inwire.jobs import JobEntry
+
+        rnd = self.rnd
+        if self.removed and rnd.random() < 0.7:
+            job = rnd.choice(sorted(self.removed))
+            self.removed.discard(job)
+            return ("install", self.entries[job])
+        entry = self.entries[rnd.choice(sorted(set(self.entries) - self.removed))]
+        pick = rnd.random()
+        if pick < 0.3:
+            self.removed.add(entry.job)
+            return ("remove", entry.job)
+        if pick < 0.5:
+            return ("install", dataclasses.replace(entry, members=frozenset({_endpoint(MEMBER_PEERS[4])})))
+        if pick < 0.6:  # a clash: the same job id with another token
+            return ("install", dataclasses.replace(entry, token=entry.token ^ 1))
+        if pick < 0.7:  # a job too large for the free slots, or a new one that fits
+            return ("install", JobEntry(job=0x60 + rnd.randrange(3), token=5, slots=rnd.choice((1, 2, 13)),
+                                        members=frozenset({_endpoint(MEMBER_PEERS[5])})))
+        return ("install", entry)
+
+    def next(self):
+        if self.rnd.random() < 0.01:
+            return self.table_change()
+        while len(self.pending) < 3:
+            self.pending.append(self.clique())
+        frames = self.rnd.choice(self.pending)
+        event = frames.pop(0 if self.rnd.random() < 0.7 else self.rnd.randrange(len(frames)))
+        self.pending = [f for f in self.pending if f]
+        return event
+
+    def stream(self, count):
+        return [("install", entry) for entry in self.entries.values()] + [self.next() for _ in range(count)]
+
+
+@pytest.mark.parametrize("max_elements", [16, 300])
+def test_fast_path_equals_the_model_on_registered_job_traffic(max_elements):
+    pair = JobPair(slots=12, max_elements=max_elements)
+    count = DATAGRAMS if max_elements <= 256 else DATAGRAMS // 2
+    stream = JobStream(seed=50 + max_elements, max_elements=max_elements).stream(count)
+    assert job_difference(pair, stream) is None
+    counters = pair.fast.stats()
+    # Every kind of destination the tables name: the group, members, the child, the parent.
+    destinations = {to for body, to in pair.sent if body[3] != Opcode.STATS_REPLY}
+    assert {("239.0.0.5", pair.config.port), PARENT_PEER, CHILD_PEERS[0], *MEMBER_PEERS[:4]} <= destinations
+    assert not destinations & {*STRANGERS, pair.address}
+    # The stream reaches what it is meant to: every version 3 check, both outputs, relays, stored answers.
+    for name in ("drop_job", "drop_token", "drop_member", "relayed", "partials_emitted", "results_emitted",
+                 "answered", "accumulated", "drop_duplicate", "drop_mismatch", "drop_no_result", "drop_group",
+                 "drop_slot", "drop_route", "drop_sender", "drop_length", "drop_stale", "saturations"):
+        assert counters[name] > 0, name
+
+
+@pytest.mark.parametrize("registered, unregistered", [(True, False), (False, True)])
+def test_fast_path_equals_the_model_with_or_without_job_tables(registered, unregistered):
+    """An aggregator of registered jobs only refuses versions 1 and 2 (drop_version); one without job tables
+    refuses version 3 and every install (the model's error, word for word); the fast path as the model."""
+    pair = JobPair(slots=12, max_elements=16, registered=registered, unregistered=unregistered)
+    stream = JobStream(seed=70 + registered, max_elements=16).stream(DATAGRAMS // 4)
+    assert job_difference(pair, stream) is None
+    counters = pair.fast.stats()
+    assert counters["drop_version"] > 0
+    assert (counters["relayed"] > 0) == registered
+
+
+def serve_job_difference(golden, fast, stream, batch=0):
+    """`job_difference` through the services' `handle` (or, with `batch`, the fast one's `handle_batch` on up to
+    `batch` datagrams at a time, between table changes): the first event whose sends (in order) or counters
+    (the aggregator's and the service's own) differ, or None."""
+    pending = []
+
+    def flush():
+        if not pending:
+            return None
+        slot = max(len(payload) for payload, _ in pending) + 1
+        buffer = bytearray(slot * len(pending))
+        for index, (payload, _) in enumerate(pending):
+            buffer[index * slot:index * slot + len(payload)] = payload
+        want = [send for payload, peer in pending for send in golden.handle(payload, peer, 0)]
+        got = fast.handle_batch(buffer, [(len(payload), peer) for payload, peer in pending], slot, 0)
+        pending.clear()
+        return differs(golden, fast, want, got)
+
+    for index, event in enumerate(stream):
+        if event[0] in ("install", "remove"):
+            difference = flush()
+            outcomes = []
+            for service in (golden, fast):
+                try:
+                    outcomes.append(getattr(service, f"{event[0]}_job")(event[1]))
+                except JobTableError as error:
+                    outcomes.append(str(error))
+            difference = difference or (None if outcomes[0] == outcomes[1] else f"tables differ: {outcomes}")
+        elif batch:
+            pending.append(event)
+            difference = flush() if len(pending) == batch else None
+        else:
+            difference = differs(golden, fast, golden.handle(*event, 0), fast.handle(*event, 0))
+        if difference:
+            return index, difference
+    return None if flush() is None else (len(stream), "in the last batch")
+
+
+@pytest.mark.parametrize("batch", [0, 7], ids=["each", "batched"])
+@pytest.mark.parametrize("unicast", [True, False], ids=["unicast", "multicast"])
+def test_the_services_send_a_job_s_outputs_where_its_tables_say(pair, unicast, batch):
+    """`inwire serve` with either engine, datagram by datagram or a recvmmsg batch at a time: a version 3
+    decision's outputs go to the endpoints it names and nowhere else (not through the service's learning, copies
+    or relays, whatever `unicast` says), never to the service itself (a job whose members include the service's
+    own address gets no copy there; each is counted, sends_refused), the same on both engines. Only version 3
+    datagrams here, so that the service's unicast copies, relays and learning table stay unused."""
+    golden, fast = pair(unicast=unicast, slots=12, max_elements=16, registered=True, key=bytes(32))
+    own = (ip_int(golden.address[0]), golden.address[1])
+    stream = []
+    for event in JobStream(seed=80 + unicast + batch, max_elements=16).stream(DATAGRAMS // 2):
+        if event[0] == "install" and event[1].job == 0x51:
+            event = ("install", dataclasses.replace(event[1], members=event[1].members | {own}))
+        elif event[0] not in ("install", "remove"):
+            if len(event[0]) < 3 or event[0][2] != 3:
+                continue  # version 3 only: the service's own machinery for versions 1 and 2 stays idle
+            if event[1] == MEMBER_PEERS[0] and len(stream) % 3 == 0:
+                event = (event[0], golden.address)  # a member sending from the service's own address
+        stream.append(event)
+    assert serve_job_difference(golden, fast, stream, batch) is None
+    counters = fast.counters()
+    assert counters["sends_refused"] > 0 and counters["relayed"] > 0 and counters["results_emitted"] > 0
+    assert counters["unicast_copies"] == counters["results_relayed"] == 0
+    assert fast.learned == {} == golden.learned

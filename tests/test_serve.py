@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 
 from inwire.cli import main
-from inwire.datagram import PAYLOAD_OFFSET, parse_result, parse_stats_reply, payload_of, stats_request, wrap
+from inwire.datagram import (
+    PAYLOAD_OFFSET,
+    parse_payload_header,
+    parse_result,
+    parse_stats_reply,
+    payload_of,
+    stats_request,
+    wrap,
+)
 from inwire.packets import build_frames, parse_header
 from inwire.protocol import FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
 from inwire.serve import SoftwareAggregator, parse_counters_line
@@ -250,3 +258,118 @@ def test_relayed_copies_go_only_to_the_members_the_result_names(server, engine):
     result[at:at + 8] = (0b001).to_bytes(8, "big")
     assert child.handle(bytes(result), parent) == [(bytes(result), peers[0])]
     assert child.counters()["results_relayed"] == 1
+
+
+def job_frame(entry, opcode, sender, values=(), slot=0, fanin=2, round_=1):
+    """A registered job's version 3 datagram (a result request is the bare header)."""
+    frame = build_frames(np.asarray([values or [0]], dtype=np.int32), opcode=opcode, version=3, sender=sender,
+                         fanin=fanin, job=entry.job, token=entry.token, round=round_, clique=0, slot=slot, chunk=0,
+                         group=entry.group)
+    payload = payload_of(frame[0])
+    return payload[:FRAME_HEADER_BYTES - PAYLOAD_OFFSET] if opcode == Opcode.RESULT_REQUEST else payload
+
+
+def _udp_sockets(count):
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(5)
+    return sockets
+
+
+def _synced_counters(aggregator, sock):
+    """The service's counters once it has sent everything it was going to for the datagrams before: two stats
+    round trips (the first one's batch may still be sending when its reply arrives; the second is read after)."""
+    for _ in range(2):
+        sock.sendto(stats_request(), aggregator.address)
+        counters = parse_stats_reply(sock.recv(65535))
+    return counters
+
+
+def _nothing_waiting(sock):
+    sock.setblocking(False)
+    try:
+        sock.recv(65535)
+    except BlockingIOError:
+        return True
+    finally:
+        sock.settimeout(5)
+    return False
+
+
+@pytest.mark.parametrize("unicast", [True, False], ids=["unicast", "multicast"])
+@pytest.mark.parametrize("engine", ["fast", "golden"])
+def test_a_registered_job_completes_and_strangers_get_nothing_back(server, engine, unicast):
+    """A job installed with its members' sockets: each contributing member gets the result, once, from the
+    service, with the job's token; a member whose contribution the slot did not take gets nothing; a stranger
+    with the job's id and token (a stolen token) gets 0 bytes back for its contribution and its result requests,
+    before and after the job completed, and each is counted (drop_member). A member's result request is answered
+    to that member alone. The service's own unicast mode plays no part in it."""
+    from inwire.datagram import ip_int
+    from inwire.jobs import JobEntry
+
+    if engine == "fast":
+        pytest.importorskip("inwire._kernel")
+    aggregator = server(engine=engine, unicast=unicast, registered=True, key=bytes(32))
+    *members, idle, stranger, observer = _udp_sockets(5)
+    endpoints = [sock.getsockname() for sock in (*members, idle)]
+    entry = JobEntry(job=0x2A2A, token=0x5EC2E7_0000_0001, slots=2,
+                     members=frozenset((ip_int(host), port) for host, port in endpoints))
+    assert aggregator.install_job(entry) == 0
+    thread = threading.Thread(target=aggregator.serve, daemon=True)
+    thread.start()
+    try:
+        stranger.sendto(job_frame(entry, Opcode.CONTRIBUTION, 1, [1000]), aggregator.address)
+        stranger.sendto(job_frame(entry, Opcode.RESULT_REQUEST, 1), aggregator.address)
+        members[0].sendto(job_frame(entry, Opcode.CONTRIBUTION, 0, [5, -7]), aggregator.address)
+        members[1].sendto(job_frame(entry, Opcode.CONTRIBUTION, 1, [6, 9]), aggregator.address)
+        results = []
+        for member in members:
+            body, source = member.recvfrom(65535)
+            results.append(body)
+            assert source == aggregator.address
+        for body in results:
+            header = parse_payload_header(body)
+            assert (header["version"], header["opcode"], header["token"], header["bitmap"]) == (3, Opcode.RESULT,
+                                                                                               entry.token, 0b11)
+            assert np.frombuffer(body, ">i4", 2, FRAME_HEADER_BYTES - PAYLOAD_OFFSET).tolist() == [11, 2]
+        stranger.sendto(job_frame(entry, Opcode.RESULT_REQUEST, 0), aggregator.address)
+        members[1].sendto(job_frame(entry, Opcode.RESULT_REQUEST, 1), aggregator.address)
+        assert members[1].recv(65535) == results[1]
+        counters = _synced_counters(aggregator, observer)
+        assert _nothing_waiting(stranger) and _nothing_waiting(members[0]) and _nothing_waiting(idle)
+        # answered: the member's result request and the first stats request (a reply counts what came before it)
+        assert (counters["drop_member"], counters["accumulated"], counters["answered"]) == (3, 2, 2)
+        assert counters["results_emitted"] == 3
+    finally:
+        aggregator.stop()
+        thread.join(5)
+        for sock in (*members, idle, stranger, observer):
+            sock.close()
+
+
+@pytest.mark.parametrize("engine", ["fast", "golden"])
+def test_a_version_3_result_is_never_relayed_by_the_service_s_own_machinery(server, engine):
+    """With `unicast`, the service relays a version 1 or 2 result from the aggregator it sent a slot's partial
+    to. A version 3 result that looks like that relay (same job, round, clique, chunk and slot number, from
+    that address, which is also the job's parent) is the aggregator's to decide: here its slot is past the job's
+    quota, so it is dropped (drop_slot) and nothing is relayed."""
+    from inwire.datagram import ip_int
+    from inwire.jobs import CliqueRoute, JobEntry
+
+    if engine == "fast":
+        pytest.importorskip("inwire._kernel")
+    aggregator = server(engine=engine, unicast=True, registered=True, key=bytes(32))
+    parent = ("127.0.0.2", aggregator.address[1])
+    member = ("127.0.0.1", 5000)
+    entry = JobEntry(job=0x77, token=0xABCDEF, slots=2, members=frozenset({(ip_int(member[0]), member[1])}),
+                     routes={0: CliqueRoute(parent=(ip_int(parent[0]), parent[1]))})
+    aggregator.install_job(entry)
+    up = build_frames(np.array([[4]], dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=0, fanin=1, job=entry.job,
+                      round=1, clique=0, slot=5, chunk=0, group=GROUP, hop1=ip_int(parent[0]))
+    assert [to for _, to in aggregator.handle(payload_of(up[0]), member)] == [parent]
+    down = build_frames(np.array([[4]], dtype=np.int32), status=0, opcode=Opcode.RESULT, version=3, sender=0,
+                        fanin=1, job=entry.job, token=entry.token, round=1, clique=0, slot=5, chunk=0, bitmap=1)
+    assert aggregator.handle(payload_of(down[0]), parent) == []
+    counters = aggregator.counters()
+    assert (counters["drop_slot"], counters["results_relayed"]) == (1, 0)

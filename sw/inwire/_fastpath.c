@@ -2,8 +2,8 @@
    copies: part of the compiled kernel inwire._kernel.
 
    Decider(fields, constants, config)
-       The fast aggregator's decisions on UDP payloads with its slot table, and inwire serve's learning table
-       (below).
+       The fast aggregator's decisions on UDP payloads with its slot table and the registered jobs' tables
+       (install_job, remove_job; version 3), and inwire serve's learning table (below).
 
    The golden model (inwire.model) is its definition: tests/test_fastpath.py runs both on the same streams
    and compares every answer, destination and counter; where this kernel is not built, inwire serve runs the
@@ -48,35 +48,41 @@ static int accumulate_elements(uint8_t *restrict sum, const uint8_t *restrict el
 
 enum {
     F_MAGIC, F_VERSION, F_OPCODE, F_SENDER, F_FANIN, F_EXPONENT, F_CONTRIBUTORS, F_JOB, F_ROUND, F_CLIQUE, F_SLOT,
-    F_CHUNK, F_COUNT, F_GROUP, F_BITMAP, F_EXPECT, F_HOP1, F_HOP1_EXPECT, F_HOP2, F_HOP2_EXPECT, F_RESERVED, N_FIELDS
+    F_CHUNK, F_COUNT, F_GROUP, F_BITMAP, F_EXPECT, F_HOP1, F_HOP1_EXPECT, F_HOP2, F_HOP2_EXPECT, F_RESERVED, F_TOKEN,
+    N_FIELDS
 };
 static const char *const FIELD_NAMES[N_FIELDS] = {
     "magic", "version", "opcode", "sender", "fanin", "exponent", "contributors", "job", "round", "clique", "slot",
-    "chunk", "count", "group", "bitmap", "expect", "hop1", "hop1_expect", "hop2", "hop2_expect", "reserved"};
+    "chunk", "count", "group", "bitmap", "expect", "hop1", "hop1_expect", "hop2", "hop2_expect", "reserved", "token"};
 
 enum {
     K_HEADER, K_ELEMENT, K_TRAILER, K_RUNT, K_MAX_PAYLOAD, K_MAX_MEMBERS, K_MAGIC, K_VERSION, K_VERSION_1,
-    K_CONTRIBUTION, K_PARTIAL, K_RESULT, K_RESULT_REQUEST, K_STATS_REQUEST, K_STATS_REPLY,
+    K_VERSION_JOB, K_CONTRIBUTION, K_PARTIAL, K_RESULT, K_RESULT_REQUEST, K_STATS_REQUEST, K_STATS_REPLY,
     K_MULTICAST_MASK, K_MULTICAST_PREFIX, K_STATUS_OVERFLOW, K_TIME_MASK,
     K_ACCUMULATED, K_ANSWERED, K_DROP_RUNT, K_DROP_LENGTH, K_DROP_VERSION, K_DROP_OPCODE, K_DROP_FANIN,
     K_DROP_SENDER, K_DROP_COUNT, K_DROP_GROUP, K_DROP_SLOT, K_DROP_DUPLICATE, K_DROP_MISMATCH, K_DROP_COLLISION,
-    K_DROP_NO_RESULT, K_DROP_ROUTE, K_DROP_STALE,
+    K_DROP_NO_RESULT, K_DROP_ROUTE, K_DROP_STALE, K_DROP_JOB, K_DROP_TOKEN, K_DROP_MEMBER, K_RELAYED,
     K_FRAMES_IN, K_RESULTS_EMITTED, K_SLOTS_RECLAIMED, K_SATURATIONS, K_LEASES_EXPIRED, K_PARTIALS_EMITTED,
     K_COUNTERS, N_CONSTANTS
 };
 static const char *const CONSTANT_NAMES[N_CONSTANTS] = {
     "header_bytes", "element_bytes", "trailer_bytes", "runt_payload", "max_payload", "max_members", "magic",
-    "version", "version_1", "contribution", "partial", "result", "result_request", "stats_request", "stats_reply",
+    "version", "version_1", "version_job", "contribution", "partial", "result", "result_request", "stats_request",
+    "stats_reply",
     "multicast_mask", "multicast_prefix", "status_overflow", "time_mask",
     "accumulated", "answered", "drop_runt", "drop_length", "drop_version", "drop_opcode", "drop_fanin",
     "drop_sender", "drop_count", "drop_group", "drop_slot", "drop_duplicate", "drop_mismatch", "drop_collision",
-    "drop_no_result", "drop_route", "drop_stale",
+    "drop_no_result", "drop_route", "drop_stale", "drop_job", "drop_token", "drop_member", "relayed",
     "frames_in", "results_emitted", "slots_reclaimed", "saturations", "leases_expired", "partials_emitted",
     "counters"};
 
-enum { C_SLOTS, C_MAX_FANIN, C_MAX_ELEMENTS, C_LEASE, C_IP, C_UPSTREAM_NETWORK, C_UPSTREAM_MASK, N_CONFIG };
+enum {
+    C_SLOTS, C_MAX_FANIN, C_MAX_ELEMENTS, C_LEASE, C_IP, C_PORT, C_UPSTREAM_NETWORK, C_UPSTREAM_MASK, C_REGISTERED,
+    C_UNREGISTERED, N_CONFIG
+};
 static const char *const CONFIG_NAMES[N_CONFIG] = {
-    "slots", "max_fanin", "max_elements", "lease", "ip", "upstream_network", "upstream_mask"};
+    "slots", "max_fanin", "max_elements", "lease", "ip", "port", "upstream_network", "upstream_mask", "registered",
+    "unregistered"};
 
 typedef struct {
     uint64_t job, round, clique, chunk;
@@ -88,6 +94,8 @@ typedef struct {
 
 typedef struct {
     int owned;            /* has an owner (key) */
+    int held;             /* in a registered job's range: no version 1 or 2 frame may name it (beside `owned`, in
+                             the cache line every datagram reads) */
     owner_t key;
     shape_t shape;        /* the owner's, level resolved as the model's */
     uint64_t bitmap;      /* members summed */
@@ -102,7 +110,37 @@ typedef struct {
     owner_t learned_key;
     PyObject **members;   /* max_members entries, NULL where none was learned */
     PyObject *children;   /* a set, NULL until a partial is learned */
+    /* Version 3 (registered jobs). */
+    int final;            /* below the root: the clique's result came down from the parent and replaced the sums */
+    uint64_t sourced;     /* bit i: member i's contribution came from source[i] */
+    Py_ssize_t n_children;
+    uint64_t *source;     /* max_members endpoints each, made when a version 3 frame first claims the slot */
+    uint64_t *child;      /* the child aggregators whose partials the slot holds, ascending */
 } slot_t;
+
+/* A registered job as the control interface installed it (FastAggregator.install, from jobs.JobTable). An
+   endpoint is an IPv4 address and UDP port as ip << 16 | port: never 0 (both are nonzero in a table), and in
+   the order of the model's (ip, port) tuples. */
+typedef struct {
+    uint64_t endpoint, members;
+} child_t;
+
+typedef struct {
+    uint64_t clique, level, parent; /* level 0: the whole clique; parent 0: rooted here */
+    Py_ssize_t n_children;
+    child_t *child;                 /* ascending endpoints */
+} route_t;
+
+typedef struct {
+    uint64_t job, token, base, slots, group;
+    Py_ssize_t n_members, n_routes;
+    uint64_t *member;               /* ascending endpoints */
+    route_t *route;                 /* ascending cliques; a clique not here is flat and rooted here */
+} job_t;
+
+static const route_t FLAT_ROUTE = {0, 0, 0, 0, NULL};
+
+#define MAX_HEADER 256 /* bytes of a version 3 output's header, made on the stack first */
 
 typedef struct {
     PyObject_HEAD
@@ -114,6 +152,8 @@ typedef struct {
     uint64_t *counts;
     uint64_t now;
     uint64_t round_mask, round_half; /* serial-number arithmetic on the round field's width */
+    Py_ssize_t n_jobs;
+    job_t *jobs;                     /* ascending job ids */
 } Decider;
 
 /* Whether the decider was made (its __init__ ran): a bare Decider.__new__ has no slots to decide on. */
@@ -158,12 +198,13 @@ static inline uint64_t clique_bits(uint64_t fanin)
     return fanin >= 64 ? UINT64_MAX : ((uint64_t)1 << fanin) - 1;
 }
 
-/* Whether a datagram from `source` (a dotted string or an int) may send a partial to hop1 (not 0) and hop2: the
-   model's route rule. -1 with an error set when `source` is neither. */
-static int route_allowed(const Decider *d, uint64_t hop1, uint64_t hop2, PyObject *source)
+/* The IPv4 address of `source` (a dotted string, an int, or a (host, port) pair of either and a port) into *from;
+   *far when it is an int beyond long long. -1 with an error set when it is none of them. */
+static int source_address(PyObject *source, long long *from, int *far)
 {
-    long long from;
-    int far = 0;
+    *far = 0;
+    if (PyTuple_Check(source) && PyTuple_GET_SIZE(source) == 2)
+        source = PyTuple_GET_ITEM(source, 0);
     if (PyUnicode_Check(source)) {
         const char *text = PyUnicode_AsUTF8(source);
         struct in_addr address;
@@ -173,15 +214,26 @@ static int route_allowed(const Decider *d, uint64_t hop1, uint64_t hop2, PyObjec
             PyErr_Format(PyExc_ValueError, "%s is not an IPv4 address", text);
             return -1;
         }
-        from = ntohl(address.s_addr);
+        *from = ntohl(address.s_addr);
     } else if (PyLong_Check(source)) {
-        from = PyLong_AsLongLongAndOverflow(source, &far);
-        if (from == -1 && PyErr_Occurred())
+        *from = PyLong_AsLongLongAndOverflow(source, far);
+        if (*from == -1 && PyErr_Occurred())
             return -1;
     } else {
-        PyErr_SetString(PyExc_TypeError, "source must be an IPv4 address as a string or an int");
+        PyErr_SetString(PyExc_TypeError, "source must be an IPv4 address as a string or an int, or (address, port)");
         return -1;
     }
+    return 0;
+}
+
+/* Whether a datagram from `source` (source_address's) may send a partial to hop1 (not 0) and hop2: the model's
+   route rule. -1 with an error set when `source` is no address. */
+static int route_allowed(const Decider *d, uint64_t hop1, uint64_t hop2, PyObject *source)
+{
+    long long from;
+    int far;
+    if (source_address(source, &from, &far) < 0)
+        return -1;
     const uint64_t *c = d->config;
     return hop1 != c[C_IP] && (far || (long long)hop1 != from) && (hop1 & c[C_UPSTREAM_MASK]) == c[C_UPSTREAM_NETWORK]
            && hop2 != hop1 && hop2 != c[C_IP];
@@ -301,8 +353,9 @@ static PyObject *stats_reply(Decider *d, uint64_t version, uint64_t sender, uint
     return reply;
 }
 
-/* A new owner for the slot: no members, no sums yet (its first contribution's elements are copied in). An unfinished slot's output was never sent, so it is
-   reused when its size fits; a completed one's belongs to whoever it was sent to: a new one is made. */
+/* A new owner for the slot: no members, no sums yet (its first contribution's elements are copied in). An
+   unfinished slot's output was never sent, so it is reused when its size fits; a completed one's belongs to
+   whoever it was sent to: a new one is made. */
 static int claim(Decider *d, slot_t *s, const owner_t *key, const shape_t *shape)
 {
     const uint64_t *k = d->k;
@@ -319,12 +372,81 @@ static int claim(Decider *d, slot_t *s, const owner_t *key, const shape_t *shape
     s->shape = *shape;
     s->bitmap = 0;
     s->overflow = 0;
+    s->final = 0;
+    s->sourced = 0;
+    s->n_children = 0;
     return 0;
 }
 
+enum { ADMITTED = -2, ANSWER_DUE = -3 };
+
+/* Whether a contribution or partial of owner `key` and `shape` holding `members` may be summed into slot `s`
+   (the model's SLOT_CHECKS for it): ADMITTED (claiming the slot when that is due), ANSWER_DUE (its owner's
+   completed slot: the stored output again), a drop, or -1 with an error set. */
+static inline __attribute__((always_inline)) long long admit(Decider *d, slot_t *s, const owner_t *key, const shape_t *shape, uint64_t members)
+{
+    const uint64_t *k = d->k;
+    if (s->owned && same_owner(&s->key, key)) {
+        if (!same_shape(&s->shape, shape))
+            return k[K_DROP_MISMATCH];
+        if (s->done)
+            return ANSWER_DUE;
+        if (s->bitmap & members)
+            return k[K_DROP_DUPLICATE];
+        return ADMITTED;
+    }
+    if (!s->owned)
+        return claim(d, s, key, shape) < 0 ? -1 : ADMITTED;
+    if (key->job == s->key.job
+        && (key->round != s->key.round ? newer(d, s->key.round, key->round)
+                                       : key->clique == s->key.clique && key->chunk < s->key.chunk)
+        && !lease_over(d, s))
+        /* An older frame of the owner's job (a delayed copy) never evicts the slot while its lease runs. */
+        return k[K_DROP_STALE];
+    if (s->done)
+        return claim(d, s, key, shape) < 0 ? -1 : ADMITTED;
+    if (key->job == s->key.job && newer(d, key->round, s->key.round)) {
+        if (claim(d, s, key, shape) < 0)
+            return -1;
+        d->counts[k[K_SLOTS_RECLAIMED]]++;
+        return ADMITTED;
+    }
+    if (lease_over(d, s)) {
+        if (claim(d, s, key, shape) < 0)
+            return -1;
+        d->counts[k[K_LEASES_EXPIRED]]++;
+        return ADMITTED;
+    }
+    return k[K_DROP_COLLISION];
+}
+
+/* Sums an admitted contribution or partial of `count` elements (its length checked against the count, and the
+   slot's output made for it: the elements lie within both). The first members' elements are the sums (0 + x
+   saturates nowhere). */
+static inline __attribute__((always_inline)) void add(Decider *d, slot_t *s, const uint8_t *p, Py_ssize_t length, uint64_t opcode, uint64_t count,
+                       uint64_t members)
+{
+    const uint64_t *k = d->k;
+    uint8_t *sums = (uint8_t *)PyBytes_AS_STRING(s->output) + k[K_HEADER];
+    if (s->bitmap == 0)
+        memcpy(sums, p + k[K_HEADER], k[K_ELEMENT] * count);
+    else if (accumulate_elements(sums, p + k[K_HEADER], (Py_ssize_t)count)) {
+        d->counts[k[K_SATURATIONS]]++;
+        s->overflow = 1;
+    }
+    if (opcode == k[K_PARTIAL] && (p[length - 1] & k[K_STATUS_OVERFLOW]))
+        s->overflow = 1; /* saturated at a level below: carried into this slot's status, not counted here */
+    s->bitmap |= members;
+    s->stamp = d->now;
+}
+
+static long long decide_job(Decider *d, const uint8_t *p, Py_ssize_t length, uint64_t opcode, uint64_t count,
+                            PyObject *source, PyObject **reply);
+
 /* The disposition of one payload of `length` bytes, and its answer (a new reference, or NULL) in *reply: the
-   checks of fastpath.FastAggregator._decide in its order. -1 with an error set on failure (no memory, a
-   source that is no address). */
+   model's FRAME_CHECKS and SLOT_CHECKS in its order. The answer is a payload for serve to send where it goes
+   (versions 1 and 2, and a stats reply), or, for version 3, the list of (payload, (host, port)) the job's
+   tables send it to. -1 with an error set on failure (no memory, a source that is no address). */
 static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObject *source, PyObject **reply)
 {
     const uint64_t *k = d->k, *c = d->config;
@@ -335,13 +457,15 @@ static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObjec
         return k[K_DROP_LENGTH];
     /* From here the whole header is there: every field lies within it (checked at construction). */
     uint64_t version = FIELD(d, p, F_VERSION), opcode = FIELD(d, p, F_OPCODE);
-    if (FIELD(d, p, F_MAGIC) != k[K_MAGIC] || (version != k[K_VERSION] && version != k[K_VERSION_1]))
+    int job_frame = version == k[K_VERSION_JOB];
+    if (FIELD(d, p, F_MAGIC) != k[K_MAGIC] ||
+        !(job_frame ? c[C_REGISTERED] : (version == k[K_VERSION] || version == k[K_VERSION_1]) && c[C_UNREGISTERED]))
         return k[K_DROP_VERSION];
     uint64_t count = FIELD(d, p, F_COUNT), expected;
     /* A count beyond the longest payload cannot match the length (and its product must not wrap). */
     if (opcode == k[K_CONTRIBUTION])
         expected = count > k[K_MAX_PAYLOAD] ? UINT64_MAX : k[K_HEADER] + k[K_ELEMENT] * count;
-    else if (opcode == k[K_PARTIAL])
+    else if (opcode == k[K_PARTIAL] || (opcode == k[K_RESULT] && job_frame))
         expected = count > k[K_MAX_PAYLOAD] ? UINT64_MAX : k[K_HEADER] + k[K_ELEMENT] * count + k[K_TRAILER];
     else if (opcode == k[K_RESULT_REQUEST] || opcode == k[K_STATS_REQUEST])
         expected = k[K_HEADER];
@@ -354,6 +478,8 @@ static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObjec
         *reply = stats_reply(d, version, sender, job);
         return *reply ? (long long)k[K_ANSWERED] : -1;
     }
+    if (job_frame)
+        return decide_job(d, p, length, opcode, count, source, reply);
     uint64_t fanin = FIELD(d, p, F_FANIN);
     if (fanin < 1 || fanin > c[C_MAX_FANIN])
         return k[K_DROP_FANIN];
@@ -377,7 +503,7 @@ static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObjec
     if ((group & k[K_MULTICAST_MASK]) != k[K_MULTICAST_PREFIX])
         return k[K_DROP_GROUP];
     uint64_t slot = FIELD(d, p, F_SLOT);
-    if (slot >= (uint64_t)d->slots)
+    if (slot >= (uint64_t)d->slots || d->slot[slot].held)
         return k[K_DROP_SLOT];
     if (version != k[K_VERSION_1]) {
         uint64_t hop1 = FIELD(d, p, F_HOP1), hop2 = FIELD(d, p, F_HOP2);
@@ -393,63 +519,332 @@ static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObjec
     }
     owner_t key = {job, FIELD(d, p, F_ROUND), FIELD(d, p, F_CLIQUE), FIELD(d, p, F_CHUNK)};
     slot_t *s = &d->slot[slot];
-    int same = s->owned && same_owner(&s->key, &key);
     if (opcode == k[K_RESULT_REQUEST]) {
-        if (same && s->done) {
+        if (s->owned && same_owner(&s->key, &key) && s->done) {
             *reply = answer(d, s, p, version, sender);
             return *reply ? (long long)k[K_ANSWERED] : -1;
         }
         return k[K_DROP_NO_RESULT];
     }
     shape_t shape = {fanin, group, count, FIELD(d, p, F_EXPONENT), level};
-    if (same) {
-        if (!same_shape(&s->shape, &shape))
-            return k[K_DROP_MISMATCH];
-        if (s->done) {
-            *reply = answer(d, s, p, version, sender);
-            return *reply ? (long long)k[K_ANSWERED] : -1;
-        }
-        if (s->bitmap & members)
-            return k[K_DROP_DUPLICATE];
-    } else if (!s->owned) {
-        if (claim(d, s, &key, &shape) < 0)
-            return -1;
-    } else if (job == s->key.job
-               && (key.round != s->key.round ? newer(d, s->key.round, key.round)
-                                             : key.clique == s->key.clique && key.chunk < s->key.chunk)
-               && !lease_over(d, s)) {
-        /* An older frame of the owner's job (a delayed copy) never evicts the slot while its lease runs. */
-        return k[K_DROP_STALE];
-    } else if (s->done) {
-        if (claim(d, s, &key, &shape) < 0)
-            return -1;
-    } else if (job == s->key.job && newer(d, key.round, s->key.round)) {
-        if (claim(d, s, &key, &shape) < 0)
-            return -1;
-        d->counts[k[K_SLOTS_RECLAIMED]]++;
-    } else if (lease_over(d, s)) {
-        if (claim(d, s, &key, &shape) < 0)
-            return -1;
-        d->counts[k[K_LEASES_EXPIRED]]++;
-    } else {
-        return k[K_DROP_COLLISION];
+    long long admitted = admit(d, s, &key, &shape, members);
+    if (admitted == ANSWER_DUE) {
+        *reply = answer(d, s, p, version, sender);
+        return *reply ? (long long)k[K_ANSWERED] : -1;
     }
-    /* length == header + 4 * count (+ trailer), and the output was made for this count: the elements lie
-       within both. The first members' elements are the sums (0 + x saturates nowhere). */
-    uint8_t *sums = (uint8_t *)PyBytes_AS_STRING(s->output) + k[K_HEADER];
-    if (s->bitmap == 0)
-        memcpy(sums, p + k[K_HEADER], k[K_ELEMENT] * count);
-    else if (accumulate_elements(sums, p + k[K_HEADER], (Py_ssize_t)count)) {
-        d->counts[k[K_SATURATIONS]]++;
-        s->overflow = 1;
-    }
-    if (opcode == k[K_PARTIAL] && (p[length - 1] & k[K_STATUS_OVERFLOW]))
-        s->overflow = 1; /* saturated at a level below: carried into this slot's status, not counted here */
-    s->bitmap |= members;
-    s->stamp = d->now;
+    if (admitted != ADMITTED)
+        return admitted;
+    add(d, s, p, length, opcode, count, members);
     if (s->bitmap != level)
         return k[K_ACCUMULATED];
     *reply = complete(d, s, slot, p, version, sender);
+    return *reply ? (long long)k[K_ACCUMULATED] : -1;
+}
+
+/* Version 3: registered jobs (the model's install/remove, source_allowed, _contribution, _result_request,
+   _relay, _answer, _down and _v3_frame). */
+
+static const job_t *find_job(const Decider *d, uint64_t job)
+{
+    Py_ssize_t low = 0, high = d->n_jobs;
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        if (d->jobs[middle].job < job)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < d->n_jobs && d->jobs[low].job == job ? &d->jobs[low] : NULL;
+}
+
+static const route_t *find_route(const job_t *j, uint64_t clique)
+{
+    Py_ssize_t low = 0, high = j->n_routes;
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        if (j->route[middle].clique < clique)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < j->n_routes && j->route[low].clique == clique ? &j->route[low] : &FLAT_ROUTE;
+}
+
+static int has_member(const job_t *j, uint64_t endpoint)
+{
+    Py_ssize_t low = 0, high = j->n_members;
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        if (j->member[middle] < endpoint)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < j->n_members && j->member[low] == endpoint;
+}
+
+static const child_t *find_child(const route_t *r, uint64_t endpoint)
+{
+    for (Py_ssize_t i = 0; i < r->n_children; i++)
+        if (r->child[i].endpoint == endpoint)
+            return &r->child[i];
+    return NULL;
+}
+
+/* The endpoint (ip << 16 | port) a datagram came from: `source` as (host, port); 0 (no table's endpoint) when it
+   names no port or an impossible one. -1 with an error set when its host is no address. */
+static int source_endpoint(PyObject *source, uint64_t *endpoint)
+{
+    long long from;
+    int far;
+    *endpoint = 0;
+    if (source_address(source, &from, &far) < 0)
+        return -1;
+    if (!PyTuple_Check(source) || PyTuple_GET_SIZE(source) != 2)
+        return 0;
+    unsigned long long port = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(source, 1));
+    if (port == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (!far && from > 0 && from <= 0xFFFFFFFF && port > 0 && port <= 0xFFFF)
+        *endpoint = (uint64_t)from << 16 | port;
+    return 0;
+}
+
+/* The slot's version 3 output as `opcode` (partial or result), asked for by a frame of `sender` naming the job's
+   relative slot `slot` (the model's _v3_frame): the slot's output itself when the slot just completed (written in
+   place) or when it says so already, else a copy that does. */
+static PyObject *job_output(Decider *d, slot_t *s, const job_t *j, uint64_t opcode, uint64_t sender, uint64_t slot,
+                            int fresh)
+{
+    const uint64_t *k = d->k;
+    Py_ssize_t header = (Py_ssize_t)k[K_HEADER], at = header + (Py_ssize_t)(k[K_ELEMENT] * s->shape.count);
+    uint8_t head[MAX_HEADER];
+    memset(head, 0, header);
+    PUT(d, head, F_MAGIC, k[K_MAGIC]);
+    PUT(d, head, F_VERSION, k[K_VERSION_JOB]);
+    PUT(d, head, F_OPCODE, opcode);
+    PUT(d, head, F_SENDER, sender);
+    PUT(d, head, F_FANIN, s->shape.fanin);
+    PUT(d, head, F_EXPONENT, s->shape.exponent);
+    PUT(d, head, F_CONTRIBUTORS, (uint64_t)__builtin_popcountll(s->bitmap));
+    PUT(d, head, F_JOB, s->key.job);
+    PUT(d, head, F_ROUND, s->key.round);
+    PUT(d, head, F_CLIQUE, s->key.clique);
+    PUT(d, head, F_SLOT, slot);
+    PUT(d, head, F_CHUNK, s->key.chunk);
+    PUT(d, head, F_COUNT, s->shape.count);
+    PUT(d, head, F_GROUP, j->group);
+    PUT(d, head, F_BITMAP, s->bitmap);
+    PUT(d, head, F_TOKEN, j->token);
+    uint64_t status = s->overflow ? k[K_STATUS_OVERFLOW] : 0;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(s->output);
+    if (!fresh) {
+        if (memcmp(out, head, header) == 0 && read_be(out + at, (Py_ssize_t)k[K_TRAILER]) == status)
+            return Py_NewRef(s->output);
+        PyObject *copy = PyBytes_FromStringAndSize((const char *)out, PyBytes_GET_SIZE(s->output));
+        if (copy == NULL)
+            return NULL;
+        out = (uint8_t *)PyBytes_AS_STRING(copy);
+        memcpy(out, head, header);
+        write_be(out + at, (Py_ssize_t)k[K_TRAILER], status);
+        return copy;
+    }
+    memcpy(out, head, header);
+    write_be(out + at, (Py_ssize_t)k[K_TRAILER], status);
+    return Py_NewRef(s->output);
+}
+
+/* Appends (body, (dotted address, port)) for `endpoint` to `sends`, counted as a partial or result sent. */
+static int send_to(Decider *d, PyObject *sends, PyObject *body, uint64_t endpoint, int partial)
+{
+    char text[INET_ADDRSTRLEN];
+    struct in_addr address = {htonl((uint32_t)(endpoint >> 16))};
+    if (inet_ntop(AF_INET, &address, text, sizeof(text)) == NULL) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    PyObject *send = Py_BuildValue("(O(sK))", body, text, (unsigned long long)(endpoint & 0xFFFF));
+    if (send == NULL)
+        return -1;
+    int failed = PyList_Append(sends, send);
+    Py_DECREF(send);
+    if (failed)
+        return -1;
+    count_output(d, partial);
+    return 0;
+}
+
+/* [(body, endpoint)] as a new list, or NULL with an error set. */
+static PyObject *send_one(Decider *d, PyObject *body, uint64_t endpoint, int partial)
+{
+    PyObject *sends = body ? PyList_New(0) : NULL;
+    if (sends != NULL && send_to(d, sends, body, endpoint, partial) < 0)
+        Py_CLEAR(sends);
+    Py_XDECREF(body);
+    return sends;
+}
+
+/* The result sent down from here (the model's _down): to the job's group, or (no group) a copy to each member
+   whose contribution the slot took here, by index, and to each child aggregator whose partial it took. */
+static PyObject *send_down(Decider *d, slot_t *s, const job_t *j, uint64_t sender, uint64_t slot, int fresh)
+{
+    PyObject *body = job_output(d, s, j, d->k[K_RESULT], sender, slot, fresh);
+    if (body == NULL)
+        return NULL;
+    if (j->group)
+        return send_one(d, body, j->group << 16 | d->config[C_PORT], 0);
+    PyObject *sends = PyList_New(0);
+    if (sends == NULL)
+        goto failed;
+    for (uint64_t bits = s->sourced; bits; bits &= bits - 1)
+        if (send_to(d, sends, body, s->source[__builtin_ctzll(bits)], 0) < 0)
+            goto failed;
+    for (Py_ssize_t i = 0; i < s->n_children; i++)
+        if (send_to(d, sends, body, s->child[i], 0) < 0)
+            goto failed;
+    Py_DECREF(body);
+    return sends;
+failed:
+    Py_XDECREF(sends);
+    Py_DECREF(body);
+    return NULL;
+}
+
+/* Notes where an accepted version 3 contribution (a member, by its index) or partial (a child aggregator, in
+   ascending order, once) came from: the addresses its result goes to. */
+static int note_source(Decider *d, slot_t *s, uint64_t opcode, uint64_t sender, uint64_t from)
+{
+    Py_ssize_t most = (Py_ssize_t)d->k[K_MAX_MEMBERS];
+    if (s->source == NULL) {
+        /* Each accepted frame adds a member, so a slot takes at most max_members partials. */
+        s->source = PyMem_Calloc(2 * most, sizeof(uint64_t));
+        if (s->source == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->child = s->source + most;
+    }
+    if (opcode != d->k[K_PARTIAL]) {
+        s->source[sender] = from;
+        s->sourced |= (uint64_t)1 << sender;
+        return 0;
+    }
+    Py_ssize_t at = 0;
+    while (at < s->n_children && s->child[at] < from)
+        at++;
+    if (at < s->n_children && s->child[at] == from)
+        return 0;
+    if (s->n_children >= most) {
+        PyErr_SetString(PyExc_RuntimeError, "Decider: more children in a slot than members");
+        return -1;
+    }
+    memmove(s->child + at + 1, s->child + at, (s->n_children - at) * sizeof(uint64_t));
+    s->child[at] = from;
+    s->n_children++;
+    return 0;
+}
+
+/* A version 3 datagram whose header is whole and whose length agrees with its count and opcode: the model's
+   checks from DROP_JOB on and its actions, in its order. */
+static long long decide_job(Decider *d, const uint8_t *p, Py_ssize_t length, uint64_t opcode, uint64_t count,
+                            PyObject *source, PyObject **reply)
+{
+    const uint64_t *k = d->k, *c = d->config;
+    const job_t *j = find_job(d, FIELD(d, p, F_JOB));
+    if (j == NULL)
+        return k[K_DROP_JOB];
+    if (FIELD(d, p, F_TOKEN) != j->token)
+        return k[K_DROP_TOKEN];
+    uint64_t from, sender = FIELD(d, p, F_SENDER), bitmap = FIELD(d, p, F_BITMAP);
+    if (source_endpoint(source, &from) < 0)
+        return -1;
+    owner_t key = {FIELD(d, p, F_JOB), FIELD(d, p, F_ROUND), FIELD(d, p, F_CLIQUE), FIELD(d, p, F_CHUNK)};
+    const route_t *route = find_route(j, key.clique);
+    /* The members it holds: its bitmap, or its sender alone; a sender past the bitmap's bits is no member any
+       table holds (and past the fan-in, checked next). */
+    int beyond = !bitmap && sender >= 64;
+    uint64_t members = bitmap ? bitmap : beyond ? 0 : (uint64_t)1 << sender;
+    int allowed;
+    if (opcode == k[K_PARTIAL]) {
+        const child_t *child = from ? find_child(route, from) : NULL;
+        allowed = child != NULL && !beyond && (members & ~child->members) == 0;
+    } else if (opcode == k[K_RESULT]) {
+        allowed = route->parent != 0 && route->parent == from;
+    } else {
+        allowed = from != 0 && has_member(j, from);
+    }
+    if (!allowed)
+        return k[K_DROP_MEMBER];
+    uint64_t fanin = FIELD(d, p, F_FANIN);
+    if (fanin < 1 || fanin > c[C_MAX_FANIN])
+        return k[K_DROP_FANIN];
+    if (sender >= fanin)
+        return k[K_DROP_SENDER];
+    uint64_t whole = clique_bits(fanin), level = route->level ? route->level : whole;
+    if (opcode == k[K_RESULT] ? (members & ~whole) != 0 : (members & ~level) != 0 || (level & ~whole) != 0)
+        return k[K_DROP_SENDER];
+    if (count < 1 || count > c[C_MAX_ELEMENTS])
+        return k[K_DROP_COUNT];
+    uint64_t group = FIELD(d, p, F_GROUP);
+    if (group != j->group)
+        return k[K_DROP_GROUP];
+    uint64_t slot = FIELD(d, p, F_SLOT);
+    if (slot >= j->slots)
+        return k[K_DROP_SLOT];
+    if (FIELD(d, p, F_EXPECT) || FIELD(d, p, F_HOP1) || FIELD(d, p, F_HOP1_EXPECT) || FIELD(d, p, F_HOP2) ||
+        FIELD(d, p, F_HOP2_EXPECT))
+        return k[K_DROP_ROUTE];
+    slot_t *s = &d->slot[j->base + slot];
+    int same = s->owned && same_owner(&s->key, &key);
+    if (opcode == k[K_RESULT_REQUEST]) {
+        if (same && s->done && (route->parent == 0 || s->final)) {
+            *reply = send_one(d, job_output(d, s, j, k[K_RESULT], sender, slot, 0), from, 0);
+            return *reply ? (long long)k[K_ANSWERED] : -1;
+        }
+        return k[K_DROP_NO_RESULT];
+    }
+    uint64_t exponent = FIELD(d, p, F_EXPONENT);
+    if (opcode == k[K_RESULT]) {
+        if (!same || !s->done)
+            return k[K_DROP_NO_RESULT];
+        if (s->shape.fanin != fanin || s->shape.count != count || s->shape.exponent != exponent)
+            return k[K_DROP_MISMATCH];
+        if (s->final)
+            return k[K_DROP_DUPLICATE];
+        /* The parent's sums replace the slot's; its output was sent, so they go into a new one. */
+        PyObject *output = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(s->output));
+        if (output == NULL)
+            return -1;
+        memcpy(PyBytes_AS_STRING(output) + k[K_HEADER], p + k[K_HEADER], k[K_ELEMENT] * count);
+        Py_SETREF(s->output, output);
+        s->bitmap = members;
+        s->overflow = (p[length - 1] & k[K_STATUS_OVERFLOW]) != 0;
+        s->final = 1;
+        *reply = send_down(d, s, j, sender, slot, 1);
+        return *reply ? (long long)k[K_RELAYED] : -1;
+    }
+    shape_t shape = {fanin, group, count, exponent, level};
+    long long admitted = admit(d, s, &key, &shape, members);
+    if (admitted == ANSWER_DUE) {
+        /* To the frame's source alone: below the root the partial again until the result came down. */
+        if (route->parent != 0 && !s->final)
+            *reply = send_one(d, job_output(d, s, j, k[K_PARTIAL], sender, slot, 0), route->parent, 1);
+        else
+            *reply = send_one(d, job_output(d, s, j, k[K_RESULT], sender, slot, 0), from, 0);
+        return *reply ? (long long)k[K_ANSWERED] : -1;
+    }
+    if (admitted != ADMITTED)
+        return admitted;
+    if (note_source(d, s, opcode, sender, from) < 0)
+        return -1;
+    add(d, s, p, length, opcode, count, members);
+    if (s->bitmap != level)
+        return k[K_ACCUMULATED];
+    s->done = 1;
+    if (route->parent != 0)
+        *reply = send_one(d, job_output(d, s, j, k[K_PARTIAL], sender, slot, 1), route->parent, 1);
+    else
+        *reply = send_down(d, s, j, sender, slot, 1);
     return *reply ? (long long)k[K_ACCUMULATED] : -1;
 }
 
@@ -549,8 +944,10 @@ static long long decide_counted(Decider *d, const uint8_t *p, Py_ssize_t length,
     d->counts[disposition]++;
     d->counts[d->k[K_FRAMES_IN]]++;
     if (peer != Py_None && (disposition == (long long)d->k[K_ACCUMULATED] || disposition == (long long)d->k[K_ANSWERED])) {
+        /* A version 3 answer goes where the job's tables say: serve learns nothing from it. */
         uint64_t opcode = FIELD(d, p, F_OPCODE);
-        if ((opcode == d->k[K_CONTRIBUTION] || opcode == d->k[K_PARTIAL]) && learn(d, p, peer) < 0) {
+        if ((opcode == d->k[K_CONTRIBUTION] || opcode == d->k[K_PARTIAL]) && FIELD(d, p, F_VERSION) != d->k[K_VERSION_JOB]
+            && learn(d, p, peer) < 0) {
             Py_CLEAR(*reply);
             return -1;
         }
@@ -569,8 +966,10 @@ static PyObject *outcome(long long disposition, PyObject *reply)
 }
 
 /* handle(payload, now=None, source=0, peer=None) -> (disposition, answer or None): one datagram that arrived at
-   `now` (lease ticks; None: no time passed) from `source` (read only when it names a next hop), counted; with
-   `peer` (any hashable, serve's (host, port)), an accepted or answered contribution or partial is learned. */
+   `now` (lease ticks; None: no time passed) from `source` (its address, or (address, port): read when it names a
+   next hop, and for version 3, whose sources the job's tables check, with its port), counted; with `peer` (any
+   hashable, serve's (host, port)), an accepted or answered version 1 or 2 contribution or partial is learned.
+   A version 3 answer is the list of (payload, (host, port)) to send. */
 static PyObject *Decider_handle(Decider *d, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!ready(d))
@@ -600,7 +999,8 @@ static PyObject *make_copies(Decider *d, PyObject *body, PyObject *parent, PyObj
    (copies, refused): `own` (the service's address; given in unicast mode where no wildcard address makes
    other addresses the service's too) and a result that completed its slot: its copies for the members and
    children learned (as `copies`), without those to `own`, and how many those were.
-   (disposition, answer): any other answer, for serve to send where it goes. */
+   (disposition, answer): any other answer, for serve to send where it goes (for version 3, a list of (payload,
+   (host, port)) to send as it is). `source` is the peer's address, or the peer. */
 static PyObject *Decider_serve(Decider *d, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!ready(d))
@@ -630,7 +1030,7 @@ static PyObject *Decider_serve(Decider *d, PyObject *const *args, Py_ssize_t nar
         return NULL;
     if (reply == NULL)
         return PyList_New(0);
-    if (own == Py_None || disposition == (long long)d->k[K_ANSWERED] ||
+    if (own == Py_None || disposition == (long long)d->k[K_ANSWERED] || PyList_CheckExact(reply) ||
         FIELD(d, (const uint8_t *)PyBytes_AS_STRING(reply), F_OPCODE) != d->k[K_RESULT])
         return outcome(disposition, reply);
     Py_ssize_t refused = 0;
@@ -694,12 +1094,12 @@ static PyObject *Decider_serve_batch(Decider *d, PyObject *const *args, Py_ssize
                 break;
             }
         }
-        long long disposition = decide_counted(d, p, size, PyTuple_GET_ITEM(peer, 0), peer, &reply);
+        long long disposition = decide_counted(d, p, size, peer, peer, &reply);
         if (disposition < 0)
             goto failed;
         if (reply == NULL)
             continue;
-        if (own == Py_None || disposition == (long long)d->k[K_ANSWERED] ||
+        if (own == Py_None || disposition == (long long)d->k[K_ANSWERED] || PyList_CheckExact(reply) ||
             FIELD(d, (const uint8_t *)PyBytes_AS_STRING(reply), F_OPCODE) != d->k[K_RESULT]) {
             if ((decided = outcome(disposition, reply)) == NULL)
                 goto failed;
@@ -926,8 +1326,201 @@ static int set_config(Decider *d, PyObject *table, int first)
         return refuse("slots out of range");
     if (config[C_MAX_FANIN] > d->k[K_MAX_MEMBERS])
         return refuse("max_fanin above the members a bitmap holds");
+    if (config[C_PORT] < 1 || config[C_PORT] > 0xFFFF || config[C_IP] > 0xFFFFFFFF)
+        return refuse("ip or port out of range");
     memcpy(d->config, config, sizeof(config));
     return 0;
+}
+
+static void free_job(job_t *j)
+{
+    for (Py_ssize_t i = 0; i < j->n_routes; i++)
+        PyMem_Free(j->route[i].child);
+    PyMem_Free(j->route);
+    PyMem_Free(j->member);
+    memset(j, 0, sizeof(*j));
+}
+
+static int ascending(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* An endpoint (ip, port) of ints into ip << 16 | port; -1 with an error set unless both are nonzero and fit. */
+static int read_endpoint(PyObject *pair, uint64_t *endpoint)
+{
+    unsigned long long ip, port;
+    if (!PyArg_ParseTuple(pair, "KK", &ip, &port))
+        return -1;
+    if (ip < 1 || ip > 0xFFFFFFFF || port < 1 || port > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "Decider: an endpoint is a nonzero IPv4 address and port, as ints");
+        return -1;
+    }
+    *endpoint = ip << 16 | port;
+    return 0;
+}
+
+/* The job's members (a sequence of endpoints) and routes (a sequence of (clique, level, parent endpoint or
+   None, [(child endpoint, members)])) into `j`, sorted; -1 with an error set. */
+static int read_tables(job_t *j, PyObject *members, PyObject *routes)
+{
+    PyObject *list = PySequence_Fast(members, "Decider: members must be a sequence");
+    if (list == NULL)
+        return -1;
+    j->n_members = PySequence_Fast_GET_SIZE(list);
+    j->member = PyMem_Calloc(j->n_members + 1, sizeof(uint64_t));
+    for (Py_ssize_t i = 0; j->member != NULL && i < j->n_members; i++)
+        if (read_endpoint(PySequence_Fast_GET_ITEM(list, i), &j->member[i]) < 0) {
+            Py_DECREF(list);
+            return -1;
+        }
+    Py_DECREF(list);
+    if (j->member == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    qsort(j->member, j->n_members, sizeof(uint64_t), ascending);
+    if ((list = PySequence_Fast(routes, "Decider: routes must be a sequence")) == NULL)
+        return -1;
+    Py_ssize_t n_routes = PySequence_Fast_GET_SIZE(list);
+    if ((j->route = PyMem_Calloc(n_routes + 1, sizeof(route_t))) == NULL) {
+        Py_DECREF(list);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (; j->n_routes < n_routes; j->n_routes++) {
+        route_t *r = &j->route[j->n_routes];
+        unsigned long long clique, level;
+        PyObject *parent, *children, *items = NULL;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(list, j->n_routes), "KKOO", &clique, &level, &parent, &children)
+            || (parent != Py_None && read_endpoint(parent, &r->parent) < 0)
+            || (items = PySequence_Fast(children, "Decider: children must be a sequence")) == NULL)
+            goto failed;
+        r->clique = clique;
+        r->level = level;
+        Py_ssize_t n_children = PySequence_Fast_GET_SIZE(items);
+        if ((r->child = PyMem_Calloc(n_children + 1, sizeof(child_t))) == NULL) {
+            Py_DECREF(items);
+            PyErr_NoMemory();
+            goto failed;
+        }
+        for (; r->n_children < n_children; r->n_children++) {
+            child_t *child = &r->child[r->n_children];
+            PyObject *endpoint;
+            unsigned long long held;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, r->n_children), "OK", &endpoint, &held) ||
+                read_endpoint(endpoint, &child->endpoint) < 0) {
+                Py_DECREF(items);
+                goto failed;
+            }
+            child->members = held;
+        }
+        Py_DECREF(items);
+    }
+    Py_DECREF(list);
+    /* cliques ascending (route_t starts with its clique) */
+    qsort(j->route, j->n_routes, sizeof(route_t), ascending);
+    return 0;
+failed:
+    Py_DECREF(list);
+    return -1;
+}
+
+/* A slot as it was never used (the model's Slot()): a removed job's slots forget their owner and sums. */
+static void reset_slot(Decider *d, slot_t *s)
+{
+    forget(d, s);
+    s->learned = 0;
+    Py_CLEAR(s->output);
+    s->owned = s->done = s->overflow = s->final = 0;
+    s->bitmap = s->stamp = s->sourced = 0;
+    s->n_children = 0;
+}
+
+/* install_job(job, token, base, slots, group, members, routes): the tables of a job (jobs.JobTable, which
+   allocated its range and merged its members, is the allocator), replacing the job's own; a new job's slots
+   start empty (the model's install). */
+static PyObject *Decider_install_job(Decider *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!ready(d))
+        return NULL;
+    job_t j = {0};
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "install_job(job, token, base, slots, group, members, routes)");
+        return NULL;
+    }
+    uint64_t *numbers[] = {&j.job, &j.token, &j.base, &j.slots, &j.group};
+    for (int i = 0; i < 5; i++) {
+        *numbers[i] = PyLong_AsUnsignedLongLong(args[i]);
+        if (*numbers[i] == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (j.slots < 1 || j.base >= (uint64_t)d->slots || j.slots > (uint64_t)d->slots - j.base) {
+        PyErr_SetString(PyExc_ValueError, "Decider: a job's slots lie outside the aggregator's");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < d->n_jobs; i++) {
+        const job_t *other = &d->jobs[i];
+        if (other->job != j.job && j.base < other->base + other->slots && other->base < j.base + j.slots) {
+            PyErr_SetString(PyExc_ValueError, "Decider: a job's slots overlap another job's");
+            return NULL;
+        }
+    }
+    if (read_tables(&j, args[5], args[6]) < 0) {
+        free_job(&j);
+        return NULL;
+    }
+    Py_ssize_t at = 0;
+    while (at < d->n_jobs && d->jobs[at].job < j.job)
+        at++;
+    if (at < d->n_jobs && d->jobs[at].job == j.job) {
+        const job_t *held = &d->jobs[at];
+        if (held->base != j.base || held->slots != j.slots) {
+            free_job(&j);
+            PyErr_SetString(PyExc_ValueError, "Decider: a job installed again keeps its range");
+            return NULL;
+        }
+        free_job(&d->jobs[at]);
+    } else {
+        job_t *jobs = PyMem_Realloc(d->jobs, (d->n_jobs + 1) * sizeof(job_t));
+        if (jobs == NULL) {
+            free_job(&j);
+            return PyErr_NoMemory();
+        }
+        d->jobs = jobs;
+        memmove(&d->jobs[at + 1], &d->jobs[at], (d->n_jobs - at) * sizeof(job_t));
+        d->n_jobs++;
+        /* Versions 1 and 2 may use a range while it is free: a new job must not find slots someone prepared for
+           it. Renewing or merging members keeps them. */
+        for (uint64_t i = j.base; i < j.base + j.slots; i++)
+            reset_slot(d, &d->slot[i]);
+    }
+    d->jobs[at] = j;
+    for (uint64_t i = j.base; i < j.base + j.slots; i++)
+        d->slot[i].held = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Decider_remove_job(Decider *d, PyObject *argument)
+{
+    if (!ready(d))
+        return NULL;
+    unsigned long long job = PyLong_AsUnsignedLongLong(argument);
+    if (job == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    const job_t *found = find_job(d, job);
+    if (found == NULL)
+        Py_RETURN_FALSE;
+    Py_ssize_t at = found - d->jobs;
+    for (uint64_t i = found->base; i < found->base + found->slots; i++) {
+        reset_slot(d, &d->slot[i]);
+        d->slot[i].held = 0;
+    }
+    free_job(&d->jobs[at]);
+    memmove(&d->jobs[at], &d->jobs[at + 1], (d->n_jobs - at - 1) * sizeof(job_t));
+    d->n_jobs--;
+    Py_RETURN_TRUE;
 }
 
 static PyObject *Decider_configure(Decider *d, PyObject *table)
@@ -967,7 +1560,7 @@ static int Decider_init(Decider *d, PyObject *args, PyObject *kwargs)
     }
     /* A slot's output is made only for a datagram whose length matched its count, at most the longest payload:
        that bounds every output's size. */
-    if (k[K_HEADER] > (uint64_t)k[K_MAX_PAYLOAD] || k[K_MAX_PAYLOAD] > INT32_MAX)
+    if (k[K_HEADER] > (uint64_t)k[K_MAX_PAYLOAD] || k[K_MAX_PAYLOAD] > INT32_MAX || k[K_HEADER] > MAX_HEADER)
         return refuse("header or longest payload out of range");
     if (k[K_ELEMENT] != 4)
         return refuse("elements must be int32: the saturating sum is int32's");
@@ -1011,8 +1604,12 @@ static void Decider_dealloc(Decider *d)
             slot_t *s = &d->slot[i];
             forget(d, s);
             PyMem_Free(s->members);
+            PyMem_Free(s->source);
             Py_CLEAR(s->output);
         }
+    for (Py_ssize_t i = 0; i < d->n_jobs; i++)
+        free_job(&d->jobs[i]);
+    PyMem_Free(d->jobs);
     PyMem_Free(d->slot);
     PyMem_Free(d->counts);
     Py_TYPE(d)->tp_free((PyObject *)d);
@@ -1031,6 +1628,10 @@ static PyMethodDef Decider_methods[] = {
     {"slot_key", (PyCFunction)Decider_slot_key, METH_O, "slot_key(slot) -> (job, round, clique, chunk) or None"},
     {"counts", (PyCFunction)Decider_counts, METH_NOARGS, "counts() -> the counters, as a list"},
     {"configure", (PyCFunction)Decider_configure, METH_O, "configure(config): new limits, addresses, lease"},
+    {"install_job", (PyCFunction)(void (*)(void))Decider_install_job, METH_FASTCALL,
+     "install_job(job, token, base, slots, group, members, routes): a registered job's tables, replacing its own"},
+    {"remove_job", (PyCFunction)Decider_remove_job, METH_O,
+     "remove_job(job) -> whether it was installed; its slots are free and forget their sums"},
     {NULL, NULL, 0, NULL},
 };
 

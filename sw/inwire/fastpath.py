@@ -5,10 +5,12 @@ would have carried and hands the frame to the model; this path skips the frame. 
 certain is not checked again: a wrapped datagram is always IPv4/UDP addressed to the service, its IPv4
 header is 0x45, not a fragment and its checksum is right (`datagram.wrap` computed it). Version 1 and
 version 2 datagrams are taken, as the model takes them (a version 1 one is a flat one-member contribution,
-answered in version 1). Everything else is checked in the model's order, so every datagram gets the model's
-disposition and output, bit for bit, and the model's counters. The model stays the definition:
-`tests/test_fastpath.py` feeds both the same random and adversarial streams and compares every output,
-destination and counter, and shows the comparison failing on a decider with one of its numbers wrong.
+answered in version 1), and, with job tables (`AggregatorConfig.registered`), version 3 datagrams of the
+registered jobs, whose answers go where the tables say. Everything else is checked in the model's order,
+so every datagram gets the model's disposition and output, bit for bit, and the model's counters. The model
+stays the definition: `tests/test_fastpath.py` feeds both the same random and adversarial streams and
+compares every output, destination and counter, and shows the comparison failing on a decider with one of
+its numbers wrong.
 
 `FastAggregator` hands each datagram to the compiled kernel's `Decider` (_fastpath.c, in `inwire._kernel`),
 which holds the slot table and decides in one call per datagram; for `inwire serve` it also keeps serve.py's
@@ -27,6 +29,7 @@ contribution, compared only when another owner wants an unfinished slot.
 
 from .datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET
 from .datagram import payload_at as _at
+from .jobs import JobEntry, JobTable
 from .kernel import compiled
 from .model import TIME_BITS, AggregatorConfig, _prefix_mask
 from .protocol import (
@@ -36,6 +39,7 @@ from .protocol import (
     FIELDS_BY_NAME,
     FRAME_HEADER_BYTES,
     IPV4_BYTES,
+    JOB_VERSION,
     MAGIC,
     MAX_FANIN,
     MIN_FRAME_BYTES,
@@ -77,7 +81,8 @@ def decider_parameters(config: AggregatorConfig) -> tuple[dict[str, tuple[int, i
     constants = {
         "header_bytes": PAYLOAD_HEADER_BYTES, "element_bytes": ELEMENT_BYTES, "trailer_bytes": RESULT_TRAILER_BYTES,
         "runt_payload": RUNT_PAYLOAD, "max_payload": MAX_PAYLOAD, "max_members": MAX_FANIN, "magic": MAGIC,
-        "version": VERSION, "version_1": _V1, "multicast_mask": MULTICAST_MASK, "multicast_prefix": MULTICAST_PREFIX,
+        "version": VERSION, "version_1": _V1, "version_job": JOB_VERSION, "multicast_mask": MULTICAST_MASK,
+        "multicast_prefix": MULTICAST_PREFIX,
         "status_overflow": STATUS_OVERFLOW, "time_mask": _TIME_MASK, "counters": len(COUNTERS),
         **{opcode.name.lower(): int(opcode) for opcode in Opcode},
         **{member.name.lower(): int(member) for member in Disposition},
@@ -89,8 +94,16 @@ def decider_parameters(config: AggregatorConfig) -> tuple[dict[str, tuple[int, i
 def _decider_config(config: AggregatorConfig) -> dict[str, int]:
     network, length = config.upstream_prefix
     return {"slots": config.slots, "max_fanin": config.max_fanin, "max_elements": config.max_elements,
-            "lease": config.lease, "ip": config.ip, "upstream_network": network,
-            "upstream_mask": _prefix_mask(length)}
+            "lease": config.lease, "ip": config.ip, "port": config.port, "upstream_network": network,
+            "upstream_mask": _prefix_mask(length), "registered": int(config.registered),
+            "unregistered": int(config.unregistered)}
+
+
+def _tables(entry: JobEntry, base: int) -> tuple[int, int, int, int, int, list[tuple[int, int]], list[tuple]]:
+    """`entry` at `base` as the compiled decider's `install_job` takes it."""
+    routes = [(clique, route.level, route.parent, sorted(route.children.items()))
+              for clique, route in entry.routes.items()]
+    return entry.job, entry.token, base, entry.slots, entry.group, sorted(entry.members), routes
 
 
 class FastAggregator:
@@ -99,13 +112,19 @@ class FastAggregator:
     previous one) from IPv4 address `source` (an int, or a dotted string as a socket gives it, read only when
     the datagram names a next hop), counted, with the model's state and counters; given `peer` it learns
     serve's table too. `serve` (one datagram) and `serve_batch` (a recvmmsg batch) take serve's common case,
-    `learned` is serve's learning table and `copies` makes a result's unicast copies (`_kernel.Decider`)."""
+    `learned` is serve's learning table and `copies` makes a result's unicast copies (`_kernel.Decider`).
+
+    Registered jobs (version 3): `install(entry)` and `remove(job)` are the model's. `jobs` (a `jobs.JobTable`)
+    allocates each job's range and merges its members, as the model's does; the decider holds a copy of each
+    entry, checks version 3 frames against it and answers them with the list of (payload, (host, port)) that
+    the job's tables send to (`source` is then the datagram's (host, port))."""
 
     def __init__(self, config: AggregatorConfig) -> None:
         if compiled is None:
             raise ValueError("the compiled fast path (inwire._kernel) is not built; run `make setup`")
         self._config = config
         self._decider = compiled.Decider(*decider_parameters(config))
+        self.jobs = JobTable(config.slots, config.limits)
         # The compiled methods themselves: no Python frame around them, once per datagram.
         self.handle = self._decider.handle
         self.serve = self._decider.serve
@@ -124,6 +143,28 @@ class FastAggregator:
             raise ValueError(f"the fast path has {self._config.slots} slots; a configuration cannot change that")
         self._decider.configure(_decider_config(config))
         self._config = config
+
+    def install(self, entry: JobEntry) -> int:
+        """Install or renew a job's tables (`model.Aggregator.install`); returns the first slot of its range."""
+        if not self._config.registered:
+            raise ValueError("this aggregator holds no job tables (AggregatorConfig.registered is off)")
+        held = self.jobs.entries.get(entry.job)
+        base = self.jobs.install(entry)
+        try:
+            self._decider.install_job(*_tables(self.jobs.entries[entry.job], base))
+        except BaseException:
+            # The decider refused or ran out of memory: the table stays as the decider has it.
+            if held is None:
+                self.jobs.remove(entry.job)
+            else:
+                self.jobs.entries[entry.job] = held
+            raise
+        return base
+
+    def remove(self, job: int) -> bool:
+        """Tear a job down (`model.Aggregator.remove`): its slots become free and forget their sums."""
+        self._decider.remove_job(job)
+        return self.jobs.remove(job)
 
     def stats(self) -> dict[str, int]:
         return dict(zip(COUNTERS, self._decider.counts(), strict=True))

@@ -28,7 +28,9 @@ Registered jobs (`registered`): the service's port is also its control port. A d
 b"IWCP" is a control message (`control.ControlPlane`), taken aside before the data plane decides: an
 authenticated registration installs a job's tables in the engine, and a registration not renewed within
 its ttl is removed (checked once a second). `unregistered` (default on) keeps taking
-version 1 and 2 frames beside registered jobs.
+version 1 and 2 frames beside registered jobs. A version 3 datagram's answers go to exactly the endpoints
+its decision names, from its job's tables (the job's group, its members, the clique's parent and children);
+none of the learning, unicast copies and relays above, which serve versions 1 and 2, is involved.
 
 A service listening on the wildcard address (0.0.0.0) is the aggregator at every address of its machine: each
 datagram is decided by the aggregator at the address it arrived on (IP_PKTINFO), as a board at that address
@@ -88,6 +90,7 @@ from .protocol import (
     FAULT_DROP_COUNTERS,
     FRAME_OFFSETS,
     INWIRE_PORT,
+    JOB_VERSION,
     RETRANSMISSION_DROP_COUNTERS,
     Disposition,
     Opcode,
@@ -325,7 +328,8 @@ class SoftwareAggregator:
         when the aggregator decides."""
         opcode = payload[3]
         if opcode == Opcode.RESULT:
-            return self._relay(payload, peer) if self.unicast else None
+            # A version 3 result comes down from a parent in its job's tables: the aggregator decides it.
+            return self._relay(payload, peer) if self.unicast and payload[2] != JOB_VERSION else None
         if opcode == Opcode.STATS_REQUEST and not self._may_ask_stats(peer[0]):
             self.own["stats_refused"] += 1
             return []
@@ -342,13 +346,13 @@ class SoftwareAggregator:
         # The service's address, for the decider to leave out of unicast copies; without it (multicast, or a
         # wildcard address, which makes other addresses the service's too) copies are made here.
         own = self.address if self._copies_in_decider else None
-        decided = self._serve(payload, now, peer[0], peer, own)
+        decided = self._serve(payload, now, peer, peer, own)
         if decided is None:  # a result or stats request: the service looks first
             refused = self._refused_before_deciding(payload, peer)
             if refused is not None:
                 return refused
             assert self.fast is not None  # this path serves only with it
-            disposition, answer = self.fast.handle(payload, now, peer[0], peer)
+            disposition, answer = self.fast.handle(payload, now, peer, peer)
             return [] if answer is None else self._send_answer(payload, peer, disposition, answer)
         if decided.__class__ is list:  # nothing to send
             return decided
@@ -360,8 +364,11 @@ class SoftwareAggregator:
             return first
         return self._send_answer(payload, peer, first, second)
 
-    def _send_answer(self, payload: Payload, peer: Address, disposition: int, answer: bytes) -> list[Send]:
-        """Where the fast path's answer to `payload` from `peer` goes."""
+    def _send_answer(self, payload: Payload, peer: Address, disposition: int,
+                     answer: bytes | list[Send]) -> list[Send]:
+        """Where the fast path's answer to `payload` from `peer` goes: a version 3 answer names its sends."""
+        if isinstance(answer, list):
+            return self._unless_own(answer)
         if answer[3] == _PARTIAL:
             return self._partial(answer, (ip_str(next_hop(payload)), self.config.port))
         if answer[3] != _RESULT:
@@ -385,6 +392,10 @@ class SoftwareAggregator:
         frame = wrap(payload, peer, self._at, self.dst_mac)
         before = model.stats()
         outputs = model.process(frame, self.ticks() if now is None else now)
+        if len(payload) > 2 and payload[2] == JOB_VERSION:
+            # Each output to where the model addressed it, from the job's tables (a stats reply: the asker).
+            return self._unless_own([(payload_of(output), (ip_str(frame_field(output, "ip_dst")),
+                                                           frame_field(output, "udp_dport"))) for output in outputs])
         after = model.stats()
         answered = after["answered"] > before["answered"]
         if answered or after["accumulated"] > before["accumulated"]:
