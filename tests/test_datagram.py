@@ -16,7 +16,7 @@ from inwire.datagram import (
 )
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.packets import build_frames, parse_header
-from inwire.protocol import AGGREGATION_FIELDS, COUNTERS, FRAME_OFFSETS, INT32_MAX, Opcode
+from inwire.protocol import AGGREGATION_FIELDS, COUNTERS, FRAME_OFFSETS, INT32_MAX, VERSIONS, Opcode
 
 CONFIG = AggregatorConfig()
 
@@ -56,7 +56,7 @@ def test_results_of_both_versions_and_partials_are_read():
     read = parse_result(partial, opcode=Opcode.PARTIAL)
     assert read.elements.tolist() == [4, 2] and int(read.header["bitmap"]) == 0b11
     unknown = bytearray(_result([[1, 2], [3, 4]]))
-    unknown[2] = 3
+    unknown[2] = max(VERSIONS) + 1
     assert parse_result(bytes(unknown)) is None
 
 

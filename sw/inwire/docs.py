@@ -2,6 +2,7 @@
 
 import pathlib
 
+from .jobs import TOKEN_BITS
 from .model import DEFAULT_LEASE, FRAME_CHECKS, SLOT_CHECKS, TIME_BITS
 from .protocol import (
     AGGREGATION_FIELDS,
@@ -12,6 +13,7 @@ from .protocol import (
     GATEWAY_MAC,
     INWIRE_PORT,
     IPV4_FIELDS,
+    JOB_VERSION,
     MAX_ELEMENTS_PER_FRAME,
     MAX_RESULT_ELEMENTS,
     MTU_BYTES,
@@ -79,8 +81,10 @@ element; the header has long left by then.
 
 Contributions and partials carry their elements (a partial, like a result, then its trailer); result
 requests and stats requests are the bare header (their `count` describes the slot, not the frame).
-Contributions name the result's multicast group, the clique's fan-in and, in a reduction tree, where the
-level's partial goes, so an aggregator needs no configuration and the capture of a round is self-contained.
+In versions 1 and 2, contributions name the result's multicast group, the clique's fan-in and, in a
+reduction tree, where the level's partial goes, so an unregistered aggregator needs no configuration and the
+capture of a round is self-contained. In version {JOB_VERSION} the group and the route are the job's tables'
+(Registered jobs and trust), and a `result` also comes down a tree, from a clique's parent to its children.
 
 ## Versions
 
@@ -90,13 +94,60 @@ keeps its length and every other field its offset), and the `partial` opcode. A 
 works: an aggregator reads it as a version {VERSION} frame whose `bitmap`, `expect` and hop fields are 0,
 whatever those bytes hold (a contribution of its sender alone, to the root of a flat clique), and answers it
 in version 1. Every answer (result, partial, stats reply) carries the version of the frame that caused it,
-so a version 1 host sees only version 1 frames. Any other version is `drop_version`.
+so a version 1 host sees only version 1 frames.
+
+Versions 1 and 2 configure the aggregator from each frame: fan-in, group, level and route travel in the
+header, and any slot serves whoever sends first. That is fine for a capture replayed into a simulator or
+a lab of one's own, and wrong for an aggregator that jobs share: version {JOB_VERSION} is a registered job's
+frame (next section). An aggregator takes versions 1 and 2 only in unregistered mode (its parameter
+`unregistered`; `inwire serve --unregistered`), and takes version {JOB_VERSION} only when it holds job tables
+(`registered`; the gateware holds none yet, so it takes versions 1 and 2 only). Any other version, or one the
+aggregator does not take, is `drop_version`.
+
+## Registered jobs and trust
+
+A job is registered at each aggregator on its trees before its frames count, as a shared aggregator's
+manager installs a job (SHARP's aggregation manager, SwitchML's controller). The registration installs
+the job's tables (`inwire.jobs.JobEntry`):
+
+- the job id (32 bits, random by default) and a secret token ({TOKEN_BITS} bits, random);
+- the quota: the number of slots it may hold. A version {JOB_VERSION} frame's `slot` counts within the job's
+  range, which the aggregator allocates apart from every other job's, so one job's traffic never claims,
+  reads or evicts another job's slot (and versions 1 and 2 may not name a slot inside any job's range);
+- the member table: the IPv4 address and UDP port each member sends from;
+- the group results go to (a multicast group), or none: each member then gets a unicast copy;
+- per clique with a tree at this aggregator, its route: the level (the members it gathers), the parent it
+  sends its partial to (none at the root) and the child aggregators it takes partials from, each with the
+  members its partials may hold. A clique without a route is flat, rooted at this aggregator.
+
+Registering a job that is registered already with the same token, quota, group and routes adds the members
+it names (each island may register its own socket); anything else under that job id is refused, in one
+line, as a clash. Tables are bounded (jobs, members and routes per job), and a registration expires unless
+renewed, so a crashed controller frees what it held.
+
+The data plane trusts only its tables. A version {JOB_VERSION} frame whose job is not registered
+(`drop_job`), whose token is wrong (`drop_token`) or whose source is not where its tables say it comes from
+(`drop_member`: a contribution or result request from a member; a partial from a child aggregator of its
+clique, holding only that child's members; a result from the clique's parent) changes no slot and is
+counted. Its `expect` and hop fields must be 0 (`drop_route`): the route is the tables'. Everything the
+aggregator sends for a job goes to an address in the job's tables: the result to the job's group or, one
+copy each, to the members whose contributions the slot took and the child aggregators whose partials it
+took; a partial to the clique's parent; the answer to a retransmission or a result request to its sender
+alone, once per request. Results carry the job's token, and members accept results only from the
+aggregator they sent to, with their job's token.
+
+What the token does not stop: it travels in clear, so anyone who can see a job's traffic (an on-path
+observer: a router, a shared segment) can read it and then inject, read or forge as a member would; and a
+member of a job is trusted by its job (it may send in another member's place). The token stops off-path
+forgers, who cannot see it: with {TOKEN_BITS} bits, guessing is hopeless, and a guess costs a datagram that
+is counted. Nothing here encrypts or authenticates the elements themselves.
 
 ## What the aggregator does with a frame
 
 A frame is for the aggregator when it is IPv4 (EtherType 0x0800) and UDP, and its IPv4 destination and UDP
 destination port are the aggregator's, read at their fixed offsets. Every input frame gets exactly one
-disposition and causes at most one output frame:
+disposition and causes at most one output frame, except a registered job's result, which goes once to each
+address its tables name when the job has no group:
 
 | disposition | meaning |
 | --- | --- |

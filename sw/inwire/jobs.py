@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from .errors import InwireError
 from .protocol import MAX_FANIN, clique_mask, is_multicast_group
 
 Endpoint = tuple[int, int]
@@ -24,7 +25,7 @@ TOKEN_BITS = 64
 JOB_BITS = 32
 
 
-class JobTableError(ValueError):
+class JobTableError(InwireError):
     """A registration the aggregator refuses; the message is one line naming the cause."""
 
 

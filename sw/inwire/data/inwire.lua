@@ -36,6 +36,7 @@ f.hop1_expect = ProtoField.uint64("inwire.hop1_expect", "hop1_expect", base.HEX)
 f.hop2 = ProtoField.ipv4("inwire.hop2", "hop2")
 f.hop2_expect = ProtoField.uint64("inwire.hop2_expect", "hop2_expect", base.HEX)
 f.reserved = ProtoField.bytes("inwire.reserved", "reserved")
+f.token = ProtoField.uint64("inwire.token", "token", base.DEC)
 f.status = ProtoField.uint32("inwire.status", "status", base.HEX)
 f.element = ProtoField.int32("inwire.element", "element", base.DEC)
 f.counter = ProtoField.uint32("inwire.counter", "counter", base.DEC)
@@ -62,6 +63,7 @@ inwire.fields = {
     f.hop2,
     f.hop2_expect,
     f.reserved,
+    f.token,
     f.status,
     f.element,
     f.counter,
@@ -98,7 +100,8 @@ function inwire.dissector(buffer, pinfo, tree)
     subtree:add(f.hop1_expect, buffer(52, 8))
     subtree:add(f.hop2, buffer(60, 4))
     subtree:add(f.hop2_expect, buffer(64, 8))
-    subtree:add(f.reserved, buffer(72, 14))
+    subtree:add(f.reserved, buffer(72, 6))
+    subtree:add(f.token, buffer(78, 8))
     if opcode == 1 or opcode == 6 or opcode == 2 or opcode == 5 then
         local kind = f.element
         if opcode == 5 then kind = f.counter end

@@ -1,0 +1,375 @@
+"""The control plane of registered jobs (inwire.control): messages, the operator key, the aggregator's side
+and the client API, over loopback."""
+
+import json
+import os
+import socket
+import stat
+import threading
+import time
+
+import pytest
+
+from inwire import control
+from inwire.control import (
+    FRESH_S,
+    MAGIC,
+    ControlError,
+    ControlPlane,
+    JobLease,
+    KeyFileError,
+    Refused,
+    RequestError,
+    decode,
+    encode,
+    entry_from_json,
+    entry_to_json,
+    load_key,
+    new_job,
+    register,
+    teardown,
+)
+from inwire.datagram import ip_int
+from inwire.jobs import CliqueRoute, JobEntry, JobTable
+
+KEY = bytes(range(32))
+OTHER_KEY = bytes(range(1, 33))
+PEER = ("127.0.0.1", 40000)
+NOW = 1_800_000_000.0
+MEMBER = (ip_int("127.0.0.1"), 5000)
+
+
+def entry(job=7, token=0x1234, slots=4, members=(MEMBER,), **fields):
+    return JobEntry(job=job, token=token, slots=slots, members=frozenset(members), **fields)
+
+
+def request(op="register", job_entry=None, nonce="00000000000000aa", issued_s=NOW, **fields):
+    body = {"op": op, "nonce": nonce, "issued_ms": int(issued_s * 1000)}
+    if op == "register":
+        body |= {"ttl_s": 60, **entry_to_json(job_entry or entry())}
+    else:
+        body["job"] = (job_entry or entry()).job
+    return body | fields
+
+
+@pytest.fixture
+def plane():
+    table = JobTable(64)
+    return ControlPlane(table.install, table.remove, key=KEY), table
+
+
+def answer(plane_, body, key=KEY, now=NOW, peer=PEER):
+    reply = plane_.handle(encode(body, key), peer, now)
+    return None if reply is None else decode(reply, KEY)
+
+
+# ---- messages and JSON
+
+
+def test_message_round_trip_and_tag_check():
+    message = encode({"a": 1}, KEY)
+    assert message.startswith(MAGIC) and decode(message, KEY) == {"a": 1}
+    with pytest.raises(Refused, match="tag"):
+        decode(message, OTHER_KEY)
+    tampered = message[:-2] + b"2}"
+    with pytest.raises(Refused, match="tag"):
+        decode(tampered, KEY)
+
+
+def test_message_bounds():
+    with pytest.raises(ControlError, match="more than the 16384"):
+        encode({"a": "x" * control.MAX_BODY}, KEY)
+    body = b"[" + b" " * control.MAX_BODY + b"]"
+    with pytest.raises(Refused, match="more than"):
+        decode(MAGIC + control._tag(KEY, body) + body, KEY)
+    with pytest.raises(Refused, match="not a control message"):
+        decode(b"IWCP" + bytes(10), KEY)
+
+
+def test_entry_json_round_trip():
+    route = CliqueRoute(level=0b11, parent=(ip_int("10.0.0.1"), 18775), children={(ip_int("10.0.0.3"), 9): 0b10})
+    original = entry(group=ip_int("239.1.2.3"), routes={5: route})
+    text = json.loads(json.dumps(entry_to_json(original)))
+    assert text["members"] == ["127.0.0.1:5000"] and text["group"] == "239.1.2.3"
+    assert text["token"] == "0000000000001234"
+    assert entry_from_json(text) == original
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("job", 0, r"field job: 0 is outside \[1, 4294967295\]"),
+    ("job", "7", 'field job: "7" is not an integer'),
+    ("slots", True, "field slots: true is not an integer"),
+    ("token", "12", 'field token: "12" is not 16 lowercase hex digits'),
+    ("token", "0000000000000000", "token is not a nonzero"),
+    ("members", ["127.0.0.1"], r'field members\[0\]: "127.0.0.1" is not a.b.c.d:port'),
+    ("members", ["127.0.0.1:0"], r"field members\[0\]"),
+    ("members", "127.0.0.1:1", "field members: .* is not a list"),
+    ("group", "10.0.0.1", "group 0xa000001 is not in 239.0.0.0/8"),
+    ("group", "239.0.0", 'field group: "239.0.0" is not an IPv4 address'),
+    ("routes", {"x": {}}, "field routes.x: the clique 'x' is not a number"),
+    ("routes", {"1": {"level": 1, "parent": "1.2.3.4"}}, "field routes.1.parent"),
+    ("routes", {"1": {"levels": 1}}, "field routes.1.levels is not one a request has"),
+])
+def test_entry_json_errors_name_the_field(field, value, message):
+    body = entry_to_json(entry()) | {field: value}
+    with pytest.raises(RequestError, match=message):
+        entry_from_json(body)
+
+
+# ---- the operator key
+
+
+def test_key_is_made_once_with_mode_0600(tmp_path, monkeypatch):
+    path = tmp_path / "conf" / "operator.key"
+    monkeypatch.setenv("INWIRE_KEY_FILE", str(path))
+    key = load_key()
+    assert len(key) == 32 and path.read_bytes() == key
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_key() == key
+    assert os.listdir(path.parent) == ["operator.key"]
+
+
+def test_key_defaults_to_the_config_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("INWIRE_KEY_FILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    key = load_key()
+    assert (tmp_path / ".config" / "inwire" / "operator.key").read_bytes() == key
+
+
+def test_key_of_the_wrong_size_is_one_clear_error(tmp_path):
+    path = tmp_path / "short.key"
+    path.write_bytes(b"x" * 31)
+    with pytest.raises(KeyFileError, match=r"short.key: 31 bytes, not the 32 of a key") as caught:
+        load_key(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_unreadable_key_is_one_clear_error(tmp_path):
+    with pytest.raises(KeyFileError, match=r"operator key .*: cannot read it"):
+        load_key(tmp_path)  # a directory
+    dangling = tmp_path / "config"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(KeyFileError, match="does not exist and cannot be made"):
+        load_key(dangling / "operator.key")
+
+
+def test_two_processes_making_the_key_agree(tmp_path):
+    path = tmp_path / "operator.key"
+    keys = []
+    threads = [threading.Thread(target=lambda: keys.append(load_key(path))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(keys)) == 1 and os.listdir(tmp_path) == ["operator.key"]
+
+
+# ---- the aggregator's side
+
+
+def test_register_installs_and_replies(plane):
+    plane_, table = plane
+    reply = answer(plane_, request())
+    assert reply == {"ok": True, "nonce": "00000000000000aa", "job": 7, "base": 0, "expires_in_s": 60}
+    assert table.entries[7] == entry()
+    assert plane_.counters["jobs_registered"] == 1
+
+
+def test_wrong_key_gets_no_reply(plane):
+    plane_, table = plane
+    assert answer(plane_, request(), key=OTHER_KEY) is None
+    assert not table.entries and plane_.counters["control_refused"] == 1
+
+
+def test_replay_gets_no_reply(plane):
+    plane_, table = plane
+    message = encode(request(), KEY)
+    assert plane_.handle(message, PEER, NOW) is not None
+    table.remove(7)
+    assert plane_.handle(message, PEER, NOW + 1) is None
+    assert not table.entries and plane_.counters["control_refused"] == 1
+
+
+@pytest.mark.parametrize("offset", [FRESH_S + 1, -FRESH_S - 1])
+def test_stale_gets_no_reply(plane, offset):
+    plane_, table = plane
+    assert answer(plane_, request(issued_s=NOW + offset)) is None
+    assert not table.entries and plane_.counters["control_refused"] == 1
+
+
+@pytest.mark.parametrize("payload", [
+    b"IWCP",
+    b"IWCP" + bytes(40),
+    b"IWCP" + bytes(control.MAX_MESSAGE),
+])
+def test_malformed_and_oversized_get_no_reply(plane, payload):
+    plane_, _ = plane
+    assert plane_.handle(payload, PEER, NOW) is None
+    assert plane_.counters["control_refused"] == 1
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1]", b'{"op": "register"}', b'{"nonce": "zz", "issued_ms": 1}'])
+def test_authentic_but_malformed_gets_no_reply(plane, body):
+    plane_, _ = plane
+    assert plane_.handle(MAGIC + control._tag(KEY, body) + body, PEER, NOW) is None
+    assert plane_.counters["control_refused"] == 1
+
+
+def test_invalid_field_is_answered_in_one_line(plane):
+    plane_, table = plane
+    reply = answer(plane_, request(slots=0))
+    assert reply == {"ok": False, "nonce": "00000000000000aa", "error": "field slots: 0 is outside [1, 65536]"}
+    assert not table.entries and plane_.counters["control_errors"] == 1
+
+
+def test_clash_is_refused_in_one_line(plane):
+    plane_, table = plane
+    answer(plane_, request())
+    reply = answer(plane_, request(job_entry=entry(token=99), nonce="00000000000000bb"))
+    assert reply["ok"] is False and "a clash" in reply["error"] and "\n" not in reply["error"]
+    assert table.entries[7].token == 0x1234
+
+
+def test_reply_is_bounded(plane):
+    plane_, _ = plane
+
+    def refuse(_entry):
+        raise RequestError("x" * 5000)
+    plane_.install = refuse
+    reply = plane_.handle(encode(request(), KEY), PEER, NOW)
+    assert len(reply) <= control.MAX_REPLY and decode(reply, KEY)["error"].endswith("...")
+
+
+def test_registration_expires_unless_renewed(plane):
+    plane_, table = plane
+    answer(plane_, request(ttl_s=10))
+    assert plane_.expire(NOW + 9) == []
+    answer(plane_, request(ttl_s=10, nonce="00000000000000bb"), now=NOW + 5)  # renewed: 15 from now on
+    assert plane_.expire(NOW + 14) == [] and 7 in table.entries
+    assert plane_.expire(NOW + 15) == [7]
+    assert not table.entries and table._free_range(64) == 0
+    assert plane_.counters["jobs_expired"] == 1 and plane_.counters["jobs_renewed"] == 1
+
+
+def test_teardown_is_idempotent(plane):
+    plane_, table = plane
+    answer(plane_, request())
+    first = answer(plane_, request("teardown", nonce="00000000000000bb"))
+    second = answer(plane_, request("teardown", nonce="00000000000000cc"))
+    assert first["removed"] is True and second == {"ok": True, "nonce": "00000000000000cc", "job": 7,
+                                                   "removed": False}
+    assert not table.entries and plane_.expire(NOW + 100) == []
+
+
+def test_nonce_cache_is_bounded(plane, monkeypatch):
+    plane_, _ = plane
+    monkeypatch.setattr(control, "NONCES", 3)
+    for index in range(3):
+        assert answer(plane_, request("teardown", nonce=f"{index:016x}")) is not None
+    assert answer(plane_, request("teardown", nonce=f"{3:016x}")) is None
+    # nonces are forgotten once stale: replays of them are refused as stale anyway
+    later = NOW + 2 * FRESH_S + 1
+    assert answer(plane_, request("teardown", nonce=f"{4:016x}", issued_s=later), now=later) is not None
+    assert len(plane_._nonces) == 1
+
+
+# ---- the client API, over loopback
+
+
+@pytest.fixture
+def aggregator():
+    """A control plane over a job table behind a loopback socket, in a thread: (address, table, plane)."""
+    table = JobTable(64)
+    plane_ = ControlPlane(table.install, table.remove, key=KEY)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.05)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                payload, peer = sock.recvfrom(70000)
+            except TimeoutError:
+                continue
+            reply = plane_.handle(payload, peer, time.time())
+            if reply is not None:
+                sock.sendto(reply, peer)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield sock.getsockname(), table, plane_
+    stop.set()
+    thread.join()
+    sock.close()
+
+
+def test_new_job_is_random_and_nonzero():
+    first, second = new_job(["127.0.0.1:5000", ("127.0.0.1", 5001)], slots=4), new_job([MEMBER], slots=4)
+    assert first.job != second.job and first.token != second.token and first.job and first.token
+    assert first.members == {MEMBER, (MEMBER[0], 5001)} and first.group == 0
+    assert new_job([MEMBER], 1, group="239.0.0.9").group == ip_int("239.0.0.9")
+
+
+def test_register_and_teardown_round_trip(aggregator):
+    address, table, _ = aggregator
+    job = new_job([MEMBER], slots=8)
+    assert register(address, job, key=KEY) == 0
+    assert register(f"{address[0]}:{address[1]}", new_job([MEMBER], slots=2), key=KEY) == 8
+    assert table.entries[job.job] == job
+    assert teardown(address, job, key=KEY) is True
+    assert teardown(address, job.job, key=KEY) is False
+    assert job.job not in table.entries
+
+
+def test_register_reports_the_aggregators_error(aggregator):
+    address, _, _ = aggregator
+    job = new_job([MEMBER], slots=4)
+    register(address, job, key=KEY)
+    clash = JobEntry(job=job.job, token=job.token ^ 1, slots=4, members=job.members)
+    with pytest.raises(ControlError, match=rf"refused the registration of job {job.job}: .*a clash"):
+        register(address, clash, key=KEY)
+
+
+def test_register_with_another_key_gets_no_answer(aggregator):
+    address, table, plane_ = aggregator
+    job = new_job([MEMBER], slots=4)
+    with pytest.raises(ControlError, match=rf"no answer from 127.0.0.1:{address[1]} to the registration of job "
+                                           rf"{job.job} \(is inwire serve running there, with the same operator"):
+        register(address, job, key=OTHER_KEY, timeout_s=0.1, retries=1)
+    assert not table.entries and plane_.counters["control_refused"] == 2
+
+
+def test_register_without_a_service_gets_no_answer():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as unused:
+        unused.bind(("127.0.0.1", 0))
+        address = unused.getsockname()
+    with pytest.raises(ControlError, match="no answer from"):
+        register(address, new_job([MEMBER], slots=4), key=KEY, timeout_s=0.1, retries=1)
+
+
+def test_register_refuses_a_ttl_out_of_range():
+    with pytest.raises(ValueError, match=r"ttl_s must be .* \[1, 3600\], got 3601"):
+        register(("127.0.0.1", 9), new_job([MEMBER], slots=1), key=KEY, ttl_s=3601)
+
+
+def test_lease_registers_renews_and_tears_down(aggregator, monkeypatch):
+    address, table, plane_ = aggregator
+    job = new_job([MEMBER], slots=4)
+    with JobLease([address], job, ttl_s=1, key=KEY) as lease:
+        assert lease.bases == {address: 0} and job.job in table.entries
+        while plane_.counters["jobs_renewed"] < 2:
+            time.sleep(0.05)
+        assert lease.last_error is None
+    assert job.job not in table.entries and plane_.counters["jobs_torn_down"] == 1
+
+
+def test_lease_that_fails_to_register_tears_down_the_others(aggregator):
+    address, table, _ = aggregator
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as unused:
+        unused.bind(("127.0.0.1", 0))
+        silent = unused.getsockname()
+        job = new_job([MEMBER], slots=4)
+        with pytest.raises(ControlError, match="no answer"):
+            with JobLease([address, silent], job, key=KEY, timeout_s=0.1, retries=0):
+                pass
+    assert not table.entries
