@@ -245,6 +245,11 @@ def _ours(payload: bytes | memoryview, version: int, want_version: int, token: i
     return version == want_version and (not token or _TOKEN_FIELD.unpack_from(payload, _TOKEN_AT)[0] == token)
 
 
+def job_slots(max_cliques: int, window: int, max_fanin: int) -> int:
+    """The quota a registered job needs: the schedule's slots and a roll-call record per member per clique."""
+    return slots_needed(max_cliques, window) + max_fanin * max_cliques
+
+
 def presence_slot(member: int, key: CliqueKey, window: int) -> int:
     """The slot of member `member`'s roll-call record for clique `key.clique`: past every slot of the
     schedule's layout (`slots_needed`), one per member per clique of a round."""
@@ -731,10 +736,10 @@ class UdpMember:
     missing members. `loss` drops that fraction of outgoing datagrams on purpose (seeded by `seed`), for
     measurements and tests.
 
-    `entry`: the registered job (`jobs.JobEntry`, as `control.new_job` makes it) this member belongs to; every
-    sum then carries its id, token and group in version 3 frames without a route, and takes a result only
-    from the aggregator (host, port) it sent to and with the job's token; anything else is ignored and
-    counted (`results_refused`). Without one (or a key without a token) the sums are version 2, for
+    `entry` (or `join(entry)` later): the registered job (`jobs.JobEntry`, as `control.new_job` makes it) this
+    member belongs to; every sum then carries its id, token and group in version 3 frames without a route,
+    and takes a result only from the aggregator (host, port) it sent to and with the job's token; anything
+    else is ignored and counted (`results_refused`). Without one (or a key without a token) the sums are version 2, for
     unregistered aggregators (trees through hop fields, the lab)."""
 
     def __init__(self, aggregators: Address | Mapping[str, Address], job: int = 1, chunk: int = DEFAULT_CHUNK,
@@ -779,6 +784,14 @@ class UdpMember:
     @property
     def address(self) -> Address:
         return self.socket.getsockname()
+
+    def join(self, entry: JobEntry) -> None:
+        """Become a member of registered job `entry` (see the class): its tables must name this member's
+        socket, whose address is known once the member is made (`address`)."""
+        if (ip_int(self.address[0]), self.address[1]) not in entry.members:
+            raise ClientError(f"job {entry.job} does not name this member's socket {self.address[0]}:"
+                              f"{self.address[1]} among its members, so the aggregator would drop its frames")
+        self.entry, self.job = entry, entry.job
 
     def close(self) -> None:
         self.socket.close()

@@ -76,6 +76,9 @@ MAX_FRAMES = {"pcap": 1 << 20, "sim": 1 << 17}
 (a million frames: minutes, a capture of ~1 GB), the gateware in co-simulation far longer."""
 
 
+UNREGISTRABLE_JOB = "--job 0 cannot be registered: a registered job's id is a nonzero 32-bit number"
+
+
 class StreamError(InwireError):
     """The run cannot start; the message is one line for the user."""
 
@@ -230,6 +233,9 @@ class StreamConfig:
     chunk: int = DEFAULT_CHUNK
     retries: int = DEFAULT_RETRIES
     job: int = 1
+    token: int = 0
+    """A registered job's token (`control.new_job`): the islands send version 3 frames carrying it, to the job's
+    group 0 (results as unicast copies), and take only results that carry it; 0: version 2, unregistered."""
 
     def __post_init__(self):
         if self.rounds <= 0:
@@ -258,6 +264,10 @@ class StreamConfig:
             raise StreamError(f"--retries must be positive, got {self.retries}")
         if not 0 <= self.job < 2**32:
             raise StreamError(f"--job must fit 32 bits, got {self.job}")
+        if not 0 <= self.token < 2**64:
+            raise StreamError(f"a job's token must fit 64 bits, got {self.token}")
+        if self.token and not self.job:
+            raise StreamError(UNREGISTRABLE_JOB)
 
 
 def available_memory():
@@ -336,7 +346,9 @@ class Workload:
         period_round = round_ % len(self.plan.period)
         for c, (members, aggregator) in enumerate(self.plan.period[period_round]):
             if island in members:
-                return CliqueRound(round_, c, members, aggregator, clique_group(period_round, c),
+                # A registered job's results go to its group, 0: a unicast copy to each member.
+                group = 0 if self.config.token else clique_group(period_round, c)
+                return CliqueRound(round_, c, members, aggregator, group,
                                    choose_exponent(GRADIENT_BOUND, len(members)), self.routes.get((period_round, c)))
         return None
 
@@ -365,7 +377,7 @@ class Workload:
     def key(self, clique):
         """What every member of `clique` agrees on for its sum."""
         return client.CliqueKey(self.config.job, clique.round, clique.clique, clique.group, len(clique.members),
-                                clique.exponent, self.max_cliques)
+                                clique.exponent, self.max_cliques, self.config.token)
 
     def payloads(self, island, clique):
         """UDP payloads of the island's contributions for the round, one per chunk, built in bulk."""
@@ -380,6 +392,7 @@ class RoundTally:
     dropped: int = 0
     wrong: int = 0
     checked: int = 0
+    refused: int = 0
     failure: str = None
     failed_slot: int = None
 
@@ -457,6 +470,7 @@ class Island:
             self.sum = None
             tally.retransmits += member_sum.retransmits
             tally.checked += member_sum.checked
+            tally.refused += member_sum.results_refused
             self.transport.unsubscribe(self.name, clique.group)
         sums = self.finish_round(member_sum, expected)
         average = dequantize(sums, clique.exponent, len(clique.members))
@@ -571,7 +585,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
             reports.append({"round": round_, "cliques": len(plan.cliques(round_)), "time_ms": elapsed * 1e3,
                             "gradient_bytes": gradient_bytes, "goodput_bytes_per_s": gradient_bytes / elapsed,
                             "retransmits": tally.retransmits, "dropped": tally.dropped,
-                            "results_checked": tally.checked, "wrong": tally.wrong,
+                            "results_checked": tally.checked, "results_refused": tally.refused, "wrong": tally.wrong,
                             "finished": tally.failure is None, **({"failure": tally.failure} if tally.failure else {})})
             progress(round_)
             if tally.failure:
@@ -602,6 +616,8 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         "goodput_bytes_per_s": sum(r["gradient_bytes"] for r in reports) / total_s if total_s else 0.0,
         "retransmits": sum(r["retransmits"] for r in reports), "dropped": sum(r["dropped"] for r in reports),
         "results_checked": sum(r["results_checked"] for r in reports), "wrong_results": wrong,
+        "results_refused": sum(r["results_refused"] for r in reports) + getattr(transport, "results_refused", 0),
+        "registered": config.token != 0,
         "finished": finished, "bit_exact": finished and wrong == 0,
         "model_spread": float(np.max(models.max(axis=0) - models.min(axis=0))),
         "aggregator": aggregator, "kernel_drops": kernel, "send_errors": send_errors,
