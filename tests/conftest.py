@@ -19,6 +19,20 @@ if environment_bin not in os.environ.get("PATH", "").split(os.pathsep):
 IN_CI = os.environ.get("CI") == "true"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def operator_key(tmp_path_factory):
+    """The operator key that services and clients the tests start use (inherited by subprocesses): one of the
+    session's own, never the user's ~/.config/inwire/operator.key."""
+    path = tmp_path_factory.mktemp("inwire-key") / "operator.key"
+    previous = os.environ.get("INWIRE_KEY_FILE")
+    os.environ["INWIRE_KEY_FILE"] = str(path)
+    yield path
+    if previous is None:
+        del os.environ["INWIRE_KEY_FILE"]
+    else:
+        os.environ["INWIRE_KEY_FILE"] = previous
+
+
 def _fail_skip(report):
     if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)

@@ -216,8 +216,8 @@ def test_the_public_api_is_annotated():
 def test_serve_depends_on_model_and_datagram_not_on_the_cli_or_the_gateware():
     graph = import_graph(package_modules())
     host = {name for name in graph["inwire.serve"] if name != "inwire"}
-    assert host == {"inwire.datagram", "inwire.errors", "inwire.fastpath", "inwire.model", "inwire.packets",
-                    "inwire.protocol"}
+    assert host == {"inwire.control", "inwire.datagram", "inwire.errors", "inwire.fastpath", "inwire.jobs",
+                    "inwire.model", "inwire.packets", "inwire.protocol"}
 
 
 def _importers(target, graph):

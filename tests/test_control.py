@@ -8,6 +8,7 @@ import stat
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from inwire import control
@@ -29,8 +30,12 @@ from inwire.control import (
     register,
     teardown,
 )
-from inwire.datagram import ip_int
+from inwire.datagram import MAX_DATAGRAM, ip_int, parse_result, payload_of
+from inwire.fastpath import compiled
 from inwire.jobs import CliqueRoute, JobEntry, JobTable
+from inwire.packets import build_frames
+from inwire.protocol import JOB_VERSION, Opcode
+from inwire.serve import SoftwareAggregator, serving_in_thread
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -373,3 +378,118 @@ def test_lease_that_fails_to_register_tears_down_the_others(aggregator):
             with JobLease([address, silent], job, key=KEY, timeout_s=0.1, retries=0):
                 pass
     assert not table.entries
+
+
+# ---- inwire serve's control port
+
+
+@pytest.fixture
+def service():
+    """A SoftwareAggregator taking registered jobs, serving in a thread: (service, its address)."""
+    started = []
+
+    def start(engine="golden", **options):
+        server = SoftwareAggregator(("127.0.0.1", 0), engine=engine, slots=16, registered=True, key=KEY,
+                                    log=lambda line: None, **options)
+        context = serving_in_thread(server)
+        started.append(context)
+        return context.__enter__(), server.address
+    yield start
+    for context in started:
+        context.__exit__(None, None, None)
+
+
+def bound_socket():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(10)
+    return sock
+
+
+def job_contribution(job, sender, values, slot=0):
+    frame = build_frames(np.asarray(values, dtype=np.int32), opcode=Opcode.CONTRIBUTION, version=JOB_VERSION,
+                         token=job.token, job=job.job, sender=sender, fanin=2, round=1, clique=0, slot=slot, chunk=0,
+                         group=job.group)
+    return payload_of(frame[0])
+
+
+def test_registered_job_aggregates_through_serve(service):
+    server, address = service()
+    members = [bound_socket(), bound_socket()]
+    with members[0], members[1]:
+        job = new_job([member.getsockname() for member in members], slots=2)
+        assert register(address, job, key=KEY) == 0
+        for sender, member in enumerate(members):
+            member.sendto(job_contribution(job, sender, [sender + 1, 10]), address)
+        for member in members:
+            payload, source = member.recvfrom(MAX_DATAGRAM)
+            assert source == address and parse_result(payload).elements.tolist() == [3, 20]
+        assert server.counters()["jobs_registered"] == 1
+
+
+def test_serve_refuses_what_is_not_authentic_and_new(service):
+    server, address = service()
+    with bound_socket() as client:
+        stale = request("teardown", issued_s=time.time() - FRESH_S - 5, nonce="00000000000000a1")
+        fresh = request("teardown", issued_s=time.time(), nonce="00000000000000a2")
+        client.sendto(encode(stale, KEY), address)
+        client.sendto(encode(fresh, OTHER_KEY), address)
+        client.sendto(b"IWCP" + bytes(100), address)
+        client.sendto(encode(fresh, KEY), address)
+        client.sendto(encode(fresh, KEY), address)  # a replay
+        client.sendto(encode(request("teardown", issued_s=time.time(), nonce="00000000000000a3"), KEY), address)
+        # the two authentic, new requests are the only ones answered, in order
+        assert decode(client.recv(MAX_DATAGRAM), KEY)["nonce"] == "00000000000000a2"
+        assert decode(client.recv(MAX_DATAGRAM), KEY)["nonce"] == "00000000000000a3"
+        assert server.counters()["control_refused"] == 4
+        assert server.counters()["drop_version"] == 0
+
+
+def test_serve_expires_a_registration(service, deadline):
+    server, address = service()
+    job = new_job([MEMBER], slots=16)
+    register(address, job, key=KEY, ttl_s=1)
+    assert job.job in server.model.jobs.entries
+    while server.counters()["jobs_expired"] == 0:
+        time.sleep(0.05)
+    assert not server.model.jobs.entries
+    # its slots are free: a job needing all of them fits again
+    assert register(address, new_job([MEMBER], slots=16), key=KEY) == 0
+
+
+def test_serve_without_registered_jobs_has_no_control_port():
+    server = SoftwareAggregator(("127.0.0.1", 0), engine="golden", log=lambda line: None)
+    try:
+        assert server.handle(encode(request("teardown"), KEY), PEER) == []
+        assert server.counters()["drop_version"] == 1 and "control_refused" not in server.counters()
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(compiled is None, reason="needs the compiled kernel")
+def test_batched_fast_path_hands_control_messages_aside():
+    server = SoftwareAggregator(("127.0.0.1", 0), engine="fast", registered=True, key=KEY, log=lambda line: None)
+    try:
+        data = [contribution_v2(0, [1, 2]), contribution_v2(1, [3, 4])]
+        control_message = encode(request("teardown", issued_s=time.time()), KEY)
+        datagrams = [data[0], control_message, data[1], b"IWCP" + bytes(50)]
+        slot = MAX_DATAGRAM + 1
+        buffer = bytearray(slot * len(datagrams))
+        for index, datagram in enumerate(datagrams):
+            buffer[index * slot:index * slot + len(datagram)] = datagram
+        batch = [(len(datagram), ("127.0.0.1", 5000 + index)) for index, datagram in enumerate(datagrams)]
+        sends = server.handle_batch(buffer, batch, slot, 0)
+        reply, result = sends
+        assert reply[1] == ("127.0.0.1", 5001) and decode(reply[0], KEY) == {
+            "ok": True, "nonce": "00000000000000aa", "job": 7, "removed": False}
+        assert parse_result(result[0]).elements.tolist() == [4, 6]
+        counters = server.counters()
+        assert counters["control_refused"] == 1 and counters["drop_version"] == 0 and counters["accumulated"] == 2
+    finally:
+        server.close()
+
+
+def contribution_v2(sender, values):
+    frame = build_frames(np.asarray(values, dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=sender, fanin=2,
+                         job=3, round=1, clique=0, slot=0, chunk=0, group=0xEF490001)
+    return payload_of(frame[0])

@@ -76,11 +76,11 @@ class KeyFileError(ControlError):
     """The operator key cannot be read or is not a key."""
 
 
-class RequestError(ValueError):
+class RequestError(ControlError):
     """An authenticated request the aggregator refuses; the message is its one-line reply."""
 
 
-class Refused(ValueError):
+class Refused(ControlError):
     """A datagram that gets no reply at all; the message says why (for tests and logs, never sent)."""
 
 

@@ -24,6 +24,11 @@ from its parent (the address it sent that slot's partial to) to the members and 
 for the slot; a result that answers a child's retransmitted partial reaches that child alone, and it
 relays it to all of its own.
 
+Registered jobs (`registered=True`): a datagram starting with b"IWCP" is a control message
+(`control.ControlPlane`), taken aside before the data plane decides: an authenticated registration installs
+a job's tables in the engine, and a registration not renewed within its ttl is removed (checked once a
+second). `unregistered` (default on) keeps taking version 1 and 2 frames beside registered jobs.
+
 A service listening on the wildcard address (0.0.0.0) is the aggregator at every address of its machine: each
 datagram is decided by the aggregator at the address it arrived on (IP_PKTINFO), as a board at that address
 would decide the frame.
@@ -56,6 +61,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Protocol, TypeVar
 
+from .control import MAGIC, ControlPlane, RequestError, load_key
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
@@ -73,6 +79,7 @@ from .datagram import (
 )
 from .errors import InwireError
 from .fastpath import FastAggregator, compiled, next_hop  # the kernel as the fast path loaded it
+from .jobs import JobEntry
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field
 from .protocol import (
@@ -106,6 +113,8 @@ _OWNER = header_struct("sender", "chunk")
 _BITMAP = header_struct("bitmap", "bitmap")
 _BITMAP_AT = FRAME_OFFSETS["bitmap"] - PAYLOAD_OFFSET
 _destination = operator.itemgetter(1)
+EXPIRY_INTERVAL_S = 1.0
+"""How often registrations are checked for expiry."""
 LOCAL_CACHE = 256
 """Addresses remembered as local or not (wildcard listen address only); the cache starts over when full."""
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)
@@ -165,7 +174,8 @@ class SoftwareAggregator:
     ((network, length), or 'A.B.C.D/N') is where partials may go (default: the /24 of the listen address),
     `stats_from` who besides this machine may ask for the counters (default: `upstream`). `engine` is
     "fast" (default) or "golden"; `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a
-    co-simulation) implies "golden".
+    co-simulation) implies "golden". `registered` opens the control port (`control`) with the operator
+    `key` (default: `control.load_key()`); `unregistered` takes version 1 and 2 frames.
     """
 
     handle: Callable[..., list[Send]]
@@ -178,7 +188,8 @@ class SoftwareAggregator:
                  engine: str | None = None,
                  receive_buffer: int | None = DEFAULT_RECEIVE_BUFFER,
                  lease: int = DEFAULT_LEASE, upstream: tuple[int, int] | str | None = None,
-                 stats_from: tuple[int, int] | str | None = None) -> None:
+                 stats_from: tuple[int, int] | str | None = None, registered: bool = False,
+                 unregistered: bool = True, key: bytes | None = None) -> None:
         # Without the compiled kernel there is no fast path: the golden model serves, with the same answers.
         engine = engine or ("golden" if make_aggregator is not None or compiled is None else "fast")
         if make_aggregator is not None and listen[0] in ("0.0.0.0", ""):
@@ -211,7 +222,8 @@ class SoftwareAggregator:
         if isinstance(upstream, str):
             upstream = parse_prefix(upstream)
         self.config = AggregatorConfig(ip=ip_int(self.address[0]), port=self.address[1], slots=slots,
-                                       max_elements=max_elements, lease=lease, upstream=upstream)
+                                       max_elements=max_elements, lease=lease, upstream=upstream,
+                                       registered=registered, unregistered=unregistered)
         if isinstance(stats_from, str):
             stats_from = parse_prefix(stats_from, "--stats-from")
         network, length = stats_from or self.config.upstream_prefix
@@ -247,6 +259,12 @@ class SoftwareAggregator:
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
         self._groups: dict[int, Address] = {}
         self._stop = threading.Event()
+        self.control = (ControlPlane(self.install_job, self.remove_job, key if key is not None else load_key(),
+                                     self.log) if registered else None)
+        self._next_expiry = 0.0
+        if self.control is not None:
+            self._decide = self.handle
+            self.handle = self._handle_with_control
 
     @property
     def learned(self) -> Learned:
@@ -268,6 +286,30 @@ class SoftwareAggregator:
         if not isinstance(self.model, Aggregator):
             raise ServeError(f"{self.description} does not tell who owns its slots")
         return self.model.slots[slot].key
+
+    def install_job(self, entry: JobEntry) -> int:
+        """The control plane's write to the engine's job tables: install or renew `entry`; its first slot."""
+        install = getattr(self.fast if self.fast is not None else self.model, "install", None)
+        if install is None:
+            raise RequestError(f"{self.description} holds no job tables (serve --golden takes registered jobs)")
+        return install(entry)
+
+    def remove_job(self, job: int) -> bool:
+        """Tear `job` down in the engine's job tables; whether it was there."""
+        remove = getattr(self.fast if self.fast is not None else self.model, "remove", None)
+        return False if remove is None else remove(job)
+
+    def _handle_with_control(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
+        """`handle` with the control port: control messages go to it, everything else to the engine."""
+        if payload[:len(MAGIC)] == MAGIC:
+            return self._control(payload, peer)
+        return self._decide(payload, peer, now)
+
+    def _control(self, payload: Payload, peer: Address) -> list[Send]:
+        """The control plane's reply to a control message, if any (never to this service itself)."""
+        assert self.control is not None  # only a service with a control port gets here
+        reply = self.control.handle(payload, peer, time.time())
+        return [] if reply is None else self._unless_own([(reply, (peer[0], peer[1]))])
 
     def ticks(self) -> int:
         """Milliseconds since the service started: the arrival time of a datagram read now."""
@@ -472,7 +514,8 @@ class SoftwareAggregator:
     def counters(self) -> dict[str, int]:
         engine = self.fast if self.fast is not None else self.model
         assert engine is not None  # one of them serves
-        return {**engine.stats(), **self.own}
+        control = {} if self.control is None else self.control.counters
+        return {**engine.stats(), **self.own, **control}
 
     def counters_line(self, prefix: str = "counters") -> str:
         counters = self.counters()
@@ -502,6 +545,10 @@ class SoftwareAggregator:
         self.log(f"inwire serve: stopped; final {self.counters_line()}")
 
     def _log_due(self) -> None:
+        """Log the counters when their interval is up; and, once a second, remove expired registrations."""
+        if self.control is not None and time.monotonic() >= self._next_expiry:
+            self._next_expiry = time.monotonic() + EXPIRY_INTERVAL_S
+            self.control.expire(time.time())
         if self._next_log is not None and time.monotonic() >= self._next_log:
             self.log(f"inwire serve: {self.counters_line()}")
             self._next_log += self._stats_interval
@@ -591,7 +638,26 @@ class SoftwareAggregator:
 
     def _handle_run(self, buffer: bytearray, batch: Sequence[tuple[int, Address]], start: int, slot: int, now: int,
                     view: memoryview) -> list[Send]:
-        """`handle_batch` on the datagrams of `batch` from `start` on."""
+        """`handle_batch` on the datagrams of `batch` from `start` on. Control messages are taken aside here: the
+        compiled decider would drop them as data frames of no known version."""
+        if self.control is None or self.fast is None:
+            return self._decide_run(buffer, batch, start, slot, now, view)
+        at = buffer.startswith
+        controls = [index for index in range(start, len(batch)) if at(MAGIC, index * slot)]
+        if not controls:
+            return self._decide_run(buffer, batch, start, slot, now, view)
+        sends: list[Send] = []
+        for index in controls:
+            if index > start:
+                sends += self._decide_run(buffer, batch[:index], start, slot, now, view)
+            size, peer = batch[index]
+            sends += self._control(view[index * slot:index * slot + size], peer)
+            start = index + 1
+        return sends + self._decide_run(buffer, batch, start, slot, now, view)
+
+    def _decide_run(self, buffer: bytearray, batch: Sequence[tuple[int, Address]], start: int, slot: int, now: int,
+                    view: memoryview) -> list[Send]:
+        """The engine's decision on the datagrams of `batch` from `start` on."""
         if self.fast is None:
             sends: list[Send] = []
             for index, (size, peer) in enumerate(batch[start:], start):

@@ -6,13 +6,18 @@ datagram is wrapped in the frame it would have been on the wire and handed to th
 --sim the gateware answers, in co-simulation. Results go to the clique's multicast group (or, with
 --unicast, to each member); a partial of a reduction tree goes to the next aggregator up, at its address
 and this service's port.
+
+Jobs registered with `inwire job register` (authenticated with the operator key) count beside the
+unregistered frames of versions 1 and 2, which --no-unregistered refuses: an aggregator shared by jobs
+that do not trust each other should take registered jobs only.
 """
 
+import argparse
 import ipaddress
 import signal
 import socket
 
-from .. import extras
+from .. import control, extras
 from ..datagram import ip_str, parse_endpoint
 from ..model import DEFAULT_LEASE, AggregatorConfig
 from ..protocol import DEFAULT_SLOTS, INWIRE_PORT, JUMBO_ELEMENTS_PER_FRAME
@@ -56,6 +61,13 @@ def add_arguments(parser):
     parser.add_argument("--receive-buffer", type=whole("--receive-buffer"), default=DEFAULT_RECEIVE_BUFFER,
                         metavar="BYTES",
                         help="socket receive buffer; must hold islands x window datagrams")
+    parser.add_argument("--unregistered", action=argparse.BooleanOptionalAction, default=True,
+                        help="take unregistered frames (versions 1 and 2, whose headers configure their slot: "
+                             "captures and the lab) beside registered jobs; --no-unregistered takes only jobs "
+                             "registered with inwire job register")
+    parser.add_argument("--key-file", default=None, metavar="PATH",
+                        help=f"operator key that registrations must be signed with (default: ${control.KEY_ENV}, "
+                             f"else ~/.config/inwire/operator.key; made on first use)")
 
 
 def run(args):
@@ -82,6 +94,7 @@ def run(args):
     if args.stats_interval is not None:
         check_positive("--stats-interval", args.stats_interval, unit="seconds")
     check_integer("--receive-buffer", args.receive_buffer, 1, 2**31 - 1, "SO_RCVBUF is a C int")
+    key = control.load_key(args.key_file)
     # engine None: the fast path where the compiled kernel is built, else the golden model (serve chooses)
     kwargs = {"engine": "golden" if args.golden or args.sim else None, "receive_buffer": args.receive_buffer}
     if args.sim:
@@ -91,7 +104,8 @@ def run(args):
         kwargs["make_aggregator"] = lambda config: CoSimulation(sim, width, config)
     server = SoftwareAggregator(listen, unicast=args.unicast, slots=args.slots, max_elements=args.max_elements,
                                 multicast_iface=args.multicast_iface, lease=args.lease, upstream=args.upstream,
-                                stats_from=args.stats_from, **kwargs)
+                                stats_from=args.stats_from, registered=True, unregistered=args.unregistered,
+                                key=key, **kwargs)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: server.stop())
     host, port = server.address
@@ -100,7 +114,8 @@ def run(args):
     server.log(f"inwire serve: listening on udp://{host}:{port}, {server.config.slots} slots of up to "
                f"{server.config.max_elements} elements, {engine}, results by {mode}, receive buffer "
                f"{server.receive_buffer} bytes, partials only to {ip_str(server.config.upstream_prefix[0])}/"
-               f"{server.config.upstream_prefix[1]}")
+               f"{server.config.upstream_prefix[1]}, registered jobs"
+               f"{' and unregistered frames' if args.unregistered else ' only'}")
     if server.receive_buffer < args.receive_buffer:
         # Linux grants up to twice net.core.rmem_max without privileges; islands x window must fit.
         server.log(f"inwire serve: warning: receive buffer {server.receive_buffer} bytes, asked for "
