@@ -20,6 +20,7 @@ workload (seeded gradients, the sums to expect), the rounds in lock step, the tr
 """
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
 
@@ -268,6 +269,20 @@ class StreamConfig:
             raise StreamError(f"a job's token must fit 64 bits, got {self.token}")
         if self.token and not self.job:
             raise StreamError(UNREGISTRABLE_JOB)
+
+
+def stats_patience(config):
+    """(first wait, budget) in seconds: how long the first request to the aggregator waits for its answer, and
+    how long it is asked in all: as long as a round waits for a chunk's result (timeout times retries)."""
+    return (max(config.timeout_ms / 1000, STATS_FIRST_WAIT_S),
+            max(config.timeout_ms / 1000 * config.retries, STATS_MIN_BUDGET_S))
+
+
+def registration_patience(config):
+    """(timeout_s, retries) of a registration (`control.JobLease`): asked as long as the counters are
+    (`stats_patience`), so that a stalled aggregator is waited for alike."""
+    wait, budget = stats_patience(config)
+    return wait, max(1, math.ceil(budget / wait) - 1)
 
 
 def available_memory():
@@ -547,9 +562,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         """Counters of every aggregator (city -> counters; one aggregator: None -> counters), and what was seen
         of those that never answered (city -> `StatsSilence`)."""
         nonlocal stats_future
-        first_wait = max(config.timeout_ms / 1000, STATS_FIRST_WAIT_S)
-        # Asked for as long as a round waits for a chunk's result (its timeout times its retries).
-        budget = max(config.timeout_ms / 1000 * config.retries, STATS_MIN_BUDGET_S)
+        first_wait, budget = stats_patience(config)
         counters, silent = {}, {}
         for city in (sorted(addresses) if addresses else [None]):
             stats_future = asyncio.get_running_loop().create_future()

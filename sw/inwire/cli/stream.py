@@ -40,6 +40,7 @@ from ..stream import (
     load_plan,
     make_transport,
     parse_target,
+    registration_patience,
     run_stream,
 )
 from .options import decimal, topology_file, whole
@@ -120,7 +121,8 @@ def run(args):
         if args.job is not None:
             entry = replace(entry, job=args.job)
         config = replace(config, job=entry.job, token=entry.token)
-        lease = JobLease(target.value, entry)
+        timeout_s, retries = registration_patience(config)
+        lease = JobLease(target.value, entry, timeout_s=timeout_s, retries=retries)
     with lease, progress.counting(config.rounds, "round") as advance:
         report = run_stream(plan, config, transport, lambda _round: advance(), target.kind)
     if target.kind == "pcap":
