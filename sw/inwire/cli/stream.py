@@ -9,10 +9,12 @@ frames through a NIC, root). A target with one aggregator sums every clique flat
 
 Against udp://HOST:PORT the run is a registered job (docs/protocol.md, Registered jobs): a random job id
 and token, the islands' sockets as its members and the slots the run needs as its quota, registered with
-the aggregator (`inwire serve --registered`, the operator key of `control.load_key`) before the first
-datagram, renewed while it runs and torn down after; the islands send version 3 frames and take results only
-from that address with the job's token. Trees (udp:FILE) still send version 2 frames, whose hop fields
-carry the route, to aggregators that take unregistered frames: their tables are a later step.
+the aggregator (`inwire serve`, the operator key of `control.load_key`) before the first datagram, renewed
+while it runs and torn down after; the islands send version 3 frames and take results only from that
+address with the job's token. --unregistered sends version 2 frames instead, registering nothing (an
+aggregator that takes unregistered frames, behind a relay or NAT that changes the islands' addresses).
+Trees (udp:FILE) still send version 2 frames, whose hop fields carry the route, to aggregators that take
+unregistered frames: their tables are a later step.
 """
 
 import contextlib
@@ -75,6 +77,10 @@ def add_arguments(parser):
                         help="job identifier (default: random; pass one for a capture that repeats byte for byte). "
                              "With udp://HOST:PORT the job is registered there with a random token and the "
                              "islands send version 3 frames; with udp:FILE (trees) they send version 2, unregistered")
+    parser.add_argument("--unregistered", action="store_true",
+                        help="with udp://HOST:PORT: send version 2 frames and register no job (for an aggregator "
+                             "that takes unregistered frames, through a relay or NAT that changes the islands' "
+                             "addresses, which a job's member table would not name)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -88,7 +94,7 @@ def run(args):
         check_outputs_apart({"--target pcap:": target.value},
                             {"--schedule": args.schedule, "its topology": topology_file(plan.topology.source)})
     # One aggregator over UDP: a registered job. Trees keep version 2 (their routes travel in the frames).
-    registered = target.kind == "udp" and not isinstance(target.value, dict)
+    registered = target.kind == "udp" and not isinstance(target.value, dict) and not args.unregistered
     if registered and args.job == 0:
         raise StreamError(UNREGISTRABLE_JOB)
     job = args.job if args.job is not None else 1 + secrets.randbelow(2**32 - 1)
