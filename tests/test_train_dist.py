@@ -189,7 +189,8 @@ def one_island_run(tmp_path, monkeypatch, out_dir):
                         "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(name, value)
     return island.main(["--island", "LON", "--schedule", str(schedule), "--server", "127.0.0.1:9",
-                        "--out-dir", str(out_dir), "--steps", "2", "--period", "5", "--timeout", "20"])
+                        "--out-dir", str(out_dir), "--steps", "2", "--period", "5", "--timeout", "20",
+                        "--job", "7"])
 
 
 def test_an_island_makes_a_missing_out_dir_and_keeps_its_log(tmp_path, monkeypatch):
@@ -206,3 +207,15 @@ def test_an_island_refuses_an_out_dir_it_cannot_make_before_training(tmp_path, m
     assert exit_.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.endswith(f"--out-dir {tmp_path / 'taken' / 'run'}: cannot make the folder: Not a directory"), error
+
+
+def test_an_island_has_no_fixed_default_job(tmp_path, capsys):
+    """Two trainings on one aggregator with a default job 1 corrupted each other: an island is told its job
+    (the launcher draws one per launch), and refuses to start without one."""
+    from inwire.train import island
+
+    with pytest.raises(SystemExit) as exit_:
+        island.main(["--island", "LON", "--schedule", str(tmp_path / "schedule.json"), "--server", "127.0.0.1:9",
+                     "--out-dir", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "the following arguments are required: --job" in capsys.readouterr().err

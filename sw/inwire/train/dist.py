@@ -22,6 +22,7 @@ import json
 import os
 import pathlib
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -169,10 +170,14 @@ def _stop(processes: Iterable[subprocess.Popen[bytes]]) -> None:
 def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.PathLike[str],
                    out_dir: str | os.PathLike[str], nproc: int, steps: int, period: int, seed: int, alpha: str,
                    timeout_s: float, outer_lr: float = 1.0, outer_momentum: float = 0.0, hidden: int = 32,
-                   hook: bool = False, bucket_mb: float = 25.0, log_gradients: bool = False) -> None:
-    """Run one torchrun per island and wait for all; raises DistributedRunError on failure or timeout."""
+                   hook: bool = False, bucket_mb: float = 25.0, log_gradients: bool = False,
+                   job: int | None = None) -> None:
+    """Run one torchrun per island and wait for all; raises DistributedRunError on failure or timeout. Every
+    island gets the same `job` id, by default a random one drawn for this launch: two launches on one
+    aggregator never share a job's slots."""
     processes: list[subprocess.Popen[bytes]] = []
     logs: dict[str, pathlib.Path] = {}
+    job = 1 + secrets.randbelow(2**32 - 1) if job is None else job
     try:
         for island in islands:
             logs[island] = pathlib.Path(out_dir) / f"{island}.log"
@@ -181,7 +186,7 @@ def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.
                        "--server", server, "--out-dir", str(out_dir), "--steps", str(steps),
                        "--period", str(period), "--seed", str(seed), "--alpha", alpha,
                        "--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum), "--hidden", str(hidden),
-                       "--timeout", str(max(5.0, timeout_s / 4)),
+                       "--timeout", str(max(5.0, timeout_s / 4)), "--job", str(job),
                        *(["--hook", "--bucket-mb", str(bucket_mb)] if hook else []),
                        *(["--log-gradients"] if hook and log_gradients else [])]
             with open(logs[island], "w") as log:

@@ -50,7 +50,9 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=0.2)
     parser.add_argument("--outer-lr", type=float, default=1.0)
     parser.add_argument("--outer-momentum", type=float, default=0.0)
-    parser.add_argument("--job", type=int, default=1)
+    parser.add_argument("--job", type=int, required=True,
+                        help="the training's job id, the same on every island (the launcher draws a random one): "
+                             "trainings that share an aggregator need ids of their own")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective or averaging may take")
     parser.add_argument("--backend", default="", help="gloo or nccl (default: nccl with CUDA, else gloo)")
     parser.add_argument("--hook", action="store_true",
