@@ -149,9 +149,19 @@ def test_key_of_the_wrong_size_is_one_clear_error(tmp_path):
     assert "\n" not in str(caught.value)
 
 
-def test_unreadable_key_is_one_clear_error(tmp_path):
-    with pytest.raises(KeyFileError, match=r"operator key .*: cannot read it"):
-        load_key(tmp_path)  # a directory
+def test_unreadable_key_is_one_clear_error(tmp_path, deadline):
+    with pytest.raises(KeyFileError, match=r": a folder, not a regular file \(the operator key is read from a file"):
+        load_key(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(KeyFileError, match="fifo: a FIFO, not a regular file"):
+        load_key(fifo)
+    with pytest.raises(KeyFileError, match="/dev/zero: a character device"):
+        load_key("/dev/zero")
+    long = tmp_path / "long.key"
+    long.write_bytes(bytes(33))
+    with pytest.raises(KeyFileError, match="long.key: more than 32 bytes, not the 32 of a key"):
+        load_key(long)
     dangling = tmp_path / "config"
     dangling.symlink_to(tmp_path / "nowhere")
     with pytest.raises(KeyFileError, match="does not exist and cannot be made"):
@@ -352,12 +362,17 @@ def test_register_without_a_service_gets_no_answer():
         register(address, new_job([MEMBER], slots=4), key=KEY, timeout_s=0.1, retries=1)
 
 
-def test_register_refuses_a_ttl_out_of_range():
+def test_register_refuses_values_out_of_range_before_sending():
+    job = new_job([MEMBER], slots=1)
     with pytest.raises(ValueError, match=r"ttl_s must be .* \[1, 3600\], got 3601"):
-        register(("127.0.0.1", 9), new_job([MEMBER], slots=1), key=KEY, ttl_s=3601)
+        register(("127.0.0.1", 9), job, key=KEY, ttl_s=3601)
+    with pytest.raises(ValueError, match=r"retries must be a whole number in \[0, 100\], got -1"):
+        register(("127.0.0.1", 9), job, key=KEY, retries=-1)
+    with pytest.raises(ValueError, match=r"timeout_s must lie in \(0, 60\] seconds, got 0"):
+        teardown(("127.0.0.1", 9), job, key=KEY, timeout_s=0)
 
 
-def test_lease_registers_renews_and_tears_down(aggregator, monkeypatch):
+def test_lease_registers_renews_and_tears_down(aggregator, deadline):
     address, table, plane_ = aggregator
     job = new_job([MEMBER], slots=4)
     with JobLease([address], job, ttl_s=1, key=KEY) as lease:
@@ -433,7 +448,7 @@ def test_serve_refuses_what_is_not_authentic_and_new(service):
         stale = request("teardown", issued_s=time.time() - FRESH_S - 5, nonce="00000000000000a1")
         fresh = request("teardown", issued_s=time.time(), nonce="00000000000000a2")
         client.sendto(encode(stale, KEY), address)
-        client.sendto(encode(fresh, OTHER_KEY), address)
+        client.sendto(encode(fresh | {"nonce": "00000000000000a0"}, OTHER_KEY), address)
         client.sendto(b"IWCP" + bytes(100), address)
         client.sendto(encode(fresh, KEY), address)
         client.sendto(encode(fresh, KEY), address)  # a replay
@@ -493,3 +508,17 @@ def contribution_v2(sender, values):
     frame = build_frames(np.asarray(values, dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=sender, fanin=2,
                          job=3, round=1, clique=0, slot=0, chunk=0, group=0xEF490001)
     return payload_of(frame[0])
+
+
+def test_register_ignores_replies_to_other_requests():
+    """An authentic reply that answers no request of this client (an old one, replayed to it) is not its answer."""
+    with bound_socket() as fake:
+        def answer_twice():
+            message, peer = fake.recvfrom(MAX_DATAGRAM)
+            nonce = decode(message, KEY)["nonce"]
+            fake.sendto(encode({"ok": False, "nonce": "0000000000000000", "error": "an old refusal"}, KEY), peer)
+            fake.sendto(encode({"ok": True, "nonce": nonce, "job": 7, "base": 5, "expires_in_s": 60}, KEY), peer)
+        thread = threading.Thread(target=answer_twice)
+        thread.start()
+        assert register(fake.getsockname(), entry(), key=KEY) == 5
+        thread.join()

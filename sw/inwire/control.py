@@ -38,6 +38,7 @@ from pathlib import Path
 
 from .datagram import Address, ip_int, ip_str, parse_endpoint
 from .errors import InwireError
+from .inputs import open_regular
 from .jobs import JOB_BITS, TOKEN_BITS, CliqueRoute, Endpoint, JobEntry, JobTableError
 
 MAGIC = b"IWCP"
@@ -97,25 +98,19 @@ def load_key(path: str | os.PathLike[str] | None = None) -> bytes:
     """The operator key at `path` (default: `key_path()`); a missing key is made (32 random bytes, mode 0600),
     atomically, so that two processes starting together end up with the same key."""
     path = Path(path) if path is not None else key_path()
-    try:
-        key = path.read_bytes()
-    except FileNotFoundError:
+    if not path.exists():
         _create_key(path)
-        key = _read_key(path)
-    except OSError as error:
-        raise KeyFileError(f"operator key {path}: cannot read it ({error.strerror}); set {KEY_ENV} to a readable "
-                           f"key file") from None
+    # a regular file, read only as far as a key goes: a FIFO or /dev/zero named by mistake cannot hang or fill memory
+    with open_regular(path, "operator key", KeyFileError, f"a file of {KEY_BYTES} random bytes") as file:
+        try:
+            key = file.read(KEY_BYTES + 1)
+        except OSError as error:
+            raise KeyFileError(f"operator key {path}: cannot read it ({error.strerror})") from None
     if len(key) != KEY_BYTES:
-        raise KeyFileError(f"operator key {path}: {len(key)} bytes, not the {KEY_BYTES} of a key (make one with "
-                           f"head -c {KEY_BYTES} /dev/urandom > {path}; chmod 600 {path})")
+        size = f"more than {KEY_BYTES}" if len(key) > KEY_BYTES else str(len(key))
+        raise KeyFileError(f"operator key {path}: {size} bytes, not the {KEY_BYTES} of a key (make one with head -c "
+                           f"{KEY_BYTES} /dev/urandom > {path}; chmod 600 {path})")
     return key
-
-
-def _read_key(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise KeyFileError(f"operator key {path}: cannot read it ({error.strerror})") from None
 
 
 def _create_key(path: Path) -> None:
@@ -135,8 +130,8 @@ def _create_key(path: Path) -> None:
         finally:
             scratch.unlink()
     except OSError as error:
-        raise KeyFileError(f"operator key {path}: it does not exist and cannot be made ({error.strerror}); set "
-                           f"{KEY_ENV} to a key file") from None
+        raise KeyFileError(f"operator key {path}: it does not exist and cannot be made ({error.strerror}); name "
+                           f"another key file (--key-file, or ${KEY_ENV})") from None
 
 
 def _key(key: bytes | None) -> bytes:
@@ -255,7 +250,8 @@ def entry_to_json(entry: JobEntry) -> dict[str, object]:
     }
 
 
-_ENTRY_FIELDS = ("job", "token", "slots", "members", "group", "routes")
+ENTRY_FIELDS = ("job", "token", "slots", "members", "group", "routes")
+"""The fields of a register request that describe its job (`entry_to_json`): a job file's."""
 _ROUTE_FIELDS = ("level", "parent", "children")
 
 
@@ -373,7 +369,7 @@ class ControlPlane:
             return {"job": job, "removed": removed}
         if op != "register":
             raise RequestError(f"field op: {_brief(op)} is neither \"register\" nor \"teardown\"")
-        _check_keys(request, ("op", "nonce", "issued_ms", "ttl_s", *_ENTRY_FIELDS))
+        _check_keys(request, ("op", "nonce", "issued_ms", "ttl_s", *ENTRY_FIELDS))
         ttl_s = _integer(request.get("ttl_s", DEFAULT_TTL_S), "ttl_s", 1, MAX_TTL_S)
         entry = entry_from_json(request)
         base = self.install(entry)
@@ -383,8 +379,9 @@ class ControlPlane:
             self.counters["jobs_renewed"] += 1
         else:
             self.counters["jobs_registered"] += 1
+            members = f"{len(entry.members)} member{'' if len(entry.members) == 1 else 's'}"
             self.log(f"inwire serve: job {entry.job} registered by {peer[0]}:{peer[1]}: slots {base} to "
-                     f"{base + entry.slots - 1}, {len(entry.members)} members, expires in {ttl_s} s unless renewed")
+                     f"{base + entry.slots - 1}, {members}, expires in {ttl_s} s unless renewed")
         return {"job": entry.job, "base": base, "expires_in_s": ttl_s}
 
     def expire(self, now_s: float) -> list[int]:
@@ -432,6 +429,10 @@ def _exchange(aggregator: str | Address, body: dict[str, object], key: bytes | N
               retries: int, what: str) -> dict[str, object]:
     """Send the request `body` (a fresh nonce and issue time each try) until an authenticated reply to one of
     them comes; that reply."""
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 60):
+        raise ValueError(f"timeout_s must lie in (0, 60] seconds, got {timeout_s!r}")
+    if type(retries) is not int or not 0 <= retries <= 100:
+        raise ValueError(f"retries must be a whole number in [0, 100], got {retries!r}")
     key = _key(key)
     address = _aggregator(aggregator)
     sent: set[str] = set()
