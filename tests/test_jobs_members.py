@@ -17,6 +17,7 @@ from inwire.datagram import payload_of
 from inwire.packets import build_frames
 from inwire.protocol import JOB_VERSION, VERSION, Opcode
 from inwire.serve import SoftwareAggregator, serving_in_thread
+from inwire.stream import StreamConfig, registration_patience
 from schedules import write_schedule
 
 CHUNK, WINDOW = 4, 2
@@ -179,3 +180,11 @@ def test_another_job_s_flood_leaves_a_run_bit_exact(tmp_path):
             counters = server.counters()
     assert code == 0
     assert counters["drop_slot"] > 0 and counters["drop_token"] > 0
+
+
+def test_a_registration_waits_as_long_as_the_run_asks_for_counters_within_what_control_takes():
+    """As long as a round waits for a chunk's result (timeout x retries, at least 0.9 s), in tries of the
+    timeout (at least 0.3 s); no more retries than `control.register` takes, however many --retries."""
+    assert registration_patience(StreamConfig(timeout_ms=50, retries=4)) == (0.3, 2)
+    assert registration_patience(StreamConfig()) == (0.3, 16)
+    assert registration_patience(StreamConfig(timeout_ms=60_000, retries=1000)) == (60.0, 100)

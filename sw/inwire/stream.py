@@ -278,11 +278,15 @@ def stats_patience(config):
             max(config.timeout_ms / 1000 * config.retries, STATS_MIN_BUDGET_S))
 
 
+REGISTRATION_RETRIES = 100
+"""The most retries `control.register` takes."""
+
+
 def registration_patience(config):
     """(timeout_s, retries) of a registration (`control.JobLease`): asked as long as the counters are
-    (`stats_patience`), so that a stalled aggregator is waited for alike."""
+    (`stats_patience`, up to REGISTRATION_RETRIES more tries), so that a stalled aggregator is waited for alike."""
     wait, budget = stats_patience(config)
-    return wait, max(1, math.ceil(budget / wait) - 1)
+    return wait, min(REGISTRATION_RETRIES, max(1, math.ceil(budget / wait) - 1))
 
 
 def available_memory():
