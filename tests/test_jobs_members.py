@@ -18,6 +18,7 @@ from inwire.packets import build_frames
 from inwire.protocol import JOB_VERSION, VERSION, Opcode
 from inwire.serve import SoftwareAggregator, serving_in_thread
 from inwire.stream import StreamConfig, registration_patience
+from inwire.transport import UdpTransport
 from schedules import write_schedule
 
 CHUNK, WINDOW = 4, 2
@@ -188,3 +189,36 @@ def test_a_registration_waits_as_long_as_the_run_asks_for_counters_within_what_c
     assert registration_patience(StreamConfig(timeout_ms=50, retries=4)) == (0.3, 2)
     assert registration_patience(StreamConfig()) == (0.3, 16)
     assert registration_patience(StreamConfig(timeout_ms=60_000, retries=1000)) == (60.0, 100)
+
+
+@pytest.mark.parametrize("batch_io", [True, False], ids=["batched", "python"])
+def test_a_stream_island_takes_datagrams_only_from_its_target(batch_io):
+    """`UdpTransport.bind_islands` (a registered run): each island's socket is bound towards its target, and
+    what comes from anywhere else is refused and counted, on either I/O path."""
+    import asyncio
+
+    if batch_io and client.compiled is None:
+        pytest.fail("the compiled kernel (inwire._kernel) is not built")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as target, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
+        target.bind(("127.0.0.1", 0))
+        transport = UdpTransport({"A": target.getsockname()}, batch_io=batch_io)
+        (member,) = transport.bind_islands().values()
+        got = []
+
+        async def exchange():
+            await transport.start(lambda island, payload: got.append(bytes(payload)),
+                                  lambda island, buffer, sizes, slot: got.extend(
+                                      bytes(buffer[i * slot:i * slot + size]) for i, size in enumerate(sizes) if size))
+            for _ in range(3):
+                stranger.sendto(b"forged", member)
+            target.sendto(b"from the target", member)
+            for _ in range(50):
+                await asyncio.sleep(0.01)
+                if got and transport.results_refused == 3:
+                    break
+            transport.close()
+
+        asyncio.run(exchange())
+    assert member[0] == "127.0.0.1"
+    assert got == [b"from the target"] and transport.results_refused == 3
