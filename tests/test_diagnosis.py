@@ -205,3 +205,13 @@ def test_a_round_given_up_under_loss_names_retries(serve, schedule, capsys):
     code, err = stream(capsys, serve("--unicast"), schedule, "--loss", "0.6", "--retries", "1")
     assert code == 1
     assert "--loss dropped" in err and "raise --retries" in err
+
+
+def test_a_registered_run_whose_results_were_refused_names_the_refusals_not_unicast():
+    """A registered job's results reach its members whatever --unicast says; what keeps them off is the
+    islands' refusal (another source or token): named, with the way out."""
+    report = {**failed_report(results_emitted=12), "results_checked": 0, "registered": True, "results_refused": 12}
+    (line,) = diagnose(report, "udp", 3)
+    assert line.startswith("the islands refused 12 datagrams as results of their job") and "--unregistered" in line
+    unregistered = {**failed_report(results_emitted=12), "results_checked": 0}
+    assert any("--unicast" in line for line in diagnose(unregistered, "udp", 3))
