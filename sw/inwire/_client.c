@@ -480,8 +480,10 @@ static int lane_result(Lane *lane, PyObject *state, const uint8_t *data, Py_ssiz
     if (size < lane->header + lane->trailer)
         return 0;
     uint64_t field[LANE_FIELDS];
-    for (int f = 0; f < LANE_FIELDS; f++)
+    /* The token last, and only where it is compared (a registered job's sum). */
+    for (int f = 0; f < LF_TOKEN; f++)
         field[f] = read_be(data + lane->at[f], lane->width[f]);
+    field[LF_TOKEN] = lane->compared[LF_TOKEN] ? read_be(data + lane->at[LF_TOKEN], lane->width[LF_TOKEN]) : 0;
     /* Not a result of this sum: another message, another version or token (a registered job's sum, whose
        token is compared, counts these as refused), a length that is not its count's, another owner. */
     if ((lane->compared[LF_MAGIC] && field[LF_MAGIC] != lane->expected[LF_MAGIC]) ||
