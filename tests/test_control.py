@@ -481,6 +481,29 @@ def test_serve_without_registered_jobs_has_no_control_port():
         server.close()
 
 
+def test_serve_with_registered_jobs_reads_the_default_key_before_binding(operator_key, tmp_path, monkeypatch):
+    server = SoftwareAggregator(("127.0.0.1", 0), engine="golden", registered=True, log=lambda line: None)
+    try:
+        assert server.control.key == load_key(operator_key)
+    finally:
+        server.close()
+    monkeypatch.setenv("INWIRE_KEY_FILE", str(tmp_path))  # a folder
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        with pytest.raises(KeyFileError, match="a folder"):
+            # the key error, not "address in use": nothing is bound before the key is read
+            SoftwareAggregator(taken.getsockname(), engine="golden", registered=True, log=lambda line: None)
+
+
+@pytest.mark.skipif(compiled is None, reason="needs the compiled kernel")
+def test_fast_service_answers_control_messages(service):
+    server, address = service(engine="fast")
+    assert server.batch_io
+    assert teardown(address, 999, key=KEY) is False
+    counters = server.counters()
+    assert counters["drop_version"] == 0 and counters["frames_in"] == 0
+
+
 @pytest.mark.skipif(compiled is None, reason="needs the compiled kernel")
 def test_batched_fast_path_hands_control_messages_aside():
     server = SoftwareAggregator(("127.0.0.1", 0), engine="fast", registered=True, key=KEY, log=lambda line: None)
@@ -522,3 +545,19 @@ def test_register_ignores_replies_to_other_requests():
         thread.start()
         assert register(fake.getsockname(), entry(), key=KEY) == 5
         thread.join()
+
+
+@pytest.mark.skipif(compiled is None, reason="needs the compiled kernel")
+def test_batched_fast_path_reads_no_control_message_from_a_runts_stale_bytes():
+    """recvmmsg reuses its buffer: a 2-byte runt in a slot that held a control message before is a runt."""
+    server = SoftwareAggregator(("127.0.0.1", 0), engine="fast", registered=True, key=KEY, log=lambda line: None)
+    try:
+        slot = MAX_DATAGRAM + 1
+        buffer = bytearray(slot)
+        message = encode(request("teardown", issued_s=time.time()), KEY)
+        buffer[:len(message)] = message
+        assert server.handle_batch(buffer, [(2, PEER)], slot, 0) == []
+        counters = server.counters()
+        assert counters["drop_runt"] == 1 and counters["control_refused"] == 0
+    finally:
+        server.close()

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from .datagram import Address, ip_int, ip_str, parse_endpoint
+from .datagram import Address, Payload, ip_int, ip_str, parse_endpoint
 from .errors import InwireError
 from .inputs import open_regular
 from .jobs import JOB_BITS, TOKEN_BITS, CliqueRoute, Endpoint, JobEntry, JobTableError
@@ -176,7 +176,7 @@ def decode(message: bytes, key: bytes) -> dict[str, object]:
     return decoded
 
 
-def is_control(payload: bytes | memoryview) -> bool:
+def is_control(payload: Payload) -> bool:
     """Whether a datagram to the aggregator's port is a control message (rather than a data frame)."""
     return payload[:len(MAGIC)] == MAGIC
 
@@ -325,7 +325,7 @@ class ControlPlane:
         self._nonces: OrderedDict[str, float] = OrderedDict()
         """nonce -> when it may be forgotten (it is stale by then), oldest first."""
 
-    def handle(self, payload: bytes | memoryview, peer: Address, now_s: float) -> bytes | None:
+    def handle(self, payload: Payload, peer: Address, now_s: float) -> bytes | None:
         try:
             request = self._authentic(bytes(payload), now_s)
         except Refused:
@@ -334,7 +334,7 @@ class ControlPlane:
         nonce = request["nonce"]
         try:
             body = self._perform(request, peer, now_s)
-        except (RequestError, JobTableError, ValueError) as error:
+        except (InwireError, ValueError) as error:  # a refusal of the request or of the tables: one line back
             self.counters["control_errors"] += 1
             return _reply(self.key, {"ok": False, "nonce": nonce, "error": str(error).splitlines()[0]})
         return _reply(self.key, {"ok": True, "nonce": nonce, **body})
@@ -409,13 +409,14 @@ def new_job(members: Iterable[str | tuple[str | int, int]], slots: int, group: i
 
 
 def _client_endpoint(value: str | tuple[str | int, int], what: str) -> Endpoint:
+    """(address as an int, port) of "host:port", (host, port) or (int address, port); a host name is resolved."""
     if isinstance(value, str):
         host, port = parse_endpoint(value, what)
         return ip_int(host), port
-    host, port = value
-    if isinstance(host, str):
-        host = ip_int(parse_endpoint(f"{host}:{port}", what)[0])
-    return host, port
+    address, port = value
+    if isinstance(address, str):
+        return ip_int(parse_endpoint(f"{address}:{port}", what)[0]), port
+    return address, port
 
 
 def _aggregator(aggregator: str | Address) -> Address:
@@ -491,9 +492,12 @@ class JobLease:
     def __init__(self, aggregators: str | Address | Sequence[str | Address], entry: JobEntry,
                  ttl_s: int = DEFAULT_TTL_S, key: bytes | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  retries: int = DEFAULT_RETRIES) -> None:
-        single = isinstance(aggregators, str) or (isinstance(aggregators, tuple) and len(aggregators) == 2
-                                                 and isinstance(aggregators[1], int))
-        self.aggregators: list[str | Address] = [aggregators] if single else list(aggregators)  # type: ignore[list-item]
+        self.aggregators: list[str | Address]
+        if isinstance(aggregators, str) or (isinstance(aggregators, tuple) and len(aggregators) == 2
+                                            and isinstance(aggregators[1], int)):
+            self.aggregators = [aggregators]  # one aggregator, "host:port" or (host, port)
+        else:
+            self.aggregators = list(aggregators)
         self.entry = entry
         self.ttl_s = ttl_s
         self.key = _key(key)

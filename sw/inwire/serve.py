@@ -24,10 +24,11 @@ from its parent (the address it sent that slot's partial to) to the members and 
 for the slot; a result that answers a child's retransmitted partial reaches that child alone, and it
 relays it to all of its own.
 
-Registered jobs (`registered=True`): a datagram starting with b"IWCP" is a control message
-(`control.ControlPlane`), taken aside before the data plane decides: an authenticated registration installs
-a job's tables in the engine, and a registration not renewed within its ttl is removed (checked once a
-second). `unregistered` (default on) keeps taking version 1 and 2 frames beside registered jobs.
+Registered jobs (`registered`): the service's port is also its control port. A datagram starting with
+b"IWCP" is a control message (`control.ControlPlane`), taken aside before the data plane decides: an
+authenticated registration installs a job's tables in the engine, and a registration not renewed within
+its ttl is removed (checked once a second). `unregistered` (default on) keeps taking
+version 1 and 2 frames beside registered jobs.
 
 A service listening on the wildcard address (0.0.0.0) is the aggregator at every address of its machine: each
 datagram is decided by the aggregator at the address it arrived on (IP_PKTINFO), as a board at that address
@@ -61,7 +62,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Protocol, TypeVar
 
-from .control import MAGIC, ControlPlane, RequestError, load_key
+from .control import MAGIC, ControlPlane, RequestError, is_control, load_key
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
@@ -174,8 +175,10 @@ class SoftwareAggregator:
     ((network, length), or 'A.B.C.D/N') is where partials may go (default: the /24 of the listen address),
     `stats_from` who besides this machine may ask for the counters (default: `upstream`). `engine` is
     "fast" (default) or "golden"; `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a
-    co-simulation) implies "golden". `registered` opens the control port (`control`) with the operator
-    `key` (default: `control.load_key()`); `unregistered` takes version 1 and 2 frames.
+    co-simulation) implies "golden". `registered` (job tables: version 3) and `unregistered` (versions 1 and 2)
+    are the aggregator's (`AggregatorConfig`); with `registered` the control port (`control`) takes
+    registrations signed with the operator `key` (default: `control.load_key()`, read before the socket is
+    bound).
     """
 
     handle: Callable[..., list[Send]]
@@ -195,6 +198,8 @@ class SoftwareAggregator:
         if make_aggregator is not None and listen[0] in ("0.0.0.0", ""):
             raise ServeError(f"a co-simulation's gateware is built for one address: listen on it, not "
                              f"{listen[0] or '0.0.0.0'}:{listen[1]}")
+        if registered and key is None:
+            key = load_key()
         if engine not in ENGINES:
             raise ServeError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if engine == "fast" and make_aggregator is not None:
@@ -259,8 +264,7 @@ class SoftwareAggregator:
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
         self._groups: dict[int, Address] = {}
         self._stop = threading.Event()
-        self.control = (ControlPlane(self.install_job, self.remove_job, key if key is not None else load_key(),
-                                     self.log) if registered else None)
+        self.control = ControlPlane(self.install_job, self.remove_job, key, self.log) if registered else None
         self._next_expiry = 0.0
         if self.control is not None:
             self._decide = self.handle
@@ -301,7 +305,7 @@ class SoftwareAggregator:
 
     def _handle_with_control(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
         """`handle` with the control port: control messages go to it, everything else to the engine."""
-        if payload[:len(MAGIC)] == MAGIC:
+        if is_control(payload):
             return self._control(payload, peer)
         return self._decide(payload, peer, now)
 
@@ -640,10 +644,14 @@ class SoftwareAggregator:
                     view: memoryview) -> list[Send]:
         """`handle_batch` on the datagrams of `batch` from `start` on. Control messages are taken aside here: the
         compiled decider would drop them as data frames of no known version."""
-        if self.control is None or self.fast is None:
+        # One slice of the batch's version bytes tells whether any datagram may be one (most batches: none).
+        if (self.control is None or self.fast is None
+                or _CONTROL_MARK not in buffer[start * slot + _CONTROL_MARK_AT:len(batch) * slot:slot]):
             return self._decide_run(buffer, batch, start, slot, now, view)
-        at = buffer.startswith
-        controls = [index for index in range(start, len(batch)) if at(MAGIC, index * slot)]
+        at, magic_bytes = buffer.startswith, len(MAGIC)
+        # a datagram's size first: the bytes past it are an earlier datagram's
+        controls = [index for index in range(start, len(batch))
+                    if batch[index][0] >= magic_bytes and at(MAGIC, index * slot)]
         if not controls:
             return self._decide_run(buffer, batch, start, slot, now, view)
         sends: list[Send] = []
@@ -718,6 +726,9 @@ _LEARNED_OPCODES = frozenset((int(Opcode.CONTRIBUTION), _PARTIAL))
 """Opcodes whose sender the service learns for unicast copies, when the aggregator takes or answers them."""
 _ANSWERED = int(Disposition.ANSWERED)
 _GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
+_CONTROL_MARK_AT = FRAME_OFFSETS["version"] - PAYLOAD_OFFSET
+_CONTROL_MARK = MAGIC[_CONTROL_MARK_AT:_CONTROL_MARK_AT + 1]
+"""The byte of a control message where a data header has its version: "C", no version of the protocol."""
 
 
 class Served(Protocol):
