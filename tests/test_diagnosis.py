@@ -59,13 +59,15 @@ def test_chunk_above_the_servers_maximum_is_named(serve, schedule, capsys):
 
 
 def test_a_server_without_unicast_on_one_machine_is_named(serve, schedule, capsys):
-    code, err = stream(capsys, serve(), schedule)
+    # Unregistered: a registered job's results go to its members whatever --unicast says.
+    code, err = stream(capsys, serve(), schedule, "--unregistered")
     assert code == 1
     assert "none reached the islands" in err and "start inwire serve with --unicast" in err
 
 
 def test_too_few_slots_are_named(serve, schedule, capsys):
-    code, err = stream(capsys, serve("--unicast", "--slots", "8"), schedule, "--elements", "2048")
+    # Unregistered: a registered job's quota is refused at its registration (tests/test_stream.py).
+    code, err = stream(capsys, serve("--unicast", "--slots", "8"), schedule, "--elements", "2048", "--unregistered")
     assert code == 1
     assert "drop_slot" in err and "--slots 32" in err
 
@@ -78,7 +80,8 @@ def test_a_collision_with_another_job_names_the_slot(serve, schedule, capsys):
                          job=77, round=0, clique=0, slot=0, group=clique_group(0, 0))
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.sendto(payloads_of(stray)[0], (host, int(port)))
-    code, err = stream(capsys, target, schedule, "--job", "5", "--chunk", "256")
+    # Unregistered: a registered job's slots are a range no other job's frames touch.
+    code, err = stream(capsys, target, schedule, "--job", "5", "--chunk", "256", "--unregistered")
     assert code == 1
     assert "collision with another job on slot 0" in err and "drop_collision" in err
 
@@ -202,3 +205,13 @@ def test_a_round_given_up_under_loss_names_retries(serve, schedule, capsys):
     code, err = stream(capsys, serve("--unicast"), schedule, "--loss", "0.6", "--retries", "1")
     assert code == 1
     assert "--loss dropped" in err and "raise --retries" in err
+
+
+def test_a_registered_run_whose_results_were_refused_names_the_refusals_not_unicast():
+    """A registered job's results reach its members whatever --unicast says; what keeps them off is the
+    islands' refusal (another source or token): named, with the way out."""
+    report = {**failed_report(results_emitted=12), "results_checked": 0, "registered": True, "results_refused": 12}
+    (line,) = diagnose(report, "udp", 3)
+    assert line.startswith("the islands refused 12 datagrams as results of their job") and "--unregistered" in line
+    unregistered = {**failed_report(results_emitted=12), "results_checked": 0}
+    assert any("--unicast" in line for line in diagnose(unregistered, "udp", 3))

@@ -22,7 +22,8 @@ MAX_ISLAND_SOCKETS = 64
 
 
 class ImpairedPath:
-    """A UDP relay on loopback between islands and one aggregator. Each datagram, either way, is dropped,
+    """A UDP relay on loopback between islands and one aggregator (which sees the relay's addresses, not the
+    islands': the runs are unregistered). Each datagram, either way, is dropped,
     duplicated (the copy delayed), held back until the next datagram of its direction has gone (reordered)
     or delayed, each with probability `p`, drawn from a seeded generator; delays are uniform in `delay_s`.
     Every island address gets its own socket towards the aggregator, so that results find their way back.
@@ -116,7 +117,7 @@ def test_every_run_through_a_bad_path_is_bit_exact(tmp_path, capsys, engine):
                 # 16 chunks per island and a window of 4: chunk j and j + 8 share a slot.
                 code = main(["stream", "--target", f"udp://{path.address[0]}:{path.address[1]}", "--schedule",
                              str(schedule), "--rounds", "3", "--elements", "4096", "--chunk", "256", "--window",
-                             "4", "--timeout-ms", "100", "--seed", str(seed), "--json"])
+                             "4", "--timeout-ms", "100", "--seed", str(seed), "--json", "--unregistered"])
                 report = json.loads(capsys.readouterr().out)
                 counters = server.counters()
         finally:

@@ -521,3 +521,34 @@ def test_contributions_keeps_the_sequence_methods():
     payloads = Contributions(np.arange(150, dtype=np.int32), 1, key, 64, 4)
     assert payloads.chunks == len(payloads) == 3
     assert payloads.count(payloads[2]) == 1 and payloads.index(payloads[1]) == 1
+
+
+def test_two_registered_trainings_on_one_aggregator_both_get_their_own_averages():
+    """The issue's two trainings on one `inwire serve`, each of two islands with the same schedule (so the
+    same rounds, cliques and slot numbers): each training a registered job of its own, joined by its
+    islands, both averages are their own clique's, at once."""
+    from inwire.client import job_slots
+    from inwire.control import JobLease, new_job
+
+    trainings = {"X": ("A", "B"), "Y": ("C", "D")}
+    models = models_for([name for names in trainings.values() for name in names], 3000, seed=6)
+    before = {name: flat(model) for name, model in models.items()}
+    exchanges = {}
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, engine="golden", registered=True,
+                                              log=lambda line: None)) as server:
+        leases = []
+        for names in trainings.values():
+            made = {name: InwireExchange(server.address, deadline_s=20) for name in names}
+            entry = new_job([exchange.address for exchange in made.values()], job_slots(1, client.DEFAULT_WINDOW, 2))
+            for exchange in made.values():
+                exchange.join(entry)
+            exchanges.update(made)
+            leases.append(JobLease(server.address, entry))
+        with leases[0], leases[1]:
+            each_island(list(trainings), lambda training: run_islands(
+                {name: models[name] for name in trainings[training]}, exchanges.__getitem__,
+                [[(trainings[training], "LON")]]))
+    for names in trainings.values():
+        average = clique_average([before[name] for name in names])
+        for name in names:
+            assert np.array_equal(flat(models[name]), average), name

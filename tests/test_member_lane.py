@@ -1,9 +1,10 @@
 """The compiled result lane (`client.CompiledMemberSum`, `inwire._kernel.member_result`) against its
 definition, `client.MemberSum.on_result`: the same random and adversarial result streams (loss, duplicates,
-reordering, another job's, round's or clique's results, wrong counts, exponents, bitmaps and fan-ins, the
-overflow flag, truncated and oversized datagrams, offsets off a chunk boundary, results of chunks not in
-flight, random bytes) under one fake clock, with the Python `due` between them; every payload returned and
-every piece of state compared after every step. A tampered lane shows that the comparison can fail."""
+reordering, another job's, round's or clique's results, wrong counts, exponents, bitmaps and fan-ins, another
+version or token (refused and counted by a registered job's sum), the overflow flag, truncated and oversized
+datagrams, offsets off a chunk boundary, results of chunks not in flight, random bytes) under one fake clock,
+with the Python `due` between them; every payload returned and every piece of state compared after every
+step. A tampered lane shows that the comparison can fail."""
 
 import random
 import types
@@ -14,6 +15,7 @@ import pytest
 from inwire import client
 from inwire.client import CliqueKey, CompiledMemberSum, Contributions, MemberSum, contributions, slots_needed
 from inwire.datagram import PAYLOAD_OFFSET, header_struct, payload_of, wrap
+from inwire.jobs import JobEntry
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.protocol import FIELDS_BY_NAME, FRAME_OFFSETS, RESULT_TRAILER_BYTES, STATUS_OVERFLOW
 
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.skipif(client.compiled is None, reason="the compiled ke
 
 STATE = ("deadline", "tries", "sent_at", "backoff", "fast_resent", "wrong_chunks", "overflowed_chunks", "checked",
          "remaining", "next", "progress_at", "probed", "result_at", "interval", "srtt", "rttvar", "rto",
-         "retransmits", "failed_chunk")
+         "retransmits", "failed_chunk", "results_refused")
 
 
 def state_of(run):
@@ -56,7 +58,8 @@ def adversarial(rnd, result, chunk):
     if kind == 8:
         return patch(result, rnd.choice(("job", "round", "clique")), field(result, "job") + rnd.randint(1, 3))
     if kind == 9:
-        name = rnd.choice(("exponent", "fanin", "bitmap", "contributors", "magic", "version", "opcode"))
+        name = rnd.choice(("exponent", "fanin", "bitmap", "contributors", "magic", "version", "opcode", "token",
+                           "token"))
         return patch(result, name, field(result, name) + rnd.choice((-1, 1, 7)))
     if kind == 10:  # fewer or more elements, the length saying so: read as a wrong chunk
         count = max(0, field(result, "count") + rnd.choice((-2, -1, 1, 3)))
@@ -89,13 +92,16 @@ def adversarial(rnd, result, chunk):
 
 def model_results(vectors, key, chunk, window):
     """Every chunk's result, from the golden model, of the clique's `vectors` (one row per member)."""
-    config = AggregatorConfig(slots=slots_needed(3, window), max_elements=16)
+    config = AggregatorConfig(slots=slots_needed(3, window), max_elements=16, registered=key.token != 0)
     model, address = Aggregator(config), ("10.73.87.1", config.port)
+    peers = [("10.0.0.9", 4000 + m) for m in range(len(vectors))]
+    if key.token:  # a registered job's sum: version 3, results to each member
+        model.install(JobEntry(key.job, key.token, config.slots, frozenset((0x0A000009, port) for _, port in peers)))
     members = [contributions(vector, m, key, chunk, window) for m, vector in enumerate(vectors)]
     results = []
     for index in range(len(members[0])):
         frames = [frame for m, payloads in enumerate(members)
-                  for frame in model.process(wrap(payloads[index], ("10.0.0.9", 4000 + m), address, bytes(6)))]
+                  for frame in model.process(wrap(payloads[index], peers[m], address, bytes(6)))]
         results.append(payload_of(frames[-1]))
     return results
 
@@ -115,8 +121,10 @@ def differential(seed, steps=400):
     rnd = random.Random(seed)
     fanin, chunk, window = rnd.randint(1, 4), rnd.choice((1, 3, 7, 16)), rnd.randint(1, 6)
     elements = rnd.choice((0, 1, chunk, rnd.randint(1, 200)))
-    key = CliqueKey(job=rnd.randrange(1 << 32), round=rnd.randrange(1 << 32), clique=rnd.randrange(3), group=0xEF000001,
-                    fanin=fanin, exponent=-rnd.randrange(8), max_cliques=3)
+    registered = rnd.random() < 0.5
+    key = CliqueKey(job=rnd.randrange(1, 1 << 32), round=rnd.randrange(1 << 32), clique=rnd.randrange(3),
+                    group=0 if registered else 0xEF000001, fanin=fanin, exponent=-rnd.randrange(8), max_cliques=3,
+                    token=rnd.randrange(1, 1 << 64) if registered else 0)
     adaptive = rnd.random() < 0.75
     timeouts = (rnd.choice((0.05, 1.0)), rnd.choice((None, 2, 8)), rnd.choice((0.002, 0.01)) if adaptive else None)
     rng = np.random.default_rng(seed)
@@ -153,7 +161,7 @@ def differential(seed, steps=400):
             break
     return {"taken": taken, "done": definition.done, "fast": len(definition.fast_resent),
             "wrong": len(definition.wrong_chunks), "overflow": len(definition.overflowed_chunks),
-            "failed": definition.failed_chunk is not None}
+            "failed": definition.failed_chunk is not None, "refused": definition.results_refused}
 
 
 @pytest.mark.parametrize("seed", range(150))
@@ -162,8 +170,8 @@ def test_the_compiled_lane_does_what_the_definition_does(seed):
 
 
 def test_the_streams_reach_every_path():
-    """The streams above take results, finish sums, fast-retransmit, see wrong and overflowed chunks, and run
-    out of retries."""
+    """The streams above take results, finish sums, fast-retransmit, see wrong and overflowed chunks, refuse
+    results of another version or token, and run out of retries."""
     seen = {}
     for seed in range(60):
         for name, value in differential(seed).items():
@@ -224,6 +232,7 @@ def replace(sequence, index, value):
     lambda a: replace(a, 0, replace(a[0], 6, a[0][7])),  # the job read where the round is
     lambda a: replace(a, 1, replace(a[1], 4, None)),  # the exponent not compared
     lambda a: a if a[7] is None else replace(a, 7, replace(a[7], 4, a[7][4][1:] + a[7][4][:1])),  # slots shifted
+    lambda a: replace(a, 1, replace(a[1], 12, None)),  # the token not compared
 ])
 def test_the_differential_test_catches_a_tampered_lane(monkeypatch, change):
     tampered(monkeypatch, lambda arguments: list(change(arguments)))

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+from inwire import client
 from inwire.cli import main
 from inwire.datagram import payload_of
 from inwire.model import Aggregator, AggregatorConfig
@@ -19,12 +20,17 @@ from inwire.stream import StreamConfig, Workload, format_report, load_plan, run_
 from inwire.transport import CaptureTransport, UdpTransport, probe_stats
 from schedules import ISLANDS, PERIOD, write_schedule
 
+REGISTERED = {"engine": "golden"}
+"""A service `inwire stream --target udp://` registers its job with: the engine that holds job tables."""
+
 
 class Service:
-    """A software aggregator in a thread; `tamper` may rewrite its answers."""
+    """A software aggregator in a thread, taking registered jobs beside unregistered frames as `inwire serve`
+    does; `tamper` may rewrite its answers."""
 
     def __init__(self, tamper=None, **options):
-        self.aggregator = SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None, **options)
+        self.aggregator = SoftwareAggregator(("127.0.0.1", 0), unicast=True, registered=True, log=lambda line: None,
+                                             **options)
         if tamper:
             # serve() decides a recvmmsg batch at a time with the compiled kernel, else datagram by datagram.
             name = "handle_batch" if self.aggregator.batch_io else "handle"
@@ -99,25 +105,40 @@ def test_wrong_results_fail_the_run(service, schedule, capsys):
         if body[3] != Opcode.RESULT:
             return body
         return body[:-8] + bytes([body[-8] ^ 1]) + body[-7:]
-    running = service(tamper=flip_last_element)
+    running = service(tamper=flip_last_element, **REGISTERED)
     assert stream_cli("--target", running.target, "--schedule", str(schedule), "--rounds", "1",
                       "--elements", "256", "--json") == 1
     report = json.loads(capsys.readouterr().out)
     assert report["bit_exact"] is False and report["wrong_results"] == report["results_checked"] == 5
 
 
-def test_a_round_that_never_finishes_fails_within_its_timeouts(service, schedule, capsys):
-    running = service(slots=4)
+def test_a_round_whose_results_carry_another_token_never_finishes_within_its_timeouts(service, schedule, capsys):
+    """Results that do not carry the job's token are refused and counted, so the round runs out of retries."""
+    def another_token(body):
+        return body[:client.PAYLOAD_HEADER_BYTES - 1] + bytes([body[client.PAYLOAD_HEADER_BYTES - 1] ^ 1]) \
+            + body[client.PAYLOAD_HEADER_BYTES:] if body[3] == Opcode.RESULT else body
+    running = service(tamper=another_token, **REGISTERED)
     code = stream_cli("--target", running.target, "--schedule", str(schedule), "--rounds", "2",
-                      "--elements", "512", "--timeout-ms", "20", "--retries", "3")
+                      "--elements", "512", "--timeout-ms", "20", "--retries", "3", "--json")
     captured = capsys.readouterr()
     assert code == 1
-    assert "UNFINISHED" in captured.out and "bit_exact: false" in captured.out
+    report = json.loads(captured.out)
+    assert not report["rounds"][0]["finished"] and report["bit_exact"] is False
+    assert report["results_refused"] > 0 and report["results_checked"] == 0
     assert "no result for chunk" in captured.err
 
 
+def test_an_aggregator_too_small_for_the_run_refuses_its_registration(service, schedule, capsys):
+    running = service(slots=4, **REGISTERED)
+    code = stream_cli("--target", running.target, "--schedule", str(schedule), "--rounds", "2",
+                      "--elements", "512", "--timeout-ms", "20", "--job", "5")
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "refused the registration of job 5: job 5: no 32 free slots in a row among this aggregator's 4" in err
+
+
 def test_human_report(service, schedule, capsys):
-    running = service()
+    running = service(**REGISTERED)
     assert stream_cli("--target", running.target, "--schedule", str(schedule), "--rounds", "3",
                       "--elements", "100") == 0
     out = capsys.readouterr().out
@@ -180,7 +201,9 @@ def _closed_port():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--target", "udp://127.0.0.1:{closed}"], "no answer from the target"),
+    (["--target", "udp://127.0.0.1:{closed}"], "no answer from 127.0.0.1:"),
+    (["--target", "udp://127.0.0.1:{closed}", "--job", "0"], "--job 0 cannot be registered: a registered job's id is "
+                                                             "a nonzero 32-bit number"),
     (["--target", "tcp://x"], "is not one of"),
     (["--target", "sim:modelsim"], "sim:SIMULATOR[:WIDTH]"),
     (["--target", "sim:icarus:12"], "sim:SIMULATOR[:WIDTH]"),

@@ -62,11 +62,29 @@ def test_an_unreachable_aggregator_fails_in_bounded_time(tmp_path):
     schedule.write_text(json.dumps({"islands": ["LON", "NYC"], "rounds": [
         {"cliques": [{"members": ["LON", "NYC"], "aggregator": "LON"}], "time_ms": 1.0}]}))
     with pytest.raises(DistributedRunError, match="island LON exited with status") as failure:
-        launch_islands(["LON"], "127.0.0.1:9", schedule, tmp_path, 2, 5, 5, 0, "0.3", timeout_s=40)
+        launch_islands(["LON"], "127.0.0.1:9", schedule, tmp_path, 2, 5, 5, 0, "0.3", timeout_s=40, register=False)
     # The error shows the cause, not only torchrun's summary: rank 1 heard from rank 0 why it stopped.
     assert "[rank0]: " in str(failure.value) and "no result for chunk" in str(failure.value)
     assert "[rank1]: inwire.codec_average.AveragingError: round 0: rank 0 of island LON could not average" \
         in str(failure.value)
+
+
+def test_a_launch_is_a_registered_job_and_an_aggregator_that_refuses_it_stops_it_before_any_island(tmp_path):
+    """One aggregator: the launch registers a job of its islands' rank-0 sockets before starting them; an
+    aggregator with too few slots for it refuses it in one line, and no island starts."""
+    from inwire.control import ControlError
+    from inwire.serve import SoftwareAggregator, serving_in_thread
+
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps({"islands": ["LON", "NYC"], "rounds": [
+        {"cliques": [{"members": ["LON", "NYC"], "aggregator": "LON"}], "time_ms": 1.0}]}))
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), engine="golden", registered=True, slots=8,
+                                              log=lambda line: None)) as server:
+        with pytest.raises(ControlError, match=r"refused the registration of job 5: job 5: no 18 free slots in a row "
+                                               r"among this aggregator's 8"):
+            launch_islands(["LON", "NYC"], f"127.0.0.1:{server.address[1]}", schedule, tmp_path, 2, 5, 5, 0, "0.3",
+                           timeout_s=40, job=5)
+    assert not list(tmp_path.glob("*.log"))
 
 
 def test_a_missing_island_is_named_on_every_rank_of_the_others(tmp_path):
@@ -77,7 +95,9 @@ def test_a_missing_island_is_named_on_every_rank_of_the_others(tmp_path):
     schedule = tmp_path / "schedule.json"
     schedule.write_text(json.dumps({"islands": list(ISLANDS), "rounds": [
         {"cliques": [{"members": list(ISLANDS), "aggregator": "LON"}], "time_ms": 1.0}]}))
-    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+    # Registered jobs only: the launch's islands average as members of its job.
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, engine="golden", registered=True,
+                                              unregistered=False, log=lambda line: None)) as server:
         with pytest.raises(DistributedRunError, match="exited with status") as failure:
             launch_islands(["LON", "SIN"], f"127.0.0.1:{server.address[1]}", schedule, tmp_path, 2, 5, 5, 0, "0.3",
                            timeout_s=40)
@@ -189,7 +209,8 @@ def one_island_run(tmp_path, monkeypatch, out_dir):
                         "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(name, value)
     return island.main(["--island", "LON", "--schedule", str(schedule), "--server", "127.0.0.1:9",
-                        "--out-dir", str(out_dir), "--steps", "2", "--period", "5", "--timeout", "20"])
+                        "--out-dir", str(out_dir), "--steps", "2", "--period", "5", "--timeout", "20",
+                        "--job", "7"])
 
 
 def test_an_island_makes_a_missing_out_dir_and_keeps_its_log(tmp_path, monkeypatch):
@@ -206,3 +227,15 @@ def test_an_island_refuses_an_out_dir_it_cannot_make_before_training(tmp_path, m
     assert exit_.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.endswith(f"--out-dir {tmp_path / 'taken' / 'run'}: cannot make the folder: Not a directory"), error
+
+
+def test_an_island_has_no_fixed_default_job(tmp_path, capsys):
+    """Two trainings on one aggregator with a default job 1 corrupted each other: an island is told its job
+    (the launcher draws one per launch), and refuses to start without one."""
+    from inwire.train import island
+
+    with pytest.raises(SystemExit) as exit_:
+        island.main(["--island", "LON", "--schedule", str(tmp_path / "schedule.json"), "--server", "127.0.0.1:9",
+                     "--out-dir", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "the following arguments are required: --job" in capsys.readouterr().err

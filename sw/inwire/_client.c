@@ -26,17 +26,17 @@
 #include <structmember.h>
 
 enum LaneField { LF_MAGIC, LF_VERSION, LF_OPCODE, LF_FANIN, LF_EXPONENT, LF_CONTRIBUTORS, LF_JOB, LF_ROUND,
-                 LF_CLIQUE, LF_CHUNK, LF_COUNT, LF_BITMAP, LANE_FIELDS };
+                 LF_CLIQUE, LF_CHUNK, LF_COUNT, LF_BITMAP, LF_TOKEN, LANE_FIELDS };
 
 /* The MemberSum's attributes the lane reads and writes, as on_result names them: slots of the class
    member_state binds, read and written at the offsets it found there. */
 enum LaneKey { LK_DEADLINE, LK_SENT_AT, LK_BACKOFF, LK_TRIES, LK_FAST_RESENT, LK_OVERFLOWED, LK_WRONG,
                LK_CHECKED, LK_REMAINING, LK_NEXT, LK_PROGRESS_AT, LK_PROBED, LK_RESULT_AT, LK_INTERVAL,
-               LK_SRTT, LK_RTTVAR, LK_RTO, LK_RETRANSMITS, LANE_KEYS };
+               LK_SRTT, LK_RTTVAR, LK_RTO, LK_RETRANSMITS, LK_REFUSED, LANE_KEYS };
 static const char *lane_key_names[LANE_KEYS] = {
     "deadline", "sent_at", "backoff", "tries", "fast_resent", "overflowed_chunks", "wrong_chunks", "checked",
     "remaining", "next", "progress_at", "probed", "result_at", "interval", "srtt", "rttvar", "rto",
-    "retransmits"};
+    "retransmits", "results_refused"};
 static Py_ssize_t lane_offsets[LANE_KEYS];
 static PyObject *lane_class; /* the class whose slots lane_offsets locate; NULL until member_state binds it */
 
@@ -480,10 +480,23 @@ static int lane_result(Lane *lane, PyObject *state, const uint8_t *data, Py_ssiz
     if (size < lane->header + lane->trailer)
         return 0;
     uint64_t field[LANE_FIELDS];
-    for (int f = 0; f < LANE_FIELDS; f++)
+    /* The token last, and only where it is compared (a registered job's sum). */
+    for (int f = 0; f < LF_TOKEN; f++)
         field[f] = read_be(data + lane->at[f], lane->width[f]);
-    /* Not a result of this sum: another message, a length that is not its count's, another owner. */
-    static const int owner[] = {LF_MAGIC, LF_VERSION, LF_OPCODE, LF_JOB, LF_ROUND, LF_CLIQUE};
+    field[LF_TOKEN] = lane->compared[LF_TOKEN] ? read_be(data + lane->at[LF_TOKEN], lane->width[LF_TOKEN]) : 0;
+    /* Not a result of this sum: another message, another version or token (a registered job's sum, whose
+       token is compared, counts these as refused), a length that is not its count's, another owner. */
+    if ((lane->compared[LF_MAGIC] && field[LF_MAGIC] != lane->expected[LF_MAGIC]) ||
+        (lane->compared[LF_OPCODE] && field[LF_OPCODE] != lane->expected[LF_OPCODE]))
+        return 0;
+    if ((lane->compared[LF_VERSION] && field[LF_VERSION] != lane->expected[LF_VERSION]) ||
+        (lane->compared[LF_TOKEN] && field[LF_TOKEN] != lane->expected[LF_TOKEN])) {
+        Py_ssize_t refused;
+        if (!lane->compared[LF_TOKEN])
+            return 0;
+        return lane_get_size(state, LK_REFUSED, &refused) < 0 ? -1 : lane_set_size(state, LK_REFUSED, refused + 1);
+    }
+    static const int owner[] = {LF_JOB, LF_ROUND, LF_CLIQUE};
     for (size_t i = 0; i < sizeof(owner) / sizeof(owner[0]); i++)
         if (lane->compared[owner[i]] && field[owner[i]] != lane->expected[owner[i]])
             return 0;

@@ -6,7 +6,9 @@
        buffer[i * slot_size:]; returns their sizes, or (size, (host, port)) pairs with `addresses`; an
        empty list when none is waiting. With a list `destinations` (the socket has IP_PKTINFO on), each
        datagram's IPv4 destination address, the one it arrived on, is appended to it as an int (0 when
-       the kernel gave none).
+       the kernel gave none). `addresses` a (IPv4 address as an int, port) pair: only datagrams from that
+       peer count, and the call returns (sizes, refused): a datagram from anywhere else has size 0 (its
+       bytes are not to be read) and is counted in `refused`.
    send_batch(fd, messages, start) -> (next, errors)
        Sends (payload, (host, port)) messages from index `start` with sendmmsg, runs of equal-sized
        payloads to one peer as one UDP GSO message; stops at a full send buffer and returns the index of
@@ -45,7 +47,12 @@ static PyObject *recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     int fd = PyLong_AsLong(args[0]);
     Py_ssize_t slot_size = PyLong_AsSsize_t(args[2]);
-    int addresses = PyObject_IsTrue(args[3]);
+    int only = PyTuple_Check(args[3]);
+    unsigned long only_address = 0;
+    int only_port = 0;
+    if (only && !PyArg_ParseTuple(args[3], "ki", &only_address, &only_port))
+        return NULL;
+    int addresses = !only && PyObject_IsTrue(args[3]);
     PyObject *destinations = nargs == 5 ? args[4] : NULL;
     if (PyErr_Occurred())
         return NULL;
@@ -81,10 +88,29 @@ static PyObject *recv_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buffer);
     if (received < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return PyList_New(0);
-        return PyErr_SetFromErrno(PyExc_OSError);
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        received = 0;
     }
+    if (only) {
+        PyObject *sizes = PyList_New(received);
+        Py_ssize_t refused = 0;
+        if (sizes == NULL)
+            return NULL;
+        for (int i = 0; i < received; i++) {
+            int from = ntohl(peers[i].sin_addr.s_addr) == only_address && ntohs(peers[i].sin_port) == only_port;
+            refused += !from;
+            PyObject *size = PyLong_FromSsize_t(from ? (Py_ssize_t)messages[i].msg_len : 0);
+            if (size == NULL) {
+                Py_DECREF(sizes);
+                return NULL;
+            }
+            PyList_SET_ITEM(sizes, i, size);
+        }
+        return Py_BuildValue("(Nn)", sizes, refused);
+    }
+    if (received == 0)
+        return PyList_New(0);
     PyObject *list = PyList_New(received), *peer = NULL;
     if (list == NULL)
         return NULL;

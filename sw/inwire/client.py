@@ -31,7 +31,7 @@ import select
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
@@ -52,6 +52,7 @@ from .datagram import (
     socket_drops,
 )
 from .errors import InwireError
+from .jobs import Endpoint, JobEntry
 from .kernel import compiled
 from .packets import build_frames
 from .plan.schedule_file import member_paths
@@ -61,6 +62,7 @@ from .protocol import (
     ELEMENT_DTYPE,
     FIELDS_BY_NAME,
     FRAME_OFFSETS,
+    JOB_VERSION,
     MAGIC,
     RESULT_TRAILER_BYTES,
     ROUTE_HOPS,
@@ -166,6 +168,14 @@ class CliqueKey:
     exponent: int
     max_cliques: int = 1
     """Most cliques in a round of the schedule: the slot layout's stride."""
+    token: int = 0
+    """The registered job's token (`jobs.JobEntry.token`): nonzero makes the sum's frames version 3
+    (`protocol.JOB_VERSION`), whose results count only with this token; 0: version 2, unregistered (the frame
+    carries the route: trees through hop fields, the lab)."""
+
+    @property
+    def version(self) -> int:
+        return JOB_VERSION if self.token else VERSION
 
 
 def contributions(quantized: npt.NDArray[np.integer] | Sequence[int], member: int, key: CliqueKey, chunk: int,
@@ -192,8 +202,11 @@ class Contributions(Sequence[bytes]):
             quantized = np.asarray(quantized, dtype=np.int32).astype(ELEMENT_DTYPE)
         self.elements, self.chunk, self.window, self.key = len(quantized), chunk, window, key
         self.chunks = -(-self.elements // chunk)
+        if key.token and route:
+            raise ValueError("a registered job's frames carry no route: its aggregators' tables hold it")
         self.common = dict(opcode=Opcode.CONTRIBUTION, sender=member, fanin=key.fanin, exponent=key.exponent,
-                           job=key.job, round=key.round, clique=key.clique, group=key.group, **(route or {}))
+                           job=key.job, round=key.round, clique=key.clique, group=key.group, version=key.version,
+                           token=key.token, **(route or {}))
         self.wire = np.ascontiguousarray(quantized).data.cast("B")
         self.templates: dict[int, bytes] = {}
 
@@ -221,8 +234,20 @@ class Contributions(Sequence[bytes]):
         return template
 
 
-_CHUNK_AT, _SLOT_AT, _OPCODE_AT = (FRAME_OFFSETS[name] - PAYLOAD_OFFSET for name in ("chunk", "slot", "opcode"))
-_CHUNK_FIELD, _SLOT_FIELD = (header_struct(name, name) for name in ("chunk", "slot"))
+_CHUNK_AT, _SLOT_AT, _OPCODE_AT, _TOKEN_AT = (FRAME_OFFSETS[name] - PAYLOAD_OFFSET
+                                              for name in ("chunk", "slot", "opcode", "token"))
+_CHUNK_FIELD, _SLOT_FIELD, _TOKEN_FIELD = (header_struct(name, name) for name in ("chunk", "slot", "token"))
+
+
+def _ours(payload: bytes | memoryview, version: int, want_version: int, token: int) -> bool:
+    """Whether a result (its header whole) of `version` is of the sum's version, and with a registered job's
+    `token` (nonzero) carries it."""
+    return version == want_version and (not token or _TOKEN_FIELD.unpack_from(payload, _TOKEN_AT)[0] == token)
+
+
+def job_slots(max_cliques: int, window: int, max_fanin: int) -> int:
+    """The quota a registered job needs: the schedule's slots and a roll-call record per member per clique."""
+    return slots_needed(max_cliques, window) + max_fanin * max_cliques
 
 
 def presence_slot(member: int, key: CliqueKey, window: int) -> int:
@@ -247,7 +272,7 @@ def _presence_payloads(key: CliqueKey, round_: int, clique: int, slots: Sequence
     """One-member, one-element roll-call records of clique `clique` at protocol round `round_`, in `slots`."""
     frames = build_frames(np.ones((len(slots), 1), dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=0, fanin=1,
                           exponent=0, job=key.job, round=round_, clique=clique, group=key.group,
-                          slot=np.array(slots), chunk=PRESENCE_CHUNK)
+                          slot=np.array(slots), chunk=PRESENCE_CHUNK, version=key.version, token=key.token)
     return payloads_of(frames)
 
 
@@ -284,7 +309,8 @@ class RollCall:
         """(job, protocol round, clique, slot) of a nearby record -> (member here, averaging round)."""
         self.nearby_requests: dict[int, list[bytes]] = {}
         for place in nearby:
-            there = CliqueKey(key.job, place.protocol_round, place.clique, key.group, key.fanin, 0, key.max_cliques)
+            there = CliqueKey(key.job, place.protocol_round, place.clique, key.group, key.fanin, 0, key.max_cliques,
+                              key.token)
             members = [m for m in place.positions if m != member and 0 <= m < key.fanin]
             slots = [presence_slot(place.positions[m], there, window) for m in members]
             for m, slot_, record in zip(members, slots, _presence_payloads(key, place.protocol_round, place.clique,
@@ -292,6 +318,7 @@ class RollCall:
                 self.places[(key.job, place.protocol_round, place.clique, slot_)] = (m, place.round)
                 self.nearby_requests.setdefault(m, []).append(_request(record))
         self.calls = 0
+        self.version, self.token = key.version, key.token
 
     def datagrams(self) -> list[bytes]:
         self.calls += 1
@@ -306,7 +333,8 @@ class RollCall:
         fields = RESULT_HEADER.unpack_from(payload)
         opcode = fields[2]
         job, round_, clique, slot_, offset = fields[7:12]
-        if opcode != Opcode.RESULT or offset != PRESENCE_CHUNK:
+        if opcode != Opcode.RESULT or offset != PRESENCE_CHUNK or not _ours(payload, fields[1], self.version,
+                                                                             self.token):
             return
         if (job, round_, clique) != self.owner:
             found = self.places.get((job, round_, clique, slot_))
@@ -358,6 +386,8 @@ class MemberSum:
     min_timeout_s: float | None = None
     retransmits: int = 0
     checked: int = 0
+    results_refused: int = 0
+    """Results a registered job's sum (`key.token` set) refused: another version, or another token."""
     failed_chunk: int | None = None
     wrong_chunks: set[int] = field(default_factory=set)
     overflowed_chunks: set[int] = field(default_factory=set)
@@ -530,8 +560,13 @@ class MemberSum:
             return ()
         (magic, version, opcode, _, fanin, exponent, contributors, job, round_, clique, _, offset, count, _, _,
          bitmap) = RESULT_HEADER.unpack_from(payload)
-        if (magic != MAGIC or version != VERSION or opcode != Opcode.RESULT
-                or len(payload) != RESULT_MIN_BYTES + ELEMENT_BYTES * count):
+        if magic != MAGIC or opcode != Opcode.RESULT:
+            return ()
+        if not _ours(payload, version, self.key.version, self.key.token):
+            # A registered job's member counts what it refuses: its aggregator sends it none of these.
+            self.results_refused += self.key.token != 0
+            return ()
+        if len(payload) != RESULT_MIN_BYTES + ELEMENT_BYTES * count:
             return ()
         if (job, round_, clique) != self.owner:
             return ()
@@ -573,7 +608,7 @@ class MemberSum:
 
 
 _LANE_FIELDS = ("magic", "version", "opcode", "fanin", "exponent", "contributors", "job", "round", "clique", "chunk",
-                "count", "bitmap")
+                "count", "bitmap", "token")
 """The result fields the compiled lane reads, in the order of its `enum LaneField` (inwire/_client.c)."""
 
 
@@ -612,9 +647,11 @@ class CompiledMemberSum(MemberSum):
         key, payloads = self.key, self.payloads
         if compiled is None or len(payloads) != -(-self.elements // self.chunk):
             return None
-        wanted = dict(magic=MAGIC, version=VERSION, opcode=Opcode.RESULT, fanin=key.fanin, exponent=key.exponent,
+        wanted = dict(magic=MAGIC, version=key.version, opcode=Opcode.RESULT, fanin=key.fanin, exponent=key.exponent,
                       contributors=key.fanin, job=key.job, round=key.round, clique=key.clique,
                       bitmap=(1 << key.fanin) - 1)
+        if key.token:  # compared, and a result without it counted as refused (`on_result`)
+            wanted["token"] = key.token
         expected = tuple(_field_contents(name, wanted[name]) if name in wanted else None for name in _LANE_FIELDS)
         if any(expected[_LANE_FIELDS.index(name)] is None for name in wanted):
             return None
@@ -648,15 +685,22 @@ def member_sum(*args: Any, **kwargs: Any) -> MemberSum:
     return (MemberSum if compiled is None else CompiledMemberSum)(*args, **kwargs)
 
 
-def _receive(sock: socket.socket, buffer: bytearray, slot: int) -> list[int]:
+def _receive(sock: socket.socket, buffer: bytearray, slot: int, source: Endpoint | None) -> tuple[list[int], int]:
     """Sizes of the datagrams waiting at `sock`, read without blocking into `buffer`, the i-th at i * slot:
-    with the compiled kernel up to RECEIVE_BATCH with one recvmmsg, else one; [] when none is waiting."""
+    with the compiled kernel up to RECEIVE_BATCH with one recvmmsg, else one; [] when none is waiting. With a
+    `source` (IPv4 address as an int, port), a datagram from any other peer gets size 0 and is counted: (sizes,
+    refused)."""
     if compiled is not None:
-        return compiled.recv_batch(sock.fileno(), buffer, slot, False)
+        if source is None:
+            return compiled.recv_batch(sock.fileno(), buffer, slot, False), 0
+        return compiled.recv_batch(sock.fileno(), buffer, slot, source)
     try:
-        return [sock.recv_into(buffer, slot, socket.MSG_DONTWAIT)]
+        size, (host, port) = sock.recvfrom_into(buffer, slot, socket.MSG_DONTWAIT)
     except BlockingIOError:
-        return []
+        return [], 0
+    if source is None or (ip_int(host), port) == source:
+        return [size], 0
+    return [0], 1
 
 
 def local_address_towards(address: Address) -> str:
@@ -690,12 +734,18 @@ class UdpMember:
     no result for ROLL_CALL_TIMEOUTS x `timeout_s` (or a quarter of `deadline_s`) calls the roll at the
     clique's root aggregator (`RollCall`) every `timeout_s` until it ends, so that its failure names the
     missing members. `loss` drops that fraction of outgoing datagrams on purpose (seeded by `seed`), for
-    measurements and tests."""
+    measurements and tests.
+
+    `entry` (or `join(entry)` later): the registered job (`jobs.JobEntry`, as `control.new_job` makes it) this
+    member belongs to; every sum then carries its id, token and group in version 3 frames without a route,
+    and takes a result only from the aggregator (host, port) it sent to and with the job's token; anything
+    else is ignored and counted (`results_refused`). Without one (or a key without a token) the sums are version 2, for
+    unregistered aggregators (trees through hop fields, the lab)."""
 
     def __init__(self, aggregators: Address | Mapping[str, Address], job: int = 1, chunk: int = DEFAULT_CHUNK,
                  window: int = DEFAULT_WINDOW, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int | None = None,
                  deadline_s: float = 30.0, bind: Address | None = None, multicast: bool = False, loss: float = 0.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, entry: JobEntry | None = None) -> None:
         if not (chunk >= 1 and window >= 1 and timeout_s > 0 and deadline_s > 0) or (retries is not None
                                                                                     and retries < 1):
             raise ValueError("chunk, window, timeout_s, retries and deadline_s must be positive")
@@ -704,7 +754,12 @@ class UdpMember:
         self.loss, self.loss_rng = loss, np.random.default_rng([seed, 0x1055])
         self.aggregators: dict[str | None, Address] = (dict(aggregators) if isinstance(aggregators, dict)
                                                         else {None: cast(Address, tuple(aggregators))})
-        self.job, self.chunk, self.window = job, chunk, window
+        self.entry = entry
+        self.job = job if entry is None else entry.job
+        self.chunk, self.window = chunk, window
+        self.results_refused = 0
+        """Datagrams this member refused as results of a registered job's sums: from another address than the
+        aggregator's it sent to, or (counted by the sums) without the job's version and token."""
         self.timeout_s, self.retries, self.deadline_s = timeout_s, retries, deadline_s
         first = next(iter(self.aggregators.values()))
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -729,6 +784,14 @@ class UdpMember:
     @property
     def address(self) -> Address:
         return self.socket.getsockname()
+
+    def join(self, entry: JobEntry) -> None:
+        """Become a member of registered job `entry` (see the class): its tables must name this member's
+        socket, whose address is known once the member is made (`address`)."""
+        if (ip_int(self.address[0]), self.address[1]) not in entry.members:
+            raise ClientError(f"job {entry.job} does not name this member's socket {self.address[0]}:"
+                              f"{self.address[1]} among its members, so the aggregator would drop its frames")
+        self.entry, self.job = entry, entry.job
 
     def close(self) -> None:
         self.socket.close()
@@ -757,6 +820,10 @@ class UdpMember:
         `key.round` is an attempt of an averaging (`average`), and messages name the averaging's round."""
         host, port = self.aggregators.get(city) or next(iter(self.aggregators.values()))
         destination = (host, port) if compiled is None else (socket.gethostbyname(host), port)
+        if self.entry is not None:
+            key = replace(key, job=self.entry.job, token=self.entry.token, group=self.entry.group)
+        # A registered job's results count only from the aggregator its contributions went to.
+        source = (ip_int(socket.gethostbyname(host)), port) if key.token else None
         payloads = Contributions(quantized, member, key, self.chunk, self.window, route)
         # The sums in numpy's memory, which takes huge pages for large arrays: a bytearray of 100 MB costs
         # 25,000 page faults as it fills.
@@ -796,7 +863,11 @@ class UdpMember:
                     roll_next = roll_at = now + min(self.timeout_s, quiet)
                 wait = max(0.0, min(run.next_deadline() or now, began + self.deadline_s, roll_at) - now)
                 for ready in select.select(sockets, [], [], wait)[0]:
-                    while sizes := _receive(ready, buffer, slot):
+                    while True:
+                        sizes, refused = _receive(ready, buffer, slot, source)
+                        if not sizes:
+                            break
+                        self.results_refused += refused
                         now = time.monotonic()
                         sends = run.on_results(view, sizes, slot, now)
                         if roll is not None:
@@ -807,6 +878,7 @@ class UdpMember:
             if membership is not None and self.listener is not None:
                 self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, membership)
             self.retransmits += run.retransmits
+            self.results_refused += run.results_refused
         if run.wrong_chunks:
             raise ClientError(f"{_round(key, averaging)}, clique {key.clique}: results of chunks "
                               f"{sorted(run.wrong_chunks)[:5]} do not hold the whole clique of {key.fanin} at "
@@ -896,7 +968,7 @@ class UdpMember:
         for attempt in range(ATTEMPTS):
             exponent, elements = encode(vector, bound, key.fanin, ELEMENT_DTYPE)
             attempt_key = CliqueKey(key.job, key.round * ATTEMPTS + attempt, key.clique, key.group, key.fanin,
-                                    exponent, key.max_cliques)
+                                    exponent, key.max_cliques, key.token)
             run = self._run(attempt_key, member, elements, city, route, members, in_place=True, nearby=places,
                             averaging=True)
             # Decoded in place too: the average is float32 over the sums' memory (one vector's pages in all).

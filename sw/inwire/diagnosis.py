@@ -51,7 +51,12 @@ def diagnose(report, target_kind, largest_clique, failed_slot=None, kernel=None)
     if kernel.get("islands"):
         lines.append(f"the kernel dropped {kernel['islands']} datagrams at the islands' sockets (receive buffer "
                      f"full); lower --window")
-    if (target_kind == "udp" and moved.get("results_emitted") and report["results_checked"] == 0):
+    if report.get("results_refused"):
+        lines.append(f"the islands refused {report['results_refused']} datagrams as results of their job: from "
+                     f"another address than the aggregator's they sent to, or without the job's token (a relay or "
+                     f"NAT between them and the aggregator: run with --unregistered)")
+    elif (target_kind == "udp" and not report.get("registered") and moved.get("results_emitted")
+            and report["results_checked"] == 0):
         lines.append(f"the aggregator sent {moved['results_emitted']} results but none reached the islands: it "
                      f"multicasts them to each clique's group, which is not routed here; on one machine start "
                      f"inwire serve with --unicast")

@@ -20,6 +20,7 @@ workload (seeded gradients, the sums to expect), the rounds in lock step, the tr
 """
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
 
@@ -74,6 +75,9 @@ MAX_TIMEOUT_MS = 60_000
 MAX_FRAMES = {"pcap": 1 << 20, "sim": 1 << 17}
 """Most contributions a run may send to an in-process aggregator: the golden model takes ~0.25 ms a frame
 (a million frames: minutes, a capture of ~1 GB), the gateware in co-simulation far longer."""
+
+
+UNREGISTRABLE_JOB = "--job 0 cannot be registered: a registered job's id is a nonzero 32-bit number"
 
 
 class StreamError(InwireError):
@@ -230,6 +234,9 @@ class StreamConfig:
     chunk: int = DEFAULT_CHUNK
     retries: int = DEFAULT_RETRIES
     job: int = 1
+    token: int = 0
+    """A registered job's token (`control.new_job`): the islands send version 3 frames carrying it, to the job's
+    group 0 (results as unicast copies), and take only results that carry it; 0: version 2, unregistered."""
 
     def __post_init__(self):
         if self.rounds <= 0:
@@ -258,6 +265,28 @@ class StreamConfig:
             raise StreamError(f"--retries must be positive, got {self.retries}")
         if not 0 <= self.job < 2**32:
             raise StreamError(f"--job must fit 32 bits, got {self.job}")
+        if not 0 <= self.token < 2**64:
+            raise StreamError(f"a job's token must fit 64 bits, got {self.token}")
+        if self.token and not self.job:
+            raise StreamError(UNREGISTRABLE_JOB)
+
+
+def stats_patience(config):
+    """(first wait, budget) in seconds: how long the first request to the aggregator waits for its answer, and
+    how long it is asked in all: as long as a round waits for a chunk's result (timeout times retries)."""
+    return (max(config.timeout_ms / 1000, STATS_FIRST_WAIT_S),
+            max(config.timeout_ms / 1000 * config.retries, STATS_MIN_BUDGET_S))
+
+
+REGISTRATION_RETRIES = 100
+"""The most retries `control.register` takes."""
+
+
+def registration_patience(config):
+    """(timeout_s, retries) of a registration (`control.JobLease`): asked as long as the counters are
+    (`stats_patience`, up to REGISTRATION_RETRIES more tries), so that a stalled aggregator is waited for alike."""
+    wait, budget = stats_patience(config)
+    return wait, min(REGISTRATION_RETRIES, max(1, math.ceil(budget / wait) - 1))
 
 
 def available_memory():
@@ -336,7 +365,9 @@ class Workload:
         period_round = round_ % len(self.plan.period)
         for c, (members, aggregator) in enumerate(self.plan.period[period_round]):
             if island in members:
-                return CliqueRound(round_, c, members, aggregator, clique_group(period_round, c),
+                # A registered job's results go to its group, 0: a unicast copy to each member.
+                group = 0 if self.config.token else clique_group(period_round, c)
+                return CliqueRound(round_, c, members, aggregator, group,
                                    choose_exponent(GRADIENT_BOUND, len(members)), self.routes.get((period_round, c)))
         return None
 
@@ -365,7 +396,7 @@ class Workload:
     def key(self, clique):
         """What every member of `clique` agrees on for its sum."""
         return client.CliqueKey(self.config.job, clique.round, clique.clique, clique.group, len(clique.members),
-                                clique.exponent, self.max_cliques)
+                                clique.exponent, self.max_cliques, self.config.token)
 
     def payloads(self, island, clique):
         """UDP payloads of the island's contributions for the round, one per chunk, built in bulk."""
@@ -380,6 +411,7 @@ class RoundTally:
     dropped: int = 0
     wrong: int = 0
     checked: int = 0
+    refused: int = 0
     failure: str = None
     failed_slot: int = None
 
@@ -457,6 +489,7 @@ class Island:
             self.sum = None
             tally.retransmits += member_sum.retransmits
             tally.checked += member_sum.checked
+            tally.refused += member_sum.results_refused
             self.transport.unsubscribe(self.name, clique.group)
         sums = self.finish_round(member_sum, expected)
         average = dequantize(sums, clique.exponent, len(clique.members))
@@ -533,9 +566,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         """Counters of every aggregator (city -> counters; one aggregator: None -> counters), and what was seen
         of those that never answered (city -> `StatsSilence`)."""
         nonlocal stats_future
-        first_wait = max(config.timeout_ms / 1000, STATS_FIRST_WAIT_S)
-        # Asked for as long as a round waits for a chunk's result (its timeout times its retries).
-        budget = max(config.timeout_ms / 1000 * config.retries, STATS_MIN_BUDGET_S)
+        first_wait, budget = stats_patience(config)
         counters, silent = {}, {}
         for city in (sorted(addresses) if addresses else [None]):
             stats_future = asyncio.get_running_loop().create_future()
@@ -571,7 +602,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
             reports.append({"round": round_, "cliques": len(plan.cliques(round_)), "time_ms": elapsed * 1e3,
                             "gradient_bytes": gradient_bytes, "goodput_bytes_per_s": gradient_bytes / elapsed,
                             "retransmits": tally.retransmits, "dropped": tally.dropped,
-                            "results_checked": tally.checked, "wrong": tally.wrong,
+                            "results_checked": tally.checked, "results_refused": tally.refused, "wrong": tally.wrong,
                             "finished": tally.failure is None, **({"failure": tally.failure} if tally.failure else {})})
             progress(round_)
             if tally.failure:
@@ -602,6 +633,8 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         "goodput_bytes_per_s": sum(r["gradient_bytes"] for r in reports) / total_s if total_s else 0.0,
         "retransmits": sum(r["retransmits"] for r in reports), "dropped": sum(r["dropped"] for r in reports),
         "results_checked": sum(r["results_checked"] for r in reports), "wrong_results": wrong,
+        "results_refused": sum(r["results_refused"] for r in reports) + getattr(transport, "results_refused", 0),
+        "registered": config.token != 0,
         "finished": finished, "bit_exact": finished and wrong == 0,
         "model_spread": float(np.max(models.max(axis=0) - models.min(axis=0))),
         "aggregator": aggregator, "kernel_drops": kernel, "send_errors": send_errors,

@@ -14,6 +14,7 @@ import asyncio
 import socket
 from dataclasses import dataclass, replace
 
+from .client import local_address_towards
 from .datagram import (
     MAX_DATAGRAM,
     PAYLOAD_HEADER_BYTES,
@@ -86,6 +87,28 @@ class UdpTransport:
         """recvmmsg/sendmmsg through the compiled kernel (default: when it is built)."""
         self.readers, self.listeners = {}, {}
         self.send_errors = 0
+        self.sources = None
+        """island -> (IPv4 address as an int, port) it takes datagrams from (`bind_islands`); None: any."""
+        self.results_refused = 0
+        """Datagrams refused for coming from elsewhere than the island's target."""
+
+    def bind_islands(self):
+        """Open each island's socket now, bound to the local address that routes to its target, and take
+        datagrams only from that target from then on (a registered job's members: what the job's tables
+        name, and the only source of its results). {island: (host, port)} of the sockets."""
+        self.sources = {}
+        for island, target in self.targets.items():
+            host = socket.gethostbyname(target[0])
+            if island not in self.sockets:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                try:
+                    sock.bind((local_address_towards((host, target[1])), 0))
+                except OSError:
+                    sock.close()
+                    raise
+                self.sockets[island] = sock
+            self.sources[island] = (ip_int(host), target[1])
+        return {island: sock.getsockname() for island, sock in self.sockets.items()}
 
     async def start(self, deliver, deliver_batch=None):
         self.loop = asyncio.get_running_loop()
@@ -122,13 +145,17 @@ class UdpTransport:
         if self.batch_io:
             return self._drain_batched(island, sock)
         deliver, buffer, view = self.deliver, self.buffer, self.view
+        source = None if self.sources is None else self.sources[island]
         for _ in range(DRAIN_BATCH):
             try:
-                size = sock.recv_into(buffer)
+                size, (host, port) = sock.recvfrom_into(buffer)
             except BlockingIOError:
                 return
             except OSError:
                 # ICMP errors (port unreachable) on a UDP socket: the timeouts deal with the silence.
+                continue
+            if source is not None and (ip_int(host), port) != source:
+                self.results_refused += 1
                 continue
             deliver(island, view[:size])
 
@@ -136,13 +163,17 @@ class UdpTransport:
         """recvmmsg in, and what the islands send in answer leaves with one sendmmsg per socket."""
         deliver, deliver_batch = self.deliver, self.deliver_batch
         buffer, view, slot = self.batch_buffer, self.batch_view, self.SLOT
+        source = False if self.sources is None else self.sources[island]
         self.pending = pending = {}
         try:
             for _ in range(DRAIN_BATCH // BATCH):
                 try:
-                    sizes = compiled.recv_batch(sock.fileno(), buffer, slot, False)
+                    sizes = compiled.recv_batch(sock.fileno(), buffer, slot, source)
                 except OSError:
                     continue
+                if source:  # datagrams from elsewhere have size 0, which no island reads
+                    sizes, refused = sizes
+                    self.results_refused += refused
                 if not sizes:
                     break
                 if deliver_batch is not None:
@@ -179,7 +210,7 @@ class UdpTransport:
 
     def _membership(self, island, group, option):
         listener = self.listeners.get(island)
-        if listener is not None:
+        if listener is not None and group:
             request = socket.inet_aton(ip_str(group)) + socket.inet_aton(self.multicast_iface)
             listener.setsockopt(socket.IPPROTO_IP, option, request)
 

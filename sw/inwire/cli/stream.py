@@ -6,13 +6,25 @@ FILE a JSON object {"CITY": "IPv4:PORT", ...} on one port: the islands follow th
 trees), pcap:FILE (the golden model, frames written to a capture), sim:icarus|verilator[:WIDTH] (the
 gateware in co-simulation; one per aggregator city when the schedule has trees) and iface:NAME (raw
 frames through a NIC, root). A target with one aggregator sums every clique flat and ignores the trees.
+
+Against udp://HOST:PORT the run is a registered job (docs/protocol.md, Registered jobs): a random job id
+and token, the islands' sockets as its members and the slots the run needs as its quota, registered with
+the aggregator (`inwire serve`, the operator key of `control.load_key`) before the first datagram, renewed
+while it runs and torn down after; the islands send version 3 frames and take results only from that
+address with the job's token. --unregistered sends version 2 frames instead, registering nothing (an
+aggregator that takes unregistered frames, behind a relay or NAT that changes the islands' addresses).
+Trees (udp:FILE) still send version 2 frames, whose hop fields carry the route, to aggregators that take
+unregistered frames: their tables are a later step.
 """
 
+import contextlib
 import json
-import os
+import secrets
 import sys
+from dataclasses import replace
 
 from .. import extras, progress
+from ..control import JobLease, new_job
 from ..datagram import ip_int
 from ..output import check_outputs_apart, check_writable
 from ..stream import (
@@ -20,6 +32,7 @@ from ..stream import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_MS,
     DEFAULT_WINDOW,
+    UNREGISTRABLE_JOB,
     StreamConfig,
     StreamError,
     Workload,
@@ -29,6 +42,7 @@ from ..stream import (
     load_plan,
     make_transport,
     parse_target,
+    registration_patience,
     run_stream,
 )
 from .options import decimal, topology_file, whole
@@ -60,7 +74,13 @@ def add_arguments(parser):
     parser.add_argument("--chunk", type=whole("--chunk"), default=DEFAULT_CHUNK, metavar="N",
                         help="elements per frame (at most the aggregator's maximum)")
     parser.add_argument("--job", type=whole("--job"), default=None, metavar="ID",
-                        help="job identifier (default: random, or 1 for pcap: and sim:)")
+                        help="job identifier (default: random; pass one for a capture that repeats byte for byte). "
+                             "With udp://HOST:PORT the job is registered there with a random token and the "
+                             "islands send version 3 frames; with udp:FILE (trees) they send version 2, unregistered")
+    parser.add_argument("--unregistered", action="store_true",
+                        help="with udp://HOST:PORT: send version 2 frames and register no job (for an aggregator "
+                             "that takes unregistered frames, through a relay or NAT that changes the islands' "
+                             "addresses, which a job's member table would not name)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -73,8 +93,11 @@ def run(args):
     if target.kind == "pcap":
         check_outputs_apart({"--target pcap:": target.value},
                             {"--schedule": args.schedule, "its topology": topology_file(plan.topology.source)})
-    reproducible = target.kind in ("pcap", "sim")
-    job = args.job if args.job is not None else (1 if reproducible else int.from_bytes(os.urandom(4), "big"))
+    # One aggregator over UDP: a registered job. Trees keep version 2 (their routes travel in the frames).
+    registered = target.kind == "udp" and not isinstance(target.value, dict) and not args.unregistered
+    if registered and args.job == 0:
+        raise StreamError(UNREGISTRABLE_JOB)
+    job = args.job if args.job is not None else 1 + secrets.randbelow(2**32 - 1)
     config = StreamConfig(rounds=args.rounds, elements=args.elements, seed=args.seed, loss=args.loss,
                           window=args.window, timeout_ms=args.timeout_ms, chunk=args.chunk, retries=args.retries,
                           job=job)
@@ -97,7 +120,16 @@ def run(args):
     if target.kind == "pcap":
         check_writable(target.value, "--target pcap:")
     transport = make_transport(target, plan, workload.slots_needed, config)
-    with progress.counting(config.rounds, "round") as advance:
+    lease = contextlib.nullcontext()
+    if registered:
+        # The job's members are the islands' sockets, opened now, before it is registered.
+        entry = new_job(transport.bind_islands().values(), workload.slots_needed)
+        if args.job is not None:
+            entry = replace(entry, job=args.job)
+        config = replace(config, job=entry.job, token=entry.token)
+        timeout_s, retries = registration_patience(config)
+        lease = JobLease(target.value, entry, timeout_s=timeout_s, retries=retries)
+    with lease, progress.counting(config.rounds, "round") as advance:
         report = run_stream(plan, config, transport, lambda _round: advance(), target.kind)
     if target.kind == "pcap":
         transport.write_capture()

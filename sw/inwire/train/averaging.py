@@ -31,6 +31,7 @@ import torch
 from ..client import DEFAULT_CHUNK, DEFAULT_WINDOW, ClientError, CliqueKey, UdpMember, clique_group, clique_routes
 from ..codec_average import ATTEMPTS, AveragingError
 from ..datagram import Address, ip_int
+from ..jobs import JobEntry
 from ..plan.schedule_file import ScheduleFile
 from ..protocol import MAX_FANIN
 from .outer import OuterOptimizer
@@ -72,12 +73,15 @@ class InwireExchange:
     (sums are re-sent at a raised bound when it is too small). `deadline_s` bounds one averaging, from this
     island's first send to its last result: that includes waiting for the slowest member of its clique to
     arrive (at the first averaging, its whole start-up), so its default is torch's own collective timeout
-    (10 minutes), not a network round trip. The other keywords go to `UdpMember`."""
+    (10 minutes), not a network round trip. `entry` (or `join(entry)` once `address` is known): the
+    registered job (`jobs.JobEntry`) this island is a member of, at one aggregator: its averagings are then
+    version 3 frames with the job's token, and results count only from that aggregator with the token
+    (`UdpMember`). The other keywords go to `UdpMember`."""
 
     def __init__(self, aggregators: Address | Mapping[str, Address], job: int = 1, bound: float = 16.0,
                  chunk: int = DEFAULT_CHUNK, window: int = DEFAULT_WINDOW, timeout_s: float = 0.2,
                  deadline_s: float = DEFAULT_DEADLINE_S, bind: Address | None = None, multicast: bool = False,
-                 retries: int | None = None, loss: float = 0.0, seed: int = 0) -> None:
+                 retries: int | None = None, loss: float = 0.0, seed: int = 0, entry: JobEntry | None = None) -> None:
         if not bound > 0:
             raise ValueError(f"bound must be positive, got {bound}")
         self.bound = bound
@@ -85,6 +89,20 @@ class InwireExchange:
                                 retries=retries, deadline_s=deadline_s, bind=bind, multicast=multicast, loss=loss,
                                 seed=seed)
         self.cities = {city: ip_int(host) for city, (host, _) in self.client.aggregators.items() if city is not None}
+        if entry is not None:
+            self.join(entry)
+
+    @property
+    def address(self) -> Address:
+        """Where this island's datagrams come from: what a registered job names as its member."""
+        return self.client.address
+
+    def join(self, entry: JobEntry) -> None:
+        """Average as a member of registered job `entry` from now on."""
+        if self.cities:
+            raise ValueError("a registered job sums at one aggregator: its frames carry no route for per-city "
+                             "aggregators and trees, which take unregistered frames")
+        self.client.join(entry)
 
     def close(self) -> None:
         self.client.close()

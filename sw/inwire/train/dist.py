@@ -18,11 +18,14 @@ aggregator's HOST:PORT (`--server`) and the same schedule file.
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import pathlib
 import re
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -169,10 +172,21 @@ def _stop(processes: Iterable[subprocess.Popen[bytes]]) -> None:
 def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.PathLike[str],
                    out_dir: str | os.PathLike[str], nproc: int, steps: int, period: int, seed: int, alpha: str,
                    timeout_s: float, outer_lr: float = 1.0, outer_momentum: float = 0.0, hidden: int = 32,
-                   hook: bool = False, bucket_mb: float = 25.0, log_gradients: bool = False) -> None:
-    """Run one torchrun per island and wait for all; raises DistributedRunError on failure or timeout."""
+                   hook: bool = False, bucket_mb: float = 25.0, log_gradients: bool = False,
+                   job: int | None = None, register: bool = True) -> None:
+    """Run one torchrun per island and wait for all; raises DistributedRunError on failure or timeout. Every
+    island gets the same `job` id, by default a random one drawn for this launch: two launches on one
+    aggregator never share a job's slots. With one aggregator (`server` HOST:PORT) and `register`, the launch
+    is a registered job there (`registration`; ControlError when the aggregator refuses it or never answers);
+    `register` False, or per-city aggregators: unregistered frames."""
     processes: list[subprocess.Popen[bytes]] = []
     logs: dict[str, pathlib.Path] = {}
+    job = 1 + secrets.randbelow(2**32 - 1) if job is None else job
+    binds, environment, lease = (registration(islands, server, schedule_path, hook, job) if register
+                                 else ({}, {}, contextlib.nullcontext()))
+    # Registered (one aggregator) for as long as the islands run: renewed meanwhile, torn down after.
+    registered = contextlib.ExitStack()
+    registered.enter_context(lease)
     try:
         for island in islands:
             logs[island] = pathlib.Path(out_dir) / f"{island}.log"
@@ -181,14 +195,15 @@ def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.
                        "--server", server, "--out-dir", str(out_dir), "--steps", str(steps),
                        "--period", str(period), "--seed", str(seed), "--alpha", alpha,
                        "--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum), "--hidden", str(hidden),
-                       "--timeout", str(max(5.0, timeout_s / 4)),
+                       "--timeout", str(max(5.0, timeout_s / 4)), "--job", str(job),
+                       *(["--bind", binds[island]] if binds else []),
                        *(["--hook", "--bucket-mb", str(bucket_mb)] if hook else []),
                        *(["--log-gradients"] if hook and log_gradients else [])]
             with open(logs[island], "w") as log:
                 # A session per island, so that its torchrun and every rank can be stopped together.
                 processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                   start_new_session=True,
-                                                  env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                  env={**os.environ, **environment, "OMP_NUM_THREADS": "1",
                                                        # a rank that aborts in C++ leaves its Python stack in the log
                                                        "PYTHONFAULTHANDLER": "1"}))
         deadline = time.monotonic() + timeout_s
@@ -209,6 +224,40 @@ def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.
             time.sleep(0.1)
     finally:
         _stop(processes)
+        registered.close()
+
+
+def registration(islands: Sequence[str], server: str, schedule_path: str | os.PathLike[str], hook: bool,
+                 job: int) -> tuple[dict[str, str], dict[str, str], contextlib.AbstractContextManager[Any]]:
+    """What registers a launch with one aggregator (`server` HOST:PORT) as job `job`: each island's rank-0
+    socket address (a free port of the local address towards the aggregator), the islands' environment
+    (the job, with its token, in `island.JOB_VARIABLE`) and the `JobLease` (a random token; the quota of the
+    schedule's cliques, or of the hook's most buckets, and their roll calls for its largest clique). Per-city
+    aggregators (trees) take unregistered frames: nothing to register ({}, {}, a null context)."""
+    from ..client import DEFAULT_WINDOW, job_slots, local_address_towards
+    from ..control import JobLease, entry_to_json, new_job
+    from ..plan.schedule_file import load_schedule_file
+    from .ddp import default_buckets
+    from .island import JOB_VARIABLE, aggregators_of
+
+    aggregator = aggregators_of(server)
+    if isinstance(aggregator, dict):
+        return {}, {}, contextlib.nullcontext()
+    local = local_address_towards(aggregator)
+    binds = {island: (local, _free_port(local)) for island in islands}
+    schedule = load_schedule_file(schedule_path)
+    fanin = max(len(members) for cliques in schedule.period for members, _ in cliques)
+    cliques = default_buckets(len(schedule.islands)) if hook else max(len(cliques) for cliques in schedule.period)
+    entry = dataclasses.replace(new_job(binds.values(), job_slots(cliques, DEFAULT_WINDOW, fanin)), job=job)
+    return ({island: f"{host}:{port}" for island, (host, port) in binds.items()},
+            {JOB_VARIABLE: json.dumps(entry_to_json(entry))}, JobLease(aggregator, entry))
+
+
+def _free_port(host: str) -> int:
+    """A UDP port free at `host` now (an island binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 SERVE_START_S = 30.0

@@ -11,6 +11,8 @@ through `inwire_hook` at every step instead (synchronous data parallelism across
 islands in the schedule's clique of every island. Each rank writes what it sent and received at every
 averaging or bucket (`<island>-rank<r>.npz`: digests, and on rank 0 the vectors sent), and rank 0 the
 island's test accuracy and a digest of its final parameters (`<island>.json`), for the launcher to check.
+With $INWIRE_JOB (a registered job, as the launcher registers it for one aggregator) rank 0 averages from
+`--bind` as a member of that job: version 3 frames with its token (`InwireExchange.join`).
 """
 
 import argparse
@@ -31,6 +33,36 @@ if TYPE_CHECKING:
     import torch
 
     from ..datagram import Address
+    from ..jobs import JobEntry
+
+
+JOB_VARIABLE = "INWIRE_JOB"
+"""The registered job an island is a member of, as the control plane's JSON (`control.entry_to_json`, with the
+token): from the environment, which other users cannot read, unlike the command line."""
+
+
+def registered_job(parser: argparse.ArgumentParser, args: argparse.Namespace, text: str) -> "JobEntry":
+    """The job of ${JOB_VARIABLE}, checked against --job and --bind (one of its members)."""
+    from ..control import entry_from_json
+    from ..datagram import ip_int, parse_endpoint
+
+    try:
+        body = json.loads(text)
+        entry = entry_from_json(body if isinstance(body, dict) else {})
+    except ValueError as error:  # not JSON, or a field the control plane would refuse
+        parser.error(f"${JOB_VARIABLE}: {str(error).splitlines()[0]}")
+    if entry.job != args.job:
+        parser.error(f"${JOB_VARIABLE} holds job {entry.job}, --job says {args.job}")
+    if args.bind is None:
+        parser.error(f"${JOB_VARIABLE} needs --bind, the member address its registration names for this island")
+    try:
+        host, port = parse_endpoint(args.bind, "--bind")
+    except ValueError as error:
+        parser.error(str(error))
+    if (ip_int(host), port) not in entry.members:
+        parser.error(f"--bind {args.bind} is not a member of job {entry.job}")
+    args.bind = (host, port)
+    return entry
 
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -50,7 +82,12 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=0.2)
     parser.add_argument("--outer-lr", type=float, default=1.0)
     parser.add_argument("--outer-momentum", type=float, default=0.0)
-    parser.add_argument("--job", type=int, default=1)
+    parser.add_argument("--job", type=int, required=True,
+                        help="the training's job id, the same on every island (the launcher draws a random one): "
+                             "trainings that share an aggregator need ids of their own")
+    parser.add_argument("--bind", default=None, metavar="HOST:PORT",
+                        help=f"rank 0's socket towards the aggregator: with ${JOB_VARIABLE}, the member address the "
+                             f"job's registration names")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any collective or averaging may take")
     parser.add_argument("--backend", default="", help="gloo or nccl (default: nccl with CUDA, else gloo)")
     parser.add_argument("--hook", action="store_true",
@@ -60,6 +97,10 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="with --hook, every rank also logs its own bucket before the hook (a model's worth "
                              "per step and rank), so that the launcher checks the island means too")
     args = parser.parse_args(argv)
+    args.entry = None
+    text = os.environ.get(JOB_VARIABLE)
+    if text is not None:
+        args.entry = registered_job(parser, args, text)
     # Made before any training: a folder that cannot be written would otherwise lose the whole run's log at the end.
     try:
         pathlib.Path(args.out_dir).mkdir(parents=True, exist_ok=True)
@@ -148,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rank == 0:
             # Half the group's timeout: rank 0 gives up on inwire while the other ranks still wait in the
             # status broadcast, so that they hear why instead of timing out on their own.
-            exchange = InwireExchange(aggregators_of(args.server), job=args.job, deadline_s=args.timeout / 2)
+            exchange = InwireExchange(aggregators_of(args.server), job=args.job, deadline_s=args.timeout / 2,
+                                      bind=args.bind, entry=args.entry)
         # Every rank logs digests; rank 0 also the vectors sent, from which the launcher recomputes the average.
         # With the hook only rank 0 sees the island's mean and the average before they reach the bucket.
         digests = ("sent_sha", "average_sha", "after_sha") if rank == 0 or not args.hook else ("after_sha",)
