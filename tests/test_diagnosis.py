@@ -60,20 +60,21 @@ def test_chunk_above_the_servers_maximum_is_named(serve, schedule, capsys):
 
 def test_a_server_without_unicast_on_one_machine_is_named(serve, schedule, capsys):
     # Unregistered: a registered job's results go to its members whatever --unicast says.
-    code, err = stream(capsys, serve(), schedule, "--unregistered")
+    code, err = stream(capsys, serve("--unregistered"), schedule, "--unregistered")
     assert code == 1
     assert "none reached the islands" in err and "start inwire serve with --unicast" in err
 
 
 def test_too_few_slots_are_named(serve, schedule, capsys):
     # Unregistered: a registered job's quota is refused at its registration (tests/test_stream.py).
-    code, err = stream(capsys, serve("--unicast", "--slots", "8"), schedule, "--elements", "2048", "--unregistered")
+    code, err = stream(capsys, serve("--unicast", "--slots", "8", "--unregistered"), schedule, "--elements", "2048",
+                       "--unregistered")
     assert code == 1
     assert "drop_slot" in err and "--slots 32" in err
 
 
 def test_a_collision_with_another_job_names_the_slot(serve, schedule, capsys):
-    target = serve("--unicast")
+    target = serve("--unicast", "--unregistered")
     host, port = target[len("udp://"):].split(":")
     # Another job's first of two contributions to slot 0, whose second never comes: the slot stays claimed.
     stray = build_frames(np.zeros((1, 256), dtype=np.int32), opcode=Opcode.CONTRIBUTION, sender=0, fanin=2,

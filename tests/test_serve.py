@@ -112,7 +112,8 @@ def test_stats_request_over_the_socket(server):
 
 
 def _start_service(*extra):
-    process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", "127.0.0.1:0", *extra],
+    process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", "127.0.0.1:0", "--unregistered",
+                                *extra],
                                stderr=subprocess.PIPE, text=True)
     line = process.stderr.readline()
     assert "listening on udp://127.0.0.1:" in line, line

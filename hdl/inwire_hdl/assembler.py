@@ -9,6 +9,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from inwire.model import JOB_DISPOSITIONS
 from inwire.protocol import (
     COUNTERS,
     ELEMENT_BYTES,
@@ -309,7 +310,9 @@ class OutputAssembler(wiring.Component):
                 final = Mux(s.bad, Disposition.DROP_LENGTH, s.disp)
                 index = {name: i for i, name in enumerate(COUNTERS)}
                 increments = self.counter_increments(done)
-                for disposition in Disposition:
+                # The job dispositions never occur without job tables: their counters stay 0, as the model's
+                # do for an aggregator without tables, and cost no logic.
+                for disposition in (d for d in Disposition if d not in JOB_DISPOSITIONS):
                     counter = counters[index[disposition.name.lower()]]
                     with m.If(final == disposition):
                         m.d.sync += counter.eq(counter + 1)

@@ -84,8 +84,8 @@ def aggregator_goodput(islands=2, serve_options=(), elements=ELEMENTS, chunk=DEF
     port = free_port()
     environment = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     service = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", f"127.0.0.1:{port}", "--unicast",
-                                "--max-elements", str(chunk), *serve_options], stderr=subprocess.PIPE, text=True,
-                               env=environment)
+                                "--max-elements", str(chunk), "--unregistered", *serve_options],
+                               stderr=subprocess.PIPE, text=True, env=environment)
     try:
         if "listening on" not in service.stderr.readline():
             raise RuntimeError("inwire serve did not start")

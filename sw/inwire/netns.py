@@ -154,6 +154,7 @@ class Lab:
         self.service = subprocess.Popen(
             ["ip", "netns", "exec", self.aggregator, sys.executable, "-m", "inwire", "serve",
              "--listen", f"{AGGREGATOR_IP}:{INWIRE_PORT}", "--multicast-iface", AGGREGATOR_IP, "--slots", str(slots),
+             "--unregistered",
              *(["--unicast"] if unicast else [])],
             stderr=subprocess.PIPE, text=True, env=package_environment())
         await_listening(self.service, "the aggregator")

@@ -43,11 +43,13 @@ from .protocol import (
     FAULT_DROP_COUNTERS,
     INT32_MAX,
     INT32_MIN,
+    JOB_VERSION,
     JUMBO_ELEMENTS_PER_FRAME,
     MAX_ELEMENTS_PER_FRAME,
     MAX_FANIN,
     MTU_BYTES,
     RETRANSMISSION_DROP_COUNTERS,
+    VERSION,
     Opcode,
 )
 from .simulators import parse_simulator
@@ -567,11 +569,12 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         of those that never answered (city -> `StatsSilence`)."""
         nonlocal stats_future
         first_wait, budget = stats_patience(config)
+        stats_version = JOB_VERSION if config.token else VERSION
         counters, silent = {}, {}
         for city in (sorted(addresses) if addresses else [None]):
             stats_future = asyncio.get_running_loop().create_future()
             answer = await transport.stats(plan.islands[0], stats_future, first_wait, budget,
-                                           *(() if city is None else (city,)))
+                                           *(() if city is None else (city,)), version=stats_version)
             if isinstance(answer, StatsSilence):
                 silent[city], answer = answer, None
             counters[city] = answer

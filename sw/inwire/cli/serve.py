@@ -7,9 +7,11 @@ datagram is wrapped in the frame it would have been on the wire and handed to th
 --unicast, to each member); a partial of a reduction tree goes to the next aggregator up, at its address
 and this service's port.
 
-Jobs registered with `inwire job register` (authenticated with the operator key) count beside the
-unregistered frames of versions 1 and 2, which --no-unregistered refuses: an aggregator shared by jobs
-that do not trust each other should take registered jobs only.
+Only registered jobs count (registered with `inwire job register`, or by `inwire stream` and the
+launchers on their own, authenticated with the operator key). --unregistered also takes the unregistered
+frames of versions 1 and 2, whose headers configure their slot and route: for captures, trees and the lab,
+never on an aggregator shared by jobs that do not trust each other. With --sim the gateware decides, and it
+holds no job tables yet: it takes unregistered frames only.
 """
 
 import argparse
@@ -61,10 +63,11 @@ def add_arguments(parser):
     parser.add_argument("--receive-buffer", type=whole("--receive-buffer"), default=DEFAULT_RECEIVE_BUFFER,
                         metavar="BYTES",
                         help="socket receive buffer; must hold islands x window datagrams")
-    parser.add_argument("--unregistered", action=argparse.BooleanOptionalAction, default=True,
-                        help="take unregistered frames (versions 1 and 2, whose headers configure their slot: "
-                             "captures and the lab) beside registered jobs; --no-unregistered takes only jobs "
-                             "registered with inwire job register")
+    parser.add_argument("--unregistered", action=argparse.BooleanOptionalAction, default=False,
+                        help="also take unregistered frames (versions 1 and 2, whose headers configure their slot "
+                             "and route: captures, trees and the lab) beside registered jobs; without it only jobs "
+                             "registered with inwire job register (or by inwire stream and the launchers) count. "
+                             "With --sim always on: the gateware holds no job tables yet")
     parser.add_argument("--key-file", default=None, metavar="PATH",
                         help=f"operator key that registrations must be signed with (default: ${control.KEY_ENV}, "
                              f"else ~/.config/inwire/operator.key; made on first use)")
@@ -104,7 +107,8 @@ def run(args):
         kwargs["make_aggregator"] = lambda config: CoSimulation(sim, width, config)
     server = SoftwareAggregator(listen, unicast=args.unicast, slots=args.slots, max_elements=args.max_elements,
                                 multicast_iface=args.multicast_iface, lease=args.lease, upstream=args.upstream,
-                                stats_from=args.stats_from, registered=True, unregistered=args.unregistered,
+                                stats_from=args.stats_from, registered=not args.sim,
+                                unregistered=args.unregistered or bool(args.sim),
                                 key=key, **kwargs)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: server.stop())
@@ -114,8 +118,8 @@ def run(args):
     server.log(f"inwire serve: listening on udp://{host}:{port}, {server.config.slots} slots of up to "
                f"{server.config.max_elements} elements, {engine}, results by {mode}, receive buffer "
                f"{server.receive_buffer} bytes, partials only to {ip_str(server.config.upstream_prefix[0])}/"
-               f"{server.config.upstream_prefix[1]}, registered jobs"
-               f"{' and unregistered frames' if args.unregistered else ' only'}")
+               f"{server.config.upstream_prefix[1]}, "
+               f"{_takes(server.config.registered, server.config.unregistered)}")
     if server.receive_buffer < args.receive_buffer:
         # Linux grants up to twice net.core.rmem_max without privileges; islands x window must fit.
         server.log(f"inwire serve: warning: receive buffer {server.receive_buffer} bytes, asked for "
@@ -126,3 +130,9 @@ def run(args):
     finally:
         server.close()
     return 0
+
+
+def _takes(registered: bool, unregistered: bool) -> str:
+    if not registered:
+        return "unregistered frames only (the gateware holds no job tables)"
+    return "registered jobs and unregistered frames" if unregistered else "registered jobs only"

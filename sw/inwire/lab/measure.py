@@ -190,7 +190,7 @@ class Measurement:
             service = self._spawn(lab.python(city, "inwire", "serve", "--listen",
                                              f"{lab.addresses[city]}:{INWIRE_PORT}", "--unicast", "--slots",
                                              str(self.slots), "--max-elements", str(self.chunk),
-                                             "--receive-buffer", str(32 << 20)),
+                                             "--receive-buffer", str(32 << 20), "--unregistered"),
                                   stderr=subprocess.PIPE)
             await_listening(service, f"the aggregator in {city}", STARTUP_TIMEOUT_S)
             self.services[city] = service

@@ -78,7 +78,7 @@ def _serve(port: int) -> "subprocess.Popen[str]":
     environment = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))}
     service = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", f"127.0.0.1:{port}", "--unicast",
-                                "--max-elements", str(CHUNK), "--receive-buffer", str(64 << 20)],
+                                "--max-elements", str(CHUNK), "--receive-buffer", str(64 << 20), "--unregistered"],
                                stderr=subprocess.PIPE, text=True, env=environment)
     assert service.stderr is not None, "opened as a pipe"
     line = service.stderr.readline()

@@ -284,7 +284,8 @@ def serving(cities: Sequence[str | None], out_dir: str | os.PathLike[str], optio
             with open(log_path, "w") as log:
                 processes[city] = subprocess.Popen(
                     [sys.executable, "-m", "inwire", "serve", "--listen", f"127.0.0.{2 + k}:{port}", "--unicast",
-                     *options], stdout=log, stderr=subprocess.STDOUT, env=package_environment())
+                     *(["--unregistered"] if len(cities) > 1 else []), *options],
+                    stdout=log, stderr=subprocess.STDOUT, env=package_environment())
             deadline = time.monotonic() + start_s
             while not (listening := re.search(r"listening on udp://([\d.]+):(\d+)", log_path.read_text())):
                 if processes[city].poll() is not None or time.monotonic() > deadline:
