@@ -141,9 +141,10 @@ class Flood:
         common = dict(opcode=Opcode.CONTRIBUTION, fanin=2, job=self.job, round=round_, clique=0, chunk=0)
         slots = np.arange(self.slots)
         elements = np.full((self.slots, 64), 99, dtype=np.int32)
-        return ([bytes(p) for p in map(payload_of, build_frames(elements, slot=slots, group=0xEF000001, **common))]
-                + [bytes(p) for p in map(payload_of, build_frames(elements, slot=slots, version=JOB_VERSION,
-                                                                  token=0x5EED, **common))])
+        unregistered = map(payload_of, build_frames(elements, slot=slots, group=0xEF000001, **common))
+        guessed = map(payload_of, build_frames(elements, slot=slots, version=JOB_VERSION, token=0x5EED, **common))
+        # Interleaved, so that however short the run, both kinds arrive while it lasts.
+        return [bytes(payload) for pair in zip(unregistered, guessed) for payload in pair]
 
     def run(self):
         round_ = 1 << 20
@@ -171,8 +172,8 @@ class Flood:
 def test_another_job_s_flood_leaves_a_run_bit_exact(tmp_path):
     """300 datagrams a second of another job's frames at every slot the run uses, with the run's job id and
     newer rounds, from before the run until after it: refused (their version 2 slots are the job's, their
-    token is not), and the run is bit-exact. The slots the flood claimed before the job was registered hold
-    the run's frames off until their lease runs out (2 s): the retries wait longer."""
+    token is not), and the run is bit-exact. What the flood left in the job's range before it was registered
+    is gone: registering a job empties its range."""
     schedule = write_schedule(tmp_path / "schedule.json")
     with serving_in_thread(registered_service()) as server:
         with Flood(server.address, job=77, slots=64):

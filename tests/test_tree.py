@@ -53,7 +53,7 @@ def serves():
         port = free_port(*addresses)
         for address in addresses:
             process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--listen", f"{address}:{port}",
-                                        "--unicast", *(["--golden"] if engine == "golden" else [])],
+                                        "--unicast", "--unregistered", *(["--golden"] if engine == "golden" else [])],
                                        stderr=subprocess.PIPE, text=True)
             processes.append(process)
             line = process.stderr.readline()
