@@ -324,7 +324,7 @@ def test_replay_on_icarus_reads_lanes_without_tkeep_as_absent(tmp_path):
     takes chunk 7 of the last clique in round 1 into its lower bank and chunk 15 into its upper bank."""
     if shutil.which("iverilog") is None:
         pytest.fail("iverilog is not on PATH (run `make setup`)")
-    for argv in (["schedule", "--out", "schedule.json"],
+    for argv in (["schedule", "--out", "schedule.json", "--no-host-tree", "--no-reduce-in-path"],
                  ["stream", "--schedule", "schedule.json", "--target", "pcap:big.pcap", "--rounds", "2",
                   "--elements", "4096"]):
         subprocess.run(inwire(*argv), cwd=tmp_path, check=True, capture_output=True)
