@@ -300,17 +300,16 @@ static PyObject *answer(Decider *d, slot_t *s, const uint8_t *p, uint64_t versio
     return patched;
 }
 
-/* The slot's output for the datagram that completed it, its header and status written once (fastpath._complete);
-   its elements are the sums already. */
-static PyObject *complete(Decider *d, slot_t *s, uint64_t slot, const uint8_t *p, uint64_t version, uint64_t sender)
+/* The header every output of slot `s` carries, zeroed first (the model's build_frames call): `opcode` in `version`,
+   for a frame of `sender` naming `slot`, to `group`. */
+static inline void put_slot_header(Decider *d, uint8_t *out, const slot_t *s, uint64_t version, uint64_t opcode,
+                                   uint64_t sender, uint64_t slot, uint64_t group)
 {
     const uint64_t *k = d->k;
-    int partial = causes_partial(d, p, version);
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(s->output);
     memset(out, 0, k[K_HEADER]);
     PUT(d, out, F_MAGIC, k[K_MAGIC]);
     PUT(d, out, F_VERSION, version);
-    PUT(d, out, F_OPCODE, partial ? k[K_PARTIAL] : k[K_RESULT]);
+    PUT(d, out, F_OPCODE, opcode);
     PUT(d, out, F_SENDER, sender);
     PUT(d, out, F_FANIN, s->shape.fanin);
     PUT(d, out, F_EXPONENT, s->shape.exponent);
@@ -321,8 +320,18 @@ static PyObject *complete(Decider *d, slot_t *s, uint64_t slot, const uint8_t *p
     PUT(d, out, F_SLOT, slot);
     PUT(d, out, F_CHUNK, s->key.chunk);
     PUT(d, out, F_COUNT, s->shape.count);
-    PUT(d, out, F_GROUP, s->shape.group);
+    PUT(d, out, F_GROUP, group);
     PUT(d, out, F_BITMAP, s->bitmap);
+}
+
+/* The slot's output for the datagram that completed it, its header and status written once (fastpath._complete);
+   its elements are the sums already. */
+static PyObject *complete(Decider *d, slot_t *s, uint64_t slot, const uint8_t *p, uint64_t version, uint64_t sender)
+{
+    const uint64_t *k = d->k;
+    int partial = causes_partial(d, p, version);
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(s->output);
+    put_slot_header(d, out, s, version, partial ? k[K_PARTIAL] : k[K_RESULT], sender, slot, s->shape.group);
     write_route(d, out, p, partial);
     write_be(out + k[K_HEADER] + k[K_ELEMENT] * s->shape.count, (Py_ssize_t)k[K_TRAILER],
              s->overflow ? k[K_STATUS_OVERFLOW] : 0);
@@ -619,22 +628,7 @@ static PyObject *job_output(Decider *d, slot_t *s, const job_t *j, uint64_t opco
     const uint64_t *k = d->k;
     Py_ssize_t header = (Py_ssize_t)k[K_HEADER], at = header + (Py_ssize_t)(k[K_ELEMENT] * s->shape.count);
     uint8_t head[MAX_HEADER];
-    memset(head, 0, header);
-    PUT(d, head, F_MAGIC, k[K_MAGIC]);
-    PUT(d, head, F_VERSION, k[K_VERSION_JOB]);
-    PUT(d, head, F_OPCODE, opcode);
-    PUT(d, head, F_SENDER, sender);
-    PUT(d, head, F_FANIN, s->shape.fanin);
-    PUT(d, head, F_EXPONENT, s->shape.exponent);
-    PUT(d, head, F_CONTRIBUTORS, (uint64_t)__builtin_popcountll(s->bitmap));
-    PUT(d, head, F_JOB, s->key.job);
-    PUT(d, head, F_ROUND, s->key.round);
-    PUT(d, head, F_CLIQUE, s->key.clique);
-    PUT(d, head, F_SLOT, slot);
-    PUT(d, head, F_CHUNK, s->key.chunk);
-    PUT(d, head, F_COUNT, s->shape.count);
-    PUT(d, head, F_GROUP, j->group);
-    PUT(d, head, F_BITMAP, s->bitmap);
+    put_slot_header(d, head, s, k[K_VERSION_JOB], opcode, sender, slot, j->group);
     PUT(d, head, F_TOKEN, j->token);
     uint64_t status = s->overflow ? k[K_STATUS_OVERFLOW] : 0;
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(s->output);
