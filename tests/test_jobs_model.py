@@ -577,3 +577,12 @@ def test_a_job_installed_where_unregistered_frames_were_starts_clean():
     assert send(aggregator, request(entry, A, slot=1, fanin=1)) == (Disposition.DROP_NO_RESULT, [])
     disposition, (result,) = send(aggregator, frame(entry, B, sender=1, elements=(10, 20, 30)))
     assert disposition == Disposition.ACCUMULATED and values(result) == [11, 22, 33]
+
+
+def test_members_that_send_from_one_address_get_one_copy_there():
+    """Two member indices whose contributions come from one socket: the result goes there once, not once per
+    index (a copy per index would double that link's load for nothing)."""
+    aggregator = with_jobs(JOB)
+    send(aggregator, frame(JOB, A, sender=0))
+    disposition, results = send(aggregator, frame(JOB, A, sender=1))
+    assert disposition == Disposition.ACCUMULATED and list(map(destination, results)) == [A]

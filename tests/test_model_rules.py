@@ -271,11 +271,15 @@ class Reference:
 
     def down(self, f, job, slot):
         """A version 3 result going down from here: to the job's group, else one copy to each member index's
-        source (by index) and to each child whose partial was summed (in address order)."""
+        source (by index; an address that several indices sent from only once, at its first) and to each
+        child whose partial was summed (in address order)."""
         if job["group"]:
             return [self.job_output(f, job, slot, RESULT, (job["group"], self.config.port),
                                     eth_dst=0x01_00_5E_00_00_00 | job["group"] & 0x7FFFFF)]
-        where = [slot["sources"][index] for index in sorted(slot["sources"])] + sorted(slot["children"])
+        where = []
+        for destination in [slot["sources"][index] for index in sorted(slot["sources"])] + sorted(slot["children"]):
+            if destination not in where:
+                where.append(destination)
         return [self.job_output(f, job, slot, RESULT, destination) for destination in where]
 
     def job_output(self, f, job, slot, opcode, destination, eth_dst=None):

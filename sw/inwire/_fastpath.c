@@ -678,8 +678,23 @@ static PyObject *send_one(Decider *d, PyObject *body, uint64_t endpoint, int par
     return sends;
 }
 
-/* The result sent down from here (the model's _down): to the job's group, or (no group) a copy to each member
-   whose contribution the slot took here, by index, and to each child aggregator whose partial it took. */
+/* Whether a copy of the result went to `endpoint` already: from a member index below `index` (64: any), or a child
+   before `child`. */
+static int sent_already(const slot_t *s, uint64_t endpoint, unsigned index, Py_ssize_t child)
+{
+    uint64_t below = index >= 64 ? ~0ULL : (1ULL << index) - 1;
+    for (uint64_t bits = s->sourced & below; bits; bits &= bits - 1)
+        if (s->source[__builtin_ctzll(bits)] == endpoint)
+            return 1;
+    for (Py_ssize_t i = 0; i < child; i++)
+        if (s->child[i] == endpoint)
+            return 1;
+    return 0;
+}
+
+/* The result sent down from here (the model's _down): to the job's group, or (no group) a copy to each address a
+   contribution the slot took here came from (by member index, once an address) and to each child aggregator
+   whose partial it took. */
 static PyObject *send_down(Decider *d, slot_t *s, const job_t *j, uint64_t sender, uint64_t slot, int fresh)
 {
     PyObject *body = job_output(d, s, j, d->k[K_RESULT], sender, slot, fresh);
@@ -690,11 +705,13 @@ static PyObject *send_down(Decider *d, slot_t *s, const job_t *j, uint64_t sende
     PyObject *sends = PyList_New(0);
     if (sends == NULL)
         goto failed;
-    for (uint64_t bits = s->sourced; bits; bits &= bits - 1)
-        if (send_to(d, sends, body, s->source[__builtin_ctzll(bits)], 0) < 0)
+    for (uint64_t bits = s->sourced; bits; bits &= bits - 1) {
+        unsigned index = (unsigned)__builtin_ctzll(bits);
+        if (!sent_already(s, s->source[index], index, 0) && send_to(d, sends, body, s->source[index], 0) < 0)
             goto failed;
+    }
     for (Py_ssize_t i = 0; i < s->n_children; i++)
-        if (send_to(d, sends, body, s->child[i], 0) < 0)
+        if (!sent_already(s, s->child[i], 64, i) && send_to(d, sends, body, s->child[i], 0) < 0)
             goto failed;
     Py_DECREF(body);
     return sends;

@@ -574,13 +574,14 @@ class Aggregator:
 
     def _down(self, header: np.void, slot: Slot) -> list[bytes]:
         """A version 3 result sent down from this aggregator: to the job's group, or (no group) a copy to each
-        member whose contribution the slot took here and to each child aggregator whose partial it took."""
+        address a contribution the slot took here came from (members by index; one copy an address, however
+        many members sent from it) and to each child aggregator whose partial it took."""
         entry = self.job_of(header)
         if entry.group:
             return [self._v3_frame(header, slot, Opcode.RESULT, multicast_mac(entry.group), (entry.group,
                                                                                            self.config.port))]
         destinations = [slot.sources[index] for index in sorted(slot.sources)] + sorted(slot.children)
-        return [self._result_to(header, slot, destination) for destination in destinations]
+        return [self._result_to(header, slot, destination) for destination in dict.fromkeys(destinations)]
 
     def _result_to(self, header: np.void, slot: Slot, destination: Endpoint) -> bytes:
         return self._v3_frame(header, slot, Opcode.RESULT, self.config.gateway_mac, destination)
