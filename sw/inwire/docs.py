@@ -112,8 +112,9 @@ the job's tables (`inwire.jobs.JobEntry`):
 
 - the job id (32 bits, random by default) and a secret token ({TOKEN_BITS} bits, random);
 - the quota: the number of slots it may hold. A version {JOB_VERSION} frame's `slot` counts within the job's
-  range, which the aggregator allocates apart from every other job's, so one job's traffic never claims,
-  reads or evicts another job's slot (and versions 1 and 2 may not name a slot inside any job's range);
+  range, which the aggregator allocates apart from every other job's and empties when it installs the job,
+  so one job's traffic never claims, reads or evicts another job's slot, nor finds what was there before
+  (and versions 1 and 2 may not name a slot inside any job's range);
 - the member table: the IPv4 address and UDP port each member sends from;
 - the group results go to (a multicast group), or none: each member then gets a unicast copy;
 - per clique with a tree at this aggregator, its route: the level (the members it gathers), the parent it
@@ -131,8 +132,8 @@ The data plane trusts only its tables. A version {JOB_VERSION} frame whose job i
 clique, holding only that child's members; a result from the clique's parent) changes no slot and is
 counted. Its `expect` and hop fields must be 0 (`drop_route`): the route is the tables'. Everything the
 aggregator sends for a job goes to an address in the job's tables: the result to the job's group or, one
-copy each, to the members whose contributions the slot took and the child aggregators whose partials it
-took; a partial to the clique's parent; the answer to a retransmission or a result request to its sender
+copy each, to the addresses the slot's contributions came from (once an address, however many members
+send from it) and the child aggregators whose partials it took; a partial to the clique's parent; the answer to a retransmission or a result request to its sender
 alone, once per request. Results carry the job's token, and members accept results only from the
 aggregator they sent to, with their job's token.
 
