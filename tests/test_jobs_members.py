@@ -223,3 +223,21 @@ def test_a_stream_island_takes_datagrams_only_from_its_target(batch_io):
         asyncio.run(exchange())
     assert member[0] == "127.0.0.1"
     assert got == [b"from the target"] and transport.results_refused == 3
+
+
+def test_an_unregistered_island_at_a_registered_only_aggregator_is_told_why():
+    """Unregistered frames at an aggregator that counts registered jobs only (inwire serve's default) are all
+    dropped, roll calls too: the island's failure names that cause and the way out, in one line."""
+    service = SoftwareAggregator(("127.0.0.1", 0), engine="golden", registered=True, unregistered=False,
+                                 log=lambda line: None)
+    with serving_in_thread(service) as server:
+        member = UdpMember(server.address, job=5, timeout_s=0.05, deadline_s=1.0)
+        try:
+            with pytest.raises(client.ClientError) as failed:
+                member.sum(CliqueKey(job=5, round=0, clique=0, group=0xEF000001, fanin=2, exponent=0), 0, [1, 2, 3])
+        finally:
+            member.close()
+        counters = server.counters()
+    message = str(failed.value)
+    assert "\n" not in message and "registered jobs only" in message and "--unregistered" in message
+    assert counters["drop_version"] > 0

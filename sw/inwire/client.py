@@ -941,6 +941,9 @@ class UdpMember:
                      f"(--slots)" if needed > DEFAULT_SLOTS else "")
             cause = (f"the aggregator answered neither the sum nor any of {roll.calls} roll calls{slots}: it is not "
                      f"running there, a member of the clique never contributed, or {unreached}")
+            if not key.token:
+                cause += (" (or it takes registered jobs only, as inwire serve does unless --unregistered, and this "
+                          "island sends unregistered frames: give it its job, entry= or $INWIRE_JOB)")
         else:
             missing = [m for m in range(key.fanin) if m not in roll.seen]
             absent = [named[m] for m in missing if m not in roll.elsewhere]

@@ -133,9 +133,9 @@ clique, holding only that child's members; a result from the clique's parent) ch
 counted. Its `expect` and hop fields must be 0 (`drop_route`): the route is the tables'. Everything the
 aggregator sends for a job goes to an address in the job's tables: the result to the job's group or, one
 copy each, to the addresses the slot's contributions came from (once an address, however many members
-send from it) and the child aggregators whose partials it took; a partial to the clique's parent; the answer to a retransmission or a result request to its sender
-alone, once per request. Results carry the job's token, and members accept results only from the
-aggregator they sent to, with their job's token.
+send from it) and the child aggregators whose partials it took; a partial to the clique's parent; the
+answer to a retransmission or a result request to its sender alone, once per request. Results carry the
+job's token, and members accept results only from the aggregator they sent to, with their job's token.
 
 What the token does not stop: it travels in clear, so anyone who can see a job's traffic (an on-path
 observer: a router, a shared segment) can read it and then inject, read or forge as a member would; and a
