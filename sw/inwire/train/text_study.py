@@ -83,8 +83,9 @@ Inputs = tuple[Any, ...]
 
 STRATEGIES = ("none", "sync", "global", "ring", HOST_TREE, "hierarchical", "gossip", "random", "schedule")
 DEFAULT_STRATEGIES = ("none", "sync", "global", "ring", HOST_TREE, "schedule")
-"""What `make train-study` runs: on two cores in about an hour the grid has room for two trained rotations at
-most (the exact average, which global, ring and host-tree share, and the planner's schedule)."""
+"""What `make train-study` runs: on two cores in about two and a half hours (ten seeds) the grid has room for two
+trained rotations at most (the exact average, which global, ring and host-tree share, and the planner's
+schedule). The exact averages sync as often as the schedule: its equal-communication control."""
 EXACT_AVERAGES = ("global", "ring", HOST_TREE)
 """The planner's strategies that compute the exact average of every island, each charged its own way."""
 EPSILON = 1e-3
