@@ -12,6 +12,7 @@ import pytest
 from inwire import fastpath
 from inwire.datagram import ip_int, ip_str
 from inwire.model import Aggregator
+from inwire.packets import frame_field
 from inwire.protocol import COUNTERS, Disposition
 from inwire.serve import SoftwareAggregator
 from traffic import (
@@ -233,8 +234,11 @@ def gateware_outcomes(width):
         for entry in frames:
             dispositions.append(moved_disposition(previous, entry["counters"]))
             previous = entry["counters"]
-        outcomes[name] = (Outcome(tuple(dispositions), tuple(payloads(bytes.fromhex(out) for out in entry["outputs"])
-                                                                for entry in frames), previous),
+        sent = [[bytes.fromhex(out) for out in entry["outputs"]] for entry in frames]
+        destinations = tuple(tuple((frame_field(out, "ip_dst"), frame_field(out, "udp_dport")) for out in outs)
+                             for outs in sent)
+        outcomes[name] = (Outcome(tuple(dispositions), tuple(payloads(outs) for outs in sent), previous,
+                                  destinations if name in JOB_SCENARIOS else None),
                           [entry["aborted"] for entry in frames])
     return outcomes
 
