@@ -11,11 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from inwire.client import DEFAULT_WINDOW, job_slots  # noqa: E402
-from inwire.codec_average import clique_average  # noqa: E402
+from inwire.client import DEFAULT_WINDOW, agreement_round, averaging_round, job_slots, slot  # noqa: E402
+from inwire.codec_average import ATTEMPTS, AVERAGING_ATTEMPTS, clique_average  # noqa: E402
 from inwire.control import JobLease, new_job  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
-from inwire.train.averaging import CliqueAverager, InwireExchange, LayoutMismatch  # noqa: E402
+from inwire.train.averaging import MAX_ROUNDS, CliqueAverager, InwireExchange, LayoutMismatch  # noqa: E402
 
 DIGESTS = "\0"
 """Where a message shows two layout digests ("x against y", each 8 hex digits; `assert_refused_everywhere`)."""
@@ -187,3 +187,17 @@ def test_agreeing_islands_average_exactly_and_agree_once_per_clique():
         assert np.array_equal(torch.nn.utils.parameters_to_vector(models[name].parameters()).detach().numpy(),
                               expected), name
     assert counters["accumulated"] == 3 * (3 + 1), "three averagings of one chunk each, one agreement"
+
+
+@pytest.mark.parametrize("round_index", [0, 1, 2, 17, MAX_ROUNDS])
+def test_the_agreement_takes_a_protocol_round_no_averaging_takes_in_the_other_pool(round_index):
+    """Round r's agreement is the protocol round just before its first sum: never an attempt of round r - 1 or r
+    (each averages in AVERAGING_ATTEMPTS), in the other round pool of slots than round r's first sum, and
+    named as round r's in messages."""
+    agreement = agreement_round(round_index)
+    attempts = {(other * ATTEMPTS + attempt) % 2**32 for other in (round_index - 1, round_index) if other >= 0
+                for attempt in range(AVERAGING_ATTEMPTS)}
+    assert agreement not in attempts and 0 <= agreement < 2**32
+    assert slot(agreement, 0, 0, DEFAULT_WINDOW, 1) != slot(round_index * ATTEMPTS, 0, 0, DEFAULT_WINDOW, 1)
+    assert averaging_round(agreement) == round_index
+    assert {averaging_round(protocol) for protocol in attempts if protocol >= round_index * ATTEMPTS} == {round_index}

@@ -21,7 +21,8 @@ DDP communication hook) are thin users of this module, as SwitchML's client libr
 - `UdpMember`: one island's socket to its aggregators (one address, or one per city for reduction trees),
   bound to the local address that routes to them (never 127.0.0.1 unless the aggregator is there), its
   receive buffer sized for the window; `sum` runs one `MemberSum` to its end, `average` adds the codec's
-  shared exponent and the overflow re-send at twice the bound (`inwire.codec_average`). With the
+  shared exponent and the overflow re-send at twice the bound (`inwire.codec_average`), `gather` collects every
+  member's words exactly (what a clique agrees on before its first averaging, `agreement_round`). With the
   compiled kernel (`inwire._kernel`, as `inwire serve` and the stream's transport use it) datagrams are read
   with recvmmsg and sent with sendmmsg, a window's payloads as UDP GSO runs; the payloads are made as the
   window takes them (`Contributions`) and the average is decoded from the sums as they came off the wire.

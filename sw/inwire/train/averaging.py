@@ -218,6 +218,9 @@ class CliqueAverager(ModelAverager):
     numpy `OuterOptimizer` the study uses); neither: plain averaging. `rounds` is the earlier name of
     `schedule`. One difference: PyTorch averages at the first call after the warmup; this averager after
     `period` steps, so a sync never comes before any local step.
+    Before a clique's first averaging its members agree on what they average (`layout`: the parameters'
+    shapes, order, dtypes, names when given `named_parameters()`, and the schedule), in one small sum: islands
+    that differ raise `LayoutMismatch` on every island, nothing averaged.
     `process_group`: the island's own group; None means the default group if torch.distributed is
     initialized, else a single-process island. Its rank 0 exchanges and broadcasts the average.
     `state_dict()` / `load_state_dict()` carry the step count, the rotation's position, the anchor and the
