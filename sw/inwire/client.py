@@ -132,7 +132,10 @@ def agreement_round(round_index: int) -> int:
     its first sum (`UdpMember.gather`): the one just before that sum's, which no averaging takes (the last of
     round `round_index` - 1's stride, `codec_average.AVERAGING_ATTEMPTS`; before round 0 the last of all 32-bit
     rounds, past every round's stride). Its slots lie in the other round pool than the averaging's (`slot`),
-    so that the averaging never claims a slot whose result a slower member may still ask for."""
+    so that the averaging never claims a slot whose result a slower member may still ask for. That pool is
+    round `round_index` - 1's: an agreement may claim a slot of the previous round's clique of the same index
+    one round sooner than an averaging would, which a member of that clique still retransmitting for a lost
+    result would find gone (the averagings' own exception is two rounds apart, `codec_average.ATTEMPTS`)."""
     return (round_index * ATTEMPTS - 1) % 2**32
 
 
