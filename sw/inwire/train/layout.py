@@ -23,9 +23,9 @@ from ..codec_average import AveragingError
 
 __all__ = ["LAYOUT_WORDS", "LayoutMismatch", "check_layouts", "layout_words", "schedule_text"]
 
-TENSORS, SHAPES, SHAPES_SORTED, DTYPES, NAMES, SCHEDULE = 0, slice(1, 3), slice(3, 5), slice(5, 7), slice(7, 9), \
-    slice(9, 11)
-"""Where each part sits in the words: the tensor count, then a 64-bit hash of each part."""
+TENSORS = 0
+"""Where the words hold the parameter tensors' count; then two words, a 64-bit hash, for each part below."""
+SHAPES, SHAPES_SORTED, DTYPES, NAMES, SCHEDULE = (slice(1 + 2 * part, 3 + 2 * part) for part in range(5))
 LAYOUT_WORDS = 11
 UNNAMED = (0, 0)
 """The names part of parameters given without names (compared with nobody's)."""
@@ -76,7 +76,7 @@ def _differences(theirs: npt.NDArray[np.int32], ours: npt.NDArray[np.int32]) -> 
         said.append("parameters of other names or in another order")
     if differ(SCHEDULE):
         said.append("along another schedule (rounds, cliques, aggregators)")
-    return " and ".join(said) or "something else"
+    return " and ".join(said)  # words that differ differ in one of these parts
 
 
 def _digest(words: npt.NDArray[np.int32]) -> str:
