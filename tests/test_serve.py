@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -374,3 +375,114 @@ def test_a_version_3_result_is_never_relayed_by_the_service_s_own_machinery(serv
     assert aggregator.handle(payload_of(down[0]), parent) == []
     counters = aggregator.counters()
     assert (counters["drop_slot"], counters["results_relayed"]) == (1, 0)
+
+
+@pytest.fixture(scope="module")
+def served_gateware(tmp_path_factory):
+    """`inwire serve --sim icarus:8` on loopback, registered jobs only, its results multicast out of lo: its
+    address, the operator key its control port takes, and its listening line."""
+    if shutil.which("iverilog") is None:
+        pytest.fail("iverilog is not on PATH (run `make setup`)")
+    from inwire.control import load_key
+
+    key_file = tmp_path_factory.mktemp("operator") / "operator.key"
+    process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--sim", "icarus:8", "--listen", "127.0.0.1:0",
+                                "--slots", "4", "--max-elements", "8", "--multicast-iface", "127.0.0.1",
+                                "--key-file", str(key_file)], stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stderr.readline()
+        if line.startswith("inwire serve: building the gateware"):
+            line = process.stderr.readline()
+        assert "listening on udp://127.0.0.1:" in line, line
+        port = int(line.split("udp://127.0.0.1:")[1].split(",")[0])
+        yield ("127.0.0.1", port), load_key(key_file), line.rstrip()
+    finally:
+        process.terminate()
+        try:
+            process.communicate(timeout=30)
+        finally:
+            process.kill()
+
+
+@pytest.mark.sim
+def test_the_served_gateware_completes_a_job_registered_at_its_control_port(served_gateware):
+    """A job with a group, registered through `inwire serve --sim`'s control port: its members' version 3
+    contributions complete, and the result goes to the job's group (multicast on lo), once, from the service;
+    a stranger's contribution with the job's id but another token is counted as drop_token (read with a
+    version 3 stats request from a member, which the service answers to that member)."""
+    from inwire.control import register
+    from inwire.datagram import ip_int
+    from inwire.jobs import JobEntry
+
+    address, key, listening = served_gateware
+    group = "239.73.0.36"
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind((group, address[1]))
+    listener.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, socket.inet_aton(group)
+                        + socket.inet_aton("127.0.0.1"))
+    listener.settimeout(30)
+    *members, stranger = _udp_sockets(3)
+    entry = JobEntry(job=0x3636, token=0x5EC2E7_0000_0036, slots=2, group=ip_int(group),
+                     members=frozenset((ip_int(host), port) for host, port in (sock.getsockname() for sock in members)))
+    try:
+        assert register(address, entry, key=key) == 0
+        forged = JobEntry(job=entry.job, token=entry.token + 1, slots=1, members=entry.members, group=entry.group)
+        stranger.sendto(job_frame(forged, Opcode.CONTRIBUTION, 1, [1000]), address)
+        members[0].sendto(job_frame(entry, Opcode.CONTRIBUTION, 0, [5, -7]), address)
+        members[1].sendto(job_frame(entry, Opcode.CONTRIBUTION, 1, [6, 9]), address)
+        body, source = listener.recvfrom(65535)
+        assert source == address
+        header = parse_payload_header(body)
+        assert (header["version"], header["opcode"], header["token"], header["bitmap"]) == (3, Opcode.RESULT,
+                                                                                           entry.token, 0b11)
+        assert np.frombuffer(body, ">i4", 2, FRAME_HEADER_BYTES - PAYLOAD_OFFSET).tolist() == [11, 2]
+        request = build_frames(np.zeros((1, 0), dtype=np.int32), opcode=Opcode.STATS_REQUEST, version=3, sender=0,
+                               job=entry.job, token=entry.token, group=entry.group)
+        members[0].settimeout(30)
+        members[0].sendto(payload_of(request[0]), address)
+        counters = parse_stats_reply(members[0].recv(65535))
+        assert (counters["drop_token"], counters["accumulated"], counters["results_emitted"]) == (1, 2, 1)
+        assert _nothing_waiting(listener) and _nothing_waiting(stranger)
+        assert listening.endswith(", registered jobs only"), listening
+    finally:
+        for sock in (listener, *members, stranger):
+            sock.close()
+
+
+@pytest.mark.sim
+def test_the_served_gateware_refuses_a_job_without_a_group_in_one_line(served_gateware):
+    """The gateware sends a result as one frame, to its job's group: a registration without a group is
+    refused through the control plane's reply, in the line the model's job tables give."""
+    from inwire.control import ControlError, register
+    from inwire.jobs import JobEntry
+
+    address, key, _ = served_gateware
+    entry = JobEntry(job=0x3637, token=0x36, slots=1, members=frozenset({(0x7F000001, 5000)}))
+    with pytest.raises(ControlError) as refused:
+        register(address, entry, key=key)
+    assert str(refused.value) == (
+        f"{address[0]}:{address[1]} refused the registration of job {entry.job}: job {entry.job}: without a group "
+        f"its results go out as one copy per member, which this aggregator cannot send: give the job a multicast "
+        f"group")
+
+
+def test_the_service_clock_starts_once_its_engine_is_up(monkeypatch):
+    """A datagram's arrival time counts from when the engine is ready: a co-simulated gateware takes seconds to
+    build, which its first frame would otherwise be driven through as lease ticks, a simulated cycle each."""
+    import inwire.serve as serve_module
+    from inwire.model import Aggregator
+
+    clock = [1000.0]
+    monkeypatch.setattr(serve_module.time, "monotonic", lambda: clock[0])
+
+    def slow_engine(config):
+        clock[0] += 30.0
+        return Aggregator(config)
+
+    aggregator = SoftwareAggregator(("127.0.0.1", 0), log=lambda line: None, make_aggregator=slow_engine)
+    try:
+        assert aggregator.ticks() == 0
+        clock[0] += 0.25
+        assert aggregator.ticks() == 250
+    finally:
+        aggregator.close()

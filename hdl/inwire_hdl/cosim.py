@@ -1,10 +1,17 @@
-"""The simulated gateware as an aggregator object: `process(frame, now)` and `stats()`, like the golden model.
+"""The simulated gateware as an aggregator object: `process(frame, now)`, `stats()`, and with job tables
+(`config.registered`) `install(entry)` and `remove(job)`, like the golden model.
 
 A cocotb test (`inwire_hdl.cocotb.cosim`) runs in the simulator and serves frames over a Unix socket,
 one at a time: the lease ticks from the previous frame's time to this one's are driven (one per cycle,
 so a long pause costs simulated cycles), the frame is driven in, the output is collected until it has
-been quiet, and the frames out and the counters come back. Host tools that talk to
-`inwire.model.Aggregator` can talk to the gateware the same way.
+been quiet, and the frames out and the counters come back. Between frames a control message drives
+control-interface writes (ctl_we, ctl_addr, ctl_data), one a cycle, and the counters come back. Host
+tools that talk to `inwire.model.Aggregator` can talk to the gateware the same way.
+
+Messages to the simulator (big-endian 32-bit words): a frame is its size, the lease ticks before it, then
+its bytes; a control message is CONTROL, the number of writes, then (address, word) per write; QUIT ends
+the service. Each frame and control message is answered with a size and that many bytes of JSON (the
+frames out, hex, and the counters).
 """
 
 import json
@@ -14,14 +21,19 @@ import tempfile
 import threading
 from pathlib import Path
 
+from inwire.jobs import JobEntry
 from inwire.model import TIME_BITS
+from inwire.model import Aggregator as Model
 from inwire.protocol import COUNTERS
 
+from .job_table import GatewareJobs
 from .sim import SimulationError, build, run
 
 CONNECT_TIMEOUT_S = 120
 ANSWER_TIMEOUT_S = 120
 QUIT = 0xFFFFFFFF
+CONTROL = 0xFFFFFFFE
+"""In the place of a frame's size: control-interface writes follow (no frame is this long)."""
 
 
 def receive_exactly(connection, size):
@@ -60,6 +72,9 @@ class CoSimulation:
         """The gateware's counters after the last frame; zero after its reset."""
         self.now = 0
         """The previous frame's arrival time in lease ticks, modulo 2**TIME_BITS; zero after reset."""
+        self.jobs = GatewareJobs(Model(config))
+        """The gateware's job tables as the host keeps them: a golden model holding the same jobs, which decides
+        each job's range and refuses what the tables cannot hold, and which entry holds which job."""
 
     def _simulate(self, runner, run_dir, path):
         try:
@@ -76,8 +91,33 @@ class CoSimulation:
         if now is not None:
             ticks = (now - self.now) % 2**TIME_BITS
             self.now = now % 2**TIME_BITS
+        return self._exchange(struct.pack(">II", len(frame), ticks) + frame)
+
+    def install(self, entry: JobEntry):
+        """Install or renew a job in the gateware's tables, as the model's `install`: its first slot. What the
+        tables cannot hold (a job without a group, too many members or jobs) is refused by the model, with
+        its `JobTableError`, before anything is written."""
+        writes = self.jobs.install(entry)
+        self._write(writes)
+        return self.jobs.model.jobs.bases[entry.job]
+
+    def remove(self, job):
+        """Tear a job down in the gateware's tables, as the model's `remove`: whether it was there."""
+        writes = self.jobs.remove(job)
+        if not writes:
+            return False
+        self._write(writes)
+        return True
+
+    def _write(self, writes):
+        message = struct.pack(">II", CONTROL, len(writes))
+        message += b"".join(struct.pack(">II", address, word) for address, word in writes)
+        self._exchange(message)
+
+    def _exchange(self, message):
+        """Send one message to the simulator; the frames of its answer (the counters are kept)."""
         try:
-            self.connection.sendall(struct.pack(">II", len(frame), ticks) + frame)
+            self.connection.sendall(message)
             size = struct.unpack(">I", receive_exactly(self.connection, 4))[0]
             answer = json.loads(receive_exactly(self.connection, size))
         except (OSError, ConnectionError) as error:

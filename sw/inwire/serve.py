@@ -82,7 +82,7 @@ from .datagram import (
 )
 from .errors import InwireError
 from .fastpath import FastAggregator, compiled, next_hop  # the kernel as the fast path loaded it
-from .jobs import JobEntry
+from .jobs import JobEntry, JobLimits
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field
 from .protocol import (
@@ -179,9 +179,10 @@ class SoftwareAggregator:
     `stats_from` who besides this machine may ask for the counters (default: `upstream`). `engine` is
     "fast" (default) or "golden"; `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a
     co-simulation) implies "golden". `registered` (job tables: version 3) and `unregistered` (versions 1 and 2)
-    are the aggregator's (`AggregatorConfig`); with `registered` the control port (`control`) takes
-    registrations signed with the operator `key` (default: `control.load_key()`, read before the socket is
-    bound).
+    are the aggregator's (`AggregatorConfig`), and so are `limits`, what its job tables hold (default:
+    `JobLimits()`; a co-simulated gateware holds `inwire_hdl.job_table.GATEWARE_LIMITS`); with `registered` the
+    control port (`control`) takes registrations signed with the operator `key` (default: `control.load_key()`,
+    read before the socket is bound).
     """
 
     handle: Callable[..., list[Send]]
@@ -195,7 +196,7 @@ class SoftwareAggregator:
                  receive_buffer: int | None = DEFAULT_RECEIVE_BUFFER,
                  lease: int = DEFAULT_LEASE, upstream: tuple[int, int] | str | None = None,
                  stats_from: tuple[int, int] | str | None = None, registered: bool = False,
-                 unregistered: bool = True, key: bytes | None = None) -> None:
+                 unregistered: bool = True, key: bytes | None = None, limits: JobLimits | None = None) -> None:
         # Without the compiled kernel there is no fast path: the golden model serves, with the same answers.
         engine = engine or ("golden" if make_aggregator is not None or compiled is None else "fast")
         if make_aggregator is not None and listen[0] in ("0.0.0.0", ""):
@@ -231,7 +232,8 @@ class SoftwareAggregator:
             upstream = parse_prefix(upstream)
         self.config = AggregatorConfig(ip=ip_int(self.address[0]), port=self.address[1], slots=slots,
                                        max_elements=max_elements, lease=lease, upstream=upstream,
-                                       registered=registered, unregistered=unregistered)
+                                       registered=registered, unregistered=unregistered,
+                                       limits=limits or JobLimits())
         if isinstance(stats_from, str):
             stats_from = parse_prefix(stats_from, "--stats-from")
         network, length = stats_from or self.config.upstream_prefix
@@ -244,7 +246,6 @@ class SoftwareAggregator:
         datagram being decided arrived on (`decide_at`)."""
         self._copies_in_decider = unicast and not self.wildcard
         self._local: dict[str, bool] = {}
-        self._started = time.monotonic()
         self.model: FrameAggregator | None
         self.fast: FastAggregator | None
         if engine == "fast":
@@ -259,6 +260,9 @@ class SoftwareAggregator:
             self.model = (make_aggregator or Aggregator)(self.config)
             self.handle = self._handle_golden
             self.batch_io = False
+        # The clock starts once the engine is up: a co-simulation's gateware, built and reset meanwhile, would
+        # otherwise simulate the build's seconds as lease ticks before its first frame.
+        self._started = time.monotonic()
         self.dst_mac = self.config.mac.to_bytes(6, "big")
         self._learned: Learned = {}
         self.parents: dict[int, tuple[SlotKey, Address]] = {}

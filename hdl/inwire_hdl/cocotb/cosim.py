@@ -1,5 +1,6 @@
-"""Co-simulation service: frames arrive one at a time over a socket; what the gateware sends for each,
-and its counters, go back. Only the gateware decides here: no model is consulted."""
+"""Co-simulation service: frames and control-interface writes arrive one at a time over a socket (the
+messages: `inwire_hdl.cosim`); what the gateware sends for each frame, and its counters, go back. Only the
+gateware decides here: no model is consulted."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import struct
 import cocotb
 from cocotbext.axi import AxiStreamFrame
 
-from inwire_hdl.cosim import QUIT, receive_exactly
+from inwire_hdl.cosim import CONTROL, QUIT, receive_exactly
 
 from .testbench import TB
 
@@ -23,9 +24,13 @@ async def cosim(dut):
     connection.connect(os.environ["INWIRE_COSIM_SOCKET"])
     with connection:
         while (size := struct.unpack(">I", receive_exactly(connection, 4))[0]) != QUIT:
-            await tb.advance(struct.unpack(">I", receive_exactly(connection, 4))[0])
-            await tb.source.send(AxiStreamFrame(receive_exactly(connection, size)))
-            await tb.drain(quiet_cycles=QUIET_CYCLES)
+            if size == CONTROL:
+                count = struct.unpack(">I", receive_exactly(connection, 4))[0]
+                await tb.control(list(struct.iter_unpack(">II", receive_exactly(connection, 8 * count))))
+            else:
+                await tb.advance(struct.unpack(">I", receive_exactly(connection, 4))[0])
+                await tb.source.send(AxiStreamFrame(receive_exactly(connection, size)))
+                await tb.drain(quiet_cycles=QUIET_CYCLES)
             reply = json.dumps({"frames": [frame.hex() for frame in tb.received], "counters": tb.counters(),
                                 "aborted": tb.aborted}).encode()
             tb.received.clear()

@@ -171,13 +171,14 @@ class TB:
         """Install a job (`inwire.jobs.JobEntry`) in the model and, through the control interface, in the
         gateware, once every frame sent so far has gone in and out (the model installs between frames)."""
         await self.drain(quiet_cycles=32)
-        await self._control(self.jobs.install(entry))
+        await self.control(self.jobs.install(entry))
 
     async def remove(self, job):
         await self.drain(quiet_cycles=32)
-        await self._control(self.jobs.remove(job))
+        await self.control(self.jobs.remove(job))
 
-    async def _control(self, writes):
+    async def control(self, writes):
+        """Drive (address, word) writes on the control interface, one a cycle."""
         dut = self.dut
         for address, word in writes:
             dut.ctl_we.value, dut.ctl_addr.value, dut.ctl_data.value = 1, address, word

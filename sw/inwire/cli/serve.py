@@ -10,8 +10,9 @@ and this service's port.
 Only registered jobs count (registered with `inwire job register`, or by `inwire stream` and the
 launchers on their own, authenticated with the operator key). --unregistered also takes the unregistered
 frames of versions 1 and 2, whose headers configure their slot and route: for captures, trees and the lab,
-never on an aggregator shared by jobs that do not trust each other. With --sim the gateware decides, and it
-holds no job tables yet: it takes unregistered frames only.
+never on an aggregator shared by jobs that do not trust each other. With --sim the gateware decides, with
+its job tables written through its control interface as jobs register: it holds jobs with a multicast group
+only (it sends each result once, to the group), and no routes of reduction trees.
 """
 
 import argparse
@@ -66,8 +67,7 @@ def add_arguments(parser):
     parser.add_argument("--unregistered", action=argparse.BooleanOptionalAction, default=False,
                         help="also take unregistered frames (versions 1 and 2, whose headers configure their slot "
                              "and route: captures, trees and the lab) beside registered jobs; without it only jobs "
-                             "registered with inwire job register (or by inwire stream and the launchers) count. "
-                             "With --sim always on: the gateware holds no job tables yet")
+                             "registered with inwire job register (or by inwire stream and the launchers) count")
     parser.add_argument("--key-file", default=None, metavar="PATH",
                         help=f"operator key that registrations must be signed with (default: ${control.KEY_ENV}, "
                              f"else ~/.config/inwire/operator.key; made on first use)")
@@ -102,13 +102,14 @@ def run(args):
     kwargs = {"engine": "golden" if args.golden or args.sim else None, "receive_buffer": args.receive_buffer}
     if args.sim:
         from inwire_hdl.cosim import CoSimulation
+        from inwire_hdl.job_table import GATEWARE_LIMITS
 
         sim, width = args.sim
         kwargs["make_aggregator"] = lambda config: CoSimulation(sim, width, config)
+        kwargs["limits"] = GATEWARE_LIMITS
     server = SoftwareAggregator(listen, unicast=args.unicast, slots=args.slots, max_elements=args.max_elements,
                                 multicast_iface=args.multicast_iface, lease=args.lease, upstream=args.upstream,
-                                stats_from=args.stats_from, registered=not args.sim,
-                                unregistered=args.unregistered or bool(args.sim),
+                                stats_from=args.stats_from, registered=True, unregistered=args.unregistered,
                                 key=key, **kwargs)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: server.stop())
@@ -119,7 +120,7 @@ def run(args):
                f"{server.config.max_elements} elements, {engine}, results by {mode}, receive buffer "
                f"{server.receive_buffer} bytes, partials only to {ip_str(server.config.upstream_prefix[0])}/"
                f"{server.config.upstream_prefix[1]}, "
-               f"{_takes(server.config.registered, server.config.unregistered)}")
+               f"{'registered jobs and unregistered frames' if args.unregistered else 'registered jobs only'}")
     if server.receive_buffer < args.receive_buffer:
         # Linux grants up to twice net.core.rmem_max without privileges; islands x window must fit.
         server.log(f"inwire serve: warning: receive buffer {server.receive_buffer} bytes, asked for "
@@ -131,8 +132,3 @@ def run(args):
         server.close()
     return 0
 
-
-def _takes(registered: bool, unregistered: bool) -> str:
-    if not registered:
-        return "unregistered frames only (the gateware holds no job tables)"
-    return "registered jobs and unregistered frames" if unregistered else "registered jobs only"
