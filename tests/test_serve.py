@@ -405,12 +405,14 @@ def served_gateware(tmp_path_factory):
 
 
 @pytest.mark.sim
-def test_the_served_gateware_completes_a_job_registered_at_its_control_port(served_gateware):
+def test_the_served_gateware_completes_a_job_registered_at_its_control_port_until_its_teardown(served_gateware):
     """A job with a group, registered through `inwire serve --sim`'s control port: its members' version 3
     contributions complete, and the result goes to the job's group (multicast on lo), once, from the service;
-    a stranger's contribution with the job's id but another token is counted as drop_token (read with a
-    version 3 stats request from a member, which the service answers to that member)."""
-    from inwire.control import register
+    a stranger's contribution with the job's id but another token is counted as drop_token. A member's result
+    request is answered to it; once the job is torn down it is drop_job, and once the job is registered again
+    its range is empty (drop_no_result). The counters are read with a version 3 stats request from a member,
+    which the service answers to that member."""
+    from inwire.control import register, teardown
     from inwire.datagram import ip_int
     from inwire.jobs import JobEntry
 
@@ -422,6 +424,8 @@ def test_the_served_gateware_completes_a_job_registered_at_its_control_port(serv
                         + socket.inet_aton("127.0.0.1"))
     listener.settimeout(30)
     *members, stranger = _udp_sockets(3)
+    for member in members:
+        member.settimeout(30)  # the first frames of a fresh co-simulation take their time on a loaded machine
     entry = JobEntry(job=0x3636, token=0x5EC2E7_0000_0036, slots=2, group=ip_int(group),
                      members=frozenset((ip_int(host), port) for host, port in (sock.getsockname() for sock in members)))
     try:
@@ -436,13 +440,23 @@ def test_the_served_gateware_completes_a_job_registered_at_its_control_port(serv
         assert (header["version"], header["opcode"], header["token"], header["bitmap"]) == (3, Opcode.RESULT,
                                                                                            entry.token, 0b11)
         assert np.frombuffer(body, ">i4", 2, FRAME_HEADER_BYTES - PAYLOAD_OFFSET).tolist() == [11, 2]
+        members[1].sendto(job_frame(entry, Opcode.RESULT_REQUEST, 1), address)
+        assert members[1].recv(65535) == body
+        assert teardown(address, entry.job, key=key)
+        members[0].sendto(job_frame(entry, Opcode.RESULT_REQUEST, 0), address)
+        assert register(address, entry, key=key) == 0
+        members[0].sendto(job_frame(entry, Opcode.RESULT_REQUEST, 0), address)
         request = build_frames(np.zeros((1, 0), dtype=np.int32), opcode=Opcode.STATS_REQUEST, version=3, sender=0,
                                job=entry.job, token=entry.token, group=entry.group)
-        members[0].settimeout(30)
         members[0].sendto(payload_of(request[0]), address)
-        counters = parse_stats_reply(members[0].recv(65535))
-        assert (counters["drop_token"], counters["accumulated"], counters["results_emitted"]) == (1, 2, 1)
-        assert _nothing_waiting(listener) and _nothing_waiting(stranger)
+        # the first datagram back to the member: a result request of a torn-down job or of an empty range gets none
+        reply = members[0].recv(65535)
+        assert parse_payload_header(reply)["opcode"] == Opcode.STATS_REPLY
+        counters = parse_stats_reply(reply)
+        assert {name: counters[name] for name in ("drop_token", "accumulated", "results_emitted", "drop_job",
+                                                  "drop_no_result")} == {
+            "drop_token": 1, "accumulated": 2, "results_emitted": 2, "drop_job": 1, "drop_no_result": 1}
+        assert _nothing_waiting(listener) and _nothing_waiting(stranger) and _nothing_waiting(members[1])
         assert listening.endswith(", registered jobs only"), listening
     finally:
         for sock in (listener, *members, stranger):
