@@ -30,11 +30,19 @@ from inwire.control import (
     register,
     teardown,
 )
-from inwire.datagram import MAX_DATAGRAM, ip_int, parse_result, payload_of
+from inwire.datagram import (
+    MAX_DATAGRAM,
+    PAYLOAD_HEADER_BYTES,
+    ip_int,
+    parse_result,
+    parse_stats_reply,
+    payload_of,
+    stats_request,
+)
 from inwire.fastpath import compiled
 from inwire.jobs import CliqueRoute, JobEntry, JobTable
 from inwire.packets import build_frames
-from inwire.protocol import JOB_VERSION, Opcode
+from inwire.protocol import COUNTERS, JOB_VERSION, Opcode
 from inwire.serve import SoftwareAggregator, serving_in_thread
 
 KEY = bytes(range(32))
@@ -440,6 +448,29 @@ def test_registered_job_aggregates_through_serve(service):
             payload, source = member.recvfrom(MAX_DATAGRAM)
             assert source == address and parse_result(payload).elements.tolist() == [3, 20]
         assert server.counters()["jobs_registered"] == 1
+
+
+@pytest.mark.parametrize("engine", ["golden", "fast"])
+def test_serve_answers_a_jobs_stats_request_from_its_members_alone(service, engine):
+    """A stats reply is about twice its request, so a version 3 stats request whose source is not a member
+    (even with the job and token) is dropped and counted: no socket but a member's can have it reflected."""
+    server, address = service(engine=engine)
+    with bound_socket() as member, bound_socket() as stranger:
+        job = new_job([member.getsockname()], slots=2)
+        register(address, job, key=KEY)
+        request_ = stats_request(job=job.job, version=JOB_VERSION, token=job.token)
+        stranger.sendto(request_, address)
+        stranger.sendto(stats_request(job=job.job, version=JOB_VERSION, token=job.token ^ 1), address)
+        member.sendto(request_, address)
+        payload, source = member.recvfrom(MAX_DATAGRAM)
+        counters = parse_stats_reply(payload)
+        assert source == address and len(payload) == PAYLOAD_HEADER_BYTES + 4 * len(COUNTERS)
+        # the reply counts the frames before it: the stranger's two were decided, and answered with nothing
+        assert (counters["drop_member"], counters["drop_token"], counters["answered"]) == (1, 1, 0)
+        stranger.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            stranger.recv(MAX_DATAGRAM)
+        assert server.counters()["answered"] == 1
 
 
 def test_serve_refuses_what_is_not_authentic_and_new(service):

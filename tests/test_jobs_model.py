@@ -136,6 +136,29 @@ def test_a_forged_result_request_from_a_non_member_gets_no_byte():
     assert (aggregator.stats()["drop_member"], aggregator.stats()["answered"]) == (3, 0)
 
 
+def stats_request(entry, source, **fields):
+    """A version 3 stats request of `entry` from `source`: the bare 128-byte header."""
+    return frame(entry, source, Opcode.STATS_REQUEST, elements=(), **fields)
+
+
+def test_a_forged_stats_request_from_a_non_member_gets_no_byte():
+    """Amplification: a stats reply is larger than its request, so a version 3 one is answered only to a
+    member of its job that names its token; a forged source (another host, another port of a member's host,
+    a member's address with a stranger's port) gets nothing, and each is counted where it failed."""
+    aggregator, _ = completed()
+    forged = [(stats_request(JOB, STRANGER), Disposition.DROP_MEMBER),
+              (stats_request(JOB, NEXT_DOOR), Disposition.DROP_MEMBER),
+              (stats_request(JOB, (A[0], STRANGER[1] + 1)), Disposition.DROP_MEMBER),
+              (stats_request(JOB, A, token=JOB.token ^ 1), Disposition.DROP_TOKEN),
+              (stats_request(JOB, A, job=JOB.job + 7), Disposition.DROP_JOB)]
+    for data, refused in forged:
+        assert send(aggregator, data) == (refused, [])
+    disposition, (reply,) = send(aggregator, stats_request(JOB, B))
+    assert disposition == Disposition.ANSWERED and destination(reply) == B
+    assert len(reply) == FRAME_HEADER_BYTES + 4 * len(COUNTERS)
+    assert values(reply)[COUNTERS.index("drop_member")] == 3
+
+
 @pytest.mark.parametrize("group", [0, GROUP])
 def test_a_result_request_from_a_member_is_answered_to_that_member_alone(group):
     """Each member that asks gets one unicast copy at its own address, with the job's token: never the
@@ -464,8 +487,8 @@ class RandomRun:
 def test_outputs_go_only_to_addresses_in_the_tables():
     """A random run of whole levels, retransmissions, requests from anyone and frames changed in one way:
     every frame the aggregator sends is a version 3 frame of an installed job, with its token, from the
-    aggregator, to an address of that job's tables. (Stats requests are left out: their replies go to
-    whoever asks, by design.)"""
+    aggregator, to an address of that job's tables. (Stats requests are left out: their replies carry no
+    token; test_a_forged_stats_request_from_a_non_member_gets_no_byte holds them to the member that asks.)"""
     aggregator = with_jobs(*RANDOM_JOBS)
     run = RandomRun(36)
     sent = Counter()
