@@ -578,6 +578,27 @@ def test_teardown_frees_the_slots_for_another_job_and_forgets_their_sums():
     assert disposition == Disposition.ACCUMULATED and values(result) == [5, 5, 5]
 
 
+def test_a_member_leaves_without_disturbing_the_others_and_the_last_frees_the_slots():
+    """A leave takes its members out of the job's table and nothing else: the job's range, its live round and
+    the other members stay (a slot a member contributed to before it left still sends it the result); the
+    last member's leave removes the job and forgets its sums, as teardown does."""
+    aggregator = with_jobs(JOB)
+    send(aggregator, frame(JOB, A, sender=0))
+    started, base = slots_state(aggregator), aggregator.jobs.bases[JOB.job]
+    assert aggregator.leave(JOB.job, {A, STRANGER}) == (1, 1)
+    assert aggregator.leave(JOB.job, {A}) == (0, 1)
+    assert aggregator.jobs.entries[JOB.job].members == {B} and aggregator.jobs.bases[JOB.job] == base
+    assert slots_state(aggregator) == started
+    assert send(aggregator, frame(JOB, A, sender=0, round=2)) == (Disposition.DROP_MEMBER, [])
+    disposition, results = send(aggregator, frame(JOB, B, sender=1, elements=(10, 20, 30)))
+    assert disposition == Disposition.ACCUMULATED and [values(result) for result in results] == [[11, 22, 33]] * 2
+    assert sorted(map(destination, results)) == sorted([A, B])
+    assert aggregator.leave(JOB.job, {B}) == (1, 0)
+    assert JOB.job not in aggregator.jobs.entries and aggregator.leave(JOB.job, {B}) == (0, 0)
+    assert all(slot.key is None for slot in aggregator.slots)
+    assert send(aggregator, frame(JOB, B, sender=1)) == (Disposition.DROP_JOB, [])
+
+
 def test_an_aggregator_without_job_tables_refuses_an_install():
     aggregator = Aggregator(AggregatorConfig())
     with pytest.raises(ValueError, match="holds no job tables"):

@@ -23,7 +23,7 @@ gateware's timer and stamps do.
 """
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -320,6 +320,17 @@ class Aggregator:
         for index in range(base, base + entry.slots):
             self.slots[index] = Slot()
         return self.jobs.remove(job)
+
+    def leave(self, job: int, members: Iterable[Endpoint]) -> tuple[int, int]:
+        """The control interface: `members` leave `job` (`JobTable.leave`): (how many were members, how many
+        remain). The last member's leave removes the job as `remove` does; until then its slots stay as they
+        are (a member that left still gets the results of the slots it contributed to)."""
+        base, entry = self.jobs.bases.get(job), self.jobs.entries.get(job)
+        left, remaining = self.jobs.leave(job, members)
+        if base is not None and entry is not None and not remaining:
+            for index in range(base, base + entry.slots):
+                self.slots[index] = Slot()
+        return left, remaining
 
     def takes_version(self, version: int) -> bool:
         if version == JOB_VERSION:
