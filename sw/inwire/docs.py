@@ -123,8 +123,10 @@ the job's tables (`inwire.jobs.JobEntry`):
 
 Registering a job that is registered already with the same token, quota, group and routes adds the members
 it names (each island may register its own socket); anything else under that job id is refused, in one
-line, as a clash. Tables are bounded (jobs, members and routes per job), and a registration expires unless
-renewed, so a crashed controller frees what it held.
+line, as a clash. An island that is done leaves: its members are taken out of the member table and the job
+stays for the others, its slots as they are; the job is removed, its slots freed, when its last member
+leaves (or when it is torn down, all at once). Tables are bounded (jobs, members and routes per job), and a
+registration expires unless renewed, so a crashed controller frees what it held.
 
 The data plane trusts only its tables. A version {JOB_VERSION} frame whose job is not registered
 (`drop_job`), whose token is wrong (`drop_token`) or whose source is not where its tables say it comes from
@@ -133,9 +135,10 @@ aggregator of its clique, holding only that child's members; a result from the c
 slot and is counted. Its `expect` and hop fields must be 0 (`drop_route`): the route is the tables'. Everything the
 aggregator sends for a job goes to an address in the job's tables: the result to the job's group or, one
 copy each, to the addresses the slot's contributions came from (once an address, however many members
-send from it) and the child aggregators whose partials it took; a partial to the clique's parent; the
-answer to a retransmission or a result request to its sender alone, once per request. Results carry the
-job's token, and members accept results only from the aggregator they sent to, with their job's token.
+send from it, a member that left since included) and the child aggregators whose partials it took; a
+partial to the clique's parent; the answer to a retransmission or a result request to its sender alone,
+once per request. Results carry the job's token, and members accept results only from the aggregator they
+sent to, with their job's token.
 A stats reply is larger than its request, so a version {JOB_VERSION} stats request is answered only once
 these checks passed, to the member that asked: no one else can have an aggregator that takes registered
 jobs only reflect a larger reply at an address of their choosing.
