@@ -172,10 +172,10 @@ class FastAggregator:
     def leave(self, job: int, members: Iterable[Endpoint]) -> tuple[int, int]:
         """`members` leave `job` (`model.Aggregator.leave`): the decider's copy of the job's tables is
         replaced by one without them, its slots kept; the last member's leave removes the job."""
-        entry = self.jobs.entries.get(job)
+        entry, members = self.jobs.entries.get(job), frozenset(members)
         if entry is None:
             return 0, 0
-        staying = entry.members - frozenset(members)
+        staying = entry.members - members
         if not staying:
             self.remove(job)
             return len(entry.members), 0
