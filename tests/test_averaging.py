@@ -168,11 +168,6 @@ def test_an_outer_step_at_lr_1_with_momentum_is_no_plain_average():
 
 def test_parameter_groups_are_accepted_like_torch_averagers():
     model = torch.nn.Linear(3, 1)
-
-    class Echo:
-        def average(self, round_index, clique_index, members, me, vector, **route):
-            return np.full_like(vector, 2.0)
-
     averager = CliqueAverager(1, island="A", rounds=ROUNDS, exchange=Echo())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     assert averager.average_parameters(optimizer.param_groups) == ["A", "B", "C"]
@@ -196,9 +191,10 @@ def test_unanswered_round_fails_with_a_clear_error():
 
 
 def test_an_unanswered_averaging_names_its_round_and_the_aggregator_it_sent_to():
-    """The 18th averaging (round 17, as the averager counts them; its first attempt is protocol round 119)
-    sent to a socket that never answers: the error names that round and the address the island sent to, and
-    leaves out the roll call's slot count, which a default service holds."""
+    """The 18th averaging (round 17, as the averager counts them; the first of this run, so its clique first
+    agrees on what it averages, at protocol round 118) sent to a socket that never answers: the error names that
+    round and the address the island sent to, and leaves out the roll call's slot count, which a default
+    service holds."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
         silent.bind(("127.0.0.1", 0))
         port = silent.getsockname()[1]
@@ -212,8 +208,8 @@ def test_an_unanswered_averaging_names_its_round_and_the_aggregator_it_sent_to()
         finally:
             exchange.close()
     message = str(raised.value)
-    assert message.startswith(f"round 17, clique 0 (A, D): no result for chunk 0 of 1 from the aggregator at "
-                              f"127.0.0.1:{port} after "), message
+    assert message.startswith(f"round 17 (agreement on what is averaged), clique 0 (A, D): no result for chunk 0 "
+                              f"of 1 from the aggregator at 127.0.0.1:{port} after "), message
     assert "the aggregator answered neither the sum nor any of" in message and "slots" not in message, message
 
 
@@ -291,10 +287,18 @@ def test_averaging_through_the_gateware_matches_the_model():
     clique = expected_average([before[name] for name in "ABC"])
     for name in "ABC":
         assert np.array_equal(flat(models[name]), clique), name
-    assert counters["accumulated"] == 3 * -(-151 // 64)
+    # The clique's chunks, and the one of its agreement on what it averages (3 x 11 layout words).
+    assert counters["accumulated"] == 3 * (-(-151 // 64) + 1)
 
 
-class Echo:
+class Alone:
+    """An exchange without a network whose clique's members all hold this island's layout words."""
+
+    def gather(self, round_index, clique_index, members, me, words, **route):
+        return np.tile(words, (len(members), 1))
+
+
+class Echo(Alone):
     """An exchange whose clique average is every parameter at 2 (no network)."""
 
     def average(self, round_index, clique_index, members, me, vector, **route):
@@ -437,7 +441,7 @@ def test_islands_resumed_from_checkpoints_of_different_rounds_are_told_so(aggreg
         "(checkpoints of different rounds" in errors["B"], errors["B"]
 
 
-class Rotation:
+class Rotation(Alone):
     """An exchange whose average depends on the vector and the round (no network), recording the rounds: a
     resume that restarts the rotation, or loses the anchor or momentum, ends at other parameters."""
 

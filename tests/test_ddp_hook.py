@@ -109,13 +109,17 @@ def test_every_island_steps_with_the_codec_average_of_the_island_gradients(tmp_p
 
 
 class Bucket:
-    """What the hook reads of a DDP gradient bucket."""
+    """What the hook reads of a DDP gradient bucket: by default it holds one parameter of the buffer's shape."""
 
-    def __init__(self, tensor, index):
+    def __init__(self, tensor, index, shapes=None):
         self.tensor, self._index = tensor, index
+        self.shapes = [tuple(tensor.shape)] if shapes is None else shapes
 
     def buffer(self):
         return self.tensor
+
+    def parameters(self):
+        return [torch.empty(shape) for shape in self.shapes]
 
     def index(self):
         return self._index
@@ -304,7 +308,7 @@ def test_a_failed_sum_fails_backward_on_every_rank_after_every_bucket_was_handed
         assert threads == [], (rank, threads)
     assert got[0][0] == got[1][0]
     message = got[0][1]
-    assert "ClientError: round 0, clique 0 (LON, NYC): no result" in message, message
+    assert "ClientError: round 0 (agreement on what is averaged), clique 0 (LON, NYC): no result" in message, message
     assert f"from the aggregator at 127.0.0.1:{server.address[1]}" in message, message
     assert "no contribution of NYC arrived" in message and got[0][2] == ("NYC",), (message, got[0][2])
     assert "step 0, bucket 0: rank 0 of island LON could not sum it across islands" in got[1][1], got[1][1]
@@ -424,3 +428,59 @@ def test_a_non_finite_bucket_on_one_island_makes_every_scaler_skip_the_step(tmp_
     for island in SCALED_ISLANDS:
         named = {step: str(got[(island, 0)].get(f"{step}-non-finite", "")) for step in range(SCALED_STEPS)}
         assert named == {0: "", 1: "1 LON", 2: "1 LON", 3: "3 NYC", 4: "3 NYC"}, (island, named)
+
+
+def mismatched_islands(folder, out):
+    """LON's bucket 0 holds a (3, 4) weight and then its bias, NYC's the bias first (a submodule registered in
+    another order): the same 16 gradients. What each island's hook raised, and whether its bucket kept its
+    gradients."""
+    import torch.distributed as dist
+
+    from inwire.train.averaging import InwireExchange
+    from inwire.train.ddp import InwireHookState, inwire_hook
+
+    store = dist.FileStore(str(pathlib.Path(folder) / "mismatched.store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    shapes = {"LON": [(3, 4), (4,)], "NYC": [(4,), (3, 4)]}
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        exchanges = {island: InwireExchange(server.address, deadline_s=10.0) for island in shapes}
+        try:
+            states, futures, gradients, buffers = {}, {}, {}, {}
+            for seed, island in enumerate(shapes):
+                gradients[island] = torch.randn(16, generator=torch.Generator().manual_seed(seed))
+                buffers[island] = gradients[island].clone()
+                states[island] = InwireHookState(exchanges[island], island, list(shapes))
+                futures[island] = inwire_hook(states[island], Bucket(buffers[island], 0, shapes[island]))
+            got = {}
+            for island, future in futures.items():
+                try:
+                    future.wait()
+                    got[island] = ("no error", "")
+                except Exception:  # the state keeps the worker's error as raised
+                    failure = states[island].failure[2]
+                    got[island] = (type(failure).__name__, str(failure))
+            untouched = {island: bool(torch.equal(buffers[island], gradients[island])) for island in shapes}
+            out.put((got, untouched, hook_threads()))
+        finally:
+            for exchange in exchanges.values():
+                exchange.close()
+            dist.destroy_process_group()
+
+
+def test_islands_whose_buckets_hold_other_parameters_fail_every_backward_before_any_sum(tmp_path):
+    """DDP fixes a bucket's layout from the model; an island that registered a submodule in another order
+    has buckets of the same size holding other parameters. Both islands' hooks fail with one message naming
+    the island that differs, before the bucket is summed."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    process = context.Process(target=mismatched_islands, args=(str(tmp_path), out))
+    process.start()
+    got, untouched, threads = out.get(timeout=60)
+    process.join(timeout=30)
+    messages = {message for _, message in got.values()}
+    assert {kind for kind, _ in got.values()} == {"LayoutMismatch"} and len(messages) == 1, got
+    message = messages.pop()
+    assert message.startswith("step 0, bucket 0 (LON, NYC): island NYC averages the same parameter shapes in another "
+                              "order, compared with LON (layout digest "), message
+    assert message.endswith("; nothing was averaged"), message
+    assert untouched == {"LON": True, "NYC": True} and threads == []

@@ -135,7 +135,8 @@ def test_classifier_agrees_with_the_model_frame_checks(width):
             assert (members, level, member_count) == (tree.members, tree.level, bin(tree.members).count("1"))
             assert route == ((tree.hop1, tree.hop1_expect, tree.hop2, tree.hop2_expect) if tree.hop1 else None)
     # Every frame check of the model is reached by some frame, and some frames pass them all; except the job
-    # checks, which need job tables: the gateware holds none yet (CONFIG.registered is off).
+    # checks, which need job tables: CONFIG holds none (the cocotb suite and the traffic table run the
+    # gateware with them).
     assert not CONFIG.registered
     checks = {disposition for disposition, _, _ in FRAME_CHECKS}
     assert reached == checks - set(JOB_DISPOSITIONS) | {None}

@@ -18,15 +18,17 @@ from amaranth.lib import wiring
 from inwire.model import AggregatorConfig
 from inwire_hdl import mutants
 from inwire_hdl.aggregator import Aggregator
+from inwire_hdl.job_table import GATEWARE_LIMITS
 
-CONFIG = AggregatorConfig(slots=2, max_elements=8, max_fanin=4)
+CONFIG = AggregatorConfig(slots=2, max_elements=8, max_fanin=4, registered=True, limits=GATEWARE_LIMITS)
 WIDTH = 8
 COMPONENTS = ("classifier", "slot_table", "decider", "assembler")
 INSIDE = {"stale_memory": "assembler", "no_lease": "decider", "lease_early": "decider",
           "sender_overlap": "slot_table", "no_route": "classifier", "hops_kept": "classifier",
           "stale_claims": "decider", "lease_unwrapped": "decider", "stamp_at_claim": "decider",
           "carry_lost": "assembler", "carry_counted": "assembler", "hop2_expect_lost": "classifier",
-          "members_low32": "classifier", "partials_resend_uncounted": "assembler", "source_route": "classifier"}
+          "members_low32": "classifier", "partials_resend_uncounted": "assembler", "source_route": "classifier",
+          "token_unchecked": "classifier", "source_unchecked": "classifier"}
 """Each inside mutant and the component it breaks."""
 PORT = [name for name in mutants.MUTANTS if name not in INSIDE]
 

@@ -14,10 +14,14 @@ from pathlib import Path
 import pytest
 
 from inwire.model import AggregatorConfig
+from traffic import GATEWARE_CONFIG
 
 pytestmark = pytest.mark.sim
 
 TOOLS = {"icarus": "iverilog", "verilator": "verilator"}
+SUITE_CONFIG = GATEWARE_CONFIG
+"""The cocotb suite's gateware holds job tables and takes unregistered frames too: one build runs both, and
+the traffic table's."""
 
 
 def cocotb_test_names(module_path):
@@ -34,8 +38,8 @@ def test_cocotb_suite(simulator, width):
         pytest.fail(f"{TOOLS[simulator]} is not on PATH (run `make setup`)")
     from inwire_hdl import sim
 
-    runner, build_dir = sim.build(simulator, width)
-    outcome = sim.run(runner, build_dir)
+    runner, build_dir = sim.build(simulator, width, SUITE_CONFIG)
+    outcome = sim.run(runner, build_dir, SUITE_CONFIG)
     failed = sorted(name for name, passed in outcome.items() if not passed)
     expected = cocotb_test_names(Path(__file__).resolve().parents[1] / "tb" / "aggregator" / "test_aggregator.py")
     assert set(outcome) == expected, (

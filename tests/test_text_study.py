@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from inwire.train import text_study  # noqa: E402
+from inwire.train import stats, text_study  # noqa: E402
 from inwire.train.training import _simulate_cached  # noqa: E402
 
 TINY = ["--islands", "LON,AMS,FRA,NYC", "--steps", "40", "--local-steps", "5,20", "--outer", "avg,1",
@@ -61,6 +61,29 @@ def test_the_target_is_below_every_lone_island_and_every_table_has_none_sync_and
     text = reruns[0]["study.md"].decode()
     header = next(line for line in text.splitlines() if line.startswith("| H | schedule's rounds |"))
     assert all(f" {name} " in header for name in ("none", "sync", "host-tree", "global", "gossip", "random"))
+
+
+def test_the_verdicts_are_the_paired_statistics_corrected_over_every_h(reruns):
+    """Two seeds (the fewest the study takes): no p can be below 0.5, so every verdict is a tie, and the
+    caption says so; the exact averages sync every H steps like the schedule (the equal-communication
+    control)."""
+    study = json.loads(reruns[0]["study.json"])
+    table = [versus for cell in study["cells"] for versus in cell["schedule_vs"].values()]
+    assert [versus["p_holm"] for versus in table] == stats.holm([versus["p"] for versus in table])
+    assert {versus["verdict"] for versus in table} == {"tie"}
+    assert all(versus["measure"] == "time-averaged loss" and not versus["higher_is_better"] for versus in table)
+    for cell in study["cells"]:
+        for control in ("global", "ring", "host-tree"):
+            assert cell["strategies"][control]["period"] == cell["strategies"]["schedule"]["period"]
+    text = reruns[0]["study.md"].decode()
+    assert f"over the table's {len(table)} comparisons" in text and "other than a tie" in text
+    cell = study["cells"][0]
+    versus = cell["schedule_vs"]["host-tree"]
+    (row,) = [line for line in text.splitlines() if line.startswith("| host-tree | 5 |")]
+    assert row.endswith(f"| {stats.format_difference(versus, 3)} | {stats.format_p(versus['p_holm'])} | tie | "
+                        f"{versus['time_to_target']['sooner']}↑ {versus['time_to_target']['later']}↓ of 2 |")
+    verdicts = next(line for line in text.splitlines() if line.startswith("| 5 |"))
+    assert f"| tie {stats.format_difference(versus, 3)} p={stats.format_p(versus['p_holm'])} |" in verdicts
 
 
 def test_the_target_rule_on_made_up_curves():

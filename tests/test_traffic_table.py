@@ -12,10 +12,12 @@ import pytest
 from inwire import fastpath
 from inwire.datagram import ip_int, ip_str
 from inwire.model import Aggregator
+from inwire.packets import frame_field
 from inwire.protocol import COUNTERS, Disposition
 from inwire.serve import SoftwareAggregator
 from traffic import (
     FRAME_ONLY,
+    GATEWARE_CONFIG,
     JOB_SCENARIOS,
     SCENARIOS,
     TABLE_CONFIG,
@@ -74,7 +76,7 @@ def test_the_table_has_a_scenario_for_every_disposition_and_counter():
     assert set(SCENARIOS) <= set(COUNTERS), f"scenarios for no counter: {sorted(set(SCENARIOS) - set(COUNTERS))}"
     assert set(DISPOSITIONS) <= set(SCENARIOS)
     assert set(FRAME_ONLY) <= set(SCENARIOS)
-    assert set(GATEWARE_WITHOUT) <= JOB_SCENARIOS, "the gateware is given every scenario but the job tables' ones"
+    assert set(GATEWARE_WITHOUT) <= JOB_SCENARIOS, "the gateware is given every scenario but job tables' it cannot hold"
 
 
 @pytest.mark.parametrize("name", COUNTERS)
@@ -118,9 +120,14 @@ def fast_outcome(aggregator, steps, config, jobs=False):
     return Outcome(tuple(dispositions), tuple(outputs), aggregator.stats(), tuple(destinations) if jobs else None)
 
 
+def jobs_of(name, config):
+    """Scenario `name`'s job tables, for `config`'s addresses."""
+    return scenario(name).jobs(config) if scenario(name).jobs else []
+
+
 def installed(engine, install, name, config):
     """Install scenario `name`'s job tables (for `config`'s addresses) with the engine's method `install`."""
-    for entry in scenario(name).jobs(config) if scenario(name).jobs else ():
+    for entry in jobs_of(name, config):
         getattr(engine, install)(entry)
 
 
@@ -189,10 +196,9 @@ def test_serve(name, engine):
 # --- the gateware ------------------------------------------------------------------------------------------
 
 GATEWARE_SIMULATOR = "verilator"
-"""One simulator, one cocotb run per width: the builds are the cocotb suite's (the table's configuration is
-the default one), so the table adds only its run."""
-GATEWARE_WITHOUT = {} if TABLE_CONFIG.registered else {
-    name: "the gateware holds no job tables (TABLE_CONFIG.registered is off)" for name in sorted(JOB_SCENARIOS)}
+"""One simulator, one cocotb run per width: the builds are the cocotb suite's (`GATEWARE_CONFIG`), so the
+table adds only its run."""
+GATEWARE_WITHOUT = {"relayed": "its job has a clique routed to a parent: the gateware's tables hold no routes"}
 """Scenarios the gateware is not given, and why."""
 GATEWARE_SCENARIOS = [name for name in COUNTERS if name not in GATEWARE_WITHOUT]
 
@@ -209,13 +215,14 @@ def gateware_outcomes(width):
 
     if shutil.which(GATEWARE_SIMULATOR) is None:
         pytest.fail(f"{GATEWARE_SIMULATOR} is not on PATH (run `make setup`)")
-    runner, run_dir = sim.build(GATEWARE_SIMULATOR, width, TABLE_CONFIG)
-    steps = {name: [(data.hex(), now) for data, now in SCENARIOS[name].steps(TABLE_CONFIG)]
+    runner, run_dir = sim.build(GATEWARE_SIMULATOR, width, GATEWARE_CONFIG)
+    steps = {name: {"jobs": [job_json(entry) for entry in jobs_of(name, GATEWARE_CONFIG)],
+                    "steps": [(data.hex(), now) for data, now in SCENARIOS[name].steps(GATEWARE_CONFIG)]}
              for name in GATEWARE_SCENARIOS}
     with tempfile.TemporaryDirectory() as scratch:
         inputs, outputs = Path(scratch) / "in.json", Path(scratch) / "out.json"
         inputs.write_text(json.dumps(steps))
-        outcome = sim.run(runner, run_dir, TABLE_CONFIG, testcase="traffic_table", test_module="traffic_table",
+        outcome = sim.run(runner, run_dir, GATEWARE_CONFIG, testcase="traffic_table", test_module="traffic_table",
                           extra_env={"INWIRE_TABLE_IN": str(inputs), "INWIRE_TABLE_OUT": str(outputs)},
                           results_name="traffic_table.xml")
         assert outcome == {"traffic_table": True} and outputs.exists(), (
@@ -227,10 +234,19 @@ def gateware_outcomes(width):
         for entry in frames:
             dispositions.append(moved_disposition(previous, entry["counters"]))
             previous = entry["counters"]
-        outcomes[name] = (Outcome(tuple(dispositions), tuple(payloads(bytes.fromhex(out) for out in entry["outputs"])
-                                                                for entry in frames), previous),
+        sent = [[bytes.fromhex(out) for out in entry["outputs"]] for entry in frames]
+        destinations = tuple(tuple((frame_field(out, "ip_dst"), frame_field(out, "udp_dport")) for out in outs)
+                             for outs in sent)
+        outcomes[name] = (Outcome(tuple(dispositions), tuple(payloads(outs) for outs in sent), previous,
+                                  destinations if name in JOB_SCENARIOS else None),
                           [entry["aborted"] for entry in frames])
     return outcomes
+
+
+def job_json(entry):
+    """A job entry as the cocotb driver reads it (tb/aggregator/traffic_table.py)."""
+    return {"job": entry.job, "token": entry.token, "slots": entry.slots, "members": sorted(entry.members),
+            "group": entry.group}
 
 
 @pytest.fixture(scope="module", params=[8, 64], ids=lambda width: f"w{width}")
@@ -240,9 +256,10 @@ def gateware(request):
 
 def expected_aborts(name, width):
     """Answers the model says a cut-through aggregator at `width` starts and aborts, per frame."""
-    model = Aggregator(TABLE_CONFIG)
+    model = Aggregator(scenario(name).configured(GATEWARE_CONFIG))
+    installed(model, "install", name, GATEWARE_CONFIG)
     aborts = []
-    for data, now in scenario(name).steps(TABLE_CONFIG):
+    for data, now in scenario(name).steps(GATEWARE_CONFIG):
         aborts.append(int(model.cut_through_abort(data, width, now) is not None))
         model.process(data, now)
     return aborts
@@ -252,7 +269,7 @@ def expected_aborts(name, width):
 @pytest.mark.parametrize("name", GATEWARE_SCENARIOS)
 def test_the_gateware(gateware, name):
     width, outcomes = gateware
-    expected = expectation(name, TABLE_CONFIG)
+    expected = expectation(name, GATEWARE_CONFIG)
     got, aborted = outcomes[name]
     problems = differences(f"gateware ({GATEWARE_SIMULATOR}, width {width})", expected, got)
     assert not problems, "; ".join(problems)

@@ -9,11 +9,11 @@ pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 from inwire.cli import main  # noqa: E402
+from inwire.train import stats  # noqa: E402
 from inwire.train.training import (  # noqa: E402
     Strategy,
     TrainConfig,
     cell_title,
-    compare,
     format_study,
     format_verdicts,
     gossip_rounds,
@@ -21,7 +21,6 @@ from inwire.train.training import (  # noqa: E402
     random_rounds,
     run_study,
     run_training,
-    sign_test_p,
     split_data,
     time_to_accuracy_ms,
 )
@@ -142,27 +141,31 @@ def test_islands_get_disjoint_skewed_or_iid_shares():
     assert min(len(set(y.tolist())) for _, y in iid) == 10
 
 
-def test_verdicts_are_paired_over_seeds():
-    def run(a, b):
-        return {"curves": {"schedule": [{"time_ms": a, "accuracy": 0.9}], "global": [{"time_ms": b, "accuracy": 0.9}]}}
-
-    assert compare([run(1, 2), run(1, 3), run(2, 3)], "schedule", "global", 0.85)["verdict"] == "win"
-    assert compare([run(3, 2), run(4, 3), run(5, 3)], "schedule", "global", 0.85)["verdict"] == "lose"
-    assert compare([run(1, 2), run(3, 2), run(2, 2)], "schedule", "global", 0.85)["verdict"] == "tie"
-    # A schedule that never reaches the target is the later one: 9 of 10 later is a loss by the sign test,
-    # 8 of 10 is not enough.
-    never = {"curves": {"schedule": [{"time_ms": 1, "accuracy": 0.5}], "global": [{"time_ms": 9, "accuracy": 0.9}]}}
-    assert compare([never] * 9 + [run(1, 2)], "schedule", "global", 0.85)["verdict"] == "lose"
-    assert compare([never] * 8 + [run(1, 2)] * 2, "schedule", "global", 0.85)["verdict"] == "tie"
-
-
-def test_sign_test_is_the_exact_binomial_tail_doubled():
-    # Counted by hand: 10 of 10 one way is 2 of the 2^10 splits as uneven; 8 of 10 adds 10 + 45 each side;
-    # 9 of 10: (1 + 10) each side; an even split is no evidence either way.
-    assert sign_test_p(10, 0) == pytest.approx(2 / 1024)
-    assert sign_test_p(2, 8) == pytest.approx(2 * (1 + 10 + 45) / 1024)
-    assert sign_test_p(9, 1) == pytest.approx(2 * 11 / 1024)
-    assert sign_test_p(5, 5) == 1.0 and sign_test_p(0, 0) == 1.0
+def test_a_ten_seed_cell_judges_the_schedule_by_the_paired_statistics():
+    """Four islands, 40 steps, 10 seeds. At 50 ms a step the schedule (here the global clique) spends the
+    first of its 2 s of compute talking: over the time both cover, `none` (no communication) scores higher on
+    every seed, and the equal-budget control, syncing every 9 steps instead of 10, lower. Neither reaches 85 %,
+    so the old count (0↑ 0↓) could not tell them apart. Every p is corrected over the study's comparisons."""
+    study = run_study(TrainConfig(**{**SMALL, "strategies": ("none", "global", "global-equal", "schedule")}),
+                      seeds=range(10))
+    (cell,) = study["cells"]
+    versus = cell["schedule_vs"]
+    assert [versus[name]["verdict"] for name in ("none", "global", "global-equal")] == ["loss", "tie", "win"]
+    assert versus["global"]["ci"] == [0.0, 0.0] and versus["global"]["p"] == 1.0, "the schedule is the global clique"
+    assert versus["none"]["ci"][1] < 0 < versus["global-equal"]["ci"][0]
+    assert [versus[name]["p_holm"] for name in versus] == stats.holm([versus[name]["p"] for name in versus])
+    assert versus["none"]["time_to_target"] == {"sooner": 0, "later": 0, "both_reached": 0,
+                                                "mean_difference_ms": None}
+    text = format_study(study)
+    assert "Holm-corrected over every comparison of the table" in text and "3 comparisons" in text
+    (header,) = [line for line in text.splitlines() if line.startswith("| strategy |")]
+    assert header.endswith("| schedule − row: time-averaged score [95 % CI] | Holm p | verdict | time to target: "
+                           "seeds schedule sooner, later |")
+    (row,) = [line for line in text.splitlines() if line.startswith("| global-equal |")]
+    difference = versus["global-equal"]
+    assert row.endswith(f"| {stats.format_difference(difference, 2, 100)} | {stats.format_p(difference['p_holm'])} "
+                        "| win | 0↑ 0↓ of 10 |")
+    assert f"| win {stats.format_difference(difference, 2, 100)} p=" in format_verdicts(study)
 
 
 def test_train_seeds_prints_mean_and_std_per_strategy_with_the_control(tmp_path, capsys):

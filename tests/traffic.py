@@ -9,8 +9,9 @@ tests/test_traffic_table.py check that the table names every counter and that ea
 counter in the model, and run every scenario through every engine, frame for frame.
 
 Four scenarios (`JOB_SCENARIOS`, one per job disposition) need an aggregator that holds job tables: the
-engines run them with `registered` on and the scenario's jobs installed. An engine without job tables (the
-gateware, so far) is not given them.
+engines run them with `registered` on and the scenario's jobs installed. Three install a job with a group and
+no routes, which the gateware's tables hold too (`GATEWARE_CONFIG`); `relayed` needs a clique's route to a
+parent, which they do not hold, so the gateware is not given it.
 
 Four scenarios hold frames that only a whole-frame engine sees (the model, the gateware): a frame for
 another address, or one whose IPv4 header a kernel refuses before any UDP socket does. `FRAME_ONLY` names
@@ -27,6 +28,7 @@ from inwire.jobs import CliqueRoute, JobEntry
 from inwire.model import JOB_DISPOSITIONS, Aggregator, AggregatorConfig
 from inwire.packets import build_frames, frame_field
 from inwire.protocol import FRAME_OFFSETS, INT32_MAX, JOB_VERSION, Disposition, Opcode
+from inwire_hdl.job_table import GATEWARE_LIMITS
 
 HOST_MAC = 0x02_00_00_00_00_05
 HOST_PORT = 40000
@@ -93,6 +95,17 @@ def table_jobs(config):
                      routes={TREE_CLIQUE: CliqueRoute(parent=(parent_ip(config), config.port))})]
 
 
+def grouped_jobs(config):
+    """The job of `CLIQUE` with its group and no routes, the member at `host_ip` its only member: tables the
+    gateware holds too."""
+    return [JobEntry(job=CLIQUE["job"], token=TOKEN, slots=2, members={member(config)}, group=CLIQUE["group"])]
+
+
+def grouped_frame(config, **fields):
+    """A version 3 frame of the job of `grouped_jobs` from its member."""
+    return job_frame(config, group=CLIQUE["group"], **fields)
+
+
 def job_frame(config, elements=ELEMENTS, **fields):
     """A version 3 frame of the registered job (`table_jobs`) from its member, a contribution unless
     `fields` say otherwise."""
@@ -101,7 +114,8 @@ def job_frame(config, elements=ELEMENTS, **fields):
 
 
 def job_stats_request(config, **fields):
-    """A version 3 stats request of the registered job, from its member unless `fields` say otherwise."""
+    """A version 3 stats request of the registered job, from its member unless `fields` say otherwise (its
+    group and route fields are read by no check)."""
     return job_frame(config, (), opcode=Opcode.STATS_REQUEST, **fields)
 
 
@@ -201,18 +215,18 @@ SCENARIOS = {scenario.reaches: scenario for scenario in (
         contribution(c, expect=0b1, hop1=parent_ip(c))])),
     Scenario("drop_job", "the member's version 3 frame, then one naming a job without tables, then a stats "
              "request naming it", at_zero(lambda c: [
-                 job_frame(c), job_frame(c, job=CLIQUE["job"] + 1), job_stats_request(c, job=CLIQUE["job"] + 1)]),
-             table_jobs),
+                 grouped_frame(c), grouped_frame(c, job=CLIQUE["job"] + 1),
+                 job_stats_request(c, job=CLIQUE["job"] + 1)]), grouped_jobs),
     Scenario("drop_token", "the member's version 3 frame with one bit of the token flipped, then a stats request "
-             "so", at_zero(lambda c: [job_frame(c, token=TOKEN ^ 1 << 40), job_stats_request(c, token=TOKEN ^ 1)]),
-             table_jobs),
+             "so", at_zero(lambda c: [grouped_frame(c, token=TOKEN ^ 1 << 40), job_stats_request(c, token=TOKEN ^ 1)]),
+             grouped_jobs),
     Scenario("drop_member", "a partial from the member, which is no child aggregator, a contribution from "
              "another port of the member's host, the member's stats request (answered, to it), then the same "
              "from that other port (no reply: it would reflect a larger reply at whoever the source names)",
              at_zero(lambda c: [
-                 job_frame(c, opcode=Opcode.PARTIAL, status=0, bitmap=0b10, sender=1),
-                 job_frame(c, udp_sport=HOST_PORT + 1), job_stats_request(c),
-                 job_stats_request(c, udp_sport=HOST_PORT + 1)]), table_jobs),
+                 grouped_frame(c, opcode=Opcode.PARTIAL, status=0, bitmap=0b10, sender=1),
+                 grouped_frame(c, udp_sport=HOST_PORT + 1), job_stats_request(c),
+                 job_stats_request(c, udp_sport=HOST_PORT + 1)]), grouped_jobs),
     Scenario("relayed", "a member's level below the parent completes (a partial up), the parent's result comes "
              "down: sent to the member, once", at_zero(lambda c: [
                  job_frame(c, fanin=1, clique=TREE_CLIQUE),
@@ -287,5 +301,7 @@ def as_datagram(data, config):
 
 
 TABLE_CONFIG = AggregatorConfig()
-"""The configuration the gateware runs the table at: the one the cocotb suite builds, so that no other
-build is needed."""
+"""The configuration the software engines run the table at (`Scenario.configured` adds job tables)."""
+GATEWARE_CONFIG = replace(TABLE_CONFIG, registered=True, limits=GATEWARE_LIMITS)
+"""The gateware's: job tables of the gateware's size beside unregistered frames. The cocotb suite builds the
+same (tests/test_gateware_sim.py), so that the table needs no build of its own."""

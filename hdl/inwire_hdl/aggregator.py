@@ -61,6 +61,7 @@ from .assembler import OutputAssembler
 from .blocks import RegisteredFIFO
 from .classifier import HeaderClassifier
 from .decider import Decider
+from .job_table import JobTables
 from .signatures import context_layout, queued_beat_layout
 from .slot_table import SlotTable
 
@@ -70,7 +71,9 @@ class Aggregator(wiring.Component):
 
     Ports: `s_axis_t{data,keep,last,valid,ready}` in, `m_axis_t{data,keep,last,valid,ready,user}` out
     (tuser on a last beat marks an aborted frame), one 32-bit `stat_<name>` per `COUNTERS` name, and
-    `lease_tick`, one pulse per tick of the lease timer (`LeaseTicker` makes them from the clock).
+    `lease_tick`, one pulse per tick of the lease timer (`LeaseTicker` makes them from the clock). With job
+    tables (`config.registered`, sized by `config.limits`): `ctl_we`, `ctl_addr` and `ctl_data`, the control
+    interface that writes them (`job_table.ControlMap`).
     `buffer_beats` is the depth of the beat FIFO (at least the header's beats plus slack).
 
     Inside: `classifier` (HeaderClassifier) → `decider` (Decider), with the `slot_table` (SlotTable) beside
@@ -105,6 +108,9 @@ class Aggregator(wiring.Component):
             "m_axis_tvalid": Out(1), "m_axis_tready": In(1), "m_axis_tuser": Out(1), "lease_tick": In(1),
         }
         ports.update({f"stat_{name}": Out(32) for name in COUNTERS})
+        self.job_tables = JobTables(config) if config.registered else None
+        if self.job_tables is not None:
+            ports.update({"ctl_we": In(1), "ctl_addr": In(self.job_tables.map.address_bits), "ctl_data": In(32)})
         super().__init__(ports)
         sum_depth = config.slots * 2 * self.bank_words
         self.ctx_layout = context_layout(self.slot_bits, self.beat_bits, ceil_log2(sum_depth))
@@ -128,6 +134,13 @@ class Aggregator(wiring.Component):
             self.s_axis_tready.eq(classifier.s_axis_tready), classifier.lease_tick.eq(self.lease_tick),
         ]
         wiring.connect(m, classifier.lookup, slot_table.lookup)
+        if self.job_tables is not None:
+            m.submodules.job_tables = tables = self.job_tables
+            wiring.connect(m, classifier.jobs_query, tables.query)
+            wiring.connect(m, classifier.member_query, tables.member_query)
+            wiring.connect(m, tables.clear, slot_table.clear)
+            m.d.comb += [tables.control.we.eq(self.ctl_we), tables.control.addr.eq(self.ctl_addr),
+                         tables.control.data.eq(self.ctl_data)]
         wiring.connect(m, classifier.classified, decider.classified)
         wiring.connect(m, slot_table.access, decider.access)
         wiring.connect(m, decider.beats, beats.w_stream)

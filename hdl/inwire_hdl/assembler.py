@@ -20,6 +20,7 @@ from inwire.protocol import (
     IP_PROTO_UDP,
     IP_VER_IHL,
     IPV4_BYTES,
+    JOB_VERSION,
     MAGIC,
     RESULT_TTL,
     VERSION,
@@ -185,7 +186,7 @@ class OutputAssembler(wiring.Component):
             "ip_ttl": RESULT_TTL, "ip_proto": IP_PROTO_UDP, "ip_csum": actx.ip_csum,
             "ip_src": cfg.ip, "ip_dst": actx.dst_ip, "udp_sport": cfg.port, "udp_dport": actx.dst_port,
             "udp_len": actx.out_len - ETHERNET_BYTES - IPV4_BYTES, "magic": MAGIC,
-            "version": Mux(actx.v1, 1, VERSION),
+            "version": Mux(actx.v1, 1, Mux(actx.v3, JOB_VERSION, VERSION)), "token": actx.token,
             "opcode": actx.opcode, "sender": actx.sender, "fanin": actx.fanin, "exponent": actx.exponent,
             "contributors": actx.contributors, "job": actx.job, "round": actx.round, "clique": actx.clique,
             "slot": actx.hdr_slot, "chunk": actx.chunk, "count": actx.count, "group": actx.group,
@@ -310,9 +311,10 @@ class OutputAssembler(wiring.Component):
                 final = Mux(s.bad, Disposition.DROP_LENGTH, s.disp)
                 index = {name: i for i, name in enumerate(COUNTERS)}
                 increments = self.counter_increments(done)
-                # The job dispositions never occur without job tables: their counters stay 0, as the model's
-                # do for an aggregator without tables, and cost no logic.
-                for disposition in (d for d in Disposition if d not in JOB_DISPOSITIONS):
+                # The job dispositions never occur without job tables, nor RELAYED without routes: their
+                # counters stay 0, as the model's do for such an aggregator, and cost no logic.
+                never = set(JOB_DISPOSITIONS) if not self.config.registered else {Disposition.RELAYED}
+                for disposition in (d for d in Disposition if d not in never):
                     counter = counters[index[disposition.name.lower()]]
                     with m.If(final == disposition):
                         m.d.sync += counter.eq(counter + 1)

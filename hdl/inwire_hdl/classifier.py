@@ -15,6 +15,7 @@ from inwire.protocol import (
     IP_PROTO_UDP,
     IP_VER_IHL,
     IPV4_BYTES,
+    JOB_VERSION,
     MAGIC,
     MIN_FRAME_BYTES,
     MULTICAST_MASK,
@@ -26,6 +27,7 @@ from inwire.protocol import (
 )
 
 from .blocks import ipv4_words, popcount
+from .job_table import member_query_signature, query_signature
 from .layout import field_value
 from .signatures import (
     SLOT_KEY,
@@ -44,24 +46,31 @@ class HeaderClassifier(wiring.Component):
     header's decoded flags, fields and partial checksums are registered (C1); entering I2 the frame-length
     checks and the checksum total (C2), while the slot table is read (`lookup`); entering I3 the checks
     before the slot table and the first disposition (C3, `classified.frame`).
+
+    With job tables (`config.registered`) a version 3 frame's job, token, group and slot are looked up in C1
+    (`jobs_query`: its slot becomes one of its job's range) and its source in C2 (`member_query`); without,
+    those ports are left undriven and read 0.
     """
 
     def __init__(self, config, data_width, beat_bits):
         self.config, self.data_width, self.beat_bits = config, data_width, beat_bits
         self.header_beats = FRAME_HEADER_BYTES // data_width
         self.slot_bits = max(1, ceil_log2(config.slots))
+        self.jobs = config.limits.jobs if config.registered else 1
         super().__init__({
             "s_axis_tdata": In(8 * data_width), "s_axis_tkeep": In(data_width), "s_axis_tlast": In(1),
             "s_axis_tvalid": In(1), "s_axis_tready": Out(1), "lease_tick": In(1),
             "lookup": Out(lookup_signature(self.slot_bits)),
-            "classified": Out(classified_signature(data_width, beat_bits)),
+            "classified": Out(classified_signature(data_width, beat_bits, self.jobs)),
+            "jobs_query": Out(query_signature(self.jobs, self.slot_bits)),
+            "member_query": Out(member_query_signature(self.jobs)),
         })
         # Kept here, not in `elaborate`, so that `header_class` (and a subclass's) can read them.
         stage = input_beat_layout(data_width, beat_bits)
         self.i0, self.i1, self.i2 = (Signal(stage, name=f"i{n}") for n in range(3))
         self.header = header_register("hdr")
         self.header_time = Signal(TIME_BITS)
-        cls = frame_class_layout(data_width, beat_bits)
+        cls = frame_class_layout(data_width, beat_bits, self.jobs)
         self.c1, self.c2 = Signal(cls, name="c1"), Signal(cls, name="c2")
 
     def elaborate(self, platform):
@@ -98,7 +107,9 @@ class HeaderClassifier(wiring.Component):
                     ]
 
     def _classify_header(self, m):
-        """C1: everything that needs only the header."""
+        """C1: everything that needs only the header, the job tables asked about the frame's job."""
+        m.d.comb += [getattr(self.jobs_query, name).eq(field_value(self.header, name))
+                     for name in ("job", "token", "group", "slot")]
         with m.If(self.classified.advance & self.i0.hdr_end):
             m.d.sync += [getattr(self.c1, name).eq(value) for name, value in self.header_class().items()]
 
@@ -116,23 +127,39 @@ class HeaderClassifier(wiring.Component):
         summed = (opcode == Opcode.CONTRIBUTION) | is_partial
         # A version 1 frame reads as one with every tree field 0: its sender alone, the whole clique, the root.
         v1 = f("version") == 1
+        # Version 3: a registered job's frame. Its level is its clique at this aggregator (the tables hold no
+        # routes: the whole clique), its route none, and its slot one of its job's range.
+        v3 = f("version") == JOB_VERSION
+        taken = Const(0)
+        if cfg.unregistered:
+            taken = taken | v1 | (f("version") == VERSION)
+        if cfg.registered:
+            taken = taken | v3
+        # A result coming down a tree: only version 3 takes one, from a clique's parent (none here).
+        v3_result = v3 & (opcode == Opcode.RESULT)
+        with_trailer = is_partial | v3_result
+        payload = summed | v3_result
+        query = self.jobs_query
+        hit = query.hit
         bitmap, expect = f("bitmap"), f("expect")
         sender_bit = Const(1, 64) << sender[:6]
         clique = Cat(*(fanin > member for member in range(64)))
-        hop1 = Mux(v1, 0, f("hop1"))
+        hop1 = Mux(v1 | v3, 0, f("hop1"))
         # Where the frame's hops may send this level's partial (the model's `_route_allowed`): up, never to
         # this aggregator or back to the frame's source, only within the upstream prefix; `hop2` only above
         # a `hop1` and distinct from it and from this aggregator. A version 1 frame has no route to check.
         hop1_raw, hop2_raw = f("hop1"), f("hop2")
         network, length = cfg.upstream_prefix
         upstream_mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
-        route_bad = ~v1 & Mux(hop1_raw == 0, hop2_raw != 0,
-                              (hop1_raw == cfg.ip) | (hop1_raw == f("ip_src")) | ((hop1_raw & upstream_mask) != network)
-                              | (hop2_raw == hop1_raw) | (hop2_raw == cfg.ip))
+        route_bad = Mux(v3, Cat(expect, hop1_raw, f("hop1_expect"), hop2_raw, f("hop2_expect")).any(),
+                        ~v1 & Mux(hop1_raw == 0, hop2_raw != 0,
+                                  (hop1_raw == cfg.ip) | (hop1_raw == f("ip_src"))
+                                  | ((hop1_raw & upstream_mask) != network) | (hop2_raw == hop1_raw)
+                                  | (hop2_raw == cfg.ip)))
         # Lengths as one adder each (constants folded), the opcode choosing between results; a partial's
         # frame carries its status trailer as one more word after the elements.
         payload_bytes = count * ELEMENT_BYTES
-        frame_payload = (count + is_partial) * ELEMENT_BYTES
+        frame_payload = (count + with_trailer) * ELEMENT_BYTES
         words = ipv4_words(self.header)
         contribution_lengths_ok = ((f("ip_len") == frame_payload + (FRAME_HEADER_BYTES - ETHERNET_BYTES))
                                    & (f("udp_len") == frame_payload + (FRAME_HEADER_BYTES - ETHERNET_BYTES
@@ -146,31 +173,36 @@ class HeaderClassifier(wiring.Component):
                          & (f("ip_dst") == cfg.ip) & (f("udp_dport") == cfg.port)),
             "bad_ver": f("ip_ver_ihl") != IP_VER_IHL,
             "frag": f("ip_frag")[:14] != 0,
-            "bad_magic": (f("magic") != MAGIC) | ((f("version") != VERSION) & ~v1),
-            "summed": summed, "partial": is_partial, "v1": v1,
+            "bad_magic": (f("magic") != MAGIC) | ~taken,
+            "summed": summed, "partial": is_partial, "v1": v1, "v3": v3, "v3_result": v3_result, "payload": payload,
             "members": Mux(v1 | (bitmap == 0), sender_bit, bitmap),
-            "level": Mux(v1 | (expect == 0), clique, expect),
-            "level_outside": ~v1 & (expect & ~clique).any(),
+            "level": Mux(v1 | v3 | (expect == 0), clique, expect),
+            "level_outside": ~v1 & ~v3 & (expect & ~clique).any(),
+            "hit": hit, "job_bad": v3 & ~hit.any(), "token_bad": v3 & ~(hit & query.token_ok).any(),
+            "token": f("token"),
             "hop1": hop1, "partial_out": hop1 != 0, "route_bad": route_bad,
             "out_expect": f("hop1_expect"), "out_hop1": hop2_raw, "out_hop1_expect": f("hop2_expect"),
             "result_req": opcode == Opcode.RESULT_REQUEST,
             "stats_req": opcode == Opcode.STATS_REQUEST,
-            "lengths_bad": ~Mux(summed, contribution_lengths_ok, request_lengths_ok),
+            "lengths_bad": ~Mux(payload, contribution_lengths_ok, request_lengths_ok),
             "fanin_bad": (fanin == 0) | (fanin > cfg.max_fanin),
             "sender_bad": sender >= fanin,
             "count_bad": (count == 0) | (count > cfg.max_elements),
-            "group_bad": (f("group") & MULTICAST_MASK) != MULTICAST_PREFIX,
-            "slot_bad": f("slot") >= cfg.slots,
+            "group_bad": Mux(v3, ~(hit & query.group_ok).any(), (f("group") & MULTICAST_MASK) != MULTICAST_PREFIX),
+            # A version 3 frame's slot counts within its job's quota; a version 1 or 2 frame may not name one a
+            # registered job holds.
+            "slot_bad": Mux(v3, ~(hit & query.quota_ok).any(), (f("slot") >= cfg.slots) | query.in_range),
             "csum_a": (words[0] + words[1]) + (words[2] + words[3]),
             "csum_b": (words[4] + words[5]) + (words[6] + words[7]),
             "csum_c": words[8] + words[9],
             "now": self.header_time,
-            "slot": f("slot"), "job": f("job"), "round": f("round"), "clique": f("clique"),
+            "slot": f("slot") + Mux(v3, query.base, 0), "slot_rel": f("slot"),
+            "job": f("job"), "round": f("round"), "clique": f("clique"),
             "chunk": f("chunk"), "fanin": fanin, "group": f("group"), "count": count,
             "exponent": f("exponent"), "sender": sender,
             "eth_src": f("eth_src"), "ip_src": f("ip_src"), "udp_sport": f("udp_sport"),
-            "expected_last": Mux(summed, contribution_end >> shift, (FRAME_HEADER_BYTES - 1) >> shift),
-            "expected_tail": Mux(summed, contribution_end[:shift] + 1, ((FRAME_HEADER_BYTES - 1) & (W - 1)) + 1),
+            "expected_last": Mux(payload, contribution_end >> shift, (FRAME_HEADER_BYTES - 1) >> shift),
+            "expected_tail": Mux(payload, contribution_end[:shift] + 1, ((FRAME_HEADER_BYTES - 1) & (W - 1)) + 1),
             "len_hdr": result_len_hdr,
             "beats_hdr": (payload_bytes + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES + W - 1)) >> shift,
         }
@@ -191,11 +223,21 @@ class HeaderClassifier(wiring.Component):
                 c2.sender_bad.eq(c1.sender_bad | c1.level_outside | (c1.members & ~c1.level).any()),
                 c2.members_full.eq(c1.members == c1.level),
                 c2.member_count.eq(popcount(c1.members)),
+                c2.member_bad.eq(self.source_bad(c1)),
             ]
+        m.d.comb += [self.member_query.hit.eq(c1.hit), self.member_query.address.eq(c1.ip_src),
+                     self.member_query.port.eq(c1.udp_sport)]
         lookup = self.lookup
         m.d.comb += [lookup.read.eq(adv), lookup.addr.eq(c1.slot[:self.slot_bits]), lookup.load.eq(adv & i1.hdr_end),
                      lookup.compare.eq(adv & self.i2.hdr_end)]
         m.d.comb += [getattr(lookup.key, name).eq(getattr(c2, name)) for name in SLOT_KEY.members]
+
+    def source_bad(self, c1):
+        """Whether the version 3 frame in C1 comes from where its job's tables do not allow (`member_query`
+        answers for C1's frame): a contribution, result request or stats request comes from a member; a
+        partial or a result would come from a child or the parent, which no route here names. A subclass may
+        check otherwise (inwire_hdl.mutants)."""
+        return c1.v3 & (c1.partial | c1.v3_result | ~self.member_query.member_ok)
 
     def _classify_checks(self, m):
         """C3: the checks in the model's order up to the slot table, registered with C2."""
@@ -222,14 +264,20 @@ class HeaderClassifier(wiring.Component):
             pre(Disposition.DROP_LENGTH)
         with m.Elif(c2.bad_magic):
             pre(Disposition.DROP_VERSION)
-        with m.Elif(~c2.summed & ~c2.result_req & ~c2.stats_req):
+        with m.Elif(~c2.summed & ~c2.result_req & ~c2.stats_req & ~c2.v3_result):
             pre(Disposition.DROP_OPCODE)
-        with m.Elif(c2.lengths_bad | (~c2.summed & ~c2.request_len_ok)):
+        with m.Elif(c2.lengths_bad | (~c2.payload & ~c2.request_len_ok)):
             pre(Disposition.DROP_LENGTH)
         with m.Else():
-            # From here on a contribution's or partial's frame length is still to be checked beat by beat.
-            m.d.comb += len_pending.eq(c2.summed)
-            with m.If(c2.stats_req):
+            # From here on the frame length of a frame with elements is still to be checked beat by beat.
+            m.d.comb += len_pending.eq(c2.payload)
+            with m.If(c2.job_bad):
+                pre(Disposition.DROP_JOB)
+            with m.Elif(c2.token_bad):
+                pre(Disposition.DROP_TOKEN)
+            with m.Elif(c2.member_bad):
+                pre(Disposition.DROP_MEMBER)
+            with m.Elif(c2.stats_req):
                 pre(Disposition.ANSWERED, Action.STATS)
             with m.Elif(c2.fanin_bad):
                 pre(Disposition.DROP_FANIN)

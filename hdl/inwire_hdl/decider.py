@@ -39,8 +39,9 @@ class Decider(wiring.Component):
         self.lease = config.lease
         self.header_beats = FRAME_HEADER_BYTES // data_width
         self.slot_bits = max(1, ceil_log2(config.slots))
+        jobs = config.limits.jobs if config.registered else 1
         super().__init__({
-            "classified": In(classified_signature(data_width, beat_bits)),
+            "classified": In(classified_signature(data_width, beat_bits, jobs)),
             "access": In(access_signature(self.slot_bits, beat_bits)),
             "beats": Out(stream.Signature(queued_beat_layout(data_width))),
             "contexts": Out(stream.Signature(ctx_layout)),
@@ -61,15 +62,18 @@ class Decider(wiring.Component):
 
     def _answer(self, m):
         """The answer's fields. A stored output is the slot's: a result request need not repeat its fan-in,
-        group, count or exponent. The frame that causes the output says where it goes: a partial to its
-        `hop1` (hops moved up one level) when that is set, else the result to the group. Where the frame is
-        dropped these fields are not used."""
+        group, count or exponent. A version 1 or 2 frame that causes the output says where it goes: a partial
+        to its `hop1` (hops moved up one level) when that is set, else the result to the group. A version 3
+        frame was checked against its job's tables, so its group is its job's: a completion's result goes
+        there, a stored result (a retransmission or a result request) to the member that asked alone. Where
+        the frame is dropped these fields are not used."""
         W, c3, found = self.data_width, self.classified.frame, self.access.found
         meta3 = found.entry
         ans = Signal(self.ctx_layout)
         stored = found.key_match & meta3.complete
         result_group = Mux(stored, meta3.group, c3.group)
         up = c3.partial_out
+        to_source = c3.v3 & stored
         stats_len = FRAME_HEADER_BYTES + ELEMENT_BYTES * STATS_COUNT
         # Member sets summed into a slot are disjoint (an overlap is DROP_DUPLICATE): counts add up.
         result_fields = {
@@ -80,9 +84,10 @@ class Decider(wiring.Component):
             "round": c3.round, "clique": c3.clique, "chunk": c3.chunk,
             "count": Mux(stored, meta3.count, c3.count), "group": result_group,
             "bitmap": Mux(found.key_match, meta3.bitmap | Mux(meta3.complete, 0, c3.members), c3.members),
-            "hdr_slot": c3.slot, "slot": c3.slot,
-            "dst_mac": Mux(up, self.config.gateway_mac, multicast_mac(0) | result_group[:23]),
-            "dst_ip": Mux(up, c3.hop1, result_group), "dst_port": self.config.port,
+            "hdr_slot": c3.slot_rel, "slot": c3.slot,
+            "dst_mac": Mux(up | to_source, self.config.gateway_mac, multicast_mac(0) | result_group[:23]),
+            "dst_ip": Mux(up, c3.hop1, Mux(to_source, c3.ip_src, result_group)),
+            "dst_port": Mux(to_source, c3.udp_sport, self.config.port), "token": Mux(c3.v3, c3.token, 0),
             "out_len": Mux(stored, found.len_meta, c3.len_hdr),
             "out_beats": Mux(stored, found.beats_meta, c3.beats_hdr),
             "expect": Mux(up, c3.out_expect, 0), "hop1": Mux(up, c3.out_hop1, 0),
@@ -92,7 +97,7 @@ class Decider(wiring.Component):
                         "dst_ip": c3.ip_src, "dst_port": c3.udp_sport, "out_len": stats_len,
                         "out_beats": (stats_len + W - 1) >> ceil_log2(W)}
         m.d.comb += [ans.rbank.eq(meta3.cur), ans.sender.eq(c3.sender), ans.job.eq(c3.job), ans.v1.eq(c3.v1),
-                     ans.carry_in.eq(c3.partial)]
+                     ans.v3.eq(c3.v3), ans.carry_in.eq(c3.partial)]
         for name, value in result_fields.items():
             m.d.comb += getattr(ans, name).eq(Mux(c3.stats_req, stats_fields.get(name, 0), value))
         return ans

@@ -30,6 +30,7 @@ from amaranth.back import rtlil
 from amaranth.hdl import Assert, Assume, Cat, Const, Cover, Elaboratable, Module, Mux, ResetSignal, Signal
 
 from inwire import progress
+from inwire.jobs import JobLimits
 from inwire.model import TIME_BITS, AggregatorConfig
 from inwire.packets import build_frames
 from inwire.protocol import (
@@ -44,6 +45,7 @@ from inwire.protocol import (
     INT32_MIN,
     IP_PROTO_UDP,
     IPV4_BYTES,
+    JOB_VERSION,
     MIN_FRAME_BYTES,
     RESULT_TRAILER_BYTES,
     STATUS_OVERFLOW,
@@ -53,6 +55,7 @@ from inwire.protocol import (
 
 from . import mutants
 from .aggregator import Aggregator
+from .job_table import ControlMap
 
 BUILD_ROOT = Path("build") / "formal"
 ABC = "berkeley-abc"
@@ -169,9 +172,10 @@ class Harness(Elaboratable):
     `aggregate` (`frames` contributions of one clique to one slot with symbolic fan-in, senders and
     elements), `lease` (contribution A, then B to its slot from another job, with `lease_tick` free),
     `stale` (`lease` with B an older frame of A's job), `route` (`frames` contributions and result
-    requests with symbolic version, source, slot and hops). `steady` offers the frames of every scenario
-    but `free` back to back with the output always ready (no symbolic gaps or backpressure): the timing is
-    then fixed and only the data is symbolic.
+    requests with symbolic version, source, slot and hops), `jobs` (a job table written through the control
+    interface, then a version 3 contribution and a member's result request). `steady` offers the frames of
+    every scenario but `free` back to back with the output always ready (no symbolic gaps or backpressure):
+    the timing is then fixed and only the data is symbolic.
     `cover` adds the cover statement of the check's subject (what its assertions are about, reached).
     `dut` builds the gateware from (config, data_width): the tests pass broken ones to see the checks fail.
     `free_timer`: the aggregator's lease timer starts at any value, not at 0 (`start_timer_anywhere`).
@@ -218,6 +222,8 @@ class Harness(Elaboratable):
                 Assume(Cat(dut.s_axis_tdata, dut.s_axis_tkeep, dut.s_axis_tlast) == past_in),
             ]
         self.accept = dut.s_axis_tvalid & dut.s_axis_tready
+        self.input_open = Const(1)
+        """Whether the scenario's frames may be offered yet (`jobs` holds them until its tables are written)."""
         self.take = dut.m_axis_tvalid & dut.m_axis_tready
 
         self._frame_counts(m)
@@ -367,7 +373,8 @@ class Harness(Elaboratable):
         self.sent_all = index == len(frames)
         m.d.comb += [
             # (Steady: from the cycle after reset, since no beat may be offered during it.)
-            dut.s_axis_tvalid.eq(~self.sent_all & (self.past_ok if self.steady else AnySeq(1))),
+            dut.s_axis_tvalid.eq(~self.sent_all & self.input_open
+                                 & (self.past_ok if self.steady else AnySeq(1))),
             dut.s_axis_tdata.eq(data),
             dut.s_axis_tlast.eq(last),
             dut.s_axis_tkeep.eq(keep),
@@ -681,6 +688,65 @@ class Harness(Elaboratable):
                        for k in range(FIELDS_BY_NAME[name].nbytes)]
             self._expect_results(m, results, result_length, checked)
 
+    def _drive_jobs(self, m):
+        """A job table written through the control interface from the cycle after reset, before any frame:
+        entry 0 holds a symbolic job id, token, group and member (address and port), slots 0-1 its range.
+        Then A, a version 3 contribution (fan-in 1) with a symbolic job id, token, source address and port,
+        and B, a result request for A's key from the member with the job's token. The model's rules restated:
+        A is summed, and its result goes to the job's group, iff its job, token and source are the table's;
+        B is answered, to the member alone, iff A was summed; nothing else leaves."""
+        W, cfg, dut = self.width, self.config, self.dut
+        job, token, address, port = AnyConst(32), AnyConst(64), AnyConst(32), AnyConst(16)
+        group = Cat(AnyConst(24), Const(0xEF, 8))
+        control = ControlMap(cfg.limits.jobs, cfg.limits.members)
+        member_address, member_port = control.member_words(0, 0)
+        writes = [(control.word(0, "job"), job), (control.word(0, "token_low"), token[:32]),
+                  (control.word(0, "token_high"), token[32:]), (control.word(0, "quota"), Const(cfg.slots, 32)),
+                  (control.word(0, "group"), group), (member_address, address),
+                  (member_port, Cat(port, Const(1, 16))), (control.word(0, "valid"), Const(1, 32))]
+        step = Signal(range(len(writes) + 1))
+        with m.If(self.past_ok & (step < len(writes))):
+            m.d.sync += step.eq(step + 1)
+        m.d.comb += [dut.ctl_we.eq(self.past_ok & (step < len(writes))),
+                     dut.ctl_addr.eq(_pick(step, [Const(address_word) for address_word, _ in writes])),
+                     dut.ctl_data.eq(_pick(step, [word for _, word in writes]))]
+        self.input_open = step == len(writes)
+
+        key = dict(eth_dst=cfg.mac, eth_src=0x02_00_00_00_00_07, ip_dst=cfg.ip, udp_dport=cfg.port, fanin=1,
+                   round=9, clique=2, chunk=64, slot=1, version=JOB_VERSION)
+        contribution = bytes(build_frames(np.zeros(1, dtype=np.int64), opcode=Opcode.CONTRIBUTION, **key)[0])
+        job_a, token_a, address_a, port_a = AnyConst(32), AnyConst(64), AnyConst(32), AnyConst(16)
+        frame_a = [Const(b, 8) for b in contribution]
+        frame_b = [Const(b, 8) for b in contribution[:FRAME_HEADER_BYTES]]
+        for frame, fields in ((frame_a, (("job", job_a), ("token", token_a), ("ip_src", address_a),
+                                         ("udp_sport", port_a), ("group", group))),
+                              (frame_b, (("job", job), ("token", token), ("ip_src", address), ("udp_sport", port),
+                                         ("group", group), ("opcode", Const(Opcode.RESULT_REQUEST, 8)),
+                                         ("ip_len", Const(FRAME_HEADER_BYTES - ETHERNET_BYTES, 16)),
+                                         ("udp_len", Const(FRAME_HEADER_BYTES - ETHERNET_BYTES - IPV4_BYTES, 16))))):
+            for name, value in fields:
+                _set_field(frame, name, value)
+            _set_field(frame, "ip_csum", _ipv4_checksum(frame))
+        frames = [(Cat(*frame_a), Const(len(contribution), 16), Const(beats(len(contribution), W), 16)),
+                  (Cat(*frame_b), Const(FRAME_HEADER_BYTES, 16), Const(beats(FRAME_HEADER_BYTES, W), 16))]
+        self._stream_frames(m, frames, len(contribution))
+        summed = Signal(name="ref_summed")
+        m.d.comb += summed.eq((job_a == job) & (token_a == token) & (address_a == address) & (port_a == port))
+        result_length = len(contribution) + RESULT_TRAILER_BYTES
+        results = []
+        for destination, destination_port in ((group, Const(cfg.port, 16)), (address, port)):
+            result = [Const(0, 8)] * result_length
+            for name, value in (("opcode", Const(Opcode.RESULT, 8)), ("version", Const(JOB_VERSION, 8)),
+                                ("job", job), ("token", token), ("ip_dst", destination),
+                                ("udp_dport", destination_port)):
+                _set_field(result, name, value)
+            results.append((Cat(*result), summed))
+        self.cover_frames = len(results)
+        if "tables_only" in self.checks:
+            checked = [FRAME_OFFSETS[name] + k for name in ("opcode", "version", "job", "token", "ip_dst", "udp_dport")
+                       for k in range(FIELDS_BY_NAME[name].nbytes)]
+            self._expect_results(m, results, result_length, checked)
+
     def _never_to_self(self, m):
         """No output frame's IPv4 destination is the aggregator's own address; the cover: an output frame's
         destination seen whole (its last byte leaves)."""
@@ -855,6 +921,17 @@ BEYOND_FREE = ("not reached by 24: an aborted frame or a counted result needs a 
                "pipeline; the 8-byte aggregate row sees results leave in full")
 STALL_COVER = "30 in `--deep` (325 s): a real stall needs the 20-beat FIFO full"
 
+JOB_TABLE = AggregatorConfig(slots=2, max_elements=1, max_fanin=2, registered=True, unregistered=False,
+                            limits=JobLimits(jobs=1, members=1, routes=0, children=0, unicast_results=False))
+"""The jobs rows: one job of one member in the tables, version 3 frames only."""
+TABLES_ONLY = ("a job table written through the control interface (symbolic job id, 64-bit token, group and member "
+               "address and port), then a version 3 contribution (fan-in 1) with a symbolic job id, token, source "
+               "address and port, and the member's result request for its key: the contribution is summed, its "
+               "result sent to the job's group, iff its job, token and source are the table's (a wrong token or a "
+               "source outside the table changes no slot: the request then gets nothing); the request is answered "
+               "to the member alone; no other frame leaves, so none goes to an address outside the tables; none "
+               f"missing after {OUTPUT_GAP} silent cycles; back to back, output always ready")
+
 REACHES = ("stat_{counter} counted: a cover of symbolic frames, gaps and backpressure with lease_tick free (at "
            "most two frames at this depth)")
 REACH_DEPTH = 24
@@ -978,6 +1055,14 @@ def _checks():
                   stale, cover_depth=stale, config=LEASED, steady=True, free_timer=True,
                   **_mutants_of(width, ("stale_claims",), ("lease_unwrapped",)), **narrow),
         ]
+    # The tables take 8 cycles to write; at 64 bytes the member's answer has left whole at step 29. At 8 bytes
+    # each frame is 17 beats: about step 75, minutes, `--deep` only.
+    for width, depth in ((64, 31), (8, 78)):
+        narrow = width == 8
+        table.append(Check("tables_only", TABLES_ONLY, "jobs", ("tables_only",), width, "bmc", depth,
+                           cover_depth=depth, config=JOB_TABLE, steady=True, frames=2,
+                           **_mutants_of(width, ("token_unchecked", "source_unchecked"), ()),
+                           **(dict(deep=("real", "cover")) if narrow else {})))
     # A cover per counter, each disposition's among them: symbolic traffic moves it (tests/traffic.py has the
     # concrete scenario each engine runs). 50 to 100 s of Yices each: `--deep`, which `make formal` runs.
     table += [Check("reaches", REACHES.format(counter=name), "reach", (f"reaches_{name}",), 64, "cover", REACH_DEPTH,

@@ -17,8 +17,9 @@ More inside mutants of the same kind, each a small bug a real edit could make: `
 (`Decider.decide`) and `stamp_at_claim` (`Decider.committed_entry`) in the lease, `carry_lost`
 (`OutputAssembler.carries_flag`), `carry_counted` and `partials_resend_uncounted`
 (`OutputAssembler.counter_increments`), `hop2_expect_lost` and `members_low32` in the tree, `source_route` in
-the route check (`HeaderClassifier.header_class`). tests/test_gateware_mutants.py checks that each inside
-mutant changes the component it replaces and only it. `make mutate`
+the route check (`HeaderClassifier.header_class`), `token_unchecked` (`HeaderClassifier.header_class`) and
+`source_unchecked` (`HeaderClassifier.source_bad`) in the job tables' checks. tests/test_gateware_mutants.py
+checks that each inside mutant changes the component it replaces and only it. `make mutate`
 (tb/mutation/gateware.py) runs every mutant against the cocotb suite and the formal rows that name it.
 
 `MUTANTS` maps a name to a one-line description; `build(name, config, data_width, buffer_beats)` returns the
@@ -28,7 +29,7 @@ gateware.
 from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import wiring
 
-from inwire.protocol import FRAME_HEADER_BYTES, FRAME_OFFSETS, Opcode
+from inwire.protocol import FRAME_HEADER_BYTES, FRAME_OFFSETS, JOB_VERSION, Opcode
 
 from .aggregator import Aggregator
 from .assembler import OutputAssembler
@@ -69,6 +70,8 @@ MUTANTS = {
     "members_low32": "(inside) a frame's members cut to bits 0-31: members 32-63 are lost",
     "partials_resend_uncounted": "(inside) a stored partial sent again is not counted in partials_emitted",
     "source_route": "(inside) the route check without the source: a hop1 equal to the frame's IPv4 source passes",
+    "token_unchecked": "(inside) a version 3 frame's token not compared: any token of a registered job passes",
+    "source_unchecked": "(inside) a version 3 frame's source not compared with its job's members: anyone passes",
 }
 
 
@@ -184,6 +187,28 @@ class SourceRoute(Aggregator):
     frame came from."""
 
     classifier_type = _SourceRouteClassifier
+
+
+class _TokenUncheckedClassifier(_ChangedC1):
+    def _changes(self, field):
+        return {"token_bad": (field("version") == JOB_VERSION) & ~self.jobs_query.hit.any()}
+
+
+class TokenUnchecked(Aggregator):
+    """The real aggregator taking a registered job's frames whatever token they carry."""
+
+    classifier_type = _TokenUncheckedClassifier
+
+
+class _SourceUncheckedClassifier(HeaderClassifier):
+    def source_bad(self, c1):
+        return c1.v3 & (c1.partial | c1.v3_result)
+
+
+class SourceUnchecked(Aggregator):
+    """The real aggregator taking a registered job's contributions and requests from any source."""
+
+    classifier_type = _SourceUncheckedClassifier
 
 
 class _DecideOnChangedMatch(Decider):
@@ -376,7 +401,8 @@ def build(name, config, data_width, buffer_beats):
     inside = {"no_route": NoRoute, "hops_kept": HopsKept, "stale_claims": StaleClaims,
               "lease_unwrapped": LeaseUnwrapped, "stamp_at_claim": StampAtClaim, "carry_lost": CarryLost,
               "carry_counted": CarryCounted, "hop2_expect_lost": Hop2ExpectLost, "members_low32": MembersLow32,
-              "partials_resend_uncounted": PartialsResendUncounted, "source_route": SourceRoute}
+              "partials_resend_uncounted": PartialsResendUncounted, "source_route": SourceRoute,
+              "token_unchecked": TokenUnchecked, "source_unchecked": SourceUnchecked}
     if name in inside:
         return inside[name](config, data_width, buffer_beats=buffer_beats)
     if name == "no_lease":

@@ -41,6 +41,8 @@ def context_layout(slot_bits, beat_bits, sum_addr_bits):
         # The answer's version (1 or 2) and tree fields, and whether the frame is a partial (its trailer's
         # overflow flag is picked up as it goes by).
         "v1": 1, "expect": 64, "hop1": 32, "hop1_expect": 64, "carry_in": 1,
+        # A version 3 answer carries its job's token (0 in a stats reply).
+        "v3": 1, "token": 64,
     })
 
 
@@ -81,16 +83,20 @@ def queued_beat_layout(data_width):
     return data.StructLayout({"data": 8 * data_width, "keep": data_width, "last": 1, "first": 1, "bad": 1})
 
 
-def frame_class_layout(data_width, beat_bits):
+def frame_class_layout(data_width, beat_bits, jobs=1):
     """What the header classifier knows about the frame whose header ended (C1-C3): decoded flags and fields,
-    partial checksums, and the first disposition, from the checks before the slot table."""
+    partial checksums, and the first disposition, from the checks before the slot table. `hit`: which of the
+    `jobs` job-table entries holds a version 3 frame's job; `slot` is the aggregator's slot, `slot_rel` the
+    frame's (they differ for version 3)."""
     return data.StructLayout({
         **{flag: 1 for flag in (
-            "foreign", "bad_ver", "frag", "bad_magic", "summed", "partial", "v1", "partial_out",
+            "foreign", "bad_ver", "frag", "bad_magic", "summed", "partial", "v1", "v3", "v3_result", "payload",
+            "job_bad", "token_bad", "member_bad", "partial_out",
             "level_outside", "members_full", "result_req", "stats_req",
             "lengths_bad", "fanin_bad", "sender_bad", "count_bad", "group_bad", "slot_bad",
             "runt", "header_short", "request_len_ok", "len_pending", "pre_pass", "route_bad")},
         "pre_disp": Disposition, "pre_action": Action, "csum_a": 18, "csum_b": 18, "csum_c": 17, "csum_total": 20,
+        "hit": jobs, "token": 64, "slot_rel": 16,
         "slot": 16, "job": 32, "round": 32, "clique": 16, "chunk": 32, "fanin": 8, "group": 32,
         "count": 16, "exponent": 8, "sender": 8, "members": 64, "level": 64, "member_count": 7,
         "hop1": 32, "out_expect": 64, "out_hop1": 32, "out_hop1_expect": 64, "eth_src": 48, "ip_src": 32,
@@ -123,8 +129,8 @@ def access_signature(slot_bits, beat_bits):
                              "commit_slot": In(slot_bits), "commit_entry": In(META)})
 
 
-def classified_signature(data_width, beat_bits):
+def classified_signature(data_width, beat_bits, jobs=1):
     """Classifier to decider: the beat in I3 and the classification of the last header that ended, in C3;
     back, `advance` moves the input registers (both FIFOs have room)."""
     return wiring.Signature({"beat": Out(input_beat_layout(data_width, beat_bits)),
-                             "frame": Out(frame_class_layout(data_width, beat_bits)), "advance": In(1)})
+                             "frame": Out(frame_class_layout(data_width, beat_bits, jobs)), "advance": In(1)})

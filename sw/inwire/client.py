@@ -21,7 +21,8 @@ DDP communication hook) are thin users of this module, as SwitchML's client libr
 - `UdpMember`: one island's socket to its aggregators (one address, or one per city for reduction trees),
   bound to the local address that routes to them (never 127.0.0.1 unless the aggregator is there), its
   receive buffer sized for the window; `sum` runs one `MemberSum` to its end, `average` adds the codec's
-  shared exponent and the overflow re-send at twice the bound (`inwire.codec_average`). With the
+  shared exponent and the overflow re-send at twice the bound (`inwire.codec_average`), `gather` collects every
+  member's words exactly (what a clique agrees on before its first averaging, `agreement_round`). With the
   compiled kernel (`inwire._kernel`, as `inwire serve` and the stream's transport use it) datagrams are read
   with recvmmsg and sent with sendmmsg, a window's payloads as UDP GSO runs; the payloads are made as the
   window takes them (`Contributions`) and the average is decoded from the sums as they came off the wire.
@@ -37,7 +38,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from .codec_average import ATTEMPTS, AveragingError, decode, encode
+from .codec_average import ATTEMPTS, AVERAGING_ATTEMPTS, AveragingError, decode, encode
 from .datagram import HEADER as RESULT_HEADER
 from .datagram import (
     MAX_DATAGRAM,
@@ -124,6 +125,23 @@ def slot(round_: int, clique: int, chunk: int, window: int, max_cliques: int) ->
     """The slot of chunk `chunk` of clique `clique` in round `round_` (see the module's docstring)."""
     pool = (round_ % 2) * 2 + (chunk // window) % 2
     return pool * max_cliques * window + clique * window + chunk % window
+
+
+def agreement_round(round_index: int) -> int:
+    """The protocol round where the clique of averaging round `round_index` agrees on what it averages, before
+    its first sum (`UdpMember.gather`): the one just before that sum's, which no averaging takes (the last of
+    round `round_index` - 1's stride, `codec_average.AVERAGING_ATTEMPTS`; before round 0 the last of all 32-bit
+    rounds, past every round's stride). Its slots lie in the other round pool than the averaging's (`slot`),
+    so that the averaging never claims a slot whose result a slower member may still ask for. That pool is
+    round `round_index` - 1's: an agreement may claim a slot of the previous round's clique of the same index
+    one round sooner than an averaging would, which a member of that clique still retransmitting for a lost
+    result would find gone (the averagings' own exception is two rounds apart, `codec_average.ATTEMPTS`)."""
+    return (round_index * ATTEMPTS - 1) % 2**32
+
+
+def averaging_round(protocol_round: int) -> int:
+    """The averaging round whose attempt, or agreement (`agreement_round`), protocol round `protocol_round` is."""
+    return (protocol_round + 1) % 2**32 // ATTEMPTS
 
 
 def clique_group(period_round: int, clique: int) -> int:
@@ -713,11 +731,14 @@ def local_address_towards(address: Address) -> str:
 
 def _round(key: CliqueKey, averaging: bool) -> str:
     """The round a message names: the averaging's own (as the averager counts them) for an attempt of an
-    averaging, with the attempt when it is a re-send at a raised bound; else the key's."""
+    averaging, with the attempt when it is a re-send at a raised bound, or for its agreement; else the key's."""
     if not averaging:
         return f"round {key.round}"
-    attempt = key.round % ATTEMPTS
-    return f"round {key.round // ATTEMPTS}" + (f" (attempt {attempt + 1} of {ATTEMPTS})" if attempt else "")
+    round_index = averaging_round(key.round)
+    if key.round == agreement_round(round_index):
+        return f"round {round_index} (agreement on what is averaged)"
+    attempt = key.round - round_index * ATTEMPTS
+    return f"round {round_index}" + (f" (attempt {attempt + 1} of {AVERAGING_ATTEMPTS})" if attempt else "")
 
 
 class UdpMember:
@@ -817,7 +838,8 @@ class UdpMember:
         """`sum`'s work: the finished `MemberSum`, its sums still big-endian as they came. `in_place`: the sums
         overwrite `quantized` (big-endian int32), chunk by chunk as their results come: a chunk whose result
         is in is never sent again, and one buffer the size of the vector is faulted in, not two. `averaging`:
-        `key.round` is an attempt of an averaging (`average`), and messages name the averaging's round."""
+        `key.round` is an attempt of an averaging (`average`) or its agreement (`gather`), and messages name the
+        averaging's round."""
         host, port = self.aggregators.get(city) or next(iter(self.aggregators.values()))
         destination = (host, port) if compiled is None else (socket.gethostbyname(host), port)
         if self.entry is not None:
@@ -953,7 +975,8 @@ class UdpMember:
                 cause += f" (the aggregator holds no roll-call record of {'it' if len(absent) == 1 else 'them'})"
             behind = [f"{named[m]} at round {roll.elsewhere[m]}" for m in missing if m in roll.elsewhere]
             if behind:
-                cause += (f": {', '.join(behind)} answered the roll call, this island at round {key.round // ATTEMPTS}"
+                cause += (f": {', '.join(behind)} answered the roll call, this island at round "
+                          f"{averaging_round(key.round)}"
                           f" (checkpoints of different rounds: resume every island from the same round)")
         return (f"{_round(key, averaging)}, clique {key.clique} ({', '.join(map(str, named))}): no result for "
                 f"chunk {chunk} of {len(run.payloads)} from the aggregator at {aggregator[0]}:{aggregator[1]} after "
@@ -967,8 +990,8 @@ class UdpMember:
         values do not fit (`codec_average`). Returns (average, the bound that worked). `key.round` counts
         averagings; `nearby`: (another averaging round, clique there, {member index here: index there}) where a
         stalled sum's roll call also looks for the members it does not find (`Nearby`)."""
-        places = [Nearby(round_, round_ * ATTEMPTS, clique, positions) for round_, clique, positions in nearby]
-        for attempt in range(ATTEMPTS):
+        places = _places(nearby)
+        for attempt in range(AVERAGING_ATTEMPTS):
             exponent, elements = encode(vector, bound, key.fanin, ELEMENT_DTYPE)
             attempt_key = CliqueKey(key.job, key.round * ATTEMPTS + attempt, key.clique, key.group, key.fanin,
                                     exponent, key.max_cliques, key.token)
@@ -980,4 +1003,28 @@ class UdpMember:
             if average is not None:
                 return average, bound
         raise AveragingError(f"round {key.round}: sums still overflow at a bound of {bound}")
+
+    def gather(self, key: CliqueKey, member: int, words: npt.ArrayLike, city: str | None = None,
+               route: Mapping[str, int] | None = None, members: Sequence[str] | None = None,
+               nearby: Sequence[tuple[int, int, Mapping[int, int]]] = ()) -> npt.NDArray[np.int32]:
+        """Every member's int32 `words` (as many on every member), row m member m's: the clique of averaging
+        round `key.round` agrees on them before its first sum, at `agreement_round`. One sum through the
+        aggregator: each member sends its words at its own positions and zeros elsewhere, so every element
+        adds one member's word to zeros, which neither saturates nor depends on the order of arrival; the
+        codec is not involved. The other arguments are `average`'s."""
+        words = np.asarray(words, dtype=np.int32)
+        width = len(words)
+        vector = np.zeros(key.fanin * width, dtype=np.int32)
+        vector[member * width:(member + 1) * width] = words
+        agreement_key = replace(key, round=agreement_round(key.round), exponent=0)
+        run = self._run(agreement_key, member, vector, city, route, members, nearby=_places(nearby), averaging=True)
+        return run.sums().astype(np.int32).reshape(key.fanin, width)
+
+
+def _places(nearby: Sequence[tuple[int, int, Mapping[int, int]]]) -> list[Nearby]:
+    """Where a roll call looks for members of the clique at other averaging rounds (`UdpMember.average`'s
+    `nearby`): at those rounds' first sums and at their agreements, where a member that starts its averagings
+    there waits first."""
+    return [Nearby(round_, protocol_round, clique, positions) for round_, clique, positions in nearby
+            for protocol_round in (round_ * ATTEMPTS, agreement_round(round_))]
 

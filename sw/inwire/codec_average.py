@@ -20,11 +20,15 @@ from .kernel import compiled
 from .protocol import ELEMENT_BYTES, INT32_MAX, INT32_MIN
 
 ATTEMPTS = 7
-"""Re-sends at a raised bound before giving up; also the stride of protocol round numbers per round: round r's
-attempt a is protocol round 7r + a. Odd, so that a member's consecutive sums (round r and r + 1, attempts a
-and a + 1) fall in the two alternating round pools of slots (`client.slot`) and the next one never claims the
-slots whose results a slower member of the last one may still ask for; the one exception, rare, is the round
-after an odd number of re-sends (7r + 1, then 7r + 7)."""
+"""The stride of protocol round numbers per averaging round: round r's attempt a is protocol round 7r + a. Odd,
+so that a member's consecutive sums (round r and r + 1, attempts a and a + 1) fall in the two alternating round
+pools of slots (`client.slot`) and the next one never claims the slots whose results a slower member of the last
+one may still ask for; the one exception, rare, is the round after an odd number of re-sends (7r + 1, then
+7r + 7)."""
+AVERAGING_ATTEMPTS = ATTEMPTS - 1
+"""Sums of one averaging (the first and its re-sends at a raised bound) before giving up: the last protocol round
+of each stride, 7r + 6, is no averaging's, so that the next round's clique can agree there on what it averages
+before its first sum (`client.agreement_round`)."""
 
 
 class AveragingError(InwireError, RuntimeError):
@@ -167,7 +171,7 @@ def aggregate(contributions: Sequence[np.ndarray]) -> tuple[np.ndarray, bool]:
 def clique_average(vectors: Sequence[npt.ArrayLike], bound: float = 16.0) -> np.ndarray:
     """The average every member of a clique ends with, given each member's float32 vector (in member order)."""
     fanin = len(vectors)
-    for _ in range(ATTEMPTS):
+    for _ in range(AVERAGING_ATTEMPTS):
         encoded = [encode(vector, bound, fanin) for vector in vectors]
         exponent = encoded[0][0]
         sums, overflow = aggregate([elements for _, elements in encoded])

@@ -101,8 +101,8 @@ header, and any slot serves whoever sends first. That is fine for a capture repl
 a lab of one's own, and wrong for an aggregator that jobs share: version {JOB_VERSION} is a registered job's
 frame (next section). An aggregator takes versions 1 and 2 only in unregistered mode (its parameter
 `unregistered`; `inwire serve --unregistered`), and takes version {JOB_VERSION} only when it holds job tables
-(`registered`; the gateware holds none yet, so it takes versions 1 and 2 only). Any other version, or one the
-aggregator does not take, is `drop_version`.
+(`registered`; the gateware's tables hold jobs with a group and flat cliques: see docs/board.md, Job tables).
+Any other version, or one the aggregator does not take, is `drop_version`.
 
 ## Registered jobs and trust
 

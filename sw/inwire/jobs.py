@@ -44,6 +44,9 @@ class CliqueRoute:
     def __post_init__(self) -> None:
         object.__setattr__(self, "children", MappingProxyType(dict(self.children)))
 
+    def __deepcopy__(self, memo: dict) -> "CliqueRoute":
+        return self  # immutable: a copied aggregator shares it
+
     def resolved_level(self, fanin: int) -> int:
         return self.level or clique_mask(fanin)
 
@@ -62,6 +65,9 @@ class JobLimits:
     """Cliques with a route of their own, per job."""
     children: int = MAX_FANIN
     """Child aggregators per route: each holds at least one member of a clique of at most MAX_FANIN."""
+    unicast_results: bool = True
+    """Whether a job without a group may be installed: its results go out as one copy per member address.
+    An aggregator that sends one frame per result (the gateware) holds only jobs with a group."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,9 @@ class JobEntry:
                 if not members or members & ~level:
                     raise JobTableError(f"job {self.job}, clique {clique}: child {_show(child)} holds members "
                                         f"{members:#x}, none or outside the level {level:#x}")
+
+    def __deepcopy__(self, memo: dict) -> "JobEntry":
+        return self  # immutable: a copied aggregator shares it
 
     def route(self, clique: int) -> CliqueRoute:
         return self.routes.get(clique, FLAT)
@@ -155,6 +164,9 @@ class JobTable:
         if len(entry.members) > limits.members:
             raise JobTableError(f"job {entry.job}: {len(entry.members)} members, more than the {limits.members} "
                                 f"an aggregator holds per job")
+        if not entry.group and not limits.unicast_results:
+            raise JobTableError(f"job {entry.job}: without a group its results go out as one copy per member, "
+                                f"which this aggregator cannot send: give the job a multicast group")
         crowded = next((clique for clique, route in entry.routes.items() if len(route.children) > limits.children),
                        None)
         if crowded is not None:

@@ -8,12 +8,23 @@ import numpy as np
 from cocotb.triggers import ClockCycles, RisingEdge
 from scapy.layers.l2 import Ether
 
-from inwire.packets import frame_field
-from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, INWIRE_PORT, STATUS_OVERFLOW, Disposition, Opcode
+from inwire.jobs import JobEntry
+from inwire.packets import build_frames, frame_field
+from inwire.protocol import (
+    FRAME_OFFSETS,
+    INT32_MAX,
+    INT32_MIN,
+    INWIRE_PORT,
+    JOB_VERSION,
+    STATUS_OVERFLOW,
+    Disposition,
+    Opcode,
+)
 from inwire_hdl.aggregator import Aggregator
 from inwire_hdl.cocotb.testbench import TB
 from inwire_hdl.cocotb.traffic import (
     ABOVE_IP,
+    HOST_IP,
     TOP_IP,
     Traffic,
     all_hops_set,
@@ -679,3 +690,136 @@ async def reclaim_counted_only_when_accepted(dut):
     await tb.check()
     stats = tb.model.stats()
     assert (stats["slots_reclaimed"], stats["results_emitted"]) == (1, 1), stats
+
+
+MEMBER_PORTS = (40001, 40002, 40003)
+ASKING = dict(job=0x5EED_0001, token=0x0123_4567_89AB_CDEF, group=0xEF_21_00_01)
+"""A registered job: three members on the host's address, one port each, results to its group."""
+
+
+def job_entry(job=ASKING["job"], token=ASKING["token"], group=ASKING["group"], slots=4, ports=MEMBER_PORTS):
+    return JobEntry(job=job, token=token, slots=slots, members={(HOST_IP, port) for port in ports}, group=group)
+
+
+def registered(traffic, count, fanin=3, ports=MEMBER_PORTS, **fields):
+    """One version 3 contribution per member of a clique of the registered job `ASKING`, each from its port."""
+    fields = {**ASKING, "version": JOB_VERSION, "fanin": fanin, **fields}
+    return [traffic.contribution(traffic.elements(count), sender=sender, udp_sport=ports[sender], **fields)
+            for sender in range(fanin)]
+
+
+def need_tables(tb):
+    assert tb.config.registered, "this test needs the gateware built with job tables (config.registered)"
+
+
+@cocotb.test()
+async def registered_job_sums_to_its_group_and_answers_only_its_members(dut):
+    """A registered job's clique is summed in its range and its result goes to the job's group; a member's
+    retransmission and result request are answered to that member alone."""
+    tb, traffic = await start(dut, 40, sink_pause=0.2)
+    need_tables(tb)
+    await tb.install(job_entry())
+    clique = registered(traffic, 9, slot=1, round=7)
+    request = traffic.request(slot=1, round=7, fanin=3, count=9, version=JOB_VERSION, udp_sport=MEMBER_PORTS[2],
+                              **ASKING)
+    frames = clique + [clique[0], request]
+    assert decided(tb, frames) == [("accumulated", 0), ("accumulated", 0), ("accumulated", 1), ("answered", 1),
+                                   ("answered", 1)]
+    await tb.send(frames)
+    await tb.check()
+    destinations = [(frame_field(out, "ip_dst"), frame_field(out, "udp_dport")) for _, out in tb.expected]
+    assert destinations == [(ASKING["group"], INWIRE_PORT), (HOST_IP, MEMBER_PORTS[0]), (HOST_IP, MEMBER_PORTS[2])]
+
+
+@cocotb.test()
+async def registered_job_refuses_what_its_tables_do_not_allow(dut):
+    """Strangers (another job, a wrong token, a source outside the members), a partial or result no route
+    allows, a slot beyond the quota, another group, hops, and a version 2 frame in the job's range change no
+    slot and send nothing; the job's own clique then completes exactly."""
+    tb, traffic = await start(dut, 41, source_pause=0.2, sink_pause=0.2)
+    need_tables(tb)
+    await tb.install(job_entry(slots=2))
+    elements = traffic.elements(6)
+    good = dict(ASKING, version=JOB_VERSION, fanin=2, slot=0, round=3, udp_sport=MEMBER_PORTS[0])
+
+    def v3(**fields):
+        return traffic.contribution(elements, **{**good, **fields})
+
+    cases = [
+        (v3(job=ASKING["job"] + 1), "drop_job"),
+        (v3(token=ASKING["token"] ^ 1), "drop_token"),
+        (v3(token=0), "drop_token"),
+        (v3(udp_sport=40009), "drop_member"),
+        (v3(ip_src=HOST_IP + 1), "drop_member"),
+        (traffic.partial(elements, **{**good, "bitmap": 1}), "drop_member"),
+        (bytes(build_frames(elements, status=0, **traffic.header(**{**good, "opcode": Opcode.RESULT}))[0]),
+         "drop_member"),
+        (v3(slot=2), "drop_slot"),
+        (v3(group=ASKING["group"] + 1), "drop_group"),
+        (v3(hop1=ABOVE_IP), "drop_route"),
+        (v3(expect=1), "drop_route"),
+        (traffic.contribution(elements, fanin=2, slot=0, job=ASKING["job"]), "drop_slot"),
+        (traffic.contribution(elements, fanin=2, slot=1, job=ASKING["job"]), "drop_slot"),
+    ]
+    frames = [frame for frame, _ in cases]
+    assert [name for name, _ in decided(tb, frames)] == [reason for _, reason in cases]
+    clique = registered(traffic, 6, fanin=2, slot=0, round=3)
+    # A version 2 clique beside the job's range is still summed (an unregistered aggregator takes it).
+    beside = traffic.clique(5, fanin=2, slot=2, job=ASKING["job"])
+    await tb.send(frames + clique + beside)
+    await tb.check()
+    stats = tb.model.stats()
+    assert stats["results_emitted"] == 2, stats
+
+
+@cocotb.test()
+async def jobs_keep_to_their_ranges_and_leave_them_empty(dut):
+    """Two jobs naming the same slot sum in ranges of their own; a torn-down job's frames are refused and its
+    range is free for version 2 frames; a job installed over a range those used starts it empty."""
+    tb, traffic = await start(dut, 42, sink_pause=0.3)
+    need_tables(tb)
+    other = dict(job=0x5EED_0002, token=0xFEED_FACE_0000_0001, group=0xEF_21_00_02)
+    await tb.install(job_entry())
+    await tb.install(job_entry(**other, ports=(40011, 40012)))
+    first = registered(traffic, 7, slot=3, round=1)
+    second = registered(traffic, 7, fanin=2, ports=(40011, 40012), slot=3, round=1, **other)
+    await tb.send([frame for pair in zip(first, second) for frame in pair] + first[2:])
+    await tb.check()
+    await tb.remove(ASKING["job"])
+    await tb.send(registered(traffic, 7, slot=3, round=2)[:1] + traffic.clique(3, fanin=2, slot=0, job=9)[:1])
+    await tb.install(job_entry(job=0x5EED_0003))
+    third = registered(traffic, 3, fanin=2, slot=0, round=1, job=0x5EED_0003)
+    assert [name for name, _ in decided(tb, third)] == ["accumulated", "accumulated"]
+    await tb.send(third)
+    await tb.check()
+    stats = tb.model.stats()
+    assert (stats["drop_job"], stats["results_emitted"]) == (1, 3), stats
+
+
+@cocotb.test()
+async def registered_and_stranger_traffic_mixed_under_backpressure(dut):
+    """Random cliques of two registered jobs interleaved with version 2 cliques, forged copies of their frames
+    (wrong token, job, port or address), malformed and foreign frames, with pauses on both sides."""
+    tb, traffic = await start(dut, 43, source_pause=0.25, sink_pause=0.4)
+    need_tables(tb)
+    chooser = random.Random(43)
+    jobs = [dict(ASKING), dict(job=0x5EED_0004, token=chooser.getrandbits(64) | 1, group=0xEF_21_00_04)]
+    for fields in jobs:
+        await tb.install(job_entry(**fields, slots=3))
+    queues = [registered(traffic, chooser.randint(1, 40), fanin=chooser.randint(1, 3), slot=chooser.randrange(3),
+                         round=chooser.getrandbits(32), **fields) for fields in jobs for _ in range(2)]
+    queues += [traffic.clique(chooser.randint(1, 20), fanin=2, slot=slot, job=3) for slot in (6, 7)]
+
+    def stray(frames):
+        roll = chooser.random()
+        if roll < 0.5 and frames:
+            forged = bytearray(chooser.choice(frames))
+            change = chooser.choice([dict(token=chooser.getrandbits(64)), dict(job=chooser.getrandbits(32)),
+                                     dict(udp_sport=chooser.randrange(1, 65536)), dict(ip_src=HOST_IP + 9)])
+            return bytes(patch(forged, **change))
+        if roll < 0.8:
+            return chooser.choice(malformed(traffic))[0]
+        return chooser.choice(traffic.foreign())
+
+    await tb.send(interleave(chooser, queues, stray, 0.3))
+    await tb.check()

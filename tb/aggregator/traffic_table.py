@@ -1,7 +1,8 @@
 """The traffic table (tests/traffic.py) through the gateware: one cocotb test that runs every scenario.
 
-The scenarios come as JSON (INWIRE_TABLE_IN: {name: [[frame hex, arrival time], ...]}). Each starts from a
-reset, as the model it is compared with starts empty; each frame goes in once the lease ticks up to its
+The scenarios come as JSON (INWIRE_TABLE_IN: {name: {"jobs": [job entry fields], "steps": [[frame hex, arrival
+time], ...]}}). Each starts from a reset, as the model it is compared with starts empty, and installs its jobs
+through the control interface; each frame goes in once the lease ticks up to its
 arrival time are driven, and its output is collected until quiet. What the gateware sent for each frame
 and its counters after it go to INWIRE_TABLE_OUT; tests/test_traffic_table.py compares them with the
 golden model. Only the gateware decides here.
@@ -13,6 +14,7 @@ import os
 import cocotb
 from cocotbext.axi import AxiStreamFrame
 
+from inwire.jobs import JobEntry
 from inwire_hdl.cocotb.testbench import TB
 
 QUIET_CYCLES = 64
@@ -25,11 +27,13 @@ async def traffic_table(dut):
         scenarios = json.load(source)
     tb = TB(dut)
     results = {}
-    for name, steps in scenarios.items():
+    for name, scenario in scenarios.items():
         await tb.reset()
         tb.restart_model()
+        for fields in scenario["jobs"]:
+            await tb.install(JobEntry(**{**fields, "members": {tuple(member) for member in fields["members"]}}))
         frames = []
-        for data, now in steps:
+        for data, now in scenario["steps"]:
             await tb.advance(now - tb.ticks)
             await tb.source.send(AxiStreamFrame(bytes.fromhex(data)))
             await tb.drain(quiet_cycles=QUIET_CYCLES)

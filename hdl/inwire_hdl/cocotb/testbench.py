@@ -18,9 +18,11 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 
+from inwire.jobs import JobLimits
 from inwire.model import Aggregator as Model
 from inwire.model import AggregatorConfig
 from inwire.protocol import COUNTERS
+from inwire_hdl.job_table import GatewareJobs
 
 CONFIG_ENV = "INWIRE_TB_CONFIG"
 STALL_LIMIT = 10_000
@@ -32,6 +34,8 @@ def tb_config():
     if fields.get("upstream") is not None:
         # JSON made the (network, prefix length) pair a list; the configuration is hashable with a tuple.
         fields["upstream"] = tuple(fields["upstream"])
+    if "limits" in fields:
+        fields["limits"] = JobLimits(**fields["limits"])
     return AggregatorConfig(**fields)
 
 
@@ -106,6 +110,10 @@ class TB:
         output.tdata = KeptLanes(output.tdata, output.tkeep)
         self.sink = AxiStreamSink(output, dut.clk, dut.rst)
         self.model = Model(self.config)
+        self.jobs = GatewareJobs(self.model) if self.config.registered else None
+        """Which entry of the gateware's job tables holds which job (with `config.registered`)."""
+        if self.jobs is not None:
+            dut.ctl_we.value = 0
         self.expected = []
         """(aborted, bytes) per frame the model predicts, in order."""
         self.outputs = []
@@ -142,6 +150,7 @@ class TB:
     def restart_model(self):
         """After a reset the gateware is empty: so is the model, and nothing in flight is expected."""
         self.model = Model(self.config)
+        self.jobs = GatewareJobs(self.model) if self.config.registered else None
         self.ticks = 0
         self.expected.clear()
         self.outputs.clear()
@@ -157,6 +166,24 @@ class TB:
                 end.clear_pause_generator()
                 # Clearing the generator leaves `pause` at its last value, which may be a pause for good.
                 end.pause = False
+
+    async def install(self, entry):
+        """Install a job (`inwire.jobs.JobEntry`) in the model and, through the control interface, in the
+        gateware, once every frame sent so far has gone in and out (the model installs between frames)."""
+        await self.drain(quiet_cycles=32)
+        await self._control(self.jobs.install(entry))
+
+    async def remove(self, job):
+        await self.drain(quiet_cycles=32)
+        await self._control(self.jobs.remove(job))
+
+    async def _control(self, writes):
+        dut = self.dut
+        for address, word in writes:
+            dut.ctl_we.value, dut.ctl_addr.value, dut.ctl_data.value = 1, address, word
+            await RisingEdge(dut.clk)
+        dut.ctl_we.value = 0
+        await RisingEdge(dut.clk)
 
     async def advance(self, ticks):
         """Let `ticks` lease ticks pass once every frame sent so far has gone in, one per cycle."""

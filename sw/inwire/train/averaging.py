@@ -34,6 +34,7 @@ from ..datagram import Address, ip_int
 from ..jobs import JobEntry
 from ..plan.schedule_file import ScheduleFile
 from ..protocol import MAX_FANIN
+from .layout import LayoutMismatch, check_layouts, layout_words, schedule_text
 from .outer import OuterOptimizer
 
 if TYPE_CHECKING:
@@ -44,8 +45,8 @@ else:
     except ImportError:  # a torch build without torch.distributed has no averagers to subclass
         ModelAverager = object
 
-__all__ = ["AveragingError", "CliqueAverager", "InwireExchange", "LocalSGD", "OuterOptimizer", "UdpCliqueExchange",
-           "anchor_parameters"]
+__all__ = ["AveragingError", "CliqueAverager", "InwireExchange", "LayoutMismatch", "LocalSGD", "OuterOptimizer",
+           "UdpCliqueExchange", "anchor_parameters"]
 
 STATE_KEY = "inwire_averager"
 """Where an optimizer's state_dict() carries the averager's state (`CliqueAverager.keep_state_in`)."""
@@ -115,21 +116,41 @@ class InwireExchange:
         sums at city `aggregator` along `tree` when this exchange has per-city aggregators. `nearby`: cliques
         (round index, clique index, members, aggregator) of other rounds holding members of this one; should
         this sum stall, its roll call looks for them there too (those that sum at the same root)."""
+        key, city, route, places = self._clique(round_index, clique_index, members, me, aggregator, tree,
+                                                max_cliques, period_round, nearby)
+        # Every averaging starts from the shared bound: a bound one member raised before would give it
+        # another exponent than the rest of this clique.
+        average, _ = self.client.average(key, me, vector, self.bound, city, route, members, places)
+        return average
+
+    def gather(self, round_index: int, clique_index: int, members: Sequence[str], me: int, words: npt.ArrayLike,
+               aggregator: str | None = None, tree: Mapping[str, str] | None = None, max_cliques: int = 1,
+               period_round: int = 0, nearby: Sequence[tuple[int, int, Sequence[str], str | None]] = ()
+               ) -> npt.NDArray[np.int32]:
+        """Every member's int32 `words`, row m member m's, gathered where the clique sums (before averaging
+        round `round_index`, `client.UdpMember.gather`): what the clique agrees on before its first sum
+        (`layout.layout_words`). The other arguments are `average`'s."""
+        key, city, route, places = self._clique(round_index, clique_index, members, me, aggregator, tree,
+                                                max_cliques, period_round, nearby)
+        return self.client.gather(key, me, words, city, route, members, places)
+
+    def _clique(self, round_index: int, clique_index: int, members: Sequence[str], me: int, aggregator: str | None,
+                tree: Mapping[str, str] | None, max_cliques: int, period_round: int,
+                nearby: Sequence[tuple[int, int, Sequence[str], str | None]]
+                ) -> tuple[CliqueKey, str | None, Any, list[tuple[int, int, dict[int, int]]]]:
+        """(key, aggregator city, tree fields, nearby places) of this member's sums in a clique."""
         fanin = len(members)
         if not 2 <= fanin <= MAX_FANIN or not 0 <= me < fanin:
             raise ValueError(f"member {me} of a clique of {fanin} is not a valid clique position")
         city, route = self._route(members, me, aggregator, tree)
         group = clique_group(period_round % 256, clique_index % 256)
         key = CliqueKey(self.client.job, round_index, clique_index, group, fanin, 0, max_cliques)
-        # Every averaging starts from the shared bound: a bound one member raised before would give it
-        # another exponent than the rest of this clique.
         root = self._root_city(members, aggregator)
         places = [(other_round, other_clique, {members.index(name): there.index(name) for name in there
                                                if name in members})
                   for other_round, other_clique, there, there_aggregator in nearby
                   if self._root_city(there, there_aggregator) == root]
-        average, _ = self.client.average(key, me, vector, self.bound, city, route, members, places)
-        return average
+        return key, city, route, places
 
     def _root_city(self, members: Sequence[str], aggregator: str | None) -> str | None:
         """The city whose aggregator a clique sums at (its roll call's), or None with one aggregator."""
@@ -197,6 +218,9 @@ class CliqueAverager(ModelAverager):
     numpy `OuterOptimizer` the study uses); neither: plain averaging. `rounds` is the earlier name of
     `schedule`. One difference: PyTorch averages at the first call after the warmup; this averager after
     `period` steps, so a sync never comes before any local step.
+    Before a clique's first averaging its members agree on what they average (`layout`: the parameters'
+    shapes, order, dtypes, names when given `named_parameters()`, and the schedule), in one small sum: islands
+    that differ raise `LayoutMismatch` on every island, nothing averaged.
     `process_group`: the island's own group; None means the default group if torch.distributed is
     initialized, else a single-process island. Its rank 0 exchanges and broadcasts the average.
     `state_dict()` / `load_state_dict()` carry the step count, the rotation's position, the anchor and the
@@ -232,6 +256,10 @@ class CliqueAverager(ModelAverager):
         self.outer_checked = False
         """The outer optimizer was found not to hold the model's parameters (`_refuse_an_outer_optimizer_on`)."""
         self.max_cliques = max(len(cliques) for cliques in self.rounds)
+        self.schedule_text = schedule_text(self.rounds, self.trees)
+        self.agreed: dict[tuple[int, int], bytes] = {}
+        """(schedule round, clique) -> the layout words its members agreed on (`layout`): a clique agrees again
+        only when this island's words change."""
         self.group = process_group
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         # ModelAverager's own __init__ needs an initialized default group; a single-process island has none
@@ -337,12 +365,16 @@ class CliqueAverager(ModelAverager):
             if self.island in members and len(members) > 1:
                 clique = list(members)
                 tree = self.trees[period_round][clique_index] if self.trees else None
+                words = layout_words(params, names, self.schedule_text)
+                agreed = self.agreed.get((period_round, clique_index)) == words.tobytes()
                 with torch.no_grad():
                     flat = self._stage(params).copy()
                     if not np.isfinite(flat).all():
                         raise AveragingError(_non_finite(params, names, self._step, round_index))
                     average = self._average(round_index, clique_index, clique, flat, aggregator, tree, period_round,
-                                            params[0].device, self._nearby(round_index, clique))
+                                            params[0].device, self._nearby(round_index, clique),
+                                            None if agreed else words)
+                    self.agreed[period_round, clique_index] = words.tobytes()
                     self.last = (round_index, clique, flat, average)
                     self.anchor = self._outer_step(average)
                     _load(params, self.anchor)
@@ -392,14 +424,22 @@ class CliqueAverager(ModelAverager):
 
     def _average(self, round_index: int, clique_index: int, members: Sequence[str], flat: np.ndarray,
                  aggregator: str | None, tree: Mapping[str, str] | None, period_round: int, device: torch.device,
-                 nearby: Sequence[tuple[int, int, Sequence[str], str | None]]) -> np.ndarray:
+                 nearby: Sequence[tuple[int, int, Sequence[str], str | None]],
+                 words: np.ndarray | None) -> np.ndarray:
         """Rank 0 asks inwire; with a process group it broadcasts the average (or its failure) to the others,
-        in tensors on the group's device (NCCL takes only CUDA tensors)."""
+        in tensors on the group's device (NCCL takes only CUDA tensors). `words`: this island's layout words
+        (`layout.layout_words`), which the clique first agrees on, when it has not yet."""
         error: Exception | None = None
         average: np.ndarray | None = None
         if self.rank == 0:
             assert self.exchange is not None  # `__init__` refuses a rank 0 without one
             try:
+                if words is not None:
+                    rows = self.exchange.gather(round_index, clique_index, members, members.index(self.island), words,
+                                                aggregator=aggregator, tree=tree, max_cliques=self.max_cliques,
+                                                period_round=period_round, nearby=nearby)
+                    check_layouts(rows, members, f"round {round_index}, clique {clique_index} "
+                                                 f"({', '.join(members)})")
                 average = self.exchange.average(round_index, clique_index, members, members.index(self.island),
                                                 flat, aggregator=aggregator, tree=tree, max_cliques=self.max_cliques,
                                                 period_round=period_round, nearby=nearby)

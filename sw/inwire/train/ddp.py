@@ -19,7 +19,11 @@ in the worker completes the bucket's future with the exception (DDP raises it fr
 later buckets with an error that names it, on every rank of the island. A bucket's sum is named by the step
 and the bucket's index (round and clique fields), so islands whose buckets become ready in another order still
 meet in the same slots. Every island must build the same buckets (the same model and `bucket_cap_mb`), as
-every rank of one DDP job does.
+every rank of one DDP job does; DDP checks that between the ranks of one island only, so the islands agree on
+each bucket's layout (its parameters' shapes and dtypes, in order, `layout.layout_words`) before its first sum,
+and again when DDP rebuilds its buckets after the first step: an island whose buckets differ (its submodules
+registered in another order) fails backward on every island with `layout.LayoutMismatch` instead of adding
+other parameters' gradients position by position.
 Buckets anywhere (CPU or CUDA) are staged through one reusable float32 host buffer (pinned where CUDA is
 present), as `CliqueAverager` stages parameters.
 
@@ -48,6 +52,7 @@ import torch.distributed as dist
 from ..client import DEFAULT_WINDOW, SLOT_POOLS, ClientError
 from ..codec_average import AveragingError
 from ..protocol import DEFAULT_SLOTS
+from .layout import check_layouts, layout_words, schedule_text
 
 if TYPE_CHECKING:
     from ..plan.schedule_file import ScheduleFile, Tree
@@ -64,14 +69,16 @@ def default_buckets(islands: int) -> int:
 @dataclass
 class _Job:
     """One bucket handed to the worker: its sum's names, its gradients (the DDP bucket's buffer), the island's
-    all-reduce of them (None for a one-rank island), the future the hook returned, and the CUDA stream the
-    gradients were computed on (None on CPU)."""
+    all-reduce of them (None for a one-rank island), the future the hook returned, the CUDA stream the
+    gradients were computed on (None on CPU), and the bucket's layout words when the islands have not agreed
+    on them yet (`layout.layout_words`)."""
     step: int
     index: int
     tensor: torch.Tensor
     reduced: "torch.futures.Future[list[torch.Tensor]] | None"
     future: "torch.futures.Future[torch.Tensor]"
     stream: "torch.cuda.Stream | None"
+    words: np.ndarray | None = None
 
 
 class InwireHookState:
@@ -93,6 +100,9 @@ class InwireHookState:
         self.exchange, self.island, self.islands = exchange, island, names
         self.group = process_group
         self.aggregator, self.tree = aggregator, tree
+        self.schedule = schedule_text([[(names, aggregator)]], [[tree]])
+        self.agreed: dict[int, bytes] = {}
+        """Bucket index -> the layout words the islands agreed on for it (written by the worker)."""
         self.step = 0
         self.buckets = buckets
         if dist.get_rank(process_group) == 0 and exchange is None:
@@ -185,10 +195,15 @@ class InwireHookState:
         host = self.stage(tensor)
         self.flag(host, size)
         assert self.exchange is not None, "rank 0 has the exchange (InwireHookState checks)"
+        me = self.islands.index(self.island)
         try:
-            average = self.exchange.average(job.step, job.index, self.islands, self.islands.index(self.island),
-                                            host, aggregator=self.aggregator, tree=self.tree,
-                                            max_cliques=self.buckets)
+            if job.words is not None:
+                rows = self.exchange.gather(job.step, job.index, self.islands, me, job.words,
+                                            aggregator=self.aggregator, tree=self.tree, max_cliques=self.buckets)
+                check_layouts(rows, self.islands, f"step {job.step}, bucket {job.index} ({', '.join(self.islands)})")
+                self.agreed[job.index] = job.words.tobytes()
+            average = self.exchange.average(job.step, job.index, self.islands, me, host, aggregator=self.aggregator,
+                                            tree=self.tree, max_cliques=self.buckets)
         except (AveragingError, ClientError, OSError, ValueError) as failure:
             return failure
         self.last = (job.step, job.index, host[:size], average[:size])
@@ -254,7 +269,11 @@ def inwire_hook(state: InwireHookState, bucket: dist.GradBucket) -> torch.future
         reduced = dist.all_reduce(tensor, group=state.group, async_op=True).get_future()
     stream = torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None
     summed: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    state.submit(_Job(state.step, index, tensor, reduced, summed, stream))
+    # Rank 0 sends them (its worker records what was agreed). The bucket's previous step has completed (DDP
+    # waits for every future before the step ends), so its agreement, if any, is recorded by now.
+    words = layout_words(bucket.parameters(), None, state.schedule)
+    agreed = state.agreed.get(index) == words.tobytes()
+    state.submit(_Job(state.step, index, tensor, reduced, summed, stream, None if agreed else words))
     if bucket.is_last():
         state.step += 1
     # A future given an exception holds it as its value, which DDP would read as the gradients ("Unable to cast

@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loss = 0.0 * sum(p.sum() for p in replica.parameters())
             loss.backward()
             optimizer.step()
-            if not args.hook and (members := averager.average_parameters(model.parameters())):
+            if not args.hook and (members := averager.average_parameters(model.named_parameters())):
                 assert averager.last is not None, "set by the averaging that returned the members"
                 round_index, _, sent, average = averager.last
                 record(round_index, members, sent, average, parameters_of(model))

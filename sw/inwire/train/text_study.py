@@ -17,7 +17,9 @@ In order:
    island reaches alone (under `none`, at any evaluation of any evaluation seed). No island alone reaches it
    by construction; the study records on how many seeds `sync` does.
 5. Per H: mean ± std over the evaluation seeds and verdicts of `schedule` against every other strategy,
-   time to target paired over seeds (`training.compare`).
+   paired over seeds on the time-averaged validation loss, Holm-corrected over every H and strategy together
+   (`training.compare`, `stats`). `global`, `ring` and `host-tree` sync every H steps like `schedule`: the
+   same number of communication rounds, each an exact global average (the equal-communication control).
 
 Everything is a function of the settings and the machine's standard library files (hashed in the output):
 reruns write the same bytes, whatever the number of worker processes (`--workers`: independent training runs
@@ -46,6 +48,8 @@ from ..plan.topology import load_topology
 from .outer import OuterOptimizer
 from .training import (
     EVALUATE_EVERY,
+    VERSUS_HEADER,
+    VERSUS_RULE,
     Cell,
     Curve,
     Strategy,
@@ -54,6 +58,7 @@ from .training import (
     _pm,
     _simulate_cached,
     compare,
+    correct_verdicts,
     gossip_rounds,
     plot_cell,
     random_rounds,
@@ -62,6 +67,9 @@ from .training import (
     text_corpus,
     time_to_target_ms,
     training_inputs,
+    verdict_rule,
+    versus_columns,
+    versus_entry,
 )
 
 _Result = TypeVar("_Result")
@@ -75,8 +83,9 @@ Inputs = tuple[Any, ...]
 
 STRATEGIES = ("none", "sync", "global", "ring", HOST_TREE, "hierarchical", "gossip", "random", "schedule")
 DEFAULT_STRATEGIES = ("none", "sync", "global", "ring", HOST_TREE, "schedule")
-"""What `make train-study` runs: on two cores in about an hour the grid has room for two trained rotations at
-most (the exact average, which global, ring and host-tree share, and the planner's schedule)."""
+"""What `make train-study` runs: on two cores in about two and a half hours (ten seeds) the grid has room for two
+trained rotations at most (the exact average, which global, ring and host-tree share, and the planner's
+schedule). The exact averages sync as often as the schedule: its equal-communication control."""
 EXACT_AVERAGES = ("global", "ring", HOST_TREE)
 """The planner's strategies that compute the exact average of every island, each charged its own way."""
 EPSILON = 1e-3
@@ -93,7 +102,7 @@ class StudySettings:
     outer_steps: tuple[Outer, ...] = ((1.0, 0.0), (0.7, 0.9))
     """The grid, (learning rate, momentum) each: plain averaging, and DiLoCo's Nesterov at torchft's rate."""
     tuning_seed: int = 0
-    seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
+    seeds: tuple[int, ...] = tuple(range(1, 11))
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     model_bytes: int = 100_000_000
     """The size communication is charged for."""
@@ -377,6 +386,7 @@ def run_text_study(settings: StudySettings, estimate_only: bool = False,
     target = choose_target([run["curves"]["none"] for run in runs[hs[0]]],
                            [run["curves"]["sync"] for run in runs[hs[0]]])
     cells = [_cell(settings, h, runs[h], target["loss"]) for h in hs]
+    correct_verdicts(cells)
     from .text import island_families
 
     return {"settings": {**asdict(settings), "islands": list(islands)},
@@ -466,32 +476,32 @@ def format_text_study(study: dict[str, Any]) -> str:
     for seed, alone, none, sync in zip(s["seeds"], target["best_single_island_alone"], target["none_final_mean"],
                                        target["sync_final_mean"]):
         lines.append(f"| {seed} | {alone:.3f} | {none:.3f} | {sync:.3f} |")
-    lines += ["", f"sync reaches the target on {target['sync_reaches']} of {target['seeds']} seeds.", "",
-              "**Verdicts: the planner's rotating cliques (`schedule`) against each strategy**, time to the target "
-              "paired over seeds (↑ schedule sooner, ↓ later; win or lose: every seed, or a sign test at p < 0.05; a "
-              "run that never reaches the target is the later one):", ""]
     cells = study["cells"]
+    comparisons = sum(len(cell["schedule_vs"]) for cell in cells)
+    lines += ["", f"sync reaches the target on {target['sync_reaches']} of {target['seeds']} seeds.", "",
+              "**Verdicts: the planner's rotating cliques (`schedule`) against each strategy** (difference "
+              "schedule − strategy [95 % CI], Holm-corrected p). "
+              + verdict_rule(len(s["seeds"]), comparisons, text=True), ""]
     others = [name for name in cells[0]["schedule_vs"]]
     lines += ["| H | schedule's rounds | " + " | ".join(others) + " |",
               "| ---: | --- | " + " | ".join("---" for _ in others) + " |"]
     for cell in cells:
         kinds = sorted({_kind(rounds) for rounds in cell["rounds_per_seed"]["schedule"]})
-        verdicts = [f"{v['verdict']} {v['sooner']}↑{v['later']}↓" for v in cell["schedule_vs"].values()]
+        verdicts = [versus_entry(cell, name) for name in cell["schedule_vs"]]
         lines.append(f"| {cell['local_steps']} | {'; '.join(kinds)} | " + " | ".join(verdicts) + " |")
     for cell in cells:
         lines += ["", f"**{cell['title']}**", "",
                   f"| strategy | H | outer step | comm. (s) | total (s) | time to loss {target['loss']:g} (s) | "
                   "averaged model: time to target (s) | mean island val. loss | averaged model val. loss | "
-                  "schedule is |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+                  f"{VERSUS_HEADER} |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+                  + VERSUS_RULE + " |"]
         for name, summary in cell["summary"].items():
             strategy = cell["strategies"][name]
             outer = "–" if name == "none" else outer_label((strategy["outer_lr"], strategy["outer_momentum"]))
-            versus = cell["schedule_vs"].get(name)
-            verdict = f"{versus['verdict']} ({versus['sooner']}↑ {versus['later']}↓)" if versus else ""
             lines.append(f"| {name} | {strategy['period']} | {outer} | {_pm(summary['communication_ms'], 1e-3)} | "
                          f"{_pm(summary['time_ms'], 1e-3)} | {_pm(summary['time_to_target_ms'], 1e-3)} | "
                          f"{_pm(summary['averaged_time_to_target_ms'], 1e-3)} | {_pm(summary['loss'], digits=3)} | "
-                         f"{_pm(summary['averaged_loss'], digits=3)} | {verdict} |")
+                         f"{_pm(summary['averaged_loss'], digits=3)} | {versus_columns(cell, name)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -55,6 +55,7 @@ from ..plan.cost import CostModel
 from ..plan.schedule_file import schedule_document
 from ..plan.search import Evaluator, plan_schedule
 from ..plan.topology import load_topology
+from . import stats
 from .outer import OuterOptimizer
 
 if TYPE_CHECKING:
@@ -574,24 +575,14 @@ def summarize(runs: Sequence[dict[str, Any]], target: float, score: str = "accur
     return summary
 
 
-def sign_test_p(sooner: int, later: int) -> float:
-    """Two-sided exact sign test (scipy's binomial test at 1/2): the chance of a split at least this uneven
-    if either were as likely."""
-    if sooner + later == 0:
-        return 1.0
-    from scipy.stats import binomtest
-
-    return float(binomtest(sooner, sooner + later, 0.5).pvalue)
-
-
 def compare(runs: Sequence[dict[str, Any]], name: str, other: str, target: float,
             score: str = "accuracy") -> dict[str, Any]:
-    """Paired over seeds: how often `name` reaches the target sooner than `other`, and the verdict.
+    """`name` against `other`, paired over seeds (`stats.compare_runs`): the per-seed difference of the
+    time-averaged score, its bootstrap interval and signed-rank p. The verdict stays `tie` until the table it
+    belongs to is corrected as a whole (`correct_verdicts`).
 
-    A run that never reaches the target counts as slower than any that does; seeds where both are equal
-    (or neither reaches the target) are ties. The verdict is `win` (or `lose`) when `name` is sooner
-    (later) on every seed, or when a two-sided sign test over the seeds that differ gives p < 0.05;
-    `tie` otherwise. With 10 seeds that takes at least 9 of 10 one way.
+    Also counted, for reading and never as a verdict: on how many seeds `name` reaches the target sooner, and
+    later (a run that never reaches it is the later one; equal times, or neither reaching, count for neither).
     """
     sooner = later = 0
     differences: list[float] = []
@@ -603,17 +594,19 @@ def compare(runs: Sequence[dict[str, Any]], name: str, other: str, target: float
         later += a_key > b_key
         if a is not None and b is not None:
             differences.append(a - b)
-    n = len(runs)
-    p = sign_test_p(sooner, later)
-    if sooner == n or (sooner > later and p < 0.05):
-        verdict = "win"
-    elif later == n or (later > sooner and p < 0.05):
-        verdict = "lose"
-    else:
-        verdict = "tie"
-    return {"against": other, "sooner": sooner, "later": later, "seeds": n, "sign_test_p": p,
-            "mean_difference_ms": float(np.mean(differences)) if differences else None,
-            "both_reached": len(differences), "verdict": verdict}
+    statistics = stats.compare_runs([run["curves"][name] for run in runs], [run["curves"][other] for run in runs],
+                                    score, higher_is_better=not score.endswith("loss"))
+    return {"against": other, "seeds": len(runs), **statistics,
+            "time_to_target": {"sooner": sooner, "later": later, "both_reached": len(differences),
+                               "mean_difference_ms": float(np.mean(differences)) if differences else None}}
+
+
+def correct_verdicts(cells: Sequence[Cell]) -> int:
+    """Holm-correct every comparison of the cells' verdict table together and give each its verdict; returns
+    how many comparisons the table makes."""
+    table = [comparison for cell in cells for comparison in cell.get("schedule_vs", {}).values()]
+    stats.correct(table)
+    return len(table)
 
 
 def run_study(config: TrainConfig, seeds: Sequence[int], alphas: Sequence[float | None] | None = None,
@@ -653,6 +646,7 @@ def run_study(config: TrainConfig, seeds: Sequence[int], alphas: Sequence[float 
                 cell["schedule_vs"] = {other: compare(runs, "schedule", other, target, score)
                                        for other in config.strategies if other != "schedule"}
             cells.append(cell)
+    correct_verdicts(cells)
     assert islands is not None, "a study has at least one cell"
     study: Study = {"config": {**asdict(config), "islands": list(islands)}, "workload": config.workload,
              "parameters": workload_parameters(config), "seeds": list(seeds), "target": target, "cells": cells}
@@ -739,15 +733,15 @@ def format_cell(cell: Cell, target: float) -> str:
         return _format_text_cell(cell, target)
     lines = [f"**{cell_title(cell)}**", "",
              f"| strategy | H | comm. (s) | total (s) | time to {target:.0%} (s) | averaged model: time to "
-             f"{target:.0%} (s) | mean island acc. | averaged model acc. | objective (s) | schedule is |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             f"{target:.0%} (s) | mean island acc. | averaged model acc. | objective (s) | {VERSUS_HEADER} |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | " + VERSUS_RULE + " |"]
     for name, s in cell["summary"].items():
         lines.append(f"| {name} | {_span(s['period_per_seed'])} | {_pm(s['communication_ms'], 1e-3)} | "
                      f"{_pm(s['time_ms'], 1e-3)} | {_pm(s['time_to_target_ms'], 1e-3)} | "
                      f"{_pm(s['averaged_time_to_target_ms'], 1e-3)} | {_pm(s['accuracy'], 100, 1, True)} | "
                      f"{_pm(s['averaged_accuracy'], 100, 1, True)} | "
                      f"{_span(s['local_step_objective_ms_per_seed'], _seconds)} | "
-                     f"{_verdict(cell, name)} |")
+                     f"{versus_columns(cell, name)} |")
     return "\n".join(lines)
 
 
@@ -755,23 +749,59 @@ def _format_text_cell(cell: Cell, target: float) -> str:
     lines = [f"**{cell_title(cell)}**", "",
              f"| strategy | H | comm. (s) | total (s) | time to loss {target:g} (s) | averaged model: time to "
              f"loss {target:g} (s) | mean island val. loss | averaged model val. loss | mean island perplexity | "
-             "objective (s) | schedule is |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             f"objective (s) | {VERSUS_HEADER} |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | " + VERSUS_RULE + " |"]
     for name, s in cell["summary"].items():
         lines.append(f"| {name} | {_span(s['period_per_seed'])} | {_pm(s['communication_ms'], 1e-3)} | "
                      f"{_pm(s['time_ms'], 1e-3)} | {_pm(s['time_to_target_ms'], 1e-3)} | "
                      f"{_pm(s['averaged_time_to_target_ms'], 1e-3)} | {_pm(s['loss'], digits=3)} | "
                      f"{_pm(s['averaged_loss'], digits=3)} | {_pm(s['perplexity'])} | "
-                     f"{_span(s['local_step_objective_ms_per_seed'], _seconds)} | {_verdict(cell, name)} |")
+                     f"{_span(s['local_step_objective_ms_per_seed'], _seconds)} | "
+                     f"{versus_columns(cell, name)} |")
     return "\n".join(lines)
 
 
-def _verdict(cell: Cell, name: str) -> str:
-    """The schedule against `name` in one table cell: the verdict and the paired counts."""
+VERSUS_HEADER = ("schedule − row: time-averaged score [95 % CI] | Holm p | verdict | time to target: seeds "
+                 "schedule sooner, later")
+"""The columns of the schedule against a cell's row (`versus_columns`)."""
+VERSUS_RULE = "---: | ---: | --- | ---:"
+
+
+def difference_units(cell: Cell) -> tuple[int, float, str]:
+    """Digits and scale the paired difference is shown with, and its unit: accuracy in percentage points,
+    a validation loss in nats per byte."""
+    return (3, 1.0, "nats per byte") if _is_text(cell) else (2, 100.0, "percentage points")
+
+
+def versus_columns(cell: Cell, name: str) -> str:
+    """The schedule against `name`: the paired difference with its interval, the corrected p, the verdict,
+    and the seeds on which the schedule reaches the target sooner and later (a count, not a verdict)."""
     versus = cell.get("schedule_vs", {}).get(name)
     if versus is None:
-        return ""
-    return f"{versus['verdict']} ({versus['sooner']}↑ {versus['later']}↓ of {versus['seeds']})"
+        return " |  |  | "
+    digits, scale, _ = difference_units(cell)
+    counts = versus["time_to_target"]
+    return (f"{stats.format_difference(versus, digits, scale)} | {stats.format_p(versus['p_holm'])} | "
+            f"{versus['verdict']} | {counts['sooner']}↑ {counts['later']}↓ of {versus['seeds']}")
+
+
+def versus_entry(cell: Cell, name: str) -> str:
+    """The schedule against `name` in one table cell: verdict, paired difference with interval, corrected p."""
+    versus = cell["schedule_vs"][name]
+    digits, scale, _ = difference_units(cell)
+    return (f"{versus['verdict']} {stats.format_difference(versus, digits, scale)} "
+            f"p={stats.format_p(versus['p_holm'])}")
+
+
+def verdict_rule(seeds: int, comparisons: int, text: bool) -> str:
+    """The verdicts' rule and measure for a caption: a table of `comparisons` over `seeds` seeds."""
+    score = "mean island validation loss (lower is better)" if text else "mean island test accuracy"
+    unit = "nats per byte" if text else "percentage points"
+    return (f"The schedule against each strategy, paired over the {seeds} seeds: per seed, each run's {score} "
+            f"averaged over the simulated time both runs cover; the difference schedule − other in {unit} (mean "
+            "over seeds) with its 95 % BCa bootstrap interval; Holm p: the two-sided Wilcoxon signed-rank p, "
+            f"Holm-corrected over every comparison of the table. {stats.describe(seeds, comparisons)}. Seeds reaching "
+            "the target sooner or later are counted for reading, not for the verdict.")
 
 
 def _seconds(ms: float | None) -> str:
@@ -803,8 +833,7 @@ def format_verdicts(study: Study) -> str:
         versus = cell.get("schedule_vs", {})
         kinds = [_kinds(cell, name) for name in ("schedule", "schedule-h")]
         outer = "avg" if cell["outer_lr"] == 1.0 and cell["outer_momentum"] == 0.0 else "Nesterov"
-        verdicts = [f"{versus[c]['verdict']} {versus[c]['sooner']}↑{versus[c]['later']}↓" if c in versus else ""
-                    for c in columns]
+        verdicts = [versus_entry(cell, c) if c in versus else "" for c in columns]
         alpha = ("stdlib families" if _is_text(cell) else "IID" if cell["alpha"] is None
                  else f"α={cell['alpha']:g}")
         lines.append(f"| {cell['aggregator']} | {alpha} | {cell['model_bytes'] / 1e6:g} | {cell['step_ms']:g} | "
@@ -829,10 +858,11 @@ def _kind(rounds: Sequence[Sequence[Sequence[str]]]) -> str:
 
 def format_study(study: Study) -> str:
     text = study.get("workload") == "text"
-    parts = [f"Seeds {study['seeds'][0]}–{study['seeds'][-1]}; 'schedule is' compares time to "
-             f"{target_name(study['target'], text)} with the row's strategy, paired over seeds (↑ sooner, ↓ later; "
-             "win or lose: every seed, or a sign test at p < 0.05; a run that never reaches the target is the later "
-             "one); 'objective' is the planner's local-step objective for the row's strategy: time to ε-consensus "
+    comparisons = sum(len(cell.get("schedule_vs", {})) for cell in study["cells"])
+    parts = [f"Seeds {study['seeds'][0]}–{study['seeds'][-1]}. "
+             + (verdict_rule(len(study["seeds"]), comparisons, text) + " " if comparisons else "")
+             + f"Time to target: {target_name(study['target'], text)}. 'objective' is the planner's local-step "
+             "objective for the row's strategy: time to ε-consensus "
              "with H local steps before every round. Seeds vary the random strategy's partitions and the planner's "
              "search too: where they give different rounds, H or objectives, a table shows every kind of rounds, or "
              "the range over seeds."]
@@ -845,7 +875,8 @@ def format_study(study: Study) -> str:
                      + "; ".join(f"{island} {', '.join(families) or 'none'}" for island, families
                                  in zip(study["config"]["islands"], corpus["island_families"])) + ".")
     if any("schedule_vs" in cell for cell in study["cells"]):
-        parts.append("Verdicts of the schedule against each baseline, time to target paired over seeds:\n\n"
+        parts.append("Verdicts of the schedule against each baseline (difference schedule − baseline [95 % CI], "
+                     "Holm-corrected p):\n\n"
                      + format_verdicts(study))
     parts += [format_cell(cell, study["target"]) for cell in study["cells"]]
     return "\n\n".join(parts) + "\n"

@@ -1,0 +1,238 @@
+"""The job tables: what a control plane installs for each registered job, and the register map it writes them
+through (docs/board.md, Job tables).
+
+Each of `limits.jobs` entries holds a job id, its 64-bit token, its slot range (first slot and quota), its
+multicast group and `limits.members` member endpoints (IPv4 address and UDP port). They are registers, so
+that every entry is compared with a frame at once: the header classifier asks which entry holds the frame's
+job and whether its token, group, slot and source are that job's (`query`, `member_query`). Writes come from
+the board's management side through `control` (one 32-bit word a cycle); nothing a frame carries writes them.
+
+The register map (`ControlMap`) is the only place the word addresses are defined; `ControlMap.install` and
+`ControlMap.remove` turn a golden-model job table's change into the writes that make the gateware hold the
+same, in an order that never shows a frame a half-written entry as valid.
+"""
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from inwire.jobs import JobEntry, JobLimits
+
+GATEWARE_LIMITS = JobLimits(jobs=4, members=8, routes=0, children=0, unicast_results=False)
+"""What the gateware's job tables hold unless a configuration says otherwise: jobs with a multicast group and
+flat cliques rooted here (results go to the group, one frame each)."""
+
+MAX_GATEWARE_JOBS = 16
+MAX_GATEWARE_MEMBERS = 32
+"""Above these the comparators (every entry against every frame) outgrow an ECP5's fabric."""
+
+JOB_WORDS = ("job", "token_low", "token_high", "base", "quota", "group", "valid")
+"""The words of one job entry, in address order; its members follow, two words each (address, port | valid)."""
+
+
+def check_limits(limits):
+    """Refuse job limits the gateware cannot hold, in one line."""
+    if not 1 <= limits.jobs <= MAX_GATEWARE_JOBS or not 1 <= limits.members <= MAX_GATEWARE_MEMBERS:
+        raise ValueError(f"the gateware holds 1 to {MAX_GATEWARE_JOBS} jobs of 1 to {MAX_GATEWARE_MEMBERS} members, "
+                         f"got {limits.jobs} jobs of {limits.members}")
+    if limits.routes or limits.unicast_results:
+        raise ValueError("the gateware's job tables hold no tree routes and no job without a group: build it with "
+                         "JobLimits(routes=0, children=0, unicast_results=False)")
+
+
+@dataclass(frozen=True)
+class ControlMap:
+    """Word addresses of the control interface for `jobs` entries of `members` members each."""
+
+    jobs: int
+    members: int
+
+    @property
+    def stride(self):
+        """Words per job entry (a power of two: an entry's index is the address's upper bits)."""
+        return 1 << ceil_log2(len(JOB_WORDS) + 2 * self.members)
+
+    @property
+    def clear_address(self):
+        """Writing a slot index here empties that slot (a job's range is emptied when it is installed or torn
+        down, as the golden model's `install` and `remove` do)."""
+        return self.jobs * self.stride
+
+    @property
+    def address_bits(self):
+        return ceil_log2(self.clear_address + 1)
+
+    def word(self, index, name):
+        return index * self.stride + JOB_WORDS.index(name)
+
+    def member_words(self, index, member):
+        """(address word, port word) of member `member` of entry `index`."""
+        first = index * self.stride + len(JOB_WORDS) + 2 * member
+        return first, first + 1
+
+    def install(self, index, entry: JobEntry, base, new):
+        """The writes that make entry `index` hold `entry` (at first slot `base`); `new`: the job was not
+        installed before, so its range is emptied. The entry is invalid while it is written, valid before its
+        range is emptied (a version 1 or 2 frame can then no longer claim a slot of it)."""
+        if len(entry.members) > self.members:
+            raise ValueError(f"job {entry.job}: {len(entry.members)} members, more than the {self.members} an "
+                             f"entry holds")
+        writes = [(self.word(index, "valid"), 0),
+                  (self.word(index, "job"), entry.job),
+                  (self.word(index, "token_low"), entry.token & 0xFFFFFFFF),
+                  (self.word(index, "token_high"), entry.token >> 32),
+                  (self.word(index, "base"), base),
+                  (self.word(index, "quota"), entry.slots),
+                  (self.word(index, "group"), entry.group)]
+        endpoints = sorted(entry.members)
+        for member in range(self.members):
+            address_word, port_word = self.member_words(index, member)
+            if member < len(endpoints):
+                address, port = endpoints[member]
+                writes += [(address_word, address), (port_word, port | 1 << 16)]
+            else:
+                writes.append((port_word, 0))
+        writes.append((self.word(index, "valid"), 1))
+        if new:
+            writes += [(self.clear_address, slot) for slot in range(base, base + entry.slots)]
+        return writes
+
+    def remove(self, index, base, slots):
+        """The writes that tear entry `index` down and empty its range (first slot `base`, `slots` long)."""
+        return [(self.word(index, "valid"), 0)] + [(self.clear_address, slot) for slot in range(base, base + slots)]
+
+
+class GatewareJobs:
+    """The host's record of which entry of the gateware's tables holds which job, beside a golden model's
+    `Aggregator` holding the same jobs: `install` and `remove` change the model and return the control writes
+    that change the gateware alike."""
+
+    def __init__(self, model):
+        limits = model.config.limits
+        self.model = model
+        self.map = ControlMap(limits.jobs, limits.members)
+        self.index = {}
+        """job -> its entry."""
+
+    def install(self, entry: JobEntry):
+        new = entry.job not in self.index
+        base = self.model.install(entry)
+        if new:
+            self.index[entry.job] = min(set(range(self.map.jobs)) - set(self.index.values()))
+        return self.map.install(self.index[entry.job], self.model.jobs.entries[entry.job], base, new)
+
+    def remove(self, job):
+        if job not in self.index:
+            return []
+        base, slots = self.model.jobs.bases[job], self.model.jobs.entries[job].slots
+        self.model.remove(job)
+        return self.map.remove(self.index.pop(job), base, slots)
+
+
+def control_signature(address_bits):
+    """The management side to the job tables: one 32-bit word `data` written at `addr` while `we`."""
+    return wiring.Signature({"we": Out(1), "addr": Out(address_bits), "data": Out(32)})
+
+
+def query_signature(jobs, slot_bits):
+    """Classifier to job tables, combinational from a frame's header: per entry, whether it holds the frame's
+    job (`hit`) and whether the frame's token, group and slot are within it; the first slot of the entry
+    that hits (`base`); whether the slot lies in any valid entry's range (`in_range`)."""
+    return wiring.Signature({
+        "job": Out(32), "token": Out(64), "group": Out(32), "slot": Out(16),
+        "hit": In(jobs), "token_ok": In(jobs), "group_ok": In(jobs), "quota_ok": In(jobs),
+        "base": In(slot_bits), "in_range": In(1),
+    })
+
+
+def member_query_signature(jobs):
+    """Classifier to job tables, a stage later: whether the frame's source is a member of the entry that hit."""
+    return wiring.Signature({"hit": Out(jobs), "address": Out(32), "port": Out(16), "member_ok": In(1)})
+
+
+def clear_signature(slot_bits):
+    """Job tables to slot table: empty slot `slot` while `valid`."""
+    return wiring.Signature({"valid": Out(1), "slot": Out(slot_bits)})
+
+
+class JobTables(wiring.Component):
+    """The job tables of `config.limits` (see the module's docstring)."""
+
+    def __init__(self, config):
+        limits = config.limits
+        check_limits(limits)
+        self.jobs, self.members = limits.jobs, limits.members
+        self.map = ControlMap(limits.jobs, limits.members)
+        self.slot_bits = max(1, ceil_log2(config.slots))
+        super().__init__({
+            "control": In(control_signature(self.map.address_bits)),
+            "query": In(query_signature(self.jobs, self.slot_bits)),
+            "member_query": In(member_query_signature(self.jobs)),
+            "clear": Out(clear_signature(self.slot_bits)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ctl, query, members_q = self.control, self.query, self.member_query
+        stride = self.map.stride
+        entry_bits = ceil_log2(stride)
+        index, offset = ctl.addr[entry_bits:], ctl.addr[:entry_bits]
+        hits, token_oks, group_oks, quota_oks, in_ranges, member_oks, bases = [], [], [], [], [], [], []
+        for entry in range(self.jobs):
+            valid, job, token, group = Signal(name=f"valid{entry}"), Signal(32, name=f"job{entry}"), \
+                Signal(64, name=f"token{entry}"), Signal(32, name=f"group{entry}")
+            base, quota = Signal(self.slot_bits, name=f"base{entry}"), Signal(17, name=f"quota{entry}")
+            # The range's end, kept beside base and quota so that the range check is two comparisons.
+            end = Signal(18, name=f"end{entry}")
+            written = ctl.we & (index == entry)
+
+            def at(name, offset=offset, written=written):
+                return written & (offset == JOB_WORDS.index(name))
+
+            with m.If(at("valid")):
+                m.d.sync += valid.eq(ctl.data[0])
+            with m.If(at("job")):
+                m.d.sync += job.eq(ctl.data)
+            with m.If(at("token_low")):
+                m.d.sync += token[:32].eq(ctl.data)
+            with m.If(at("token_high")):
+                m.d.sync += token[32:].eq(ctl.data)
+            with m.If(at("group")):
+                m.d.sync += group.eq(ctl.data)
+            with m.If(at("base")):
+                m.d.sync += [base.eq(ctl.data), end.eq(ctl.data[:self.slot_bits] + quota)]
+            with m.If(at("quota")):
+                m.d.sync += [quota.eq(ctl.data), end.eq(base + ctl.data[:17])]
+            entry_members = []
+            for member in range(self.members):
+                address, port, member_valid = (Signal(32, name=f"member{entry}_{member}_address"),
+                                               Signal(16, name=f"member{entry}_{member}_port"),
+                                               Signal(name=f"member{entry}_{member}_valid"))
+                address_word, port_word = (word - entry * stride for word in self.map.member_words(entry, member))
+                with m.If(written & (offset == address_word)):
+                    m.d.sync += address.eq(ctl.data)
+                with m.If(written & (offset == port_word)):
+                    m.d.sync += [port.eq(ctl.data[:16]), member_valid.eq(ctl.data[16])]
+                entry_members.append(member_valid & (address == members_q.address) & (port == members_q.port))
+            hits.append(valid & (job == query.job))
+            token_oks.append(token == query.token)
+            group_oks.append(group == query.group)
+            quota_oks.append(query.slot < quota)
+            in_ranges.append(valid & (query.slot >= base) & (query.slot < end))
+            member_oks.append(members_q.hit[entry] & Cat(*entry_members).any())
+            bases.append(base)
+        # At most one valid entry holds a job (the model refuses a second), so the hits' bases are or'ed.
+        base_of_hit = 0
+        for hit, base in zip(hits, bases, strict=True):
+            base_of_hit = base_of_hit | Mux(hit, base, 0)
+        m.d.comb += [
+            query.hit.eq(Cat(*hits)), query.token_ok.eq(Cat(*token_oks)), query.group_ok.eq(Cat(*group_oks)),
+            query.quota_ok.eq(Cat(*quota_oks)), query.in_range.eq(Cat(*in_ranges).any()), query.base.eq(base_of_hit),
+            members_q.member_ok.eq(Cat(*member_oks).any()),
+        ]
+        clear_now = ctl.we & (ctl.addr == self.map.clear_address)
+        m.d.sync += [self.clear.valid.eq(clear_now), self.clear.slot.eq(ctl.data[:self.slot_bits])]
+        return m
