@@ -1,4 +1,4 @@
-"""`inwire job` (new, register, teardown) and `inwire serve`'s control options, over loopback."""
+"""`inwire job` (new, register, leave, teardown) and `inwire serve`'s control options, over loopback."""
 
 import json
 import os
@@ -97,6 +97,35 @@ def test_register_and_teardown_round_trip(capsys, aggregator, job_file, key_file
     assert status == 0 and f"job {entry.job} torn down at" in out and not aggregator.model.jobs.entries
     status, out, _ = one_line(capsys, ["job", "teardown", *common])
     assert status == 0 and f"job {entry.job} was not registered at" in out
+
+
+def test_each_island_leaves_with_its_own_job_file(capsys, aggregator, job_file, key_file, tmp_path):
+    """Two islands registered the same job with their own sockets: one leaves, the job stays for the other;
+    the other's leave removes it."""
+    host, port = aggregator.address
+    entry = read_job_file(job_file)
+    other_file = tmp_path / "other.json"
+    other_file.write_text(json.dumps({**control.entry_to_json(entry), "members": ["127.0.0.1:5001"]}))
+    options = ["--aggregator", f"{host}:{port}", "--key-file", str(key_file)]
+    for path in (job_file, other_file):
+        assert one_line(capsys, ["job", "register", str(path), *options])[0] == 0
+    status, out, _ = one_line(capsys, ["job", "leave", str(job_file), *options])
+    assert status == 0 and out == f"inwire job: job {entry.job} at {host}:{port}: 1 member left; 1 remains\n"
+    assert aggregator.model.jobs.entries[entry.job].members == {(ip_int("127.0.0.1"), 5001)}
+    status, out, _ = one_line(capsys, ["job", "leave", str(job_file), *options])
+    assert status == 0 and "none of the job file's members was a member there" in out
+    status, out, _ = one_line(capsys, ["job", "leave", str(other_file), *options])
+    assert status == 0 and "1 member left, the last: the job is removed (its slots are free)" in out
+    assert not aggregator.model.jobs.entries
+
+
+def test_leave_refuses_a_job_file_without_members_before_sending(capsys, key_file, tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"job": 1, "token": "0000000000000001", "slots": 1, "members": []}))
+    status, out, err = one_line(capsys, ["job", "leave", str(path), "--aggregator", "127.0.0.1:9",
+                                         "--key-file", str(key_file)])
+    assert status == 2 and out == ""
+    assert err == f"inwire job: job file {path}: field members is empty: no member to leave\n"
 
 
 def test_register_reports_a_clash_in_one_line(capsys, aggregator, job_file, key_file, tmp_path):

@@ -25,16 +25,25 @@ from inwire.control import (
     encode,
     entry_from_json,
     entry_to_json,
+    leave,
     load_key,
     new_job,
     register,
     teardown,
 )
-from inwire.datagram import MAX_DATAGRAM, ip_int, parse_result, payload_of
+from inwire.datagram import (
+    MAX_DATAGRAM,
+    PAYLOAD_HEADER_BYTES,
+    ip_int,
+    parse_result,
+    parse_stats_reply,
+    payload_of,
+    stats_request,
+)
 from inwire.fastpath import compiled
 from inwire.jobs import CliqueRoute, JobEntry, JobTable
 from inwire.packets import build_frames
-from inwire.protocol import JOB_VERSION, Opcode
+from inwire.protocol import COUNTERS, JOB_VERSION, Opcode
 from inwire.serve import SoftwareAggregator, serving_in_thread
 
 KEY = bytes(range(32))
@@ -48,10 +57,15 @@ def entry(job=7, token=0x1234, slots=4, members=(MEMBER,), **fields):
     return JobEntry(job=job, token=token, slots=slots, members=frozenset(members), **fields)
 
 
+OTHER_MEMBER = (ip_int("127.0.0.1"), 5001)
+
+
 def request(op="register", job_entry=None, nonce="00000000000000aa", issued_s=NOW, **fields):
     body = {"op": op, "nonce": nonce, "issued_ms": int(issued_s * 1000)}
     if op == "register":
         body |= {"ttl_s": 60, **entry_to_json(job_entry or entry())}
+    elif op == "leave":
+        body |= {"job": (job_entry or entry()).job, "members": entry_to_json(job_entry or entry())["members"]}
     else:
         body["job"] = (job_entry or entry()).job
     return body | fields
@@ -60,7 +74,7 @@ def request(op="register", job_entry=None, nonce="00000000000000aa", issued_s=NO
 @pytest.fixture
 def plane():
     table = JobTable(64)
-    return ControlPlane(table.install, table.remove, key=KEY), table
+    return ControlPlane(table.install, table.remove, table.leave, key=KEY), table
 
 
 def answer(plane_, body, key=KEY, now=NOW, peer=PEER):
@@ -276,6 +290,57 @@ def test_teardown_is_idempotent(plane):
     assert not table.entries and plane_.expire(NOW + 100) == []
 
 
+def test_a_member_leaves_and_the_job_goes_with_its_last_member(plane):
+    """Two islands registered their own sockets in one job: one leaves and the job stays for the other, with
+    its range and expiry; leaving again changes nothing; the last member's leave removes the job."""
+    plane_, table = plane
+    first, second = entry(members=(MEMBER,)), entry(members=(OTHER_MEMBER,))
+    answer(plane_, request(job_entry=first))
+    answer(plane_, request(job_entry=second, nonce="00000000000000bb"))
+    reply = answer(plane_, request("leave", job_entry=first, nonce="00000000000000cc"))
+    assert reply == {"ok": True, "nonce": "00000000000000cc", "job": 7, "left": 1, "remaining": 1, "removed": False}
+    assert table.entries[7].members == {OTHER_MEMBER} and table.bases[7] == 0 and 7 in plane_.expires
+    again = answer(plane_, request("leave", job_entry=first, nonce="00000000000000dd"))
+    assert (again["left"], again["remaining"], again["removed"]) == (0, 1, False)
+    last = answer(plane_, request("leave", job_entry=second, nonce="00000000000000ee"))
+    assert (last["left"], last["remaining"], last["removed"]) == (1, 0, True)
+    assert not table.entries and table._free_range(64) == 0 and plane_.expire(NOW + 100) == []
+    gone = answer(plane_, request("leave", job_entry=second, nonce="00000000000000ff"))
+    assert (gone["left"], gone["remaining"], gone["removed"]) == (0, 0, False)
+    assert (plane_.counters["members_left"], plane_.counters["jobs_left"]) == (2, 1)
+
+
+@pytest.mark.parametrize("when", ["replayed", "stale", "other_key"])
+def test_a_leave_that_is_not_authentic_and_new_gets_no_reply_and_leaves_the_job(plane, when):
+    plane_, table = plane
+    answer(plane_, request())
+    leave_request = request("leave", nonce="00000000000000bb")
+    if when == "replayed":
+        assert answer(plane_, leave_request | {"members": ["127.0.0.1:9"]}) is not None
+        assert answer(plane_, leave_request, now=NOW + 1) is None
+    elif when == "stale":
+        assert answer(plane_, request("leave", nonce="00000000000000bb", issued_s=NOW - FRESH_S - 1)) is None
+    else:
+        assert answer(plane_, leave_request, key=OTHER_KEY) is None
+    assert table.entries[7].members == {MEMBER} and plane_.counters["control_refused"] == 1
+    assert plane_.counters["members_left"] == 0
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"members": []}, "field members: [] names no member to leave"),
+    ({"members": "127.0.0.1:5000"}, 'field members: "127.0.0.1:5000" is not a list of a.b.c.d:port'),
+    ({"members": ["127.0.0.1"]}, 'field members[0]: "127.0.0.1" is not a.b.c.d:port'),
+    ({"job": 0}, "field job: 0 is outside [1, 4294967295]"),
+    ({"token": "0000000000001234"}, "field token is not one a request has"),
+])
+def test_a_bad_leave_is_answered_in_one_line_and_leaves_the_job(plane, fields, message):
+    plane_, table = plane
+    answer(plane_, request())
+    reply = answer(plane_, request("leave", nonce="00000000000000bb", **fields))
+    assert reply == {"ok": False, "nonce": "00000000000000bb", "error": message}
+    assert table.entries[7].members == {MEMBER} and plane_.counters["control_errors"] == 1
+
+
 def test_nonce_cache_is_bounded(plane, monkeypatch):
     plane_, _ = plane
     monkeypatch.setattr(control, "NONCES", 3)
@@ -295,7 +360,7 @@ def test_nonce_cache_is_bounded(plane, monkeypatch):
 def aggregator():
     """A control plane over a job table behind a loopback socket, in a thread: (address, table, plane)."""
     table = JobTable(64)
-    plane_ = ControlPlane(table.install, table.remove, key=KEY)
+    plane_ = ControlPlane(table.install, table.remove, table.leave, key=KEY)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     sock.settimeout(0.05)
@@ -372,7 +437,7 @@ def test_register_refuses_values_out_of_range_before_sending():
         teardown(("127.0.0.1", 9), job, key=KEY, timeout_s=0)
 
 
-def test_lease_registers_renews_and_tears_down(aggregator, deadline):
+def test_lease_registers_renews_and_leaves(aggregator, deadline):
     address, table, plane_ = aggregator
     job = new_job([MEMBER], slots=4)
     with JobLease([address], job, ttl_s=1, key=KEY) as lease:
@@ -380,7 +445,36 @@ def test_lease_registers_renews_and_tears_down(aggregator, deadline):
         while plane_.counters["jobs_renewed"] < 2:
             time.sleep(0.05)
         assert lease.last_error is None
-    assert job.job not in table.entries and plane_.counters["jobs_torn_down"] == 1
+    assert job.job not in table.entries and plane_.counters["jobs_left"] == 1
+    assert plane_.counters["jobs_torn_down"] == 0
+
+
+def test_a_lease_that_ends_leaves_the_job_to_the_other_islands_lease(aggregator):
+    """Two islands each keep their own socket registered in one job: the first one's end takes its member
+    out and no other; the second one's removes the job."""
+    address, table, plane_ = aggregator
+    first = new_job([MEMBER], slots=4)
+    second = JobEntry(job=first.job, token=first.token, slots=4, members={OTHER_MEMBER})
+    with JobLease([address], second, key=KEY):
+        with JobLease([address], first, key=KEY):
+            assert table.entries[first.job].members == {MEMBER, OTHER_MEMBER}
+        assert table.entries[first.job].members == {OTHER_MEMBER}
+    assert first.job not in table.entries
+    assert (plane_.counters["members_left"], plane_.counters["jobs_left"], plane_.counters["jobs_torn_down"]) == (
+        2, 1, 0)
+
+
+def test_leave_round_trip_and_its_arguments(aggregator):
+    address, table, _ = aggregator
+    job = new_job([MEMBER, OTHER_MEMBER], slots=4)
+    register(address, job, key=KEY)
+    assert leave(address, job.job, ["127.0.0.1:5001"], key=KEY) == (1, 1)
+    assert leave(address, job, key=KEY) == (1, 0) and job.job not in table.entries
+    assert leave(address, job, key=KEY) == (0, 0)
+    with pytest.raises(ValueError, match="leave needs the members that leave, or the job's entry"):
+        leave(address, job.job, key=KEY)
+    with pytest.raises(ValueError, match="leave needs at least one member that leaves"):
+        leave(address, job.job, [], key=KEY)
 
 
 def test_lease_that_fails_to_register_tears_down_the_others(aggregator):
@@ -421,10 +515,10 @@ def bound_socket():
     return sock
 
 
-def job_contribution(job, sender, values, slot=0):
+def job_contribution(job, sender, values, slot=0, fanin=2, round_=1):
     frame = build_frames(np.asarray(values, dtype=np.int32), opcode=Opcode.CONTRIBUTION, version=JOB_VERSION,
-                         token=job.token, job=job.job, sender=sender, fanin=2, round=1, clique=0, slot=slot, chunk=0,
-                         group=job.group)
+                         token=job.token, job=job.job, sender=sender, fanin=fanin, round=round_, clique=0, slot=slot,
+                         chunk=0, group=job.group)
     return payload_of(frame[0])
 
 
@@ -440,6 +534,57 @@ def test_registered_job_aggregates_through_serve(service):
             payload, source = member.recvfrom(MAX_DATAGRAM)
             assert source == address and parse_result(payload).elements.tolist() == [3, 20]
         assert server.counters()["jobs_registered"] == 1
+
+
+@pytest.mark.parametrize("engine", ["golden", "fast"])
+def test_serve_answers_a_jobs_stats_request_from_its_members_alone(service, engine):
+    """A stats reply is about twice its request, so a version 3 stats request whose source is not a member
+    (even with the job and token) is dropped and counted: no socket but a member's can have it reflected."""
+    server, address = service(engine=engine)
+    with bound_socket() as member, bound_socket() as stranger:
+        job = new_job([member.getsockname()], slots=2)
+        register(address, job, key=KEY)
+        request_ = stats_request(job=job.job, version=JOB_VERSION, token=job.token)
+        stranger.sendto(request_, address)
+        stranger.sendto(stats_request(job=job.job, version=JOB_VERSION, token=job.token ^ 1), address)
+        member.sendto(request_, address)
+        payload, source = member.recvfrom(MAX_DATAGRAM)
+        counters = parse_stats_reply(payload)
+        assert source == address and len(payload) == PAYLOAD_HEADER_BYTES + 4 * len(COUNTERS)
+        # the reply counts the frames before it: the stranger's two were decided, and answered with nothing
+        assert (counters["drop_member"], counters["drop_token"], counters["answered"]) == (1, 1, 0)
+        stranger.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            stranger.recv(MAX_DATAGRAM)
+        assert server.counters()["answered"] == 1
+
+
+@pytest.mark.parametrize("engine", ["golden", "fast"])
+def test_an_island_that_leaves_leaves_the_job_to_the_other(service, engine):
+    """Two islands registered their own sockets in one job at inwire serve: after the first leaves, the
+    second still completes a sum there (and the first's frames are no longer taken); after the second leaves,
+    the job is gone and its frames are drop_job."""
+    server, address = service(engine=engine)
+    with bound_socket() as first, bound_socket() as second:
+        job = new_job([first.getsockname()], slots=2)
+        islands = {first: job, second: JobEntry(job=job.job, token=job.token, slots=2,
+                                                members={(ip_int("127.0.0.1"), second.getsockname()[1])})}
+        assert [register(address, entry, key=KEY) for entry in islands.values()] == [0, 0]
+        for sender, island in enumerate(islands):
+            island.sendto(job_contribution(job, sender, [sender + 1]), address)
+        assert [parse_result(island.recv(MAX_DATAGRAM)).elements.tolist() for island in islands] == [[3], [3]]
+        assert leave(address, islands[first], key=KEY) == (1, 1)
+        first.sendto(job_contribution(job, 0, [5], fanin=1, round_=2), address)
+        second.sendto(job_contribution(job, 0, [7], fanin=1, round_=2, slot=1), address)
+        assert parse_result(second.recv(MAX_DATAGRAM)).elements.tolist() == [7]
+        assert server.counters()["drop_member"] == 1
+        assert leave(address, islands[second], key=KEY) == (1, 0)
+        counters = server.counters()
+        second.sendto(job_contribution(job, 0, [9], fanin=1, round_=3), address)
+        with bound_socket() as asker:  # a frame decided after the contribution above says it was counted
+            asker.sendto(stats_request(), address)
+            assert parse_stats_reply(asker.recv(MAX_DATAGRAM))["drop_job"] == counters["drop_job"] + 1
+        assert (counters["members_left"], counters["jobs_left"], counters["jobs_torn_down"]) == (2, 1, 0)
 
 
 def test_serve_refuses_what_is_not_authentic_and_new(service):

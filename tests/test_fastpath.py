@@ -903,6 +903,9 @@ class JobPair:
     def remove(self, job):
         return [self.model.remove(job), self.fast.remove(job)]
 
+    def leave(self, job, members):
+        return [self.model.leave(job, members), self.fast.leave(job, members)]
+
     def feed(self, payload, peer, now=None):
         """(disposition, [(payload, (host, port))]) of the model (its frames unwrapped, each to its IPv4
         destination and UDP port) and of the fast path (a version 3 answer names its sends; a stats reply goes
@@ -928,12 +931,14 @@ class JobPair:
 
 def job_difference(pair, stream):
     """Index and description of the first event on which model and fast path differ, or None. An event is a
-    datagram (payload, peer[, now]), ("install", entry) or ("remove", job)."""
+    datagram (payload, peer[, now]), ("install", entry), ("remove", job) or ("leave", job, members)."""
     for index, event in enumerate(stream):
         if event[0] == "install":
             want, got = pair.install(event[1])
         elif event[0] == "remove":
             want, got = pair.remove(event[1])
+        elif event[0] == "leave":
+            want, got = pair.leave(*event[1:])
         else:
             want, got = pair.feed(*event)
         if want != got:
@@ -950,7 +955,8 @@ class JobStream(CliqueStream):
     results from the parent (the one awaited, again, with another shape, before the level completed, from
     elsewhere), retransmissions and result requests to completed slots, wrong groups, slots past the quota,
     `expect` or hops set, and floods of another job; versions 1 and 2 into the jobs' slots and beside them;
-    damaged datagrams; and now and then a job removed and installed again, a member added, or a clash."""
+    damaged datagrams; and now and then a job removed and installed again, a member added, members leaving
+    (the job with its last), or a clash."""
 
     def __init__(self, seed, max_elements):
         super().__init__(seed, slots=12, max_elements=max_elements)
@@ -1069,7 +1075,8 @@ class JobStream(CliqueStream):
         return extra
 
     def table_change(self):
-        """Remove a job, install one (again: its members merge, a clash is refused), or add a member."""
+        """Remove a job, install one (again: its members merge, a clash is refused), add a member, or let some
+        leave (a stranger among them changes nothing; the last one's leave removes the job)."""
         from inwire.jobs import JobEntry
 
         rnd = self.rnd
@@ -1082,6 +1089,12 @@ class JobStream(CliqueStream):
         if pick < 0.3:
             self.removed.add(entry.job)
             return ("remove", entry.job)
+        if pick < 0.4:
+            members = sorted(entry.members)
+            leaving = set(rnd.sample(members, rnd.randint(1, len(members)))) | {_endpoint(STRANGERS[0])}
+            if leaving >= entry.members:
+                self.removed.add(entry.job)
+            return ("leave", entry.job, frozenset(leaving))
         if pick < 0.5:
             return ("install", dataclasses.replace(entry, members=frozenset({_endpoint(MEMBER_PEERS[4])})))
         if pick < 0.6:  # a clash: the same job id with another token

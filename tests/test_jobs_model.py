@@ -136,6 +136,29 @@ def test_a_forged_result_request_from_a_non_member_gets_no_byte():
     assert (aggregator.stats()["drop_member"], aggregator.stats()["answered"]) == (3, 0)
 
 
+def stats_request(entry, source, **fields):
+    """A version 3 stats request of `entry` from `source`: the bare 128-byte header."""
+    return frame(entry, source, Opcode.STATS_REQUEST, elements=(), **fields)
+
+
+def test_a_forged_stats_request_from_a_non_member_gets_no_byte():
+    """Amplification: a stats reply is larger than its request, so a version 3 one is answered only to a
+    member of its job that names its token; a forged source (another host, another port of a member's host,
+    a member's address with a stranger's port) gets nothing, and each is counted where it failed."""
+    aggregator, _ = completed()
+    forged = [(stats_request(JOB, STRANGER), Disposition.DROP_MEMBER),
+              (stats_request(JOB, NEXT_DOOR), Disposition.DROP_MEMBER),
+              (stats_request(JOB, (A[0], STRANGER[1] + 1)), Disposition.DROP_MEMBER),
+              (stats_request(JOB, A, token=JOB.token ^ 1), Disposition.DROP_TOKEN),
+              (stats_request(JOB, A, job=JOB.job + 7), Disposition.DROP_JOB)]
+    for data, refused in forged:
+        assert send(aggregator, data) == (refused, [])
+    disposition, (reply,) = send(aggregator, stats_request(JOB, B))
+    assert disposition == Disposition.ANSWERED and destination(reply) == B
+    assert len(reply) == FRAME_HEADER_BYTES + 4 * len(COUNTERS)
+    assert values(reply)[COUNTERS.index("drop_member")] == 3
+
+
 @pytest.mark.parametrize("group", [0, GROUP])
 def test_a_result_request_from_a_member_is_answered_to_that_member_alone(group):
     """Each member that asks gets one unicast copy at its own address, with the job's token: never the
@@ -464,8 +487,8 @@ class RandomRun:
 def test_outputs_go_only_to_addresses_in_the_tables():
     """A random run of whole levels, retransmissions, requests from anyone and frames changed in one way:
     every frame the aggregator sends is a version 3 frame of an installed job, with its token, from the
-    aggregator, to an address of that job's tables. (Stats requests are left out: their replies go to
-    whoever asks, by design.)"""
+    aggregator, to an address of that job's tables. (Stats requests are left out: their replies carry no
+    token; test_a_forged_stats_request_from_a_non_member_gets_no_byte holds them to the member that asks.)"""
     aggregator = with_jobs(*RANDOM_JOBS)
     run = RandomRun(36)
     sent = Counter()
@@ -553,6 +576,27 @@ def test_teardown_frees_the_slots_for_another_job_and_forgets_their_sums():
     assert aggregator.install(OTHER) == 0
     disposition, (result,) = send(aggregator, frame(OTHER, C, fanin=1, slot=3, elements=(5, 5, 5)))
     assert disposition == Disposition.ACCUMULATED and values(result) == [5, 5, 5]
+
+
+def test_a_member_leaves_without_disturbing_the_others_and_the_last_frees_the_slots():
+    """A leave takes its members out of the job's table and nothing else: the job's range, its live round and
+    the other members stay (a slot a member contributed to before it left still sends it the result); the
+    last member's leave removes the job and forgets its sums, as teardown does."""
+    aggregator = with_jobs(JOB)
+    send(aggregator, frame(JOB, A, sender=0))
+    started, base = slots_state(aggregator), aggregator.jobs.bases[JOB.job]
+    assert aggregator.leave(JOB.job, {A, STRANGER}) == (1, 1)
+    assert aggregator.leave(JOB.job, {A}) == (0, 1)
+    assert aggregator.jobs.entries[JOB.job].members == {B} and aggregator.jobs.bases[JOB.job] == base
+    assert slots_state(aggregator) == started
+    assert send(aggregator, frame(JOB, A, sender=0, round=2)) == (Disposition.DROP_MEMBER, [])
+    disposition, results = send(aggregator, frame(JOB, B, sender=1, elements=(10, 20, 30)))
+    assert disposition == Disposition.ACCUMULATED and [values(result) for result in results] == [[11, 22, 33]] * 2
+    assert sorted(map(destination, results)) == sorted([A, B])
+    assert aggregator.leave(JOB.job, {B}) == (1, 0)
+    assert JOB.job not in aggregator.jobs.entries and aggregator.leave(JOB.job, {B}) == (0, 0)
+    assert all(slot.key is None for slot in aggregator.slots)
+    assert send(aggregator, frame(JOB, B, sender=1)) == (Disposition.DROP_JOB, [])
 
 
 def test_an_aggregator_without_job_tables_refuses_an_install():

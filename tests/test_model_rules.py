@@ -152,8 +152,6 @@ class Reference:
         built = 128 + 4 * len(f["elements"]) + 4 * (f.get("status") is not None)
         if length != expected or built != expected:  # the IPv4 and UDP lengths say `built`
             return Disposition.DROP_LENGTH, []
-        if opcode == STATS_REQUEST:
-            return Disposition.ANSWERED, [("stats", f, dict(self.counters))]
         fanin, sender = f["fanin"], f["sender"]
         source = (f["ip_src"], f["udp_sport"])
         if v3:
@@ -172,6 +170,8 @@ class Reference:
                 allowed = source in job["members"]
             if not allowed:
                 return Disposition.DROP_MEMBER, []
+        if opcode == STATS_REQUEST:  # version 3: only its job's members are answered (the reply is larger)
+            return Disposition.ANSWERED, [("stats", f, dict(self.counters))]
         if not 1 <= fanin <= c.max_fanin:
             return Disposition.DROP_FANIN, []
         whole = (1 << fanin) - 1
@@ -711,6 +711,17 @@ class Traffic:
         return self.frame_fields(**dict(shared, opcode=RESULT_REQUEST, sender=sender, elements=[],
                                         bitmap=rnd.choice((0, 1 << sender)), ip_src=address, udp_sport=port))
 
+    def job_stats_request(self):
+        """A version 3 stats request: mostly of a job, with its token, from one of its members; now and then
+        from a stranger, a child or the parent, or anything at all."""
+        rnd = self.rnd
+        f = dict(self.stats_request(), version=3, clique=rnd.choice((0, 5, rnd.randrange(2**16))))
+        if rnd.random() < 0.2:
+            return f
+        entry = rnd.choice(self.jobs)
+        source = rnd.choice(sorted(entry.members) if rnd.random() < 0.7 else STRANGERS + CHILDREN + [PARENT])
+        return dict(f, job=entry.job, token=entry.token, ip_src=source[0], udp_sport=source[1])
+
     def parent_result(self):
         """A result coming down from the parent of a clique that has one (now and then from elsewhere, or to
         a clique rooted here): all the clique's members or some, any overflow flag."""
@@ -728,7 +739,7 @@ class Traffic:
         """A job's frame changed in one way a job rule is about, or in any way `trouble` changes frames."""
         rnd = self.rnd
         f = dict(f)
-        kind = rnd.randrange(10)
+        kind = rnd.randrange(11)
         if kind == 0:
             f["token"] = rnd.choice((0, f["token"] ^ 1 << rnd.randrange(64), rnd.getrandbits(64)))
         elif kind == 1:
@@ -743,6 +754,8 @@ class Traffic:
             f[rnd.choice(("expect", "hop1", "hop1_expect", "hop2", "hop2_expect"))] = rnd.getrandbits(32) | 1
         elif kind == 6:
             f["bitmap"] = f["bitmap"] | 1 << rnd.randrange(f["fanin"])
+        elif kind == 7:  # checked after the job's checks, and for a stats request not at all
+            f["fanin"] = rnd.choice((0, self.config.max_fanin + 1))
         else:
             return self.trouble(f)
         return f
@@ -768,7 +781,7 @@ class Traffic:
             self.job_history = (self.job_history + [f])[-40:]
             return f
         if pick < 0.82:
-            return dict(self.stats_request(), version=3)
+            return self.job_stats_request()
         return self.job_trouble(rnd.choice(self.job_history) if self.job_history else self.job_request())
 
     def next_time(self):
@@ -1029,6 +1042,15 @@ def _answers_count_no_partial(original):
     return contribution
 
 
+def _stats_answered_before_the_job_checks():
+    """FRAME_CHECKS with the stats request's answer moved up before DROP_JOB, as it was once."""
+    checks = list(model.FRAME_CHECKS)
+    stats = next(check for check in checks if check[0] == Disposition.ANSWERED)
+    checks.remove(stats)
+    checks.insert(next(i for i, check in enumerate(checks) if check[0] == Disposition.DROP_JOB), stats)
+    return tuple(checks)
+
+
 TAMPERS = {
     # name: (what is changed: (owner, attribute, replacement maker)), the check that must fail)
     "timer_17_bits": ((model, "TIME_BITS", lambda: 17), "streams"),
@@ -1064,6 +1086,8 @@ TAMPERS = {
     # Registered jobs.
     "token_not_compared": ((model, "FRAME_CHECKS", lambda: tuple(
         check for check in model.FRAME_CHECKS if check[0] != Disposition.DROP_TOKEN)), "job_streams"),
+    "stats_answered_before_the_job_checks": ((model, "FRAME_CHECKS", _stats_answered_before_the_job_checks),
+                                             "job_streams"),
     "contribution_from_anyone": ((Aggregator, "source_allowed", lambda: _replaced(
         Aggregator.source_allowed, "return source in self.job_of(header).members", "return True")), "job_streams"),
     "partial_from_a_child_holds_any_members": ((Aggregator, "source_allowed", lambda: _replaced(

@@ -14,7 +14,7 @@ from inwire.datagram import payload_of
 from inwire.model import Aggregator, AggregatorConfig
 from inwire.packets import build_frames, frame_field
 from inwire.pcap import read_frames
-from inwire.protocol import FRAME_HEADER_BYTES, VERSION, Opcode
+from inwire.protocol import FRAME_HEADER_BYTES, Opcode
 from inwire.serve import SoftwareAggregator
 from inwire.stream import StreamConfig, Workload, format_report, load_plan, run_stream
 from inwire.transport import CaptureTransport, UdpTransport, probe_stats
@@ -345,8 +345,8 @@ class BatchingCapture(CaptureTransport):
         self.sent.setdefault(island, []).append(bytes(payload))
         super().send(island, payload, city)
 
-    async def stats(self, island, stats_future, first_wait, budget, city=None, version=VERSION):
-        return await probe_stats(self, island, stats_future, first_wait, budget, city, version)
+    async def stats(self, island, stats_future, first_wait, budget, city=None, request=None):
+        return await probe_stats(self, island, stats_future, first_wait, budget, city, request)
 
 
 def test_batched_delivery_sends_what_per_datagram_delivery_sends(schedule):

@@ -113,6 +113,12 @@ def job_frame(config, elements=ELEMENTS, **fields):
                                       "group": 0, **fields})
 
 
+def job_stats_request(config, **fields):
+    """A version 3 stats request of the registered job, from its member unless `fields` say otherwise (its
+    group and route fields are read by no check)."""
+    return job_frame(config, (), opcode=Opcode.STATS_REQUEST, **fields)
+
+
 def datagram_frame(config, payload):
     """The frame that carries UDP `payload` from the member to the aggregator, as a kernel delivers it."""
     return wrap(payload, (ip_str(host_ip(config)), HOST_PORT), (ip_str(config.ip), config.port),
@@ -207,14 +213,20 @@ SCENARIOS = {scenario.reaches: scenario for scenario in (
     Scenario("leases_expired", "another job one tick before the lease runs out, then at it", _leased),
     Scenario("partials_emitted", "a level of one member below a parent aggregator", at_zero(lambda c: [
         contribution(c, expect=0b1, hop1=parent_ip(c))])),
-    Scenario("drop_job", "the member's version 3 frame, then one naming a job without tables", at_zero(lambda c: [
-        grouped_frame(c), grouped_frame(c, job=CLIQUE["job"] + 1)]), grouped_jobs),
-    Scenario("drop_token", "the member's version 3 frame with one bit of the token flipped", at_zero(lambda c: [
-        grouped_frame(c, token=TOKEN ^ 1 << 40)]), grouped_jobs),
-    Scenario("drop_member", "a partial from the member, which is no child aggregator, then a contribution from "
-             "another port of the member's host", at_zero(lambda c: [
+    Scenario("drop_job", "the member's version 3 frame, then one naming a job without tables, then a stats "
+             "request naming it", at_zero(lambda c: [
+                 grouped_frame(c), grouped_frame(c, job=CLIQUE["job"] + 1),
+                 job_stats_request(c, job=CLIQUE["job"] + 1)]), grouped_jobs),
+    Scenario("drop_token", "the member's version 3 frame with one bit of the token flipped, then a stats request "
+             "so", at_zero(lambda c: [grouped_frame(c, token=TOKEN ^ 1 << 40), job_stats_request(c, token=TOKEN ^ 1)]),
+             grouped_jobs),
+    Scenario("drop_member", "a partial from the member, which is no child aggregator, a contribution from "
+             "another port of the member's host, the member's stats request (answered, to it), then the same "
+             "from that other port (no reply: it would reflect a larger reply at whoever the source names)",
+             at_zero(lambda c: [
                  grouped_frame(c, opcode=Opcode.PARTIAL, status=0, bitmap=0b10, sender=1),
-                 grouped_frame(c, udp_sport=HOST_PORT + 1)]), grouped_jobs),
+                 grouped_frame(c, udp_sport=HOST_PORT + 1), job_stats_request(c),
+                 job_stats_request(c, udp_sport=HOST_PORT + 1)]), grouped_jobs),
     Scenario("relayed", "a member's level below the parent completes (a partial up), the parent's result comes "
              "down: sent to the member, once", at_zero(lambda c: [
                  job_frame(c, fanin=1, clique=TREE_CLIQUE),

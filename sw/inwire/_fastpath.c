@@ -454,8 +454,8 @@ static long long decide_job(Decider *d, const uint8_t *p, Py_ssize_t length, uin
 
 /* The disposition of one payload of `length` bytes, and its answer (a new reference, or NULL) in *reply: the
    model's FRAME_CHECKS and SLOT_CHECKS in its order. The answer is a payload for serve to send where it goes
-   (versions 1 and 2, and a stats reply), or, for version 3, the list of (payload, (host, port)) the job's
-   tables send it to. -1 with an error set on failure (no memory, a source that is no address). */
+   (versions 1 and 2, and their stats replies, which go to the asker), or, for version 3, the list of (payload,
+   (host, port)) the job's tables send it to (a stats reply: to the member that asked). -1 with an error set on failure (no memory, a source that is no address). */
 static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObject *source, PyObject **reply)
 {
     const uint64_t *k = d->k, *c = d->config;
@@ -483,12 +483,12 @@ static long long decide(Decider *d, const uint8_t *p, Py_ssize_t length, PyObjec
     if ((uint64_t)length != expected || (uint64_t)length > k[K_MAX_PAYLOAD])
         return k[K_DROP_LENGTH];
     uint64_t sender = FIELD(d, p, F_SENDER), job = FIELD(d, p, F_JOB);
+    if (job_frame)
+        return decide_job(d, p, length, opcode, count, source, reply);
     if (opcode == k[K_STATS_REQUEST]) {
         *reply = stats_reply(d, version, sender, job);
         return *reply ? (long long)k[K_ANSWERED] : -1;
     }
-    if (job_frame)
-        return decide_job(d, p, length, opcode, count, source, reply);
     uint64_t fanin = FIELD(d, p, F_FANIN);
     if (fanin < 1 || fanin > c[C_MAX_FANIN])
         return k[K_DROP_FANIN];
@@ -786,6 +786,16 @@ static long long decide_job(Decider *d, const uint8_t *p, Py_ssize_t length, uin
     }
     if (!allowed)
         return k[K_DROP_MEMBER];
+    /* Answered only now: a member of the job asked, so no one else can have the larger reply sent anywhere. It
+       goes back to the asker, [(reply, source)] as every version 3 answer, and counts as no output. */
+    if (opcode == k[K_STATS_REQUEST]) {
+        PyObject *body = stats_reply(d, k[K_VERSION_JOB], sender, key.job);
+        if (body == NULL)
+            return -1;
+        *reply = Py_BuildValue("[(OO)]", body, source);
+        Py_DECREF(body);
+        return *reply ? (long long)k[K_ANSWERED] : -1;
+    }
     uint64_t fanin = FIELD(d, p, F_FANIN);
     if (fanin < 1 || fanin > c[C_MAX_FANIN])
         return k[K_DROP_FANIN];

@@ -5,11 +5,16 @@ b"IWCP" + body with the operator key, and the body, UTF-8 JSON of at most 16 KiB
 (its first byte is no protocol version), so `inwire serve` takes these datagrams aside before its data plane
 decides.
 
-A request: {"op": "register" | "teardown", "job": int, "nonce": 16 hex digits, "issued_ms": unix ms, and for
-register "ttl_s", "token" (16 hex digits), "slots", "members" (["a.b.c.d:port", ...]), "group" ("239.x.y.z"
-or null) and "routes" ({"<clique>": {"level": int, "parent": "a.b.c.d:port" or null, "children":
-{"a.b.c.d:port": bitmap}}})}. The reply (b"IWCP" + tag + JSON) echoes the nonce: {"ok": true, "job", "base",
-"expires_in_s"} (teardown: "removed" instead of "base"), or {"ok": false, "error": one line}.
+A request: {"op": "register" | "leave" | "teardown", "job": int, "nonce": 16 hex digits, "issued_ms": unix
+ms, and for register "ttl_s", "token" (16 hex digits), "slots", "members" (["a.b.c.d:port", ...]), "group"
+("239.x.y.z" or null) and "routes" ({"<clique>": {"level": int, "parent": "a.b.c.d:port" or null,
+"children": {"a.b.c.d:port": bitmap}}}); for leave "members" (the ones that leave)}. The reply (b"IWCP" +
+tag + JSON) echoes the nonce: {"ok": true, "job", "base", "expires_in_s"} (teardown: "removed" instead of
+"base"; leave: "left", "remaining" and "removed"), or {"ok": false, "error": one line}.
+
+Each island may register its own socket as a member of one job (registrations merge members), so an island
+that is done leaves (its members are removed, the job stays for the others) and the job is removed when its
+last member leaves; teardown removes the whole job at once, for the operator.
 
 Whoever lacks the key learns nothing from the control port: a datagram whose tag does not verify, that is
 stale (issued more than `FRESH_S` off the aggregator's clock), replayed (a nonce seen within that window) or
@@ -61,10 +66,11 @@ KEY_ENV = "INWIRE_KEY_FILE"
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_RETRIES = 3
 CONTROL_COUNTERS = ("control_refused", "control_errors", "jobs_registered", "jobs_renewed", "jobs_torn_down",
-                    "jobs_expired")
+                    "jobs_expired", "members_left", "jobs_left")
 """Counters of the control plane: datagrams given no reply (unauthenticated, stale, replayed, malformed),
 authenticated requests answered with an error, jobs installed, registrations renewed, jobs torn down, jobs
-removed when their registration expired."""
+removed when their registration expired, members removed by a leave, jobs removed when their last member
+left."""
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 _PORT = re.compile(r"[1-9][0-9]{0,4}")
 
@@ -255,16 +261,20 @@ ENTRY_FIELDS = ("job", "token", "slots", "members", "group", "routes")
 _ROUTE_FIELDS = ("level", "parent", "children")
 
 
+def _members(members: object) -> frozenset[Endpoint]:
+    """The endpoints of a request's "members"."""
+    if not isinstance(members, list):
+        raise RequestError(f"field members: {_brief(members)} is not a list of a.b.c.d:port")
+    return frozenset(_endpoint(member, f"members[{index}]") for index, member in enumerate(members))
+
+
 def entry_from_json(body: Mapping[str, object]) -> JobEntry:
     """The `JobEntry` that a register request's (or a job file's) fields describe; RequestError naming the
     field otherwise."""
     job = _integer(_field(body, "job"), "job", 1, (1 << JOB_BITS) - 1)
     token = _hex64(_field(body, "token"), "token")
     slots = _integer(_field(body, "slots"), "slots", 1, MAX_SLOTS)
-    members = _field(body, "members")
-    if not isinstance(members, list):
-        raise RequestError(f"field members: {_brief(members)} is not a list of a.b.c.d:port")
-    endpoints = frozenset(_endpoint(member, f"members[{index}]") for index, member in enumerate(members))
+    endpoints = _members(_field(body, "members"))
     group = body.get("group")
     group_address = 0 if group is None else _address(group, "group")
     routes_json = body.get("routes") or {}
@@ -310,14 +320,17 @@ def _reply(key: bytes, body: dict[str, object]) -> bytes:
 class ControlPlane:
     """The control port of one aggregator: `handle(payload, peer, now_s)` takes a control datagram and returns
     the reply to send to `peer` (None: no reply); `expire(now_s)` removes the jobs whose registration ran out.
-    `install(entry) -> base` and `remove(job) -> bool` write the aggregator's job tables (its engine's).
-    `now_s` is unix time in seconds (request issue times are unix milliseconds)."""
+    `install(entry) -> base`, `remove(job) -> bool` and `leave(job, members) -> (left, remaining)` write the
+    aggregator's job tables (its engine's: `model.Aggregator`'s methods of those names). `now_s` is unix time
+    in seconds (request issue times are unix milliseconds)."""
 
-    def __init__(self, install: Callable[[JobEntry], int], remove: Callable[[int], bool], key: bytes | None = None,
+    def __init__(self, install: Callable[[JobEntry], int], remove: Callable[[int], bool],
+                 leave: Callable[[int, frozenset[Endpoint]], tuple[int, int]], key: bytes | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         self.key = _key(key)
         self.install = install
         self.remove = remove
+        self.leave = leave
         self.log = log or (lambda line: None)
         self.expires: dict[int, float] = {}
         """job -> when its registration runs out (unix seconds)."""
@@ -367,8 +380,10 @@ class ControlPlane:
                 self.counters["jobs_torn_down"] += 1
                 self.log(f"inwire serve: job {job} torn down by {peer[0]}:{peer[1]}")
             return {"job": job, "removed": removed}
+        if op == "leave":
+            return self._leave(request, peer)
         if op != "register":
-            raise RequestError(f"field op: {_brief(op)} is neither \"register\" nor \"teardown\"")
+            raise RequestError(f"field op: {_brief(op)} is none of \"register\", \"leave\" and \"teardown\"")
         _check_keys(request, ("op", "nonce", "issued_ms", "ttl_s", *ENTRY_FIELDS))
         ttl_s = _integer(request.get("ttl_s", DEFAULT_TTL_S), "ttl_s", 1, MAX_TTL_S)
         entry = entry_from_json(request)
@@ -383,6 +398,23 @@ class ControlPlane:
             self.log(f"inwire serve: job {entry.job} registered by {peer[0]}:{peer[1]}: slots {base} to "
                      f"{base + entry.slots - 1}, {members}, expires in {ttl_s} s unless renewed")
         return {"job": entry.job, "base": base, "expires_in_s": ttl_s}
+
+    def _leave(self, request: dict[str, object], peer: Address) -> dict[str, object]:
+        """Members leave a job; the job is removed with its last member (and its registration forgotten)."""
+        _check_keys(request, ("op", "job", "members", "nonce", "issued_ms"))
+        job = _integer(_field(request, "job"), "job", 1, (1 << JOB_BITS) - 1)
+        members = _members(_field(request, "members"))
+        if not members:
+            raise RequestError("field members: [] names no member to leave")
+        left, remaining = self.leave(job, members)
+        self.counters["members_left"] += left
+        removed = bool(left) and not remaining
+        if removed:
+            self.expires.pop(job, None)
+            self.counters["jobs_left"] += 1
+            self.log(f"inwire serve: job {job}: its last member left (asked by {peer[0]}:{peer[1]}); removed, its "
+                     f"slots are free")
+        return {"job": job, "left": left, "remaining": remaining, "removed": removed}
 
     def expire(self, now_s: float) -> list[int]:
         """Remove the jobs whose registration ran out by `now_s`; their ids."""
@@ -483,11 +515,35 @@ def teardown(aggregator: str | Address, job: int | JobEntry, key: bytes | None =
     return reply.get("removed") is True
 
 
+def leave(aggregator: str | Address, job: int | JobEntry, members: Iterable[str | tuple[str | int, int]] | None = None,
+          key: bytes | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+          retries: int = DEFAULT_RETRIES) -> tuple[int, int]:
+    """`members` ("host:port" or (host, port); default: those of `job`, a JobEntry) leave `job` at `aggregator`:
+    (how many of them were members there, how many members remain). The job is removed with its last member;
+    leaving again, or a job that is not registered, is fine: (0, remaining)."""
+    if members is None:
+        if not isinstance(job, JobEntry):
+            raise ValueError("leave needs the members that leave, or the job's entry to take them from")
+        members = job.members
+    endpoints = sorted(_show(_client_endpoint(member, "member")) for member in members)
+    if not endpoints:
+        raise ValueError("leave needs at least one member that leaves")
+    job = job.job if isinstance(job, JobEntry) else job
+    reply = _exchange(aggregator, {"op": "leave", "job": job, "members": endpoints}, key, timeout_s, retries,
+                      f"leave of job {job}")
+    left, remaining = reply.get("left"), reply.get("remaining")
+    if type(left) is not int or type(remaining) is not int:
+        raise ControlError(f"the reply to the leave of job {job} does not say how many members left and remain")
+    return left, remaining
+
+
 class JobLease:
-    """Keeps `entry` registered at each of `aggregators` for the body of a with-statement: registers on entry
-    (ControlError if one refuses or does not answer; those registered already are torn down), renews every
-    ttl_s / 3 seconds in a daemon thread, and tears down on exit. `bases` holds each aggregator's first slot
-    of the job; `last_error` the latest renewal that failed (renewals go on; the registration lasts ttl_s)."""
+    """Keeps `entry`'s members registered in its job at each of `aggregators` for the body of a with-statement:
+    registers on entry (ControlError if one refuses or does not answer; those registered already are left),
+    renews every ttl_s / 3 seconds in a daemon thread, and leaves on exit: `entry`'s members leave the job, so
+    that other islands registered in the same job go on; the job is removed with its last member. `bases`
+    holds each aggregator's first slot of the job; `last_error` the latest renewal or leave that failed
+    (renewals go on; the registration lasts ttl_s)."""
 
     def __init__(self, aggregators: str | Address | Sequence[str | Address], entry: JobEntry,
                  ttl_s: int = DEFAULT_TTL_S, key: bytes | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -513,7 +569,7 @@ class JobLease:
             for aggregator in self.aggregators:
                 self.bases[aggregator] = self._register(aggregator)
         except BaseException:
-            self._teardown()
+            self._leave()
             raise
         self._thread = threading.Thread(target=self._renew, name=f"inwire-lease-{self.entry.job}", daemon=True)
         self._thread.start()
@@ -523,7 +579,7 @@ class JobLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._teardown()
+        self._leave()
 
     def _register(self, aggregator: str | Address) -> int:
         return register(aggregator, self.entry, self.key, self.ttl_s, self.timeout_s, self.retries)
@@ -536,9 +592,9 @@ class JobLease:
                 except ControlError as error:
                     self.last_error = error
 
-    def _teardown(self) -> None:
+    def _leave(self) -> None:
         for aggregator in self.bases:
             try:
-                teardown(aggregator, self.entry.job, self.key, self.timeout_s, self.retries)
+                leave(aggregator, self.entry, key=self.key, timeout_s=self.timeout_s, retries=self.retries)
             except ControlError as error:
                 self.last_error = error  # the registration runs out by itself

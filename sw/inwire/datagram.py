@@ -203,10 +203,11 @@ def parse_result(payload: Payload, opcode: int = Opcode.RESULT) -> Result | None
     return Result(header, elements.astype(np.int64), bool(status & STATUS_OVERFLOW))
 
 
-def stats_request(job: int = 0, sender: int = 0, version: int = VERSION) -> bytes:
-    """The UDP payload of a stats request."""
+def stats_request(job: int = 0, sender: int = 0, version: int = VERSION, token: int = 0) -> bytes:
+    """The UDP payload of a stats request. A version 3 one is answered only with its job's `token`, from one
+    of the job's members."""
     return payload_of(build_frames(np.zeros((1, 0), dtype=np.int32), opcode=Opcode.STATS_REQUEST, job=job,
-                                   sender=sender, version=version)[0])
+                                   sender=sender, version=version, token=token)[0])
 
 
 def parse_stats_reply(payload: Payload) -> dict[str, int] | None:

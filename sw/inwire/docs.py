@@ -123,19 +123,25 @@ the job's tables (`inwire.jobs.JobEntry`):
 
 Registering a job that is registered already with the same token, quota, group and routes adds the members
 it names (each island may register its own socket); anything else under that job id is refused, in one
-line, as a clash. Tables are bounded (jobs, members and routes per job), and a registration expires unless
-renewed, so a crashed controller frees what it held.
+line, as a clash. An island that is done leaves: its members are taken out of the member table and the job
+stays for the others, its slots as they are; the job is removed, its slots freed, when its last member
+leaves (or when it is torn down, all at once). Tables are bounded (jobs, members and routes per job), and a
+registration expires unless renewed, so a crashed controller frees what it held.
 
 The data plane trusts only its tables. A version {JOB_VERSION} frame whose job is not registered
 (`drop_job`), whose token is wrong (`drop_token`) or whose source is not where its tables say it comes from
-(`drop_member`: a contribution or result request from a member; a partial from a child aggregator of its
-clique, holding only that child's members; a result from the clique's parent) changes no slot and is
-counted. Its `expect` and hop fields must be 0 (`drop_route`): the route is the tables'. Everything the
+(`drop_member`: a contribution, result request or stats request from a member; a partial from a child
+aggregator of its clique, holding only that child's members; a result from the clique's parent) changes no
+slot and is counted. Its `expect` and hop fields must be 0 (`drop_route`): the route is the tables'. Everything the
 aggregator sends for a job goes to an address in the job's tables: the result to the job's group or, one
 copy each, to the addresses the slot's contributions came from (once an address, however many members
-send from it) and the child aggregators whose partials it took; a partial to the clique's parent; the
-answer to a retransmission or a result request to its sender alone, once per request. Results carry the
-job's token, and members accept results only from the aggregator they sent to, with their job's token.
+send from it, a member that left since included) and the child aggregators whose partials it took; a
+partial to the clique's parent; the answer to a retransmission or a result request to its sender alone,
+once per request. Results carry the job's token, and members accept results only from the aggregator they
+sent to, with their job's token.
+A stats reply is larger than its request, so a version {JOB_VERSION} stats request is answered only once
+these checks passed, to the member that asked: no one else can have an aggregator that takes registered
+jobs only reflect a larger reply at an address of their choosing.
 
 What the token does not stop: it travels in clear, so anyone who can see a job's traffic (an on-path
 observer: a router, a shared segment) can read it and then inject, read or forge as a member would; and a
@@ -273,7 +279,11 @@ before the request: {", ".join(f"`{name}`" for name in COUNTERS)}.
 partials that saturated at least one sum here (not an overflow a partial carries); `leases_expired` counts
 unfinished slots claimed by another owner after their lease ran out; `partials_emitted` counts partials sent
 up a reduction tree (completions and answers). A stats reply to a version 1 request has version 1 and the
-same counters, `partials_emitted` included.
+same counters, `partials_emitted` included. The reply goes to the request's source and is larger than the
+request ({FRAME_HEADER_BYTES + 4 * len(COUNTERS)} bytes to {FRAME_HEADER_BYTES}): a version 1 or 2 request is
+answered by an aggregator that takes them (unregistered mode), whatever its other fields say; a version
+{JOB_VERSION} one only when it names a registered job and its token and comes from one of the job's members
+(`drop_job`, `drop_token` or `drop_member` otherwise).
 
 ## Wire efficiency
 

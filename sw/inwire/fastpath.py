@@ -27,9 +27,12 @@ partial to the asker's hop1, or the result); a slot's lease stamp is the arrival
 contribution, compared only when another owner wants an unfinished slot.
 """
 
+from collections.abc import Iterable
+from dataclasses import replace
+
 from .datagram import PAYLOAD_HEADER_BYTES, PAYLOAD_OFFSET
 from .datagram import payload_at as _at
-from .jobs import JobEntry, JobTable
+from .jobs import Endpoint, JobEntry, JobTable
 from .kernel import compiled
 from .model import TIME_BITS, AggregatorConfig, _prefix_mask
 from .protocol import (
@@ -165,6 +168,21 @@ class FastAggregator:
         """Tear a job down (`model.Aggregator.remove`): its slots become free and forget their sums."""
         self._decider.remove_job(job)
         return self.jobs.remove(job)
+
+    def leave(self, job: int, members: Iterable[Endpoint]) -> tuple[int, int]:
+        """`members` leave `job` (`model.Aggregator.leave`): the decider's copy of the job's tables is
+        replaced by one without them, its slots kept; the last member's leave removes the job."""
+        entry, members = self.jobs.entries.get(job), frozenset(members)
+        if entry is None:
+            return 0, 0
+        staying = entry.members - members
+        if not staying:
+            self.remove(job)
+            return len(entry.members), 0
+        if staying != entry.members:
+            # The decider first: should it refuse, the table stays as the decider has it.
+            self._decider.install_job(*_tables(replace(entry, members=staying), self.jobs.bases[job]))
+        return self.jobs.leave(job, members)
 
     def stats(self) -> dict[str, int]:
         return dict(zip(COUNTERS, self._decider.counts(), strict=True))

@@ -22,7 +22,7 @@ from .datagram import PAYLOAD_OFFSET, ip_str, island_address, payload_of, wrap
 from .errors import InwireError
 from .model import AggregatorConfig
 from .packets import frame_field
-from .protocol import ETHERTYPE_IPV4, INWIRE_PORT, IP_PROTO_UDP, VERSION
+from .protocol import ETHERTYPE_IPV4, INWIRE_PORT, IP_PROTO_UDP
 from .transport import probe_stats
 
 ETHERTYPE_ARP = 0x0806
@@ -101,8 +101,8 @@ class IfaceTransport:
 
     unsubscribe = subscribe
 
-    async def stats(self, island, stats_future, first_wait, budget, version=VERSION):
-        return await probe_stats(self, island, stats_future, first_wait, budget, version=version)
+    async def stats(self, island, stats_future, first_wait, budget, request=None):
+        return await probe_stats(self, island, stats_future, first_wait, budget, request=request)
 
     def close(self):
         self._stop.set()

@@ -11,7 +11,7 @@ each job's slots are a range of its own (`JobTable.install` allocates it), so th
 never claim, read or evict another job's slots.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -187,6 +187,21 @@ class JobTable:
         """Tear `job` down (its slots are free for others); whether it was installed."""
         self.bases.pop(job, None)
         return self.entries.pop(job, None) is not None
+
+    def leave(self, job: int, members: Iterable[Endpoint]) -> tuple[int, int]:
+        """`members` leave `job` (an island done with it, while others may still run): (how many of them were
+        its members, how many members remain). The last member's leave removes the job (`remove`); leaving a
+        job that is not installed, or again, changes nothing."""
+        entry = self.entries.get(job)
+        if entry is None:
+            return 0, 0
+        staying = entry.members - frozenset(members)
+        left = len(entry.members) - len(staying)
+        if not staying:
+            self.remove(job)
+        elif left:
+            self.entries[job] = replace(entry, members=staying)
+        return left, len(staying)
 
     def holds(self, slot: int) -> bool:
         """Whether aggregator slot `slot` is in a registered job's range."""

@@ -23,7 +23,7 @@ gateware's timer and stamps do.
 """
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,17 +222,18 @@ FRAME_CHECKS: tuple[tuple[Disposition, str, FrameCheck], ...] = (
      and not (header["opcode"] == Opcode.RESULT and header["version"] == JOB_VERSION)),
     (Disposition.DROP_LENGTH, "frame length, IPv4 and UDP lengths and element count disagree",
      lambda agg, frame, header: _lengths_disagree(frame, header)),
-    (Disposition.ANSWERED, "it is a stats request (whatever its other fields say)",
-     lambda agg, frame, header: header["opcode"] == Opcode.STATS_REQUEST),
     (Disposition.DROP_JOB, "it is version 3 and its job is not in the aggregator's tables",
      lambda agg, frame, header: header["version"] == JOB_VERSION and agg.entry(header) is None),
     (Disposition.DROP_TOKEN, "it is version 3 and its token is not its job's",
      lambda agg, frame, header: header["version"] == JOB_VERSION and header["token"] != agg.job_of(header).token),
     (Disposition.DROP_MEMBER, "it is version 3 and its source (IPv4 address and UDP port) is not where its job's "
-                              "tables say it may come from: a member for a contribution or result request, a child "
-                              "aggregator of its clique for a partial (holding none but that child's members), the "
-                              "clique's parent for a result",
+                              "tables say it may come from: a member for a contribution, result request or stats "
+                              "request, a child aggregator of its clique for a partial (holding none but that child's "
+                              "members), the clique's parent for a result",
      lambda agg, frame, header: header["version"] == JOB_VERSION and not agg.source_allowed(frame, header)),
+    (Disposition.ANSWERED, "it is a stats request (whatever its other fields say; version 3 only once the checks "
+                           "above passed, from a member of its job: the reply is larger than the request)",
+     lambda agg, frame, header: header["opcode"] == Opcode.STATS_REQUEST),
     (Disposition.DROP_FANIN, "its fan-in is 0 or above the aggregator's maximum",
      lambda agg, frame, header: not 1 <= header["fanin"] <= agg.config.max_fanin),
     (Disposition.DROP_SENDER, "its sender index is not below its fan-in, it holds a member outside its level, "
@@ -320,6 +321,17 @@ class Aggregator:
         for index in range(base, base + entry.slots):
             self.slots[index] = Slot()
         return self.jobs.remove(job)
+
+    def leave(self, job: int, members: Iterable[Endpoint]) -> tuple[int, int]:
+        """The control interface: `members` leave `job` (`JobTable.leave`): (how many were members, how many
+        remain). The last member's leave removes the job as `remove` does; until then its slots stay as they
+        are (a member that left still gets the results of the slots it contributed to)."""
+        base, entry = self.jobs.bases.get(job), self.jobs.entries.get(job)
+        left, remaining = self.jobs.leave(job, members)
+        if base is not None and entry is not None and not remaining:
+            for index in range(base, base + entry.slots):
+                self.slots[index] = Slot()
+        return left, remaining
 
     def takes_version(self, version: int) -> bool:
         if version == JOB_VERSION:

@@ -60,7 +60,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Protocol, TypeVar
 
@@ -82,7 +82,7 @@ from .datagram import (
 )
 from .errors import InwireError
 from .fastpath import FastAggregator, compiled, next_hop  # the kernel as the fast path loaded it
-from .jobs import JobEntry, JobLimits
+from .jobs import Endpoint, JobEntry, JobLimits
 from .model import DEFAULT_LEASE, LEASE_TICK_S, Aggregator, AggregatorConfig
 from .packets import frame_field
 from .protocol import (
@@ -271,7 +271,8 @@ class SoftwareAggregator:
         self.own = dict.fromkeys(SERVE_COUNTERS, 0)
         self._groups: dict[int, Address] = {}
         self._stop = threading.Event()
-        self.control = ControlPlane(self.install_job, self.remove_job, key, self.log) if registered else None
+        self.control = (ControlPlane(self.install_job, self.remove_job, self.leave_job, key, self.log) if registered
+                        else None)
         self._next_expiry = 0.0
         if self.control is not None:
             self._decide = self.handle
@@ -309,6 +310,11 @@ class SoftwareAggregator:
         """Tear `job` down in the engine's job tables; whether it was there."""
         remove = getattr(self.fast if self.fast is not None else self.model, "remove", None)
         return False if remove is None else remove(job)
+
+    def leave_job(self, job: int, members: Iterable[Endpoint]) -> tuple[int, int]:
+        """`members` leave `job` in the engine's job tables: (how many were members, how many remain)."""
+        leave = getattr(self.fast if self.fast is not None else self.model, "leave", None)
+        return (0, 0) if leave is None else leave(job, members)
 
     def _handle_with_control(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
         """`handle` with the control port: control messages go to it, everything else to the engine."""

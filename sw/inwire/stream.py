@@ -30,7 +30,7 @@ from . import client
 from .client import RouteError, clique_group
 from .client import member_sum as member_sum_of
 from .codec import choose_exponent, dequantize, quantize
-from .datagram import opcode_of, parse_endpoint, parse_stats_reply
+from .datagram import opcode_of, parse_endpoint, parse_stats_reply, stats_request
 from .diagnosis import diagnose
 from .errors import InwireError
 from .plan.cost import ScheduleError
@@ -49,7 +49,6 @@ from .protocol import (
     MAX_FANIN,
     MTU_BYTES,
     RETRANSMISSION_DROP_COUNTERS,
-    VERSION,
     Opcode,
 )
 from .simulators import parse_simulator
@@ -569,12 +568,14 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         of those that never answered (city -> `StatsSilence`)."""
         nonlocal stats_future
         first_wait, budget = stats_patience(config)
-        stats_version = JOB_VERSION if config.token else VERSION
+        # A registered job's aggregator answers its members alone: the first island's socket is one.
+        request = (stats_request(job=config.job, version=JOB_VERSION, token=config.token) if config.token
+                   else stats_request())
         counters, silent = {}, {}
         for city in (sorted(addresses) if addresses else [None]):
             stats_future = asyncio.get_running_loop().create_future()
             answer = await transport.stats(plan.islands[0], stats_future, first_wait, budget,
-                                           *(() if city is None else (city,)), version=stats_version)
+                                           *(() if city is None else (city,)), request=request)
             if isinstance(answer, StatsSilence):
                 silent[city], answer = answer, None
             counters[city] = answer

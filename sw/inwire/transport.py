@@ -33,7 +33,7 @@ from .model import Aggregator, AggregatorConfig
 from .output import atomic_output
 from .packets import frame_field
 from .pcap import write_frames
-from .protocol import INWIRE_PORT, VERSION, Opcode
+from .protocol import INWIRE_PORT, Opcode
 
 BATCH = 64
 """Datagrams per recvmmsg with the compiled kernel."""
@@ -220,8 +220,8 @@ class UdpTransport:
     def unsubscribe(self, island, group):
         self._membership(island, group, socket.IP_DROP_MEMBERSHIP)
 
-    async def stats(self, island, stats_future, first_wait, budget, city=None, version=VERSION):
-        return await probe_stats(self, island, stats_future, first_wait, budget, city, version)
+    async def stats(self, island, stats_future, first_wait, budget, city=None, request=None):
+        return await probe_stats(self, island, stats_future, first_wait, budget, city, request)
 
     def kernel_drops(self):
         """Datagrams the kernel has dropped so far at the islands' sockets and at the aggregator's (when it
@@ -251,17 +251,18 @@ class StatsSilence:
         return f"no reply to {self.requests} stats request{'s' if self.requests != 1 else ''} in {self.waited_s:.1f} s"
 
 
-async def probe_stats(transport, island, stats_future, first_wait, budget, city=None, version=VERSION):
+async def probe_stats(transport, island, stats_future, first_wait, budget, city=None, request=None):
     """Counters of the target (or of `city`'s aggregator), asked from `island` again and again until `budget`
     seconds have passed, each wait for a reply twice the one before (from `first_wait`): a service that was
     stalled for a moment (descheduled, paging, stopped) answers a later request. A `StatsSilence` when none
-    is answered. `version`: the requests' (a registered job's run asks in version 3, which an aggregator that
-    takes registered jobs only answers)."""
+    is answered. `request`: the stats request's payload (default: version 2; a registered job's run asks in
+    version 3 with its job and token, from an island whose socket is one of the job's members, which is what
+    an aggregator that takes registered jobs only answers)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline, wait, requests = started + budget, first_wait, 0
     while (remaining := deadline - loop.time()) > 0:
-        transport.send(island, stats_request(version=version), *(() if city is None else (city,)))
+        transport.send(island, request or stats_request(), *(() if city is None else (city,)))
         requests += 1
         try:
             return await asyncio.wait_for(asyncio.shield(stats_future), min(wait, remaining))
@@ -333,7 +334,7 @@ class CaptureTransport:
 
     unsubscribe = subscribe
 
-    async def stats(self, island, stats_future, first_wait, budget, city=None, version=VERSION):
+    async def stats(self, island, stats_future, first_wait, budget, city=None, request=None):
         return (self.model if city is None else self.models[city]).stats()
 
     def close(self):

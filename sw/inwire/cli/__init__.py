@@ -26,7 +26,7 @@ COMMANDS = {
                               "same rounds through the simulated gateware"),
     "schedule": ("inwire.cli.schedule", "optimize the rotating-clique schedule for a topology"),
     "serve": ("inwire.cli.serve", "run the software aggregator (bit-exact with the golden model) as a UDP service"),
-    "job": ("inwire.cli.job", "make a job file, register it at aggregators (inwire serve), tear it down"),
+    "job": ("inwire.cli.job", "make a job file, register it at aggregators (inwire serve), leave it, tear it down"),
     "stream": ("inwire.cli.stream", "run one island per city of a schedule against an aggregator"),
     "decode": ("inwire.cli.decode", "print each frame of a capture as a JSON line"),
     "replay": ("inwire.cli.replay", "run a capture through the simulated gateware"),

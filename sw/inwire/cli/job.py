@@ -1,14 +1,17 @@
-"""Registered jobs: make a job file, register it at aggregators (inwire serve), tear it down.
+"""Registered jobs: make a job file, register it at aggregators (inwire serve), leave it, tear it down.
 
   inwire job new --members HOST:PORT,... --slots N [--group A.B.C.D] > job.json
   inwire job register --aggregator HOST:PORT job.json [--ttl S]
+  inwire job leave --aggregator HOST:PORT job.json
   inwire job teardown --aggregator HOST:PORT job.json
 
 A job file holds the job's id and token (random) and its tables: the addresses its members send from, its
 slot quota and its multicast group. Anyone holding the token can send as a member, so the file is written
 with mode 0600. A registration lasts --ttl seconds unless it is registered again (islands renew theirs while
 they run). Requests are signed with the operator key ($INWIRE_KEY_FILE, else ~/.config/inwire/operator.key),
-which the aggregator must share.
+which the aggregator must share. Each island may register its own job file (the same job, its own socket
+as the members): `leave` takes those members out again and leaves the job to the others, until its last
+member leaves; `teardown` removes the whole job at once.
 """
 
 import io
@@ -37,7 +40,8 @@ class JobFileError(InwireError):
 
 def add_arguments(parser):
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION",
-                                    help="new, register or teardown (inwire job ACTION --help for its options)")
+                                    help="new, register, leave or teardown (inwire job ACTION --help for its "
+                                         "options)")
     new = actions.add_parser("new", help="print a new job file (random job id and token) to stdout",
                              formatter_class=HelpFormatter,
                              description="Print a new job file (random job id and token) to stdout; redirected to "
@@ -50,6 +54,8 @@ def add_arguments(parser):
     new.add_argument("--group", default=None, metavar="A.B.C.D",
                      help="multicast group (in 239.0.0.0/8) results go to (default: a unicast copy to each member)")
     for name, summary in (("register", "register a job at aggregators (again: renew it)"),
+                          ("leave", "take the job file's members out of the job at aggregators (the job is "
+                                    "removed with its last member)"),
                           ("teardown", "tear a job down at aggregators (its slots are freed)")):
         action = actions.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
                                     formatter_class=HelpFormatter)
@@ -77,16 +83,30 @@ def run(args):
         if port == 0:
             raise ValueError(f"--aggregator {text!r}: port 0 is no aggregator's port")
     entry = read_job_file(args.job_file)
+    if args.action == "leave" and not entry.members:
+        raise ValueError(f"job file {args.job_file}: field members is empty: no member to leave")
     key = control.load_key(args.key_file)
     for (host, port) in aggregators:
         if args.action == "register":
             base = control.register((host, port), entry, key=key, ttl_s=args.ttl, timeout_s=args.timeout)
             print(f"inwire job: job {entry.job} registered at {host}:{port}: its slots are {base} to "
                   f"{base + entry.slots - 1} there; the registration lasts {args.ttl} s unless registered again")
+        elif args.action == "leave":
+            left, remaining = control.leave((host, port), entry, key=key, timeout_s=args.timeout)
+            print(f"inwire job: job {entry.job} at {host}:{port}: {_leave_outcome(left, remaining)}")
         else:
             removed = control.teardown((host, port), entry, key=key, timeout_s=args.timeout)
             print(f"inwire job: job {entry.job} {'torn down' if removed else 'was not registered'} at {host}:{port}")
     return 0
+
+
+def _leave_outcome(left, remaining):
+    members = f"{left} member{'' if left == 1 else 's'}"
+    if not left:
+        return "none of the job file's members was a member there (left already, or not registered)"
+    if not remaining:
+        return f"{members} left, the last: the job is removed (its slots are free)"
+    return f"{members} left; {remaining} remain{'s' if remaining == 1 else ''}"
 
 
 def _new(args):
