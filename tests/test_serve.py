@@ -412,7 +412,7 @@ def test_the_served_gateware_completes_a_job_registered_at_its_control_port_unti
     request is answered to it; once the job is torn down it is drop_job, and once the job is registered again
     its range is empty (drop_no_result). The counters are read with a version 3 stats request from a member,
     which the service answers to that member."""
-    from inwire.control import register, teardown
+    from inwire.control import leave, register, teardown
     from inwire.datagram import ip_int
     from inwire.jobs import JobEntry
 
@@ -446,6 +446,8 @@ def test_the_served_gateware_completes_a_job_registered_at_its_control_port_unti
         members[0].sendto(job_frame(entry, Opcode.RESULT_REQUEST, 0), address)
         assert register(address, entry, key=key) == 0
         members[0].sendto(job_frame(entry, Opcode.RESULT_REQUEST, 0), address)
+        assert leave(address, entry.job, [members[1].getsockname()], key=key) == (1, 1)
+        members[1].sendto(job_frame(entry, Opcode.RESULT_REQUEST, 1), address)
         request = build_frames(np.zeros((1, 0), dtype=np.int32), opcode=Opcode.STATS_REQUEST, version=3, sender=0,
                                job=entry.job, token=entry.token, group=entry.group)
         members[0].sendto(payload_of(request[0]), address)
@@ -454,8 +456,9 @@ def test_the_served_gateware_completes_a_job_registered_at_its_control_port_unti
         assert parse_payload_header(reply)["opcode"] == Opcode.STATS_REPLY
         counters = parse_stats_reply(reply)
         assert {name: counters[name] for name in ("drop_token", "accumulated", "results_emitted", "drop_job",
-                                                  "drop_no_result")} == {
-            "drop_token": 1, "accumulated": 2, "results_emitted": 2, "drop_job": 1, "drop_no_result": 1}
+                                                  "drop_no_result", "drop_member")} == {
+            "drop_token": 1, "accumulated": 2, "results_emitted": 2, "drop_job": 1, "drop_no_result": 1,
+            "drop_member": 1}
         assert _nothing_waiting(listener) and _nothing_waiting(stranger) and _nothing_waiting(members[1])
         assert listening.endswith(", registered jobs only"), listening
     finally:

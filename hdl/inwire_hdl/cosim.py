@@ -109,6 +109,18 @@ class CoSimulation:
         self._write(writes)
         return True
 
+    def leave(self, job, members):
+        """`members` leave a job in the gateware's tables, as the model's `leave`: (how many were members, how
+        many remain); the last member's leave tears the job down."""
+        entry = self.jobs.model.jobs.entries.get(job)
+        writes = self.jobs.leave(job, members)
+        if writes:
+            self._write(writes)
+        remaining = self.jobs.model.jobs.entries.get(job)
+        before = len(entry.members) if entry is not None else 0
+        after = len(remaining.members) if remaining is not None else 0
+        return before - after, after
+
     def _write(self, writes):
         message = struct.pack(">II", CONTROL, len(writes))
         message += b"".join(struct.pack(">II", address, word) for address, word in writes)

@@ -104,11 +104,16 @@ class ControlMap:
         """The writes that tear entry `index` down and empty its range (first slot `base`, `slots` long)."""
         return [(self.word(index, "valid"), 0)] + [(self.clear_address, slot) for slot in range(base, base + slots)]
 
+    def forget(self, index, positions):
+        """The writes that invalidate members `positions` of entry `index` (members leaving: the entry stays
+        valid, its other members where they are)."""
+        return [(self.member_words(index, position)[1], 0) for position in positions]
+
 
 class GatewareJobs:
     """The host's record of which entry of the gateware's tables holds which job, beside a golden model's
-    `Aggregator` holding the same jobs: `install` and `remove` change the model and return the control writes
-    that change the gateware alike."""
+    `Aggregator` holding the same jobs: `install`, `leave` and `remove` change the model and return the control
+    writes that change the gateware alike."""
 
     def __init__(self, model):
         limits = model.config.limits
@@ -116,19 +121,39 @@ class GatewareJobs:
         self.map = ControlMap(limits.jobs, limits.members)
         self.index = {}
         """job -> its entry."""
+        self.layout = {}
+        """job -> the member endpoint at each position of its entry (None where one left)."""
 
     def install(self, entry: JobEntry):
         new = entry.job not in self.index
         base = self.model.install(entry)
         if new:
             self.index[entry.job] = min(set(range(self.map.jobs)) - set(self.index.values()))
-        return self.map.install(self.index[entry.job], self.model.jobs.entries[entry.job], base, new)
+        installed = self.model.jobs.entries[entry.job]
+        self.layout[entry.job] = sorted(installed.members)
+        return self.map.install(self.index[entry.job], installed, base, new)
+
+    def leave(self, job, members):
+        """`members` leave `job`, as the model's `leave`: the writes; the last member's leave removes the job."""
+        if job not in self.index:
+            return []
+        base, slots = self.model.jobs.bases[job], self.model.jobs.entries[job].slots
+        _, remaining = self.model.leave(job, members)
+        if not remaining:
+            self.layout.pop(job)
+            return self.map.remove(self.index.pop(job), base, slots)
+        leaving = set(members)
+        positions = [position for position, member in enumerate(self.layout[job]) if member in leaving]
+        for position in positions:
+            self.layout[job][position] = None
+        return self.map.forget(self.index[job], positions)
 
     def remove(self, job):
         if job not in self.index:
             return []
         base, slots = self.model.jobs.bases[job], self.model.jobs.entries[job].slots
         self.model.remove(job)
+        self.layout.pop(job)
         return self.map.remove(self.index.pop(job), base, slots)
 
 

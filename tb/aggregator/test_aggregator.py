@@ -774,8 +774,9 @@ async def registered_job_refuses_what_its_tables_do_not_allow(dut):
 
 @cocotb.test()
 async def jobs_keep_to_their_ranges_and_leave_them_empty(dut):
-    """Two jobs naming the same slot sum in ranges of their own; a torn-down job's frames are refused and its
-    range is free for version 2 frames; a job installed over a range those used starts it empty."""
+    """Two jobs naming the same slot sum in ranges of their own; a member that left is refused while the others
+    still sum; a torn-down job's frames are refused and its range is free for version 2 frames; a job
+    installed over a range those used starts it empty."""
     tb, traffic = await start(dut, 42, sink_pause=0.3)
     need_tables(tb)
     other = dict(job=0x5EED_0002, token=0xFEED_FACE_0000_0001, group=0xEF_21_00_02)
@@ -785,6 +786,11 @@ async def jobs_keep_to_their_ranges_and_leave_them_empty(dut):
     second = registered(traffic, 7, fanin=2, ports=(40011, 40012), slot=3, round=1, **other)
     await tb.send([frame for pair in zip(first, second) for frame in pair] + first[2:])
     await tb.check()
+    await tb.leave(other["job"], {(HOST_IP, 40012)})
+    after = registered(traffic, 7, fanin=2, ports=(40011, 40012), slot=2, round=2, **other)
+    assert [name for name, _ in decided(tb, after)] == ["accumulated", "drop_member"]
+    await tb.send(after)
+    await tb.check()
     await tb.remove(ASKING["job"])
     await tb.send(registered(traffic, 7, slot=3, round=2)[:1] + traffic.clique(3, fanin=2, slot=0, job=9)[:1])
     await tb.install(job_entry(job=0x5EED_0003))
@@ -793,7 +799,7 @@ async def jobs_keep_to_their_ranges_and_leave_them_empty(dut):
     await tb.send(third)
     await tb.check()
     stats = tb.model.stats()
-    assert (stats["drop_job"], stats["results_emitted"]) == (1, 3), stats
+    assert (stats["drop_job"], stats["drop_member"], stats["results_emitted"]) == (1, 1, 3), stats
 
 
 @cocotb.test()

@@ -173,6 +173,10 @@ class TB:
         await self.drain(quiet_cycles=32)
         await self.control(self.jobs.install(entry))
 
+    async def leave(self, job, members):
+        await self.drain(quiet_cycles=32)
+        await self.control(self.jobs.leave(job, members))
+
     async def remove(self, job):
         await self.drain(quiet_cycles=32)
         await self.control(self.jobs.remove(job))
