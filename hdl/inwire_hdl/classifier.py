@@ -129,7 +129,8 @@ class HeaderClassifier(wiring.Component):
         v1 = f("version") == 1
         # Version 3: a registered job's frame. Its level is its clique at this aggregator (the tables hold no
         # routes: the whole clique), its route none, and its slot one of its job's range.
-        v3 = f("version") == JOB_VERSION
+        # (Without job tables version 3 is dropped as any version not taken: no logic follows it.)
+        v3 = (f("version") == JOB_VERSION) if cfg.registered else Const(0)
         taken = Const(0)
         if cfg.unregistered:
             taken = taken | v1 | (f("version") == VERSION)
