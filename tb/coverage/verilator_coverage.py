@@ -2,8 +2,8 @@
 
 `make coverage` (`PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage python tb/coverage/verilator_coverage.py
 [--width 8] [--frames 2000]`) builds the aggregator with `--coverage-line --coverage-toggle`, runs
-tb/aggregator/test_aggregator.py and tb/fuzz/fuzz_cocotb.py against it (default configuration), merges the
-coverage.dat files and prints the uncovered lines and toggles, then line and toggle coverage of the
+tb/aggregator/test_aggregator.py and tb/fuzz/fuzz_cocotb.py against it (the suite's configuration, with job
+tables), merges the coverage.dat files and prints the uncovered lines and toggles, then line and toggle coverage of the
 generated (System)Verilog; exits 1 below the line goal.
 The report is also written to build/coverage/report_w<width>.json.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from inwire.model import AggregatorConfig
 from inwire_hdl import sim
+from inwire_hdl.job_table import GATEWARE_LIMITS
 from inwire_hdl.verilog import TOP, generate_verilog
 
 BUILD_ROOT = Path("build") / "coverage"
@@ -67,8 +68,9 @@ def summarize(merged, source):
 
 
 def measure(width=8, frames=2000, config=None):
-    """Runs the cocotb suite and a fuzz run of `frames` frames under coverage; returns the report."""
-    config = config or AggregatorConfig()
+    """Runs the cocotb suite and a fuzz run of `frames` frames under coverage; returns the report. The
+    gateware is the cocotb suite's, with job tables (whose tests need them)."""
+    config = config or AggregatorConfig(registered=True, limits=GATEWARE_LIMITS)
     merged = defaultdict(int)
     runner, build_dir = build(width, config)
     for module, env in (("test_aggregator", {}), ("fuzz_cocotb", {"INWIRE_FUZZ_FRAMES": str(frames)})):
