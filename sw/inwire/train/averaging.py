@@ -392,8 +392,9 @@ class CliqueAverager(ModelAverager):
         if self.outer_optimizer is None and self.outer.plain:
             return average  # this averaging's own buffer, which nothing else holds: the anchor without a copy
         if self.outer_optimizer is None:
-            updated, self.buffer = self.outer.step(self.anchor, self.buffer, average)
-            return updated
+            # The anchor and the buffer are the averager's own (checkpoints take and give copies).
+            self.buffer = self.outer.step_in_place(self.anchor, self.buffer, average)
+            return self.anchor
         # The outer gradient is anchor - average, on the optimizer's own parameters (the anchor).
         anchors = [p for group in self.outer_optimizer.param_groups for p in group["params"]]
         offset = 0
@@ -406,7 +407,8 @@ class CliqueAverager(ModelAverager):
                              f"on anchor_parameters(model)")
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad(set_to_none=True)
-        return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in anchors]).numpy()
+        _store(anchors, self.anchor)
+        return self.anchor
 
     def _nearby(self, round_index: int, members: Iterable[str]) -> list[tuple[int, int, list[str], str | None]]:
         """The cliques of the next round, and of the previous one just after a resume, that hold peers of this
@@ -605,12 +607,18 @@ def _check_length(anchor: np.ndarray, expected: int, holder: str) -> None:
 
 def _flatten(params: Sequence[torch.Tensor]) -> np.ndarray:
     """The parameters as one new float32 numpy vector (copied, whatever their device and dtype)."""
-    flat = torch.empty(sum(p.numel() for p in params), dtype=torch.float32)
+    flat = np.empty(sum(p.numel() for p in params), dtype=np.float32)
+    _store(params, flat)
+    return flat
+
+
+def _store(params: Iterable[torch.Tensor], flat: np.ndarray) -> None:
+    """Copy the parameters into float32 vector `flat`, one after another."""
+    into = torch.from_numpy(flat)
     offset = 0
     for p in params:
-        flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+        into[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
         offset += p.numel()
-    return flat.numpy()
 
 
 def _pieces(params: Sequence[torch.Tensor]) -> Pieces:
