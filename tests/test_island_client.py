@@ -195,7 +195,7 @@ def test_an_averaging_grows_memory_by_a_bounded_number_of_models_per_island(oute
     traced memory never grows past `limit` x the model's bytes per island. Plain averaging needs its wire
     buffer (the parameters quantized into it, the sums and the average in its place) and the anchor the
     averager keeps; an outer step (numpy's) its momentum buffer too. A staged copy of the parameters, the
-    vectors kept for logs, copied anchors and the outer step's temporaries took 5 (plain) and 8 x."""
+    vectors kept for logs, copied anchors and the outer step's temporaries took 5 (plain) and 9 x."""
     names, size = ("A", "B"), 1 << 20
     models = models_for(names, size, seed=6)
     if outer is None:
