@@ -225,10 +225,10 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_parameters_on_another_device_are_staged_through_the_host_buffer(device):
-    """Parameters of another dtype (float64), on `device`, are staged through the averager's float32 host
-    buffer and the average is loaded back in their own dtype and device. No GPU here: only "cpu" runs; on a
-    machine with CUDA the same test runs on "cuda" (through the pinned buffer)."""
+def test_parameters_of_another_dtype_and_device_are_converted_and_loaded_back(device):
+    """Parameters of another dtype (float64), on `device`, are converted to float32 one at a time as they are
+    quantized, and the average is loaded back in their own dtype and device. No GPU here: only "cpu" runs; on
+    a machine with CUDA the same test runs on "cuda"."""
     names = ("A", "B")
     models = {name: model.to(device, torch.float64) for name, model in models_for(names, 500, seed=4).items()}
     before = [flat(models[name]).astype(np.float32) for name in names]
