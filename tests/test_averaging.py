@@ -152,6 +152,24 @@ def test_outer_step_moves_from_the_anchor_along_the_averaged_delta(aggregator):
         assert not np.array_equal(flat(models[name]), average)
 
 
+@pytest.mark.parametrize("outer", [OuterOptimizer(0.7, 0.9), OuterOptimizer(0.7, 0.9, nesterov=False),
+                                   OuterOptimizer(1.3, 0.0), OuterOptimizer()], ids=repr)
+def test_the_outer_step_in_place_is_the_outer_step_bit_for_bit(outer):
+    """Three steps of `step_in_place` (into the anchor and the momentum buffer, block by block, across a
+    block's edge) end at the very bits `step`'s do, from no buffer on."""
+    from inwire.train.outer import STEP_BLOCK
+
+    rng = np.random.default_rng(3)
+    anchor = rng.standard_normal(STEP_BLOCK + 7).astype(np.float32)
+    in_place, buffer, in_place_buffer = anchor.copy(), None, None
+    for _ in range(3):
+        average = (anchor + rng.standard_normal(len(anchor)).astype(np.float32) / 3).astype(np.float32)
+        anchor, buffer = outer.step(anchor, buffer, average)
+        in_place_buffer = outer.step_in_place(in_place, in_place_buffer, average)
+        assert np.array_equal(in_place, anchor)
+        assert (buffer is None and in_place_buffer is None) or np.array_equal(in_place_buffer, buffer)
+
+
 def test_an_outer_step_at_lr_1_with_momentum_is_no_plain_average():
     """Learning rate 1 is plain averaging only without momentum: with momentum 0.5 the first outer step goes
     (1 + 0.5) times the outer gradient from the anchor (Nesterov), past the clique's average (2 everywhere)."""

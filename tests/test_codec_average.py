@@ -15,7 +15,7 @@ import pytest
 
 from inwire import codec_average
 from inwire.codec import EXPONENT_MAX, EXPONENT_MIN, choose_exponent
-from inwire.codec_average import decode, decode_definition, encode, encode_definition
+from inwire.codec_average import Pieces, decode, decode_definition, encode, encode_definition
 from inwire.protocol import INT32_MAX
 
 
@@ -82,6 +82,35 @@ def test_values_that_do_not_fit_take_the_definition_and_say_how_far(backend):
         assert fast[1].dtype == dtype
 
 
+@pytest.mark.parametrize("beyond", [0.0, 1.5], ids=["fitting", "beyond the limit"])
+def test_pieces_encode_as_their_whole_vector_into_a_given_buffer(backend, beyond):
+    """A vector given as pieces of several sizes (an empty one among them), quantized piece by piece into an
+    `out` buffer that held other elements, encodes to the definition's elements of the whole vector, also
+    when a value lies beyond the limit (the clipped definition and its doublings)."""
+    rng = np.random.default_rng(4)
+    values = adversarial(16.0, 3, rng)
+    if beyond:
+        values = np.append(values, np.float32(-beyond * math.ldexp(INT32_MAX, choose_exponent(16.0, 3))))
+    cuts = [0, 1, 1, 100, len(values) // 2, len(values)]
+    pieces = Pieces(len(values), lambda: (values[low:high] for low, high in zip(cuts, cuts[1:])))
+    definition = encode_definition(values, 16.0, 3)
+    for dtype in (np.dtype(np.int32), np.dtype(">i4")):
+        out = np.full(len(values) + 1, 7, dtype=dtype)
+        exponent, elements = encode(pieces, 16.0, 3, dtype, out=out)
+        assert elements is out and exponent == definition[0] and np.array_equal(elements, definition[1])
+        assert (elements[-1] > 0) == bool(beyond)
+
+
+def test_pieces_that_do_not_add_up_and_a_wrong_buffer_are_refused(backend):
+    short = Pieces(5, lambda: (np.ones(2, np.float32), np.ones(2, np.float32)))
+    long = Pieces(3, lambda: (np.ones(2, np.float32), np.ones(2, np.float32)))
+    for pieces in (short, long):
+        with pytest.raises(ValueError, match=f"other than the {pieces.count} elements"):
+            encode(pieces, 16.0, 2)
+    with pytest.raises(ValueError, match="out must be 4 int32"):
+        encode(np.ones(3, np.float32), 16.0, 2, out=np.empty(3, np.int32))
+
+
 def test_an_empty_vector_and_bad_values(backend):
     assert np.array_equal(encode(np.zeros(0, np.float32), 16.0, 2)[1], encode_definition(np.zeros(0), 16.0, 2)[1])
     for bad in (np.nan, np.inf, -np.inf):
@@ -112,7 +141,7 @@ def test_a_tampered_fast_encoder_is_caught(original, replacement, beyond, numpy_
 
 
 @pytest.mark.parametrize("original, replacement, beyond", [
-    ("math.ldexp(1.0, -exponent), elements[:-1]", "math.ldexp(1.0, 1 - exponent), elements[:-1]", 0.0),
+    ("math.ldexp(1.0, -exponent), place", "math.ldexp(1.0, 1 - exponent), place", 0.0),
     ("_big_endian(dtype))", "not _big_endian(dtype))", 0.0),
     ("if peak > math.ldexp(INT32_MAX, exponent)", "if peak > 2 * math.ldexp(INT32_MAX, exponent)", 1.5),
 ])

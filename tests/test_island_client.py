@@ -5,6 +5,7 @@ and a differential test of the client's reading of results against the golden mo
 import errno
 import random
 import threading
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from inwire.serve import SoftwareAggregator, serving_in_thread
 
 torch = pytest.importorskip("torch")
 
-from inwire.train.averaging import CliqueAverager, InwireExchange, anchor_parameters  # noqa: E402
+from inwire.train.averaging import CliqueAverager, InwireExchange, OuterOptimizer, anchor_parameters  # noqa: E402
 
 
 def flat(model):
@@ -187,14 +188,47 @@ def test_the_outer_optimizer_is_any_torch_optimizer_and_resumes_bit_for_bit():
         assert np.array_equal(flat(straight[name]), flat(resumed[name])), name
 
 
+@pytest.mark.parametrize("outer, limit", [(None, 2.5), (OuterOptimizer(0.7, 0.9), 3.5)], ids=["plain", "outer"])
+def test_an_averaging_grows_memory_by_a_bounded_number_of_models_per_island(outer, limit):
+    """Two islands average a model of 2**20 float32 parameters twice, in this process, with numpy's arrays
+    traced (numpy reports them to tracemalloc; torch's tensors, the models among them, it does not): the
+    traced memory never grows past `limit` x the model's bytes per island. Plain averaging needs its wire
+    buffer (the parameters quantized into it, the sums and the average in its place) and the anchor the
+    averager keeps; an outer step (numpy's) its momentum buffer too. A staged copy of the parameters, the
+    vectors kept for logs, copied anchors and the outer step's temporaries took 5 (plain) and 9 x."""
+    names, size = ("A", "B"), 1 << 20
+    models = models_for(names, size, seed=6)
+    if outer is None:
+        expected = clique_average([clique_average([flat(models[name]) for name in names])] * len(names))
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        exchanges = {name: InwireExchange(server.address, deadline_s=60) for name in names}
+        averagers = {name: CliqueAverager(1, island=name, schedule=[[(names, "LON")]], exchange=exchanges[name],
+                                          outer=outer) for name in names}
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            each_island(names, lambda name: [averagers[name].average_parameters(models[name].parameters())
+                                             for _ in range(2)])
+            growth = tracemalloc.get_traced_memory()[1] - start
+        finally:
+            tracemalloc.stop()
+            for exchange in exchanges.values():
+                exchange.close()
+    per_island = growth / len(names) / (4 * size)
+    assert per_island <= limit, f"{per_island:.2f} x the model's bytes per island"
+    if outer is None:
+        for name in names:
+            assert np.array_equal(flat(models[name]), expected), name
+
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_parameters_on_another_device_are_staged_through_the_host_buffer(device):
-    """Parameters of another dtype (float64), on `device`, are staged through the averager's float32 host
-    buffer and the average is loaded back in their own dtype and device. No GPU here: only "cpu" runs; on a
-    machine with CUDA the same test runs on "cuda" (through the pinned buffer)."""
+def test_parameters_of_another_dtype_and_device_are_converted_and_loaded_back(device):
+    """Parameters of another dtype (float64), on `device`, are converted to float32 one at a time as they are
+    quantized, and the average is loaded back in their own dtype and device. No GPU here: only "cpu" runs; on
+    a machine with CUDA the same test runs on "cuda"."""
     names = ("A", "B")
     models = {name: model.to(device, torch.float64) for name, model in models_for(names, 500, seed=4).items()}
     before = [flat(models[name]).astype(np.float32) for name in names]

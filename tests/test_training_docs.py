@@ -39,7 +39,11 @@ def island_process(name, folder, out):
 
     import torch.distributed as dist
 
+    from inwire.train.averaging import CliqueAverager
+
     torch.set_num_threads(1)
+    # What the averager sent is checked below; the class-wide switch reaches the averager the block makes.
+    CliqueAverager.keep_vectors = True
     setup, *ways = blocks()
     store = dist.FileStore(str(pathlib.Path(folder) / f"{name}.store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)

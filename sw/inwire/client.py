@@ -38,7 +38,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from .codec_average import ATTEMPTS, AVERAGING_ATTEMPTS, AveragingError, decode, encode
+from .codec_average import ATTEMPTS, AVERAGING_ATTEMPTS, AveragingError, Pieces, decode, encode
 from .datagram import HEADER as RESULT_HEADER
 from .datagram import (
     MAX_DATAGRAM,
@@ -982,17 +982,21 @@ class UdpMember:
                 f"chunk {chunk} of {len(run.payloads)} from the aggregator at {aggregator[0]}:{aggregator[1]} after "
                 f"{tries} retransmissions in {elapsed:.1f} s: {cause}{dropped}", [names[m] for m in missing])
 
-    def average(self, key: CliqueKey, member: int, vector: npt.ArrayLike, bound: float, city: str | None = None,
-                route: Mapping[str, int] | None = None, members: Sequence[str] | None = None,
+    def average(self, key: CliqueKey, member: int, vector: npt.ArrayLike | Pieces, bound: float,
+                city: str | None = None, route: Mapping[str, int] | None = None, members: Sequence[str] | None = None,
                 nearby: Sequence[tuple[int, int, Mapping[int, int]]] = ()) -> tuple[npt.NDArray[np.float32], float]:
-        """The clique's average of float32 `vector`: quantized at the exponent every member derives from
-        `bound` (`key.exponent` is ignored), re-sent at a raised bound when a sum saturates or a member's
-        values do not fit (`codec_average`). Returns (average, the bound that worked). `key.round` counts
-        averagings; `nearby`: (another averaging round, clique there, {member index here: index there}) where a
-        stalled sum's roll call also looks for the members it does not find (`Nearby`)."""
+        """The clique's average of float32 `vector` (or of its `Pieces`, quantized straight from each):
+        quantized at the exponent every member derives from `bound` (`key.exponent` is ignored), re-sent at a
+        raised bound when a sum saturates or a member's values do not fit (`codec_average`). Returns (average,
+        the bound that worked): float32 over the one buffer the elements, their sums and the average share.
+        `key.round` counts averagings; `nearby`: (another averaging round, clique there, {member index here:
+        index there}) where a stalled sum's roll call also looks for the members it does not find (`Nearby`)."""
         places = _places(nearby)
+        pieces = vector if isinstance(vector, Pieces) else Pieces.of(np.asarray(vector, dtype=np.float32).reshape(-1))
+        # One buffer for every attempt: a re-send quantizes the vector again over the sums it could not use.
+        elements = np.empty(pieces.count + 1, dtype=ELEMENT_DTYPE)
         for attempt in range(AVERAGING_ATTEMPTS):
-            exponent, elements = encode(vector, bound, key.fanin, ELEMENT_DTYPE)
+            exponent, elements = encode(pieces, bound, key.fanin, ELEMENT_DTYPE, out=elements)
             attempt_key = CliqueKey(key.job, key.round * ATTEMPTS + attempt, key.clique, key.group, key.fanin,
                                     exponent, key.max_cliques, key.token)
             run = self._run(attempt_key, member, elements, city, route, members, in_place=True, nearby=places,

@@ -9,7 +9,8 @@ Numpy (and the compiled kernel `inwire._kernel`, _codec.c, where it is built) on
 
 import math
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -62,46 +63,103 @@ ENCODE_BLOCK = 1 << 16
 """Elements `encode` scales at a time: its float32 temporary (256 KiB) stays in cache."""
 
 
-def encode(values: npt.ArrayLike, bound: float, fanin: int, dtype: npt.DTypeLike = np.int32) -> tuple[int, np.ndarray]:
+@dataclass(frozen=True)
+class Pieces:
+    """A float32 vector of `count` elements given as consecutive pieces (a model's parameters): `make()`
+    yields them in order, each a float32 array of one dimension, made when it is asked for, as often as
+    `encode` asks (a re-send reads them again). `encode` quantizes each into its place in the elements: no
+    copy of the whole vector is ever made."""
+
+    count: int
+    make: Callable[[], Iterable[np.ndarray]]
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "Pieces":
+        """One float32 vector as its only piece."""
+        return cls(len(values), lambda: (values,))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __array__(self, dtype: npt.DTypeLike = None, copy: bool | None = None) -> np.ndarray:
+        """The whole vector, made (a copy of every piece): for code that takes a plain vector."""
+        if copy is False:
+            raise ValueError("pieces become one vector only as a copy")
+        whole = np.empty(self.count, dtype=np.float32)
+        for first, piece in self.placed():
+            whole[first:first + len(piece)] = piece
+        return whole if dtype is None else whole.astype(dtype, copy=False)
+
+    def placed(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(first element, piece as contiguous float32) of each piece; ValueError if they do not add up to
+        `count`."""
+        first = 0
+        for piece in self.make():
+            piece = np.ascontiguousarray(piece, dtype=np.float32).reshape(-1)
+            if first + len(piece) > self.count:
+                break
+            yield first, piece
+            first += len(piece)
+        else:
+            if first == self.count:
+                return
+        raise ValueError(f"the pieces hold other than the {self.count} elements they were given as")
+
+
+def encode(values: npt.ArrayLike | Pieces, bound: float, fanin: int, dtype: npt.DTypeLike = np.int32,
+           out: np.ndarray | None = None) -> tuple[int, np.ndarray]:
     """`encode_definition`, bit for bit (tests/test_codec_average.py holds it to that), in float32: for
     float32 values that fit, scaling by a power of two is exact in float32 (|x / 2**e| <= 2**31; a result too
     small to be normal rounds to 0 either way), so rounding it gives the same integer as in float64. With the
     compiled kernel one pass scales, rounds and converts while it finds the peak; with numpy, two passes find
     the extremes and one scales, rounds and converts block by block, with no temporary the size of the vector.
-    `dtype`: int32 in either byte order (the client asks for the wire's big-endian, so that the elements need
-    no second conversion). Values that do not fit (a re-send follows) take the definition."""
-    values = np.asarray(values, dtype=np.float32)
+    `values`: one vector, or `Pieces` of one, each quantized straight into its place. `dtype`: int32 in either
+    byte order (the client asks for the wire's big-endian, so that the elements need no second conversion).
+    `out`: where the elements go (len(values) + 1 of `dtype`), else a new array. Values that do not fit (a
+    re-send follows) take the definition, piece by piece."""
+    pieces = values if isinstance(values, Pieces) else Pieces.of(np.asarray(values, dtype=np.float32).reshape(-1))
     exponent = choose_exponent(bound, fanin)
     dtype = np.dtype(dtype)
-    elements = np.empty(len(values) + 1, dtype=dtype)
+    elements = np.empty(pieces.count + 1, dtype=dtype) if out is None else out
+    if elements.dtype != dtype or elements.shape != (pieces.count + 1,):
+        raise ValueError(f"out must be {pieces.count + 1} {dtype}, got {elements.shape} {elements.dtype}")
     compiled_pass = (compiled is not None and exponent > EXPONENT_MIN and dtype.kind == "i"
                      and dtype.itemsize == ELEMENT_BYTES)
+    peak, finite = 0.0, True
     if compiled_pass:
-        # The elements of values beyond the limit are written too, and dropped below.
-        values = np.ascontiguousarray(values)
-        peak, finite = compiled.quantize(values, math.ldexp(1.0, -exponent), elements[:-1],
-                                         _big_endian(dtype))
+        # The elements of values beyond the limit are written too, and rewritten below.
+        for first, piece in pieces.placed():
+            place = elements[first:first + len(piece)]
+            piece_peak, piece_finite = compiled.quantize(piece, math.ldexp(1.0, -exponent), place, _big_endian(dtype))
+            peak, finite = max(peak, piece_peak), finite and piece_finite
     else:
-        low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
-        peak, finite = max(-low, high), math.isfinite(low) and math.isfinite(high)
+        for _, piece in pieces.placed():
+            if piece.size:
+                low, high = float(piece.min()), float(piece.max())
+                peak, finite = max(peak, -low, high), finite and math.isfinite(low) and math.isfinite(high)
     if not finite:
         raise ValueError("values contain NaN or infinity")
     if peak > math.ldexp(INT32_MAX, exponent):
-        exponent, elements = encode_definition(values, bound, fanin)
-        return exponent, elements.astype(dtype, copy=False)
+        # The definition's clipped elements and the doublings its sum asks for, piece by piece.
+        limit = math.ldexp(INT32_MAX, exponent)
+        for first, piece in pieces.placed():
+            elements[first:first + len(piece)] = quantize(np.clip(piece.astype(np.float64), -limit, limit), exponent)
+        elements[-1] = math.ceil(math.log2(peak / limit))
+        return exponent, elements
     if not compiled_pass:
         # 2**-exponent is a float32 for every exponent but the floor's (2**128): the product is then ldexp's.
         factor = np.float32(math.ldexp(1.0, -exponent)) if exponent > EXPONENT_MIN else None
-        scratch = np.empty(min(len(values), ENCODE_BLOCK), dtype=np.float32)
-        for first in range(0, len(values), ENCODE_BLOCK):
-            block = values[first:first + ENCODE_BLOCK]
-            scaled = scratch[:len(block)]
-            if factor is not None:
-                np.multiply(block, factor, out=scaled)
-            else:
-                np.ldexp(block, np.int32(-exponent), out=scaled)
-            np.rint(scaled, out=scaled)
-            np.copyto(elements[first:first + len(block)], scaled, casting="unsafe")
+        scratch = np.empty(min(pieces.count, ENCODE_BLOCK), dtype=np.float32)
+        for start, piece in pieces.placed():
+            for first in range(0, len(piece), ENCODE_BLOCK):
+                block = piece[first:first + ENCODE_BLOCK]
+                scaled = scratch[:len(block)]
+                if factor is not None:
+                    np.multiply(block, factor, out=scaled)
+                else:
+                    np.ldexp(block, np.int32(-exponent), out=scaled)
+                np.rint(scaled, out=scaled)
+                np.copyto(elements[start + first:start + first + len(block)], scaled, casting="unsafe")
     elements[-1] = 0
     return exponent, elements
 

@@ -16,8 +16,10 @@ torchft's shape: a context manager that averages from the inner optimizer's step
 --target udp:FILE`, or one aggregator for everything), along its reduction tree when it has one. A clique the
 schedule exchanges all-to-all (it names no aggregator city) is summed in-network all the same, at the
 aggregator of its first member's city when the map has one, else at the map's first aggregator: an island
-that reaches an aggregator needs no other path to its peers. Parameters anywhere (CPU or CUDA) are staged
-through one reusable host buffer (pinned where CUDA is present).
+that reaches an aggregator needs no other path to its peers. Parameters anywhere (CPU or CUDA, any float
+dtype) are quantized one at a time straight into the one buffer that the sums and then the average take
+over (CPU float32 ones with no copy at all), and the average is written back into them in place: an
+averaging takes the model's bytes once more, and the averager keeps them once (its anchor).
 """
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,7 +31,7 @@ import numpy.typing as npt
 import torch
 
 from ..client import DEFAULT_CHUNK, DEFAULT_WINDOW, ClientError, CliqueKey, UdpMember, clique_group, clique_routes
-from ..codec_average import ATTEMPTS, AveragingError
+from ..codec_average import ATTEMPTS, AveragingError, Pieces
 from ..datagram import Address, ip_int
 from ..jobs import JobEntry
 from ..plan.schedule_file import ScheduleFile
@@ -108,12 +110,13 @@ class InwireExchange:
     def close(self) -> None:
         self.client.close()
 
-    def average(self, round_index: int, clique_index: int, members: Sequence[str], me: int, vector: npt.ArrayLike,
-                aggregator: str | None = None, tree: Mapping[str, str] | None = None, max_cliques: int = 1,
-                period_round: int = 0, nearby: Sequence[tuple[int, int, Sequence[str], str | None]] = ()
-                ) -> npt.NDArray[np.float32]:
-        """The clique's average of float32 `vector`, `me` being this island's index in `members`; the clique
-        sums at city `aggregator` along `tree` when this exchange has per-city aggregators. `nearby`: cliques
+    def average(self, round_index: int, clique_index: int, members: Sequence[str], me: int,
+                vector: npt.ArrayLike | Pieces, aggregator: str | None = None, tree: Mapping[str, str] | None = None,
+                max_cliques: int = 1, period_round: int = 0,
+                nearby: Sequence[tuple[int, int, Sequence[str], str | None]] = ()) -> npt.NDArray[np.float32]:
+        """The clique's average of float32 `vector` (or of its `Pieces`), `me` being this island's index in
+        `members`; the clique sums at city `aggregator` along `tree` when this exchange has per-city
+        aggregators. `nearby`: cliques
         (round index, clique index, members, aggregator) of other rounds holding members of this one; should
         this sum stall, its roll call looks for them there too (those that sum at the same root)."""
         key, city, route, places = self._clique(round_index, clique_index, members, me, aggregator, tree,
@@ -229,6 +232,10 @@ class CliqueAverager(ModelAverager):
     on the inner optimizer so that its checkpoints carry all of it (`step`).
     """
 
+    keep_vectors = False
+    """Whether `last` holds the vectors sent and received (for logs and checks): a copy of the model's bytes,
+    and with an outer step a second one, kept until the next averaging; set it on the instance (or class)."""
+
     # Wider than ModelAverager's: torch's averagers need an initialized group, this one runs without.
     process_group: "torch.distributed.ProcessGroup | None"  # type: ignore[assignment]
     """The island's group; None on a single-process island."""
@@ -277,10 +284,9 @@ class CliqueAverager(ModelAverager):
         """Loaded from a checkpoint and not averaged since (`_nearby`)."""
         self.anchor: np.ndarray | None = None
         self.buffer: np.ndarray | None = None
-        self.host: torch.Tensor | None = None
-        """The reusable host buffer parameters are staged through (pinned where CUDA is present)."""
-        self.last: tuple[int, list[str], np.ndarray, np.ndarray] | None = None
-        """(round index, members, vector sent, average received) of the latest averaging, for logs and checks."""
+        self.last: tuple[int, list[str], np.ndarray | None, np.ndarray | None] | None = None
+        """(round index, members, vector sent, average received) of the latest averaging, for logs and checks;
+        the vectors None unless `keep_vectors`."""
 
     @property
     def step(self) -> int:
@@ -325,22 +331,10 @@ class CliqueAverager(ModelAverager):
 
         return [optimizer.register_state_dict_post_hook(save), optimizer.register_load_state_dict_pre_hook(load)]
 
-    def _stage(self, params: Sequence[torch.Tensor]) -> np.ndarray:
-        """The parameters as one float32 numpy vector in the host buffer (copied, whatever their device)."""
-        total = sum(p.numel() for p in params)
-        host = self.host
-        if host is None or host.numel() != total:
-            host = self.host = torch.empty(total, dtype=torch.float32, pin_memory=torch.cuda.is_available())
-        offset = 0
-        for p in params:
-            host[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
-            offset += p.numel()
-        return host.numpy()
-
     def set_anchor(self, params: Iterable) -> None:
         """Start the outer step from these parameters (else from those at the first call)."""
         with torch.no_grad():
-            self.anchor = self._stage(_flat_parameters(params)).copy()
+            self.anchor = _flatten(_flat_parameters(params))
 
     def average_parameters(self, params: Iterable) -> list[str] | None:
         """Call after each optimizer step; returns the clique it averaged with, or None. `params`: the model's
@@ -368,14 +362,15 @@ class CliqueAverager(ModelAverager):
                 words = layout_words(params, names, self.schedule_text)
                 agreed = self.agreed.get((period_round, clique_index)) == words.tobytes()
                 with torch.no_grad():
-                    flat = self._stage(params).copy()
-                    if not np.isfinite(flat).all():
+                    self.last = None  # its vectors are not to share this averaging's peak
+                    if not _finite(params):
                         raise AveragingError(_non_finite(params, names, self._step, round_index))
-                    average = self._average(round_index, clique_index, clique, flat, aggregator, tree, period_round,
-                                            params[0].device, self._nearby(round_index, clique),
+                    sent = _flatten(params) if self.keep_vectors else None
+                    average = self._average(round_index, clique_index, clique, _pieces(params), aggregator, tree,
+                                            period_round, params[0].device, self._nearby(round_index, clique),
                                             None if agreed else words)
                     self.agreed[period_round, clique_index] = words.tobytes()
-                    self.last = (round_index, clique, flat, average)
+                    self.last = (round_index, clique, sent, average if self.keep_vectors else None)
                     self.anchor = self._outer_step(average)
                     _load(params, self.anchor)
                 return clique
@@ -394,9 +389,12 @@ class CliqueAverager(ModelAverager):
 
     def _outer_step(self, average: np.ndarray) -> np.ndarray:
         assert self.anchor is not None  # `average_parameters` set it before its first averaging
+        if self.outer_optimizer is None and self.outer.plain:
+            return average  # this averaging's own buffer, which nothing else holds: the anchor without a copy
         if self.outer_optimizer is None:
-            updated, self.buffer = self.outer.step(self.anchor, self.buffer, average)
-            return updated
+            # The anchor and the buffer are the averager's own (checkpoints take and give copies).
+            self.buffer = self.outer.step_in_place(self.anchor, self.buffer, average)
+            return self.anchor
         # The outer gradient is anchor - average, on the optimizer's own parameters (the anchor).
         anchors = [p for group in self.outer_optimizer.param_groups for p in group["params"]]
         offset = 0
@@ -409,7 +407,8 @@ class CliqueAverager(ModelAverager):
                              f"on anchor_parameters(model)")
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad(set_to_none=True)
-        return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in anchors]).numpy()
+        _store(anchors, self.anchor)
+        return self.anchor
 
     def _nearby(self, round_index: int, members: Iterable[str]) -> list[tuple[int, int, list[str], str | None]]:
         """The cliques of the next round, and of the previous one just after a resume, that hold peers of this
@@ -422,7 +421,7 @@ class CliqueAverager(ModelAverager):
                 for clique_index, (there, aggregator) in enumerate(self.rounds[other % len(self.rounds)])
                 if len(there) > 1 and peers & set(there)]
 
-    def _average(self, round_index: int, clique_index: int, members: Sequence[str], flat: np.ndarray,
+    def _average(self, round_index: int, clique_index: int, members: Sequence[str], pieces: Pieces,
                  aggregator: str | None, tree: Mapping[str, str] | None, period_round: int, device: torch.device,
                  nearby: Sequence[tuple[int, int, Sequence[str], str | None]],
                  words: np.ndarray | None) -> np.ndarray:
@@ -441,7 +440,7 @@ class CliqueAverager(ModelAverager):
                     check_layouts(rows, members, f"round {round_index}, clique {clique_index} "
                                                  f"({', '.join(members)})")
                 average = self.exchange.average(round_index, clique_index, members, members.index(self.island),
-                                                flat, aggregator=aggregator, tree=tree, max_cliques=self.max_cliques,
+                                                pieces, aggregator=aggregator, tree=tree, max_cliques=self.max_cliques,
                                                 period_round=period_round, nearby=nearby)
             except (AveragingError, ClientError, OSError, ValueError) as failure:
                 error = failure
@@ -466,7 +465,7 @@ class CliqueAverager(ModelAverager):
             raise AveragingError(f"round {round_index}: rank 0 of island {self.island} could not average with its "
                                  f"clique: {message}", missing)
         carrier = (torch.from_numpy(np.ascontiguousarray(average)) if average is not None
-                   else torch.empty(len(flat), dtype=torch.float32)).to(device)
+                   else torch.empty(pieces.count, dtype=torch.float32)).to(device)
         torch.distributed.broadcast(carrier, src=self.source, group=self.group)
         return carrier.cpu().numpy()
 
@@ -604,6 +603,44 @@ def _non_finite(params: Sequence[torch.Tensor], names: Sequence[str] | None, ste
 def _check_length(anchor: np.ndarray, expected: int, holder: str) -> None:
     if len(anchor) != expected:
         raise ValueError(f"checkpoint field 'anchor': {len(anchor)} values, {holder} {expected} parameters")
+
+
+def _flatten(params: Sequence[torch.Tensor]) -> np.ndarray:
+    """The parameters as one new float32 numpy vector (copied, whatever their device and dtype)."""
+    flat = np.empty(sum(p.numel() for p in params), dtype=np.float32)
+    _store(params, flat)
+    return flat
+
+
+def _store(params: Iterable[torch.Tensor], flat: np.ndarray) -> None:
+    """Copy the parameters into float32 vector `flat`, one after another."""
+    into = torch.from_numpy(flat)
+    offset = 0
+    for p in params:
+        into[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+        offset += p.numel()
+
+
+def _pieces(params: Sequence[torch.Tensor]) -> Pieces:
+    """The parameters as the float32 pieces of one vector, each made when the codec quantizes it: a CPU
+    float32 parameter is its own memory, any other is converted alone (one parameter's copy at a time)."""
+    def make() -> Iterable[np.ndarray]:
+        for p in params:
+            values = p.detach().reshape(-1)
+            yield values.to("cpu", torch.float32).numpy()
+
+    return Pieces(sum(p.numel() for p in params), make)
+
+
+def _finite(params: Iterable[torch.Tensor]) -> bool:
+    """Whether every parameter holds only values finite as float32, without a copy of any: a parameter's
+    extremes are finite exactly when all its values are (a NaN makes them NaN)."""
+    for p in params:
+        if p.numel():
+            extremes = torch.stack(torch.aminmax(p.detach())).to(torch.float32)
+            if not bool(torch.isfinite(extremes).all()):
+                return False
+    return True
 
 
 def _load(params: Iterable[torch.Tensor], vector: np.ndarray) -> None:

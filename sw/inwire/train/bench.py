@@ -13,6 +13,10 @@
   warm-up step.
 
 - `cpu_by_part`: where the averaging's CPU goes, each part timed alone (`where_the_time_goes`).
+- `memory`: the resident memory one model averaging takes per island, against the model's bytes
+  (`averaging_memory`): 3 islands, each its own process, average a 50 M-parameter model (200 MB of float32)
+  with `CliqueAverager` through `inwire serve`, twice (the second averaging also holds what the averager
+  keeps from the first).
 
 Each entry records the CPU seconds the islands spent in their averagings and the service from listening to
 the islands' end, the 1-minute load average before and after, and the cores other programs kept busy
@@ -44,6 +48,9 @@ WINDOW = 32
 CHUNK = JUMBO_ELEMENTS_PER_FRAME
 DDP_HIDDEN = 333_333
 """Hidden units of the hook's MLP (64 -> hidden -> 10): 75 x hidden + 10 = 25 M parameters."""
+MEMORY_WIDTH = 5000
+"""The memory benchmark's model: two Linear(5000, 5000) layers, 50,010,000 float32 parameters (200 MB)."""
+MEMORY_AVERAGINGS = 2
 DDP_STEPS = 4
 DDP_RANKS = 2
 """Ranks per island of the hook's run (ISLANDS x DDP_RANKS processes either way)."""
@@ -112,6 +119,79 @@ def inwire_averaging(loss: float = 0.0, seed: int = 0, elements: int = ELEMENTS)
     return {"seconds": max(o[1] for o in outcomes), "retransmits": sum(o[2] for o in outcomes),
             "islands_cpu_s": round(sum(o[3] for o in outcomes), 2), "service_cpu_s": round(service_cpu, 2),
             "service_kernel_drops": int(kernel.group(1)) if kernel else None}
+
+
+def _resident_kib() -> tuple[int, int]:
+    """(VmRSS, VmHWM) of this process in KiB (Linux /proc)."""
+    with open("/proc/self/status") as handle:
+        fields = dict(line.split(":", 1) for line in handle)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def _reset_peak() -> None:
+    """Start VmHWM over from the current resident size (Linux 4.0 on: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
+def _memory_island(index: int, address: tuple[str, int], barrier: Barrier,
+                   results: "Queue[tuple[int, int, list[int]]]") -> None:
+    """One island of `averaging_memory`: its model's bytes and each averaging's peak resident growth over
+    the process before its first averaging (torch, the model, the exchange and the averager made)."""
+    import torch
+
+    from .averaging import CliqueAverager, InwireExchange
+
+    torch.set_num_threads(1)
+    torch.manual_seed(index)
+    model = torch.nn.Sequential(*(torch.nn.Linear(MEMORY_WIDTH, MEMORY_WIDTH) for _ in range(2)))
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    exchange = InwireExchange(address, job=9, chunk=CHUNK, window=WINDOW, deadline_s=300)
+    averager = CliqueAverager(1, island=f"i{index}", schedule=[[([f"i{k}" for k in range(ISLANDS)], None)]],
+                              exchange=exchange)
+    try:
+        baseline, _ = _resident_kib()
+        peaks = []
+        for _ in range(MEMORY_AVERAGINGS):
+            barrier.wait(timeout=120)
+            _reset_peak()
+            averager.average_parameters(model.parameters())
+            peaks.append(1024 * (_resident_kib()[1] - baseline))
+        results.put((index, model_bytes, peaks))
+    finally:
+        exchange.close()
+
+
+def averaging_memory() -> dict[str, Any]:
+    """Peak resident memory of one model averaging per island, against the model's bytes.
+
+    Each island is its own process, so that its resident size is its own: its baseline is the process just
+    before its first averaging (torch imported, the model built, exchange and averager made), and each
+    averaging's peak is VmHWM (/proc/self/status) after the averaging less that baseline, VmHWM having been
+    reset (clear_refs) just before it. VmHWM rather than getrusage's ru_maxrss: ru_maxrss cannot be reset,
+    so it would also hold the peaks of torch's import and the model's initialization. What the averager keeps
+    between averagings (its anchor) counts, since it is memory the averaging costs the island; the second
+    averaging's peak shows it."""
+    context = multiprocessing.get_context("spawn")
+    port = free_port()
+    service = _serve(port)
+    try:
+        barrier, results = context.Barrier(ISLANDS), context.Queue()
+        workers = [context.Process(target=_memory_island, args=(i, ("127.0.0.1", port), barrier, results))
+                   for i in range(ISLANDS)]
+        for worker in workers:
+            worker.start()
+        outcomes = sorted(results.get(timeout=900) for _ in workers)
+        for worker in workers:
+            worker.join(timeout=60)
+    finally:
+        service.terminate()
+        service.communicate(timeout=30)
+    model_bytes = outcomes[0][1]
+    peak = max(max(peaks) for _, _, peaks in outcomes)
+    return {"islands": ISLANDS, "parameters": model_bytes // 4, "model_bytes": model_bytes,
+            "averagings": MEMORY_AVERAGINGS, "peak_bytes_by_island": [peaks for _, _, peaks in outcomes],
+            "averaging_peak_bytes": peak, "averaging_peak_ratio": round(peak / model_bytes, 3)}
 
 
 def _ddp_worker(process: int, port: int, folder: str, use_hook: bool, steps: int,
@@ -268,7 +348,10 @@ def run() -> dict[str, Any]:
                        "ratio": hook_s / plain_s})
     with MachineLoad() as load:
         parts = where_the_time_goes()
-    return {"averaging": averaging, "loss": loss, "ddp_hook": ddp, "cpu_by_part": load.record(parts)}
+    with MachineLoad() as load:
+        memory = averaging_memory()
+    return {"averaging": averaging, "loss": loss, "ddp_hook": ddp, "cpu_by_part": load.record(parts),
+            "memory": load.record(memory)}
 
 
 if __name__ == "__main__":

@@ -234,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             replica = torch.nn.parallel.DistributedDataParallel(model)
             averager = CliqueAverager(args.period, island=args.island, schedule=schedule, exchange=exchange,
                                       outer=OuterOptimizer(args.outer_lr, args.outer_momentum))
+            averager.keep_vectors = True  # the log records what each averaging sent and received
         optimizer = torch.optim.SGD(replica.parameters(), lr=args.learning_rate)
         loss_function = torch.nn.CrossEntropyLoss()
         generator = torch.Generator().manual_seed(args.seed * 1000 + rank)

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+STEP_BLOCK = 1 << 16
+"""Elements `step_in_place` computes at a time: its float32 temporaries (256 KiB each) stay in cache."""
+
 
 @dataclass(frozen=True)
 class OuterOptimizer:
@@ -39,3 +42,32 @@ class OuterOptimizer:
         buffer = gradient if buffer is None else (momentum * buffer + gradient).astype(np.float32)
         direction = (gradient + momentum * buffer) if self.nesterov else buffer
         return (anchor - lr * direction).astype(np.float32), buffer
+
+    def step_in_place(self, anchor: np.ndarray, buffer: np.ndarray | None, average: np.ndarray) -> np.ndarray | None:
+        """`step`, bit for bit (the same float32 operations on each element), written into `anchor` (which
+        becomes the new parameters) and `buffer` (the new momentum; made when None), block by block: no
+        temporary the size of the vector. Returns the new buffer."""
+        if self.plain:
+            np.copyto(anchor, average)
+            return buffer
+        lr, momentum = np.float32(self.lr), np.float32(self.momentum)
+        first_step = buffer is None
+        if buffer is None:
+            buffer = np.empty_like(anchor)
+        size = min(len(anchor), STEP_BLOCK)
+        gradient_scratch, scratch = np.empty(size, dtype=np.float32), np.empty(size, dtype=np.float32)
+        for first in range(0, len(anchor), STEP_BLOCK):
+            block = slice(first, first + STEP_BLOCK)
+            anchors, buffers = anchor[block], buffer[block]
+            count = len(anchors)
+            gradient, product = gradient_scratch[:count], scratch[:count]
+            np.subtract(anchors, average[block], out=gradient)
+            if first_step:
+                np.copyto(buffers, gradient)
+            else:
+                np.add(np.multiply(momentum, buffers, out=product), gradient, out=buffers)
+            direction = buffers
+            if self.nesterov:
+                direction = np.add(gradient, np.multiply(momentum, buffers, out=product), out=product)
+            np.subtract(anchors, np.multiply(lr, direction, out=product), out=anchors)
+        return buffer
