@@ -54,7 +54,9 @@ CHECKED_FIELDS = ("ip_ver_ihl", "ip_frag", "ip_len", "ip_proto", "udp_dport", "u
 
 
 class Mutator:
-    """`frames(n)` yields (kind, frame) pairs for `config`, from `seed`."""
+    """`frames(n)` yields (kind, frame) pairs for `config`, from `seed`. `jobs`: the registered jobs the
+    aggregator holds, installed in this order on empty tables (so that their slot ranges are the ones the
+    Mutator's own table gives them)."""
 
     def __init__(self, config, seed=0, jobs=()):
         self.config = config
