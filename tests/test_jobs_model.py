@@ -545,6 +545,7 @@ def test_the_tables_are_bounded(limit, entries, refused):
     (dict(slots=0), "a quota of 0 slots holds nothing"),
     (dict(group=0xE0_00_00_01), "is not in 239.0.0.0/8"),
     (dict(members={(A[0], 0)}), "member 10.0.0.10:0 is not a unicast IPv4 address and port"),
+    (dict(members={(0x0A_01_02_03, 0)}), "member 10.1.2.3:0 is not a unicast IPv4 address and port"),
     (dict(members={(A[0], 1 << 16)}), "member 10.0.0.10:65536 is not a unicast IPv4 address and port"),
     (dict(members={(0, 5000)}), "member 0.0.0.0:5000 is not a unicast IPv4 address and port"),
     (dict(members={(1 << 32, 5000)}), "member 4294967296:5000 is not a unicast IPv4 address and port"),
@@ -553,6 +554,7 @@ def test_the_tables_are_bounded(limit, entries, refused):
     (dict(routes={0: CliqueRoute(level=1 << 64)}), "has members beyond 64"),
     (dict(routes={0: CliqueRoute(parent=(A[0], 1 << 16))}), "parent 10.0.0.10:65536 is not a unicast"),
     (dict(routes={0: CliqueRoute(level=0b11, children={C: 0b100})}), "holds members 0x4, none or outside"),
+    (dict(routes={0: CliqueRoute(children={(C[0], 0): 1})}), f"job {JOB.job}: child 10.0.0.12:0 is not a unicast"),
 ])
 def test_a_job_entry_out_of_range_is_refused_in_one_line(fields, cause):
     """Every field of a registration at the edge of its range, one past it refused in one line naming it."""
@@ -586,6 +588,30 @@ def test_teardown_frees_the_slots_for_another_job_and_forgets_their_sums():
     assert aggregator.install(OTHER) == 0
     disposition, (result,) = send(aggregator, frame(OTHER, C, fanin=1, slot=3, elements=(5, 5, 5)))
     assert disposition == Disposition.ACCUMULATED and values(result) == [5, 5, 5]
+
+
+def test_a_job_entry_keeps_what_it_was_given_when_the_caller_changes_it():
+    children = {C: 0b10}
+    routes = {0: CliqueRoute(level=0b11, children=children)}
+    entry = JobEntry(job=JOB.job, token=JOB.token, slots=1, members={A}, routes=routes)
+    children[D] = 0b01
+    routes[1] = CliqueRoute()
+    assert dict(entry.routes) == {0: CliqueRoute(level=0b11, children={C: 0b10})}
+    assert dict(entry.route(0).children) == {C: 0b10}
+
+
+def test_the_model_holds_the_tables_its_configuration_bounds():
+    """The model's tables are sized by `AggregatorConfig.limits`, as the gateware's are: a job beyond `jobs`,
+    and one without a group where results go out one frame each, are refused in one line."""
+    aggregator = Aggregator(replace(CONFIG, limits=JobLimits(jobs=1, unicast_results=False)))
+    aggregator.install(replace(JOB, group=GROUP))
+    with pytest.raises(JobTableError, match=f"^job {OTHER.job}: this aggregator holds 1 jobs already$"):
+        aggregator.install(replace(OTHER, group=GROUP))
+    aggregator.remove(JOB.job)
+    with pytest.raises(JobTableError) as refused:
+        aggregator.install(OTHER)
+    assert str(refused.value) == (f"job {OTHER.job}: without a group its results go out as one copy per member, "
+                                  f"which this aggregator cannot send: give the job a multicast group")
 
 
 def test_an_aggregator_without_job_tables_refuses_an_install():
