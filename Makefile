@@ -66,14 +66,14 @@ fuzz:
 coverage:
 	PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage $(BIN)/python tb/coverage/verilator_coverage.py
 
-# Mutation score (docs/verification.md), not part of `make test`, by area: mutmut over the golden model (model)
-# and the fast path (fastpath), each against its own tests, MUTATE_SAMPLE mutants of each file drawn with
-# MUTATE_SEED (0: all); then the gateware's mutants (hdl/inwire_hdl/mutants.py) against the directed cocotb tests
-# that name them (directed), the CI's Icarus fuzz stream (fuzz) and the formal rows that name them (formal), each
-# scored in its own column. AREA=directed,fuzz (say) runs those shards only; AREA=cocotb runs every cocotb test
-# against every mutant (about an hour).
-MUTATE_AREAS := model fastpath directed cocotb fuzz formal
-AREA ?= model,fastpath,directed,fuzz,formal
+# Mutation score (docs/verification.md), not part of `make test`, by area: mutmut over the golden model (model),
+# the fast path (fastpath), the job tables (jobs) and the control plane (control), each against its own tests,
+# MUTATE_SAMPLE mutants of each file drawn with MUTATE_SEED (0: all); then the gateware's mutants
+# (hdl/inwire_hdl/mutants.py) against the directed cocotb tests that name them (directed), the CI's Icarus fuzz
+# stream (fuzz) and the formal rows that name them (formal), each scored in its own column. AREA=directed,fuzz
+# (say) runs those shards only; AREA=cocotb runs every cocotb test against every mutant (about an hour).
+MUTATE_AREAS := model fastpath jobs control directed cocotb fuzz formal
+AREA ?= model,fastpath,jobs,control,directed,fuzz,formal
 MUTATE_SAMPLE ?= 100
 MUTATE_SEED ?= 1
 comma := ,
@@ -81,8 +81,8 @@ areas := $(subst $(comma), ,$(AREA))
 mutate:
 	$(if $(filter-out $(MUTATE_AREAS),$(areas)),$(error AREA: unknown $(filter-out $(MUTATE_AREAS),$(areas)); \
 		choose from $(MUTATE_AREAS), comma-separated))
-	$(if $(filter model fastpath,$(areas)),$(BIN)/python tb/mutation/software.py --sample $(MUTATE_SAMPLE) \
-		--seed $(MUTATE_SEED) $(filter model fastpath,$(areas)))
+	$(if $(filter model fastpath jobs control,$(areas)),$(BIN)/python tb/mutation/software.py \
+		--sample $(MUTATE_SAMPLE) --seed $(MUTATE_SEED) $(filter model fastpath jobs control,$(areas)))
 	$(if $(filter directed cocotb fuzz formal,$(areas)),PYTHONPATH=tb/aggregator:tb/fuzz:tb/coverage \
 		$(BIN)/python tb/mutation/gateware.py $(foreach area,$(filter directed cocotb fuzz formal,$(areas)),--target $(area)))
 

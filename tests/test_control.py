@@ -122,6 +122,7 @@ def test_entry_json_round_trip():
     ("token", "0000000000000000", "token is not a nonzero"),
     ("members", ["127.0.0.1"], r'field members\[0\]: "127.0.0.1" is not a.b.c.d:port'),
     ("members", ["127.0.0.1:0"], r"field members\[0\]"),
+    ("members", ["127.0.0.1:65536"], r'field members\[0\]: "127.0.0.1:65536" is not a.b.c.d:port'),
     ("members", "127.0.0.1:1", "field members: .* is not a list"),
     ("group", "10.0.0.1", "group 0xa000001 is not in 239.0.0.0/8"),
     ("group", "239.0.0", 'field group: "239.0.0" is not an IPv4 address'),
@@ -249,6 +250,22 @@ def test_invalid_field_is_answered_in_one_line(plane):
     reply = answer(plane_, request(slots=0))
     assert reply == {"ok": False, "nonce": "00000000000000aa", "error": "field slots: 0 is outside [1, 65536]"}
     assert not table.entries and plane_.counters["control_errors"] == 1
+
+
+def test_unknown_field_is_answered_by_its_name(plane):
+    plane_, table = plane
+    reply = answer(plane_, request(colour="red"))
+    assert reply["error"] == "field colour is not one a request has"
+    assert not table.entries
+
+
+def test_jobs_at_the_edges_of_the_id_range_register_and_tear_down(plane):
+    plane_, table = plane
+    for job in (1, (1 << 32) - 1):
+        nonces = (f"{job:016x}", f"{job + 1:016x}")
+        assert answer(plane_, request(job_entry=entry(job=job), nonce=nonces[0]))["ok"] is True
+        assert answer(plane_, request("teardown", job_entry=entry(job=job), nonce=nonces[1]))["removed"] is True
+    assert not table.entries
 
 
 def test_clash_is_refused_in_one_line(plane):

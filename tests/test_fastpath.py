@@ -32,7 +32,16 @@ from inwire import fastpath
 from inwire.datagram import PAYLOAD_OFFSET, header_struct, ip_int, ip_str, payload_of, wrap
 from inwire.jobs import JobTableError
 from inwire.packets import build_frames, frame_field
-from inwire.protocol import FRAME_OFFSETS, INT32_MAX, INT32_MIN, MAX_RESULT_ELEMENTS, Disposition, Opcode, clique_mask
+from inwire.protocol import (
+    FRAME_OFFSETS,
+    INT32_MAX,
+    INT32_MIN,
+    JOB_VERSION,
+    MAX_RESULT_ELEMENTS,
+    Disposition,
+    Opcode,
+    clique_mask,
+)
 from inwire.serve import SoftwareAggregator
 
 PEERS = [("127.0.0.1", 40000 + i) for i in range(5)] + [("127.0.0.2", 40000)]
@@ -1134,6 +1143,37 @@ def test_fast_path_equals_the_model_on_registered_job_traffic(max_elements):
                  "answered", "accumulated", "drop_duplicate", "drop_mismatch", "drop_no_result", "drop_group",
                  "drop_slot", "drop_route", "drop_sender", "drop_length", "drop_stale", "saturations"):
         assert counters[name] > 0, name
+
+
+def frame_source(frame):
+    """Where a frame's datagram comes from, as a kernel reports it: the frame's IPv4 source and UDP port; a frame
+    too short to name them, from the first of PEERS."""
+    if len(frame) < PAYLOAD_OFFSET:
+        return PEERS[0]
+    return ip_str(frame_field(frame, "ip_src")), frame_field(frame, "udp_sport")
+
+
+def test_fast_path_equals_the_model_on_mutated_registered_datagrams():
+    """The fuzzer's stream with its registered jobs (`mutate.fuzz_jobs`) installed in both: the jobs' version 3
+    cliques from their members, forgeries of them (another or an unknown job, a wrong token, a stranger's or
+    another job's source, a slot at or past the quota, another group, hops, another opcode or version) and the
+    fuzzer's mutations of them, each datagram from the source its frame names, beside versions 1 and 2."""
+    from mutate import Mutator, fuzz_jobs
+
+    pair = JobPair(slots=16, max_elements=32)
+    jobs = fuzz_jobs(pair.config, seed=21)
+    mutated = Mutator(pair.config, seed=21, jobs=jobs).frames(DATAGRAMS // 4)
+    stream = [("install", entry) for entry in jobs] + [(payload_of(frame), frame_source(frame)) for _, frame in mutated]
+    assert job_difference(pair, stream) is None
+    counters = pair.fast.stats()
+    for name in ("drop_job", "drop_token", "drop_member", "drop_slot", "drop_group", "drop_route", "drop_opcode",
+                 "drop_version", "accumulated", "answered", "results_emitted"):
+        assert counters[name] > 0, name
+    # Version 3 outputs go only where the tables say: results to each job's group, answers to its members.
+    groups = {(ip_str(entry.group), pair.config.port) for entry in jobs}
+    members = {(ip_str(address), port) for entry in jobs for address, port in entry.members}
+    destinations = {to for body, to in pair.sent if body[2] == JOB_VERSION}
+    assert groups <= destinations <= groups | members, destinations
 
 
 @pytest.mark.parametrize("registered, unregistered", [(True, False), (False, True)])

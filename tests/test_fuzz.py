@@ -2,7 +2,9 @@
 aggregator.
 
 The CI subset runs a few thousand frames on Verilator and a short stream of another seed on Icarus;
-`make fuzz` runs the Verilator and software tests with INWIRE_FUZZ_FRAMES=100000 (docs/verification.md).
+`make fuzz` runs the Verilator and software tests with INWIRE_FUZZ_FRAMES=100000 (docs/verification.md). The
+gateware is the cocotb suite's build, with job tables: the fuzz installs two registered jobs and mixes their
+version 3 traffic, and forgeries of it, into the stream.
 """
 
 import json
@@ -16,12 +18,14 @@ import numpy as np
 import pytest
 
 from inwire.datagram import parse_payload_header, parse_result, parse_stats_reply, payload_of, stats_request
-from inwire.model import AggregatorConfig
 from inwire.packets import build_frames
-from inwire.protocol import DROP_COUNTERS, INT32_MAX, INT32_MIN, Opcode
+from inwire.protocol import DROP_COUNTERS, INT32_MAX, INT32_MIN, Disposition, Opcode
+from traffic import GATEWARE_CONFIG
 
-FUZZ_CONFIG = AggregatorConfig(slots=4, max_elements=32, max_fanin=8, lease=16)
-"""Few slots, a low fan-in limit and a short lease: cliques collide, reclaim, expire and hit the limits often."""
+FUZZ_CONFIG = GATEWARE_CONFIG
+"""The cocotb suite's build (no build of its own): job tables beside versions 1 and 2."""
+JOB_DROPS = ("drop_job", "drop_token", "drop_member")
+"""The registered jobs' checks the stream must reach."""
 CI_FRAMES = {("verilator", 8): 2000, ("verilator", 64): 1000, ("icarus", 8): 1000, ("icarus", 64): 400}
 """Icarus runs a short stream: it simulates the same design several times slower than Verilator."""
 SEED_OFFSET = {"verilator": 0, "icarus": 1}
@@ -51,7 +55,11 @@ def test_gateware_survives_fuzzing_then_aggregates(simulator, width, tmp_path):
     assert outcome == {"fuzz_then_clean_round": True}, f"fuzz failed at seed {seed}, see {build_dir}/fuzz.log"
     summary = json.loads(report.read_text())
     print(json.dumps(summary))
+    reached = {d.name.lower(): summary["fuzz_counters"][d.name.lower()] for d in Disposition}
+    print(f"{simulator} width {width}, seed {seed}, {frames} frames: "
+          + ", ".join(f"{name} {count}" for name, count in reached.items()))
     assert summary["frames"] == frames
+    assert all(reached[name] for name in JOB_DROPS), reached
     assert summary["counters"]["frames_in"] == frames + summary["clean_frames"]
     assert summary["clean_results"] == FUZZ_CONFIG.slots
     # Functional coverage: every frame class and every slot transition was hit (and checked).

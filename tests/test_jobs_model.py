@@ -560,6 +560,41 @@ def test_the_tables_are_bounded(limit, entries, refused):
     assert table.entries == held
 
 
+@pytest.mark.parametrize("fields, cause", [
+    (dict(job=0), "not a nonzero 32-bit number"),
+    (dict(job=1 << 32), "not a nonzero 32-bit number"),
+    (dict(token=0), "not a nonzero 64-bit number"),
+    (dict(token=1 << 64), "not a nonzero 64-bit number"),
+    (dict(slots=0), "a quota of 0 slots holds nothing"),
+    (dict(group=0xE0_00_00_01), "is not in 239.0.0.0/8"),
+    (dict(members={(A[0], 0)}), "member 10.0.0.10:0 is not a unicast IPv4 address and port"),
+    (dict(members={(0x0A_01_02_03, 0)}), "member 10.1.2.3:0 is not a unicast IPv4 address and port"),
+    (dict(members={(A[0], 1 << 16)}), "member 10.0.0.10:65536 is not a unicast IPv4 address and port"),
+    (dict(members={(0, 5000)}), "member 0.0.0.0:5000 is not a unicast IPv4 address and port"),
+    (dict(members={(1 << 32, 5000)}), "member 4294967296:5000 is not a unicast IPv4 address and port"),
+    (dict(members={(GROUP, 5000)}), "member 239.0.0.7:5000 is not a unicast IPv4 address and port"),
+    (dict(routes={1 << 16: CliqueRoute()}), "clique 65536 does not fit the 16-bit clique field"),
+    (dict(routes={0: CliqueRoute(level=1 << 64)}), "has members beyond 64"),
+    (dict(routes={0: CliqueRoute(parent=(A[0], 1 << 16))}), "parent 10.0.0.10:65536 is not a unicast"),
+    (dict(routes={0: CliqueRoute(level=0b11, children={C: 0b100})}), "holds members 0x4, none or outside"),
+    (dict(routes={0: CliqueRoute(children={(C[0], 0): 1})}), f"job {JOB.job}: child 10.0.0.12:0 is not a unicast"),
+])
+def test_a_job_entry_out_of_range_is_refused_in_one_line(fields, cause):
+    """Every field of a registration at the edge of its range, one past it refused in one line naming it."""
+    with pytest.raises(JobTableError) as refused:
+        JobEntry(**{**dict(job=JOB.job, token=JOB.token, slots=1, members={A}), **fields})
+    message = str(refused.value)
+    assert "\n" not in message and cause in message, message
+
+
+def test_a_job_entry_at_the_edges_of_its_fields_is_taken():
+    edges = JobEntry(job=(1 << 32) - 1, token=(1 << 64) - 1, slots=1, members=[(1, 1), ((1 << 32) - 1, (1 << 16) - 1)],
+                     group=0xEF_FF_FF_FF, routes={(1 << 16) - 1: CliqueRoute(level=(1 << 64) - 1)})
+    # Members are held as a set, whatever collection they came in: an entry compares as its content.
+    assert isinstance(edges.members, frozenset)
+    assert edges == replace(edges, members={((1 << 32) - 1, (1 << 16) - 1), (1, 1)})
+
+
 def test_teardown_frees_the_slots_for_another_job_and_forgets_their_sums():
     """A torn-down job's range is free for the next job, and its sums are gone: not even a version 2
     request naming its slot and key (where unregistered frames are taken) reads them."""
@@ -597,6 +632,30 @@ def test_a_member_leaves_without_disturbing_the_others_and_the_last_frees_the_sl
     assert JOB.job not in aggregator.jobs.entries and aggregator.leave(JOB.job, {B}) == (0, 0)
     assert all(slot.key is None for slot in aggregator.slots)
     assert send(aggregator, frame(JOB, B, sender=1)) == (Disposition.DROP_JOB, [])
+
+
+def test_a_job_entry_keeps_what_it_was_given_when_the_caller_changes_it():
+    children = {C: 0b10}
+    routes = {0: CliqueRoute(level=0b11, children=children)}
+    entry = JobEntry(job=JOB.job, token=JOB.token, slots=1, members={A}, routes=routes)
+    children[D] = 0b01
+    routes[1] = CliqueRoute()
+    assert dict(entry.routes) == {0: CliqueRoute(level=0b11, children={C: 0b10})}
+    assert dict(entry.route(0).children) == {C: 0b10}
+
+
+def test_the_model_holds_the_tables_its_configuration_bounds():
+    """The model's tables are sized by `AggregatorConfig.limits`, as the gateware's are: a job beyond `jobs`,
+    and one without a group where results go out one frame each, are refused in one line."""
+    aggregator = Aggregator(replace(CONFIG, limits=JobLimits(jobs=1, unicast_results=False)))
+    aggregator.install(replace(JOB, group=GROUP))
+    with pytest.raises(JobTableError, match=f"^job {OTHER.job}: this aggregator holds 1 jobs already$"):
+        aggregator.install(replace(OTHER, group=GROUP))
+    aggregator.remove(JOB.job)
+    with pytest.raises(JobTableError) as refused:
+        aggregator.install(OTHER)
+    assert str(refused.value) == (f"job {OTHER.job}: without a group its results go out as one copy per member, "
+                                  f"which this aggregator cannot send: give the job a multicast group")
 
 
 def test_an_aggregator_without_job_tables_refuses_an_install():

@@ -28,6 +28,8 @@ ran out."""
 FRAME_CLASSES = tuple(d.name.lower() for d in Disposition)
 JOB_CLASSES = tuple(d.name.lower() for d in JOB_DISPOSITIONS)
 """Classes only an aggregator with job tables gives: not bins where the model, like the gateware, holds none."""
+RELAYED = Disposition.RELAYED.name.lower()
+"""Needs a clique's route to a parent: not a bin where the tables hold no routes (the gateware's)."""
 EVENTS = ("results_emitted", "saturations", "slots_reclaimed", "leases_expired", "partials_emitted")
 """Counters whose increase marks an event worth seeing: a result sent, a sum clipped, a slot taken over
 by a newer round or after its lease, a partial sent up a reduction tree."""
@@ -50,7 +52,8 @@ class Coverage:
 
     def __init__(self, model):
         self.model = model
-        unreachable = () if model.config.registered else JOB_CLASSES
+        unreachable = JOB_CLASSES if not model.config.registered else () if model.config.limits.routes else (
+            RELAYED,)
         self.classes = {name: 0 for name in FRAME_CLASSES if name not in unreachable}
         self.transitions = dict.fromkeys(SLOT_TRANSITIONS, 0)
         self.events = dict.fromkeys(EVENTS + (PARTIAL_SUMMED,), 0)

@@ -1,8 +1,11 @@
 """cocotb fuzzing of the aggregator: mutated frames, then a clean round, the golden model as scoreboard.
 
+A gateware built with job tables (`registered`) first gets the registered jobs of `mutate.fuzz_jobs` through its
+control interface, and the stream holds their version 3 traffic and forgeries of it beside versions 1 and 2.
+
 Environment: INWIRE_FUZZ_FRAMES (mutated and random frames, default 2000), INWIRE_FUZZ_SEED,
 INWIRE_FUZZ_CHUNK (frames between two scoreboard checks), INWIRE_FUZZ_REPORT (JSON written at the end:
-frames per kind, counters, results of the clean round).
+frames per kind, the jobs installed, counters, results of the clean round).
 """
 
 import collections
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import cocotb
 from functional import Coverage
-from mutate import Mutator, clean_round
+from mutate import Mutator, clean_round, fuzz_jobs
 
 from inwire.protocol import COUNTERS, Disposition
 from inwire_hdl.cocotb.testbench import TB
@@ -21,8 +24,12 @@ from inwire_hdl.cocotb.traffic import Traffic
 
 DISPOSITIONS = tuple(d.name.lower() for d in Disposition)
 FRAMES_BETWEEN_PAUSES = 50
-"""Frames sent between two pauses of the input, in each of which the lease timer runs for 0 to 2 leases:
-abandoned slots expire and are claimed by other owners."""
+"""Frames sent between two pauses of the input. In most pauses the lease timer runs for a few ticks; in every
+LONG_PAUSE-th for one to two leases: abandoned slots expire and are claimed by other owners."""
+SHORT_PAUSE = 32
+LONG_PAUSE = 3
+"""Every this many pauses one lasts a lease or more: with a lease of thousands of ticks, pauses that long at
+every step would take more cycles than the frames."""
 
 
 def accounted(tb, sent):
@@ -40,7 +47,10 @@ async def fuzz_then_clean_round(dut):
     tb = TB(dut, seed)
     await tb.reset()
     coverage = Coverage(tb.model)
-    mutator = Mutator(tb.config, seed)
+    jobs = fuzz_jobs(tb.config, seed)
+    for entry in jobs:
+        await tb.install(entry)
+    mutator = Mutator(tb.config, seed, jobs)
     pauses = random.Random(seed)
     kinds = collections.Counter()
     sent = 0
@@ -53,7 +63,10 @@ async def fuzz_then_clean_round(dut):
         kinds.update(kind for kind, _ in batch)
         for start in range(0, len(batch), FRAMES_BETWEEN_PAUSES):
             await tb.send([frame for _, frame in batch[start:start + FRAMES_BETWEEN_PAUSES]])
-            await tb.advance(pauses.randrange(2 * tb.config.lease + 1))
+            if (sent + start) // FRAMES_BETWEEN_PAUSES % LONG_PAUSE == LONG_PAUSE - 1:
+                await tb.advance(pauses.randint(tb.config.lease, 2 * tb.config.lease))
+            else:
+                await tb.advance(pauses.randrange(SHORT_PAUSE))
         sent += len(batch)
         await tb.check()
         accounted(tb, sent)
@@ -74,6 +87,7 @@ async def fuzz_then_clean_round(dut):
     if report:
         Path(report).write_text(json.dumps({
             "seed": seed, "frames": frames, "clean_frames": len(clean), "kinds": dict(kinds),
+            "jobs": [{"job": entry.job, "slots": entry.slots, "members": len(entry.members)} for entry in jobs],
             "aborted_outputs": tb.aborted, "frames_out": len(tb.received), "clean_results": results,
             "fuzz_counters": fuzz_counters, "counters": {name: tb.counters()[name] for name in COUNTERS},
             "cycles": tb.cycles, "coverage": coverage.report(),

@@ -2,14 +2,16 @@
 name them, the CI's fuzz stream and formal, each scored apart.
 
 directed: each mutant's Verilog in place of the aggregator's (`sim.build(..., mutant=name)`), built on Icarus at
-8 bytes in the default configuration as tests/test_gateware_sim.py builds the real one, and only the tests of
+8 bytes in the cocotb suite's configuration (tests/traffic.py GATEWARE_CONFIG: job tables beside versions 1 and
+2) as tests/test_gateware_sim.py builds the real one, and only the tests of
 tb/aggregator/test_aggregator.py that `DIRECTED` names for it: the ones written for that fault. A mutant that
 `DIRECTED` does not name (a new one) runs every test of the file. cocotb: every test of the file against every
 mutant (about an hour on two cores; not in the default targets).
 
-fuzz: the mutant built in tests/test_fuzz.py's fuzz configuration (4 slots, lease 16) and the CI's Icarus stream
-at 8 bytes (its seed and frame count; `--fuzz-frames` changes the count) through tb/fuzz/fuzz_cocotb.py: the
-golden model as scoreboard, every frame accounted for, then a clean round.
+fuzz: the mutant built in tests/test_fuzz.py's fuzz configuration (the suite's, so the same build) and the CI's
+Icarus stream at 8 bytes (its seed and frame count; `--fuzz-frames` changes the count) through
+tb/fuzz/fuzz_cocotb.py: registered jobs installed, the golden model as scoreboard, every frame accounted for,
+then a clean round.
 
 Under each simulation target the real aggregator runs first: a mutant is killed by a test that fails on it and
 passes on the real aggregator (a test that fails on both says nothing about the mutant). Two simulations at a
@@ -70,18 +72,35 @@ DIRECTED = {
     "members_low32": ("members_32_to_63",),
     "partials_resend_uncounted": ("tree_child_partial_up_and_again_after_loss",),
     "source_route": ("forged_hops_dropped_as_route",),
+    "token_unchecked": ("registered_job_refuses_what_its_tables_do_not_allow",
+                        "registered_and_stranger_traffic_mixed_under_backpressure"),
+    "source_unchecked": ("registered_job_refuses_what_its_tables_do_not_allow",
+                         "registered_and_stranger_traffic_mixed_under_backpressure"),
 }
 """The cocotb tests written for each mutant's fault: the directed suite's score is theirs alone."""
 
 
+def tests_module(name):
+    """tests/<name>.py, loaded from its file: the tests folder is no package, and the path is not this process's to
+    change. Registered under its name, so that the next one's `from traffic import ...` finds it."""
+    if name not in sys.modules:
+        source = Path(__file__).resolve().parents[2] / "tests" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, source)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def suite_config():
+    """The configuration the cocotb suite builds the gateware in (tests/traffic.py)."""
+    return tests_module("traffic").GATEWARE_CONFIG
+
+
 def fuzz_stream():
     """(configuration, seed, frames) of the CI's Icarus fuzz at 8 bytes, from tests/test_fuzz.py."""
-    # Loaded from its file: the tests folder is no package, and the path is not this process's to change.
-    source = Path(__file__).resolve().parents[2] / "tests" / "test_fuzz.py"
-    spec = importlib.util.spec_from_file_location("test_fuzz", source)
-    test_fuzz = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(test_fuzz)
-
+    suite_config()
+    test_fuzz = tests_module("test_fuzz")
     return test_fuzz.FUZZ_CONFIG, 8 + test_fuzz.SEED_OFFSET[SIMULATOR], test_fuzz.CI_FRAMES[SIMULATOR, 8]
 
 
@@ -94,8 +113,9 @@ def simulate(name, target, tests, fuzz):
             runner, build_dir = sim.build(SIMULATOR, 8, config, build_root=BUILD / "fuzz", mutant=name)
             return sim.run(runner, build_dir, config, test_module="fuzz_cocotb", results_name="fuzz.xml",
                            extra_env={"INWIRE_FUZZ_FRAMES": str(frames), "INWIRE_FUZZ_SEED": str(seed)})
-        runner, build_dir = sim.build(SIMULATOR, 8, build_root=BUILD / "sim", mutant=name)
-        return sim.run(runner, build_dir, testcase=list(tests) if tests is not None else None)
+        config = suite_config()
+        runner, build_dir = sim.build(SIMULATOR, 8, config, build_root=BUILD / "sim", mutant=name)
+        return sim.run(runner, build_dir, config, testcase=list(tests) if tests is not None else None)
     except sim.SimulationError as error:
         print(f"{target} {name or 'real'}: {error}")
         return {}

@@ -1,4 +1,5 @@
-"""`make mutate`, software half: mutmut 3 over the golden model and the fast path, each against its own tests.
+"""`make mutate`, software half: mutmut 3 over the golden model, the fast path, the job tables and the control plane,
+each against its own tests.
 
 Each target runs in its own folder, build/mutation/<target>/, for two reasons: mutmut reads one
 configuration per folder (`[tool.mutmut]` in its pyproject.toml), and each file must be held to its own
@@ -32,7 +33,18 @@ TARGETS = {
     "model": {
         "file": "sw/inwire/model.py",
         "tests": ["tests/test_model.py", "tests/test_tree_model.py", "tests/test_model_order.py",
-                  "tests/test_lease.py", "tests/test_model_rules.py"],
+                  "tests/test_lease.py", "tests/test_model_rules.py", "tests/test_jobs_model.py"],
+        "env": {},
+    },
+    # A registered job's tables (their bounds, slot ranges, clashes) and the model's version 3 rules over them.
+    "jobs": {
+        "file": "sw/inwire/jobs.py",
+        "tests": ["tests/test_jobs_model.py", "tests/test_model_rules.py", "tests/test_control.py"],
+        "env": {},
+    },
+    "control": {
+        "file": "sw/inwire/control.py",
+        "tests": ["tests/test_control.py", "tests/test_cli_job.py"],
         "env": {},
     },
     "fastpath": {
