@@ -272,26 +272,15 @@ class HeaderClassifier(wiring.Component):
         with m.Else():
             # From here on the frame length of a frame with elements is still to be checked beat by beat.
             m.d.comb += len_pending.eq(c2.payload)
-            with m.If(c2.job_bad):
-                pre(Disposition.DROP_JOB)
-            with m.Elif(c2.token_bad):
-                pre(Disposition.DROP_TOKEN)
-            with m.Elif(c2.member_bad):
-                pre(Disposition.DROP_MEMBER)
-            with m.Elif(c2.stats_req):
-                pre(Disposition.ANSWERED, Action.STATS)
-            with m.Elif(c2.fanin_bad):
-                pre(Disposition.DROP_FANIN)
-            with m.Elif(c2.sender_bad):
-                pre(Disposition.DROP_SENDER)
-            with m.Elif(c2.count_bad):
-                pre(Disposition.DROP_COUNT)
-            with m.Elif(c2.group_bad):
-                pre(Disposition.DROP_GROUP)
-            with m.Elif(c2.slot_bad):
-                pre(Disposition.DROP_SLOT)
-            with m.Elif(c2.route_bad):
-                pre(Disposition.DROP_ROUTE)
+            # The checks after the lengths, in the model's order (`FRAME_CHECKS`): the first that applies decides.
+            checks = [(c2.job_bad, Disposition.DROP_JOB), (c2.token_bad, Disposition.DROP_TOKEN),
+                      (c2.member_bad, Disposition.DROP_MEMBER), (c2.stats_req, Disposition.ANSWERED, Action.STATS),
+                      (c2.fanin_bad, Disposition.DROP_FANIN), (c2.sender_bad, Disposition.DROP_SENDER),
+                      (c2.count_bad, Disposition.DROP_COUNT), (c2.group_bad, Disposition.DROP_GROUP),
+                      (c2.slot_bad, Disposition.DROP_SLOT), (c2.route_bad, Disposition.DROP_ROUTE)]
+            for index, (applies, *outcome) in enumerate(checks):
+                with (m.If if index == 0 else m.Elif)(applies):
+                    pre(*outcome)
             with m.Else():
                 m.d.comb += pre_pass.eq(1)
         with m.If(self.classified.advance & self.i2.hdr_end):
