@@ -162,6 +162,17 @@ def _memory_island(index: int, address: tuple[str, int], barrier: Barrier,
         exchange.close()
 
 
+def _run_processes(context: Any, target: Any, arguments: list[tuple], results: Any) -> list[Any]:
+    """Start one process of `target` per argument tuple; what each put on `results`, once all have."""
+    workers = [context.Process(target=target, args=args) for args in arguments]
+    for worker in workers:
+        worker.start()
+    outcomes = [results.get(timeout=900) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+    return outcomes
+
+
 def averaging_memory() -> dict[str, Any]:
     """Peak resident memory of one model averaging per island, against the model's bytes.
 
@@ -177,13 +188,8 @@ def averaging_memory() -> dict[str, Any]:
     service = _serve(port)
     try:
         barrier, results = context.Barrier(ISLANDS), context.Queue()
-        workers = [context.Process(target=_memory_island, args=(i, ("127.0.0.1", port), barrier, results))
-                   for i in range(ISLANDS)]
-        for worker in workers:
-            worker.start()
-        outcomes = sorted(results.get(timeout=900) for _ in workers)
-        for worker in workers:
-            worker.join(timeout=60)
+        outcomes = sorted(_run_processes(context, _memory_island, [(i, ("127.0.0.1", port), barrier, results)
+                                                                   for i in range(ISLANDS)], results))
     finally:
         service.terminate()
         service.communicate(timeout=30)
@@ -249,13 +255,8 @@ def ddp_step_s(use_hook: bool, steps: int = DDP_STEPS) -> float:
     service = _serve(port) if use_hook else None
     try:
         with tempfile.TemporaryDirectory() as folder:
-            workers = [context.Process(target=_ddp_worker, args=(process, port, folder, use_hook, steps, results))
-                       for process in range(ISLANDS * DDP_RANKS)]
-            for worker in workers:
-                worker.start()
-            spans = dict(results.get(timeout=900) for _ in workers)
-            for worker in workers:
-                worker.join(timeout=60)
+            spans = dict(_run_processes(context, _ddp_worker, [(process, port, folder, use_hook, steps, results)
+                                                               for process in range(ISLANDS * DDP_RANKS)], results))
     finally:
         if service is not None:
             service.terminate()
