@@ -81,7 +81,7 @@ class Pieces:
     def __len__(self) -> int:
         return self.count
 
-    def __array__(self, dtype: npt.DTypeLike = None, copy: bool | None = None) -> np.ndarray:
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """The whole vector, made (a copy of every piece): for code that takes a plain vector."""
         if copy is False:
             raise ValueError("pieces become one vector only as a copy")
