@@ -1,0 +1,111 @@
+"""The Versa's management port (inwire_hdl.board_control): control records as UART bits on the receive pin
+in, the job tables' control writes out; the records come from `job_table.control_records`, as the host's."""
+
+import pytest
+from amaranth.sim import Simulator
+
+from inwire_hdl.board_control import BAUD, BOARD_CONFIG, ControlReceiver, bit_cycles
+from inwire_hdl.job_table import RECORD_BYTES, RECORD_PREAMBLE, RECORD_SYNC, ControlMap, control_records
+
+CYCLES = 8
+"""Clock cycles per bit in simulation: the receiver's timing at a tenth of the real 271."""
+MAP = ControlMap(BOARD_CONFIG.limits.jobs, BOARD_CONFIG.limits.members)
+
+
+def uart_bits(data, stop_bits=None):
+    """Line levels, one per bit time, of `data` sent 8N1 (`stop_bits`: a level per byte, default high)."""
+    levels = []
+    for index, byte in enumerate(data):
+        stop = 1 if stop_bits is None else stop_bits[index]
+        levels += [0, *((byte >> bit) & 1 for bit in range(8)), stop]
+    return levels
+
+
+def received_writes(levels, *, address_bits=MAP.address_bits, skew=1.0):
+    """The writes the receiver makes while the pin takes `levels` (each `skew` bit times of the receiver)."""
+    dut = ControlReceiver(address_bits, BAUD * CYCLES)
+    writes = []
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+
+    async def line(ctx):
+        ctx.set(dut.rx, 1)
+        await ctx.tick().repeat(3 * CYCLES)
+        elapsed = 0.0
+        for index, level in enumerate(levels):
+            ctx.set(dut.rx, level)
+            # Whole cycles per bit, rounded so that a skewed sender drifts as a real one does.
+            until = round((index + 1) * CYCLES * skew)
+            await ctx.tick().repeat(until - round(elapsed))
+            elapsed = until
+        ctx.set(dut.rx, 1)
+        await ctx.tick().repeat(3 * CYCLES)
+
+    async def watch(ctx):
+        async for _, _, we, address, word in ctx.tick().sample(dut.ctl_we, dut.ctl_addr, dut.ctl_data):
+            if we:
+                writes.append((address, word))
+
+    sim.add_testbench(line)
+    sim.add_process(watch)
+    sim.run_until(1e-6 * (len(levels) * CYCLES * skew + 8 * CYCLES))
+    return writes
+
+
+def job_writes():
+    return [(MAP.word(1, "valid"), 0), (MAP.word(1, "job"), 0xDEADBEEF), (MAP.word(1, "token_low"), 0x01234567),
+            (MAP.member_words(1, 3)[1], 4791 | 1 << 16), (MAP.clear_address, 15)]
+
+
+def test_records_become_the_control_writes():
+    writes = job_writes()
+    assert received_writes(uart_bits(control_records(writes))) == writes
+
+
+def test_back_to_back_records_on_a_line_slightly_off_rate():
+    # The host's clock 1.5 % slow or fast against the receiver's: every record still arrives.
+    writes = job_writes() * 2
+    for skew in (0.985, 1.015):
+        assert received_writes(uart_bits(control_records(writes)), skew=skew) == writes
+
+
+def test_a_corrupted_record_is_dropped_and_the_next_one_taken():
+    writes = job_writes()[:3]
+    data = bytearray(control_records(writes))
+    second = len(RECORD_PREAMBLE) + RECORD_BYTES
+    data[second + 4] ^= 0x10  # a bit of its word
+    assert received_writes(uart_bits(data)) == [writes[0], writes[2]]
+
+
+def test_a_framing_error_drops_its_record():
+    writes = job_writes()[:3]
+    data = control_records(writes)
+    stops = [1] * len(data)
+    stops[len(RECORD_PREAMBLE) + RECORD_BYTES + 5] = 0  # a byte of the second record without its stop bit
+    assert received_writes(uart_bits(data, stops)) == [writes[0], writes[2]]
+
+
+def test_resynchronizes_after_garbage_that_holds_sync_bytes():
+    writes = job_writes()[:2]
+    garbage = bytes([RECORD_SYNC, 0x00, 0x12, RECORD_SYNC, RECORD_SYNC, 0xFF, 0x3C, 0x00, RECORD_SYNC, 0x01])
+    cut_short = control_records(writes)[len(RECORD_PREAMBLE):][:5]
+    assert received_writes(uart_bits(garbage + cut_short + control_records(writes))) == writes
+
+
+def test_an_address_beyond_the_tables_is_dropped_not_aliased():
+    beyond = (1 << MAP.address_bits) | MAP.word(0, "valid")
+    writes = [(beyond, 1), (MAP.word(0, "valid"), 1)]
+    assert received_writes(uart_bits(control_records(writes))) == [writes[1]]
+
+
+def test_control_records_refuse_what_a_record_cannot_carry():
+    with pytest.raises(ValueError, match="address 65536: a record carries 16 bits"):
+        control_records([(1 << 16, 0)])
+    with pytest.raises(ValueError, match="word 4294967296 at address 3: a record carries 32 bits"):
+        control_records([(3, 1 << 32)])
+
+
+def test_the_core_clock_times_the_baud_rate():
+    assert bit_cycles(31.25e6) == 271
+    with pytest.raises(ValueError, match="cannot time 115200 baud"):
+        bit_cycles(300e3)
