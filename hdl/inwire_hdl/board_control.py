@@ -143,3 +143,22 @@ class ControlReceiver(wiring.Component):
                         m.d.sync += [self.ctl_we.eq(1), self.ctl_addr.eq(address), self.ctl_data.eq(word)]
                     m.next = "hunt"
         return m
+
+
+def board_writes(entries):
+    """The control writes that make a board built with `BOARD_CONFIG` hold exactly the jobs `entries`
+    (JobEntry, in entry order), whatever it held before: every entry invalidated and every slot emptied,
+    then each job installed; and [(job, entry index, first slot, slots)]. A job the tables cannot hold raises
+    `JobTableError` before any write is made."""
+    from inwire.model import Aggregator
+
+    from .job_table import GatewareJobs
+
+    jobs = GatewareJobs(Aggregator(BOARD_CONFIG))
+    writes = [(jobs.map.word(index, "valid"), 0) for index in range(jobs.map.jobs)]
+    writes += [(jobs.map.clear_address, slot) for slot in range(BOARD_CONFIG.slots)]
+    placed = []
+    for entry in entries:
+        writes += jobs.install(entry)
+        placed.append((entry.job, jobs.index[entry.job], jobs.model.jobs.bases[entry.job], entry.slots))
+    return writes, placed
