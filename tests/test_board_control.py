@@ -1,11 +1,21 @@
 """The Versa's management port (inwire_hdl.board_control): control records as UART bits on the receive pin
 in, the job tables' control writes out; the records come from `job_table.control_records`, as the host's."""
 
+import pathlib
+import re
+
 import pytest
 from amaranth.sim import Simulator
 
 from inwire_hdl.board_control import BAUD, BOARD_CONFIG, ControlReceiver, bit_cycles
-from inwire_hdl.job_table import RECORD_BYTES, RECORD_PREAMBLE, RECORD_SYNC, ControlMap, control_records
+from inwire_hdl.job_table import (
+    JOB_WORDS,
+    RECORD_BYTES,
+    RECORD_PREAMBLE,
+    RECORD_SYNC,
+    ControlMap,
+    control_records,
+)
 
 CYCLES = 8
 """Clock cycles per bit in simulation: the receiver's timing at a tenth of the real 271."""
@@ -109,3 +119,21 @@ def test_the_core_clock_times_the_baud_rate():
     assert bit_cycles(31.25e6) == 271
     with pytest.raises(ValueError, match="cannot time 115200 baud"):
         bit_cycles(300e3)
+
+
+def test_the_register_map_in_docs_is_the_control_maps():
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "board.md").read_text()
+    assert MAP.markdown() in doc
+    # The table's addresses, read back as a board's management side would, are ControlMap's.
+    rows = {name: (int(stride), int(offset)) for stride, offset, name in
+            re.findall(r"^\| (\d+)·e \+ (\d+) \| `(\w+)` \|", doc, re.MULTILINE)}
+    assert set(rows) == set(JOB_WORDS)
+    for index in range(MAP.jobs):
+        for name, (stride, offset) in rows.items():
+            assert stride * index + offset == MAP.word(index, name)
+        (stride, address_first), = re.findall(r"^\| (\d+)·e \+ (\d+) \+ 2·m \| member m address", doc, re.MULTILINE)
+        (_, port_first), = re.findall(r"^\| (\d+)·e \+ (\d+) \+ 2·m \| member m port", doc, re.MULTILINE)
+        for member in range(MAP.members):
+            assert MAP.member_words(index, member) == (int(stride) * index + int(address_first) + 2 * member,
+                                                       int(stride) * index + int(port_first) + 2 * member)
+    assert re.search(rf"^\| {MAP.clear_address} \| clear \|", doc, re.MULTILINE)

@@ -32,6 +32,15 @@ MAX_GATEWARE_MEMBERS = 32
 
 JOB_WORDS = ("job", "token_low", "token_high", "base", "quota", "group", "valid")
 """The words of one job entry, in address order; its members follow, two words each (address, port | valid)."""
+JOB_WORD_MEANING = {
+    "job": "job id",
+    "token_low": "token, bits 0 to 31",
+    "token_high": "token, bits 32 to 63",
+    "base": "first slot of the job's range",
+    "quota": "slots in the range (the job's frames name slots 0 to quota - 1)",
+    "group": "multicast group results go to (IPv4 address)",
+    "valid": "bit 0: the entry holds a job (written 0 first and 1 last)",
+}
 
 
 def check_limits(limits):
@@ -100,6 +109,19 @@ class ControlMap:
         if new:
             writes += [(self.clear_address, slot) for slot in range(base, base + entry.slots)]
         return writes
+
+    def markdown(self):
+        """The register map as a Markdown table (docs/board.md, Job tables)."""
+        rows = [f"| {self.stride}·e + {offset} | `{name}` | {JOB_WORD_MEANING[name]} |"
+                for offset, name in enumerate(JOB_WORDS)]
+        first = len(JOB_WORDS)
+        rows += [f"| {self.stride}·e + {first} + 2·m | member m address | IPv4 address member m sends from |",
+                 f"| {self.stride}·e + {first + 1} + 2·m | member m port | bits 0 to 15: its UDP port; bit 16: the "
+                 f"member is valid |",
+                 f"| {self.clear_address} | clear | writing a slot index empties that slot |"]
+        return "\n".join([f"e: entry, 0 to {self.jobs - 1}; m: member, 0 to {self.members - 1}; "
+                          f"{self.address_bits} address bits.", "", "| address | word | contents |",
+                          "|---|---|---|", *rows])
 
     def remove(self, index, base, slots):
         """The writes that tear entry `index` down and empty its range (first slot `base`, `slots` long)."""
