@@ -3,10 +3,16 @@ in, the job tables' control writes out; the records come from `job_table.control
 
 import pathlib
 import re
+from types import SimpleNamespace
 
 import pytest
+from amaranth.hdl import Elaboratable, Fragment, Module
+from amaranth.lib import io, wiring
+from amaranth.lib.wiring import In
 from amaranth.sim import Simulator
+from amaranth_boards.versa_ecp5 import VersaECP5Platform
 
+from inwire_hdl.board import InwireBoard, passthrough_factory
 from inwire_hdl.board_control import BAUD, BOARD_CONFIG, ControlReceiver, bit_cycles
 from inwire_hdl.job_table import (
     JOB_WORDS,
@@ -139,3 +145,73 @@ def test_the_register_map_in_docs_is_the_control_maps():
             assert MAP.member_words(index, member) == (int(stride) * index + int(address_first) + 2 * member,
                                                        int(stride) * index + int(port_first) + 2 * member)
     assert re.search(rf"^\| {MAP.clear_address} \| clear \|", doc, re.MULTILINE)
+
+
+class ControlPortsOnly(wiring.Component):
+    """A core as the management port sees it: the job tables' control ports."""
+
+    ctl_we: In(1)
+    ctl_addr: In(MAP.address_bits)
+    ctl_data: In(32)
+
+    def elaborate(self, platform):
+        return Module()
+
+
+class UartPlatform:
+    """A platform whose only resource is the UART, its receive pin a simulation port."""
+
+    def __init__(self):
+        self.rx = io.SimulationPort("i", 1)
+        self.requested = []
+
+    def request(self, name, number, dir):
+        self.requested.append((name, number, dir))
+        return SimpleNamespace(rx=self.rx)
+
+
+def test_the_board_top_wires_its_uart_to_the_cores_control_ports():
+    # The slowest core clock the PLL gives (500 MHz / 128), so that a bit is 34 cycles.
+    board, platform, core = InwireBoard(core_div=128), UartPlatform(), ControlPortsOnly()
+
+    class Top(Elaboratable):
+        def elaborate(self, _):
+            m = Module()
+            m.submodules.core = core
+            board._management_port(m, platform, core)
+            return m
+
+    cycles = round(board.core_hz / BAUD)
+    writes = job_writes()[:2]
+    received = []
+    sim = Simulator(Top())
+    sim.add_clock(1 / board.core_hz)
+
+    async def line(ctx):
+        ctx.set(platform.rx.i, 1)
+        await ctx.tick().repeat(3 * cycles)
+        for level in uart_bits(control_records(writes)):
+            ctx.set(platform.rx.i, level)
+            await ctx.tick().repeat(cycles)
+        ctx.set(platform.rx.i, 1)
+        await ctx.tick().repeat(3 * cycles)
+
+    async def watch(ctx):
+        async for _, _, we, address, word in ctx.tick().sample(core.ctl_we, core.ctl_addr, core.ctl_data):
+            if we:
+                received.append((address, word))
+
+    sim.add_testbench(line)
+    sim.add_process(watch)
+    sim.run_until((len(uart_bits(control_records(writes))) + 6) * cycles / board.core_hz)
+    assert platform.requested == [("uart", 0, "-")]
+    assert received == writes
+
+
+def test_the_versa_build_holds_job_tables_and_a_pass_through_gets_no_management_port():
+    core = InwireBoard().core_factory(8)
+    assert core.config == BOARD_CONFIG and BOARD_CONFIG.registered and BOARD_CONFIG.unregistered
+    assert core.job_tables.map == MAP and len(core.ctl_addr) == MAP.address_bits
+    top = Fragment.get(InwireBoard(passthrough_factory()), VersaECP5Platform())
+    names = [name for _, name, *_ in top.subfragments]
+    assert "core" in names and "management" not in names and "uart_rx" not in names
