@@ -107,6 +107,16 @@ def test_a_job_the_tables_cannot_hold_sends_nothing(pty_pair, tmp_path, capsys):
     assert received() == b""
 
 
+def test_a_job_given_twice_sends_nothing(pty_pair, tmp_path, capsys):
+    _, path, received = pty_pair
+    job = str(job_file(tmp_path, "job.json", ["10.0.0.1:5000"], 4))
+    assert main(["job", "board", "--device", path, job, job]) == 2
+    entry = read_job_file(job)
+    assert capsys.readouterr().err == (f"inwire job: job {entry.job} is given twice: the board's tables hold a job "
+                                       f"once\n")
+    assert received() == b""
+
+
 def test_a_device_that_is_no_serial_port_is_refused_in_one_line(tmp_path, capsys):
     job = str(job_file(tmp_path, "job.json", ["10.0.0.1:5000"], 4))
     assert main(["job", "board", "--device", str(tmp_path / "ttyUSB9"), job]) == 2

@@ -154,6 +154,11 @@ def board_writes(entries):
 
     from .job_table import GatewareJobs
 
+    seen = set()
+    for entry in entries:
+        if entry.job in seen:
+            raise ValueError(f"job {entry.job} is given twice: the board's tables hold a job once")
+        seen.add(entry.job)
     jobs = GatewareJobs(Aggregator(BOARD_CONFIG))
     writes = [(jobs.map.word(index, "valid"), 0) for index in range(jobs.map.jobs)]
     writes += [(jobs.map.clear_address, slot) for slot in range(BOARD_CONFIG.slots)]
