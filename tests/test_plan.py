@@ -79,8 +79,10 @@ def test_a_city_of_the_topology_overrides_the_default_profile():
 
 def test_board_profiles_match_the_gateware():
     from inwire_hdl import alveo, board, board_build
+    from inwire_hdl.board_control import BOARD_CONFIG
 
     versa, u200 = PROFILES["versa_ecp5"], PROFILES["alveo_u200"]
+    assert (versa.max_fanin, versa.max_elements) == (BOARD_CONFIG.max_fanin, BOARD_CONFIG.max_elements)
     assert versa.core_mhz == board.PLL_VCO_HZ / 16 / 1e6 and versa.data_width == 8  # build's defaults
     assert (versa.ports, versa.port_gbps) == board_build.PORTS["versa_ecp5"]
     assert u200.core_mhz == alveo.CORE_CLOCK_MHZ and u200.data_width == alveo.CMAC_BYTES

@@ -4,7 +4,8 @@ Port A's received frames go through the core and leave on port B; port B's recei
 to port A unchanged. Each port is an `EthMac` (MAC, packet buffers, width converters, async FIFOs); the
 core runs in its own clock domain `sync` from the PLL. Any component with the aggregator's flat ports
 (`s_axis_t{data,keep,last,valid,ready}`, `m_axis_t{data,keep,last,valid,ready,user}`, `stat_*`) can be
-plugged in through `core_factory`; `PassThrough` is the trivial one.
+plugged in through `core_factory`; `PassThrough` is the trivial one. A core with the job tables' control
+ports (`ctl_we`, `ctl_addr`, `ctl_data`) has them written from the board's UART (`board_control`).
 """
 
 from amaranth.hdl import Cat, ClockDomain, ClockSignal, Const, DomainRenamer, Elaboratable, Instance, Module, Signal
@@ -12,6 +13,7 @@ from amaranth.lib import io, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 from amaranth.lib.wiring import In, Out
 
+from .board_control import ControlReceiver
 from .mac import DEFAULT_MAX_FRAME, EthMac
 from .rgmii import RgmiiGmii, RgmiiPlatformDDR
 from .width import connect_core
@@ -117,7 +119,9 @@ class ActivityLed(Elaboratable):
 
 
 class InwireBoard(Elaboratable):
-    """The board design. `core_factory(data_width)` builds the core between port A (in) and B (out).
+    """The board design. `core_factory(data_width)` builds the core between port A (in) and B (out); by
+    default the aggregator of the default configuration. A core with job tables (`board_control.BOARD_CONFIG`,
+    `board_build.CORES["aggregator-jobs"]`) gets them written through the UART.
 
     LEDs: 0 PLL locked, 1 heartbeat of the core clock, 2/3 frames received on port A/B, 4 frames dropped
     by a MAC (bad FCS, runt, oversize, overflow; either port), 5 core input frames, 6 results emitted,
@@ -175,9 +179,19 @@ class InwireBoard(Elaboratable):
         a, b = macs["a"], macs["b"]
         connect_core(m, core, a.rx_stream, b.tx_stream)
         wiring.connect(m, b.rx_stream, a.tx_stream)
+        if hasattr(core, "ctl_we"):
+            self._management_port(m, platform, core)
 
         self._leds(m, platform, pll, core, macs)
         return m
+
+    def _management_port(self, m, platform, core):
+        """The job tables' control writes from the USB UART's receive pin (its transmit pin is left alone)."""
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
+        m.submodules.management = management = ControlReceiver(len(core.ctl_addr), self.core_hz)
+        m.d.comb += [management.rx.eq(rx.i), core.ctl_we.eq(management.ctl_we),
+                     core.ctl_addr.eq(management.ctl_addr), core.ctl_data.eq(management.ctl_data)]
 
     def _phy_reset(self, m, pins, side):
         """Holds the PHY in reset for 2**21 cycles of 125 MHz (16.8 ms) after configuration."""

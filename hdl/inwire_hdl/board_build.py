@@ -15,6 +15,7 @@ from pathlib import Path
 from unittest import mock
 
 from .board import PLL_VCO_HZ, InwireBoard, aggregator_factory, passthrough_factory
+from .board_control import BOARD_CONFIG
 from .timing import summarize, tool_environment
 
 CONSTRAINTS = resources.files(__package__) / "constraints"
@@ -33,7 +34,11 @@ BOARDS = {"versa_ecp5": _versa_ecp5}
 PORTS = {"versa_ecp5": (1, 1.0)}
 """Port pairs (in one port, out the other) and their speed in Gb/s: what the planner charges an aggregator."""
 
-CORES = {"aggregator": aggregator_factory, "passthrough": passthrough_factory}
+CORES = {"aggregator": aggregator_factory, "aggregator-jobs": lambda: aggregator_factory(BOARD_CONFIG),
+         "passthrough": passthrough_factory}
+"""`aggregator`: the default configuration, unregistered frames only, which routes and meets timing;
+`aggregator-jobs`: with job tables written through the board's UART (board_control), which nextpnr does not
+route yet (docs/board.md, Measured with job tables)."""
 
 
 DEFAULT_SEED = 5

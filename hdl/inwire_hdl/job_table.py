@@ -9,13 +9,14 @@ the board's management side through `control` (one 32-bit word a cycle); nothing
 
 The register map (`ControlMap`) is the only place the word addresses are defined; `ControlMap.install` and
 `ControlMap.remove` turn a golden-model job table's change into the writes that make the gateware hold the
-same, in an order that never shows a frame a half-written entry as valid.
+same, in an order that never shows a frame a half-written entry as valid; `control_records` frames those
+writes for a board's management port (`board_control`).
 """
 
 from dataclasses import dataclass
 
 from amaranth.hdl import Cat, Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.lib import crc, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
@@ -31,6 +32,15 @@ MAX_GATEWARE_MEMBERS = 32
 
 JOB_WORDS = ("job", "token_low", "token_high", "base", "quota", "group", "valid")
 """The words of one job entry, in address order; its members follow, two words each (address, port | valid)."""
+JOB_WORD_MEANING = {
+    "job": "job id",
+    "token_low": "token, bits 0 to 31",
+    "token_high": "token, bits 32 to 63",
+    "base": "first slot of the job's range",
+    "quota": "slots in the range (the job's frames name slots 0 to quota - 1)",
+    "group": "multicast group results go to (IPv4 address)",
+    "valid": "bit 0: the entry holds a job (written 0 first and 1 last)",
+}
 
 
 def check_limits(limits):
@@ -100,6 +110,19 @@ class ControlMap:
             writes += [(self.clear_address, slot) for slot in range(base, base + entry.slots)]
         return writes
 
+    def markdown(self):
+        """The register map as a Markdown table (docs/board.md, Job tables)."""
+        rows = [f"| {self.stride}·e + {offset} | `{name}` | {JOB_WORD_MEANING[name]} |"
+                for offset, name in enumerate(JOB_WORDS)]
+        first = len(JOB_WORDS)
+        rows += [f"| {self.stride}·e + {first} + 2·m | member m address | IPv4 address member m sends from |",
+                 f"| {self.stride}·e + {first + 1} + 2·m | member m port | bits 0 to 15: its UDP port; bit 16: the "
+                 f"member is valid |",
+                 f"| {self.clear_address} | clear | writing a slot index empties that slot |"]
+        return "\n".join([f"e: entry, 0 to {self.jobs - 1}; m: member, 0 to {self.members - 1}; "
+                          f"{self.address_bits} address bits.", "", "| address | word | contents |",
+                          "|---|---|---|", *rows])
+
     def remove(self, index, base, slots):
         """The writes that tear entry `index` down and empty its range (first slot `base`, `slots` long)."""
         return [(self.word(index, "valid"), 0)] + [(self.clear_address, slot) for slot in range(base, base + slots)]
@@ -108,6 +131,33 @@ class ControlMap:
         """The writes that invalidate members `positions` of entry `index` (members leaving: the entry stays
         valid, its other members where they are)."""
         return [(self.member_words(index, position)[1], 0) for position in positions]
+
+
+RECORD_SYNC = 0xA5
+"""First byte of every control record (docs/board.md, Management port)."""
+RECORD_BYTES = 8
+"""A record: the sync byte, the 16-bit address, the 32-bit word (both big endian), the check byte."""
+RECORD_CHECK = crc.catalog.CRC8_AUTOSAR(data_width=8)
+"""The check byte: CRC-8/AUTOSAR of the six address and word bytes (any error of up to 3 bits in them is
+caught; an initial value of 0xFF gives the all-zero filler no valid check byte)."""
+RECORD_PREAMBLE = bytes(RECORD_BYTES - 1)
+"""Sent before the records: a receiver that locked onto a false sync byte (line noise, a record cut short)
+takes at most 7 more bytes before it fails the check and hunts again, so it is hunting before the first
+real sync byte."""
+
+
+def control_records(writes):
+    """The bytes that carry control writes [(address, word), ...] to a board's management port: the
+    preamble, then one record per write, in order."""
+    records = [RECORD_PREAMBLE]
+    for address, word in writes:
+        if not 0 <= address <= 0xFFFF:
+            raise ValueError(f"control address {address}: a record carries 16 bits")
+        if not 0 <= word <= 0xFFFFFFFF:
+            raise ValueError(f"control word {word} at address {address}: a record carries 32 bits")
+        payload = address.to_bytes(2, "big") + word.to_bytes(4, "big")
+        records.append(bytes([RECORD_SYNC]) + payload + bytes([RECORD_CHECK.compute(payload)]))
+    return b"".join(records)
 
 
 class GatewareJobs:

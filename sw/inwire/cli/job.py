@@ -4,6 +4,7 @@
   inwire job register --aggregator HOST:PORT job.json [--ttl S]
   inwire job leave --aggregator HOST:PORT job.json
   inwire job teardown --aggregator HOST:PORT job.json
+  inwire job board --device /dev/ttyUSB1 [job.json ...]
 
 A job file holds the job's id and token (random) and its tables: the addresses its members send from, its
 slot quota and its multicast group. Anyone holding the token can send as a member, so the file is written
@@ -11,7 +12,8 @@ with mode 0600. A registration lasts --ttl seconds unless it is registered again
 they run). Requests are signed with the operator key ($INWIRE_KEY_FILE, else ~/.config/inwire/operator.key),
 which the aggregator must share. Each island may register its own job file (the same job, its own socket
 as the members): `leave` takes those members out again and leaves the job to the others, until its last
-member leaves; `teardown` removes the whole job at once.
+member leaves; `teardown` removes the whole job at once. `board` writes the job tables of a Versa board (its
+USB UART, the management port: docs/board.md) so that it holds exactly the jobs given, none to empty them.
 """
 
 import io
@@ -40,8 +42,8 @@ class JobFileError(InwireError):
 
 def add_arguments(parser):
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION",
-                                    help="new, register, leave or teardown (inwire job ACTION --help for its "
-                                         "options)")
+                                    help="new, register, leave, teardown or board (inwire job ACTION --help for "
+                                         "its options)")
     new = actions.add_parser("new", help="print a new job file (random job id and token) to stdout",
                              formatter_class=HelpFormatter,
                              description="Print a new job file (random job id and token) to stdout; redirected to "
@@ -72,11 +74,21 @@ def add_arguments(parser):
                             default=control.DEFAULT_TIMEOUT_S, metavar="S",
                             help=f"seconds to wait for each aggregator's answer ({control.DEFAULT_RETRIES} more "
                                  f"tries follow)")
+    board = actions.add_parser("board", formatter_class=HelpFormatter,
+                               help="make a Versa board's job tables hold exactly these jobs (over its USB UART)",
+                               description="Make a Versa board's job tables hold exactly the jobs of these job "
+                                           "files, in table entries 0, 1, ... (none: empty the tables), through "
+                                           "its management port, the board's USB UART at 115200 baud 8N1.")
+    board.add_argument("job_files", nargs="*", metavar="JOB_FILE", help="job file written by inwire job new")
+    board.add_argument("--device", required=True, metavar="PATH",
+                       help="the board's serial device (the Versa's FT2232H channel B, e.g. /dev/ttyUSB1)")
 
 
 def run(args):
     if args.action == "new":
         return _new(args)
+    if args.action == "board":
+        return _board(args)
     # Everything is checked before the first request goes out.
     aggregators = [parse_endpoint(text, "--aggregator") for text in args.aggregator]
     for text, (_, port) in zip(args.aggregator, aggregators):
@@ -107,6 +119,23 @@ def _leave_outcome(left, remaining):
     if not remaining:
         return f"{members} left, the last: the job is removed (its slots are free)"
     return f"{members} left; {remaining} remain{'s' if remaining == 1 else ''}"
+
+
+def _board(args):
+    from inwire_hdl.board_control import BAUD, board_writes
+    from inwire_hdl.job_table import control_records
+
+    from ..board_serial import send
+
+    # Every file is read and every job placed before the first byte goes out.
+    writes, placed = board_writes([read_job_file(path) for path in args.job_files])
+    records = control_records(writes)
+    send(args.device, records, BAUD)
+    for job, index, base, slots in placed:
+        print(f"inwire job: job {job} written to entry {index} of the board's tables: its slots are {base} to "
+              f"{base + slots - 1} there")
+    print(f"inwire job: {len(writes)} control records sent to {args.device}; the board holds {len(placed)} jobs")
+    return 0
 
 
 def _new(args):

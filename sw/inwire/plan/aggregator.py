@@ -62,7 +62,8 @@ class AggregatorProfile:
 
 
 BOARD_FANIN, BOARD_ELEMENTS = AggregatorConfig.max_fanin, AggregatorConfig.max_elements
-"""The boards' core is built with the default AggregatorConfig (hdl/inwire_hdl/board.py's aggregator_factory)."""
+"""The boards' core has the default AggregatorConfig's fan-in and elements (the Versa's adds job tables:
+hdl/inwire_hdl/board_control.py's BOARD_CONFIG)."""
 
 # The board figures are those of hdl/inwire_hdl (board.py, board_build.py, alveo.py; docs/board.md);
 # tests/test_schedule.py checks that they still agree.
