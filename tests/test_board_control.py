@@ -42,31 +42,39 @@ def received_writes(levels, *, address_bits=MAP.address_bits, skew=1.0, cycles=C
     """The writes the receiver makes while the pin takes `levels` (each `skew` bit times of the receiver,
     whose bits last `cycles` clock cycles)."""
     dut = ControlReceiver(address_bits, BAUD * cycles)
-    writes = []
     sim = Simulator(dut)
     sim.add_clock(1e-6)
+    # Whole cycles per bit, rounded so that a skewed sender drifts as a real one does.
+    ends = [round((index + 1) * cycles * skew) for index in range(len(levels))]
+    writes = on_the_line(sim, dut.rx, levels, ends, cycles, (dut.ctl_we, dut.ctl_addr, dut.ctl_data))
+    sim.run_until(1e-6 * (len(levels) * cycles * skew + 8 * cycles))
+    return writes
+
+
+def on_the_line(sim, pin, levels, ends, cycles, control):
+    """Adds to `sim` a line that holds `pin` idle for 3 `cycles`, then level i until cycle `ends[i]` after that,
+    then idle again; returns the list that collects the (address, word) of each write `control` (the we,
+    address and data signals) makes."""
+    writes = []
 
     async def line(ctx):
-        ctx.set(dut.rx, 1)
+        ctx.set(pin, 1)
         await ctx.tick().repeat(3 * cycles)
-        elapsed = 0.0
-        for index, level in enumerate(levels):
-            ctx.set(dut.rx, level)
-            # Whole cycles per bit, rounded so that a skewed sender drifts as a real one does.
-            until = round((index + 1) * cycles * skew)
-            await ctx.tick().repeat(until - round(elapsed))
-            elapsed = until
-        ctx.set(dut.rx, 1)
+        start = 0
+        for level, end in zip(levels, ends, strict=True):
+            ctx.set(pin, level)
+            await ctx.tick().repeat(end - start)
+            start = end
+        ctx.set(pin, 1)
         await ctx.tick().repeat(3 * cycles)
 
     async def watch(ctx):
-        async for _, _, we, address, word in ctx.tick().sample(dut.ctl_we, dut.ctl_addr, dut.ctl_data):
+        async for _, _, we, address, word in ctx.tick().sample(*control):
             if we:
                 writes.append((address, word))
 
     sim.add_testbench(line)
     sim.add_process(watch)
-    sim.run_until(1e-6 * (len(levels) * cycles * skew + 8 * cycles))
     return writes
 
 
@@ -184,27 +192,12 @@ def test_the_board_top_wires_its_uart_to_the_cores_control_ports():
 
     cycles = round(board.core_hz / BAUD)
     writes = job_writes()[:2]
-    received = []
+    levels = uart_bits(control_records(writes))
     sim = Simulator(Top())
     sim.add_clock(1 / board.core_hz)
-
-    async def line(ctx):
-        ctx.set(platform.rx.i, 1)
-        await ctx.tick().repeat(3 * cycles)
-        for level in uart_bits(control_records(writes)):
-            ctx.set(platform.rx.i, level)
-            await ctx.tick().repeat(cycles)
-        ctx.set(platform.rx.i, 1)
-        await ctx.tick().repeat(3 * cycles)
-
-    async def watch(ctx):
-        async for _, _, we, address, word in ctx.tick().sample(core.ctl_we, core.ctl_addr, core.ctl_data):
-            if we:
-                received.append((address, word))
-
-    sim.add_testbench(line)
-    sim.add_process(watch)
-    sim.run_until((len(uart_bits(control_records(writes))) + 6) * cycles / board.core_hz)
+    received = on_the_line(sim, platform.rx.i, levels, [(index + 1) * cycles for index in range(len(levels))],
+                           cycles, (core.ctl_we, core.ctl_addr, core.ctl_data))
+    sim.run_until((len(levels) + 6) * cycles / board.core_hz)
     assert platform.requested == [("uart", 0, "-")]
     assert received == writes
 
