@@ -1,5 +1,5 @@
 """The simulated gateware as an aggregator object: `process(frame, now)`, `stats()`, and with job tables
-(`config.registered`) `install(entry)` and `remove(job)`, like the golden model.
+(`config.registered`) `install(entry)`, `leave(job, members)` and `remove(job)`, like the golden model.
 
 A cocotb test (`inwire_hdl.cocotb.cosim`) runs in the simulator and serves frames over a Unix socket,
 one at a time: the lease ticks from the previous frame's time to this one's are driven (one per cycle,
@@ -112,14 +112,10 @@ class CoSimulation:
     def leave(self, job, members):
         """`members` leave a job in the gateware's tables, as the model's `leave`: (how many were members, how
         many remain); the last member's leave tears the job down."""
-        entry = self.jobs.model.jobs.entries.get(job)
-        writes = self.jobs.leave(job, members)
+        writes, left, remaining = self.jobs.leave(job, members)
         if writes:
             self._write(writes)
-        remaining = self.jobs.model.jobs.entries.get(job)
-        before = len(entry.members) if entry is not None else 0
-        after = len(remaining.members) if remaining is not None else 0
-        return before - after, after
+        return left, remaining
 
     def _write(self, writes):
         message = struct.pack(">II", CONTROL, len(writes))

@@ -184,19 +184,20 @@ class GatewareJobs:
         return self.map.install(self.index[entry.job], installed, base, new)
 
     def leave(self, job, members):
-        """`members` leave `job`, as the model's `leave`: the writes; the last member's leave removes the job."""
+        """`members` leave `job`, as the model's `leave`: (the writes, how many were members, how many remain);
+        the last member's leave removes the job."""
         if job not in self.index:
-            return []
+            return [], 0, 0
         base, slots = self.model.jobs.bases[job], self.model.jobs.entries[job].slots
-        _, remaining = self.model.leave(job, members)
+        left, remaining = self.model.leave(job, members)
         if not remaining:
             self.layout.pop(job)
-            return self.map.remove(self.index.pop(job), base, slots)
+            return self.map.remove(self.index.pop(job), base, slots), left, remaining
         leaving = set(members)
         positions = [position for position, member in enumerate(self.layout[job]) if member in leaving]
         for position in positions:
             self.layout[job][position] = None
-        return self.map.forget(self.index[job], positions)
+        return self.map.forget(self.index[job], positions), left, remaining
 
     def remove(self, job):
         if job not in self.index:

@@ -175,7 +175,8 @@ class TB:
 
     async def leave(self, job, members):
         await self.drain(quiet_cycles=32)
-        await self.control(self.jobs.leave(job, members))
+        writes, _, _ = self.jobs.leave(job, members)
+        await self.control(writes)
 
     async def remove(self, job):
         await self.drain(quiet_cycles=32)
