@@ -5,13 +5,23 @@ submodule in another order was averaged element by element with the others, sile
 import contextlib
 import re
 import threading
+import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from inwire.client import DEFAULT_WINDOW, agreement_round, averaging_round, job_slots, slot  # noqa: E402
+from inwire.client import (  # noqa: E402
+    DEFAULT_WINDOW,
+    CliqueKey,
+    agreement_key,
+    agreement_round,
+    averaging_round,
+    job_slots,
+    slot,
+)
 from inwire.codec_average import ATTEMPTS, AVERAGING_ATTEMPTS, clique_average  # noqa: E402
 from inwire.control import JobLease, new_job  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
@@ -190,14 +200,53 @@ def test_agreeing_islands_average_exactly_and_agree_once_per_clique():
 
 
 @pytest.mark.parametrize("round_index", [0, 1, 2, 17, MAX_ROUNDS])
-def test_the_agreement_takes_a_protocol_round_no_averaging_takes_in_the_other_pool(round_index):
+def test_the_agreement_takes_a_protocol_round_and_slots_no_averaging_near_it_takes(round_index):
     """Round r's agreement is the protocol round just before its first sum: never an attempt of round r - 1 or r
-    (each averages in AVERAGING_ATTEMPTS), in the other round pool of slots than round r's first sum, and
-    named as round r's in messages."""
+    (each averages in AVERAGING_ATTEMPTS), and named as round r's in messages. Its chunk j takes the slot of
+    round r's chunk j + W, sent only once chunk j's result is in, and none of round r - 1's first sums, which
+    other cliques may still be summing."""
     agreement = agreement_round(round_index)
     attempts = {(other * ATTEMPTS + attempt) % 2**32 for other in (round_index - 1, round_index) if other >= 0
                 for attempt in range(AVERAGING_ATTEMPTS)}
     assert agreement not in attempts and 0 <= agreement < 2**32
-    assert slot(agreement, 0, 0, DEFAULT_WINDOW, 1) != slot(round_index * ATTEMPTS, 0, 0, DEFAULT_WINDOW, 1)
     assert averaging_round(agreement) == round_index
     assert {averaging_round(protocol) for protocol in attempts if protocol >= round_index * ATTEMPTS} == {round_index}
+    cliques, window = 3, DEFAULT_WINDOW
+    key = CliqueKey(1, round_index, 1, 0, 2, 0, cliques)
+    agreement_slots = [agreement_key(key).slot(chunk, window) for chunk in range(window)]
+    first_sum = [replace(key, round=round_index * ATTEMPTS).slot(chunk + window, window) for chunk in range(window)]
+    assert agreement_slots == first_sum
+    before = {slot((round_index - 1) * ATTEMPTS % 2**32, clique, chunk, window, cliques)
+              for clique in range(cliques) for chunk in range(4 * window)}
+    assert not before & set(agreement_slots)
+
+
+def test_an_island_on_at_the_next_round_s_agreement_leaves_this_round_s_sums_alone():
+    """D has no clique in round 0 and goes straight on to round 1's agreement, with A, while A, B and C have yet
+    to sum round 0: their sums take no slot D's agreement holds (none of their contributions is stale), and
+    every averaging ends."""
+    models = {name: pair(seed=seed) for seed, name in enumerate("ABCD")}
+    schedule = [[(("A", "B", "C"), "LON"), (("D",), None)], [(("A", "D"), "FRA"), (("B", "C"), "AMS")]]
+    errors = []
+    with registered(list(models), max_cliques=2) as (server, exchanges):
+        def island(name):
+            averager = CliqueAverager(1, island=name, schedule=schedule, exchange=exchanges[name])
+            try:
+                for _ in range(2):
+                    averager.average_parameters(models[name].parameters())
+            except Exception as error:  # reported below
+                errors.append(error)
+
+        threads = {name: threading.Thread(target=island, args=(name,)) for name in models}
+        threads["D"].start()
+        deadline = time.monotonic() + 10
+        while server.counters()["accumulated"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.counters()["accumulated"] == 1, "D's agreement contribution is in before the others start"
+        for name in "ABC":
+            threads[name].start()
+        for thread in threads.values():
+            thread.join(timeout=60)
+        counters = server.counters()
+    assert not errors, errors
+    assert counters["drop_stale"] == 0, counters

@@ -131,11 +131,8 @@ def agreement_round(round_index: int) -> int:
     """The protocol round where the clique of averaging round `round_index` agrees on what it averages, before
     its first sum (`UdpMember.gather`): the one just before that sum's, which no averaging takes (the last of
     round `round_index` - 1's stride, `codec_average.AVERAGING_ATTEMPTS`; before round 0 the last of all 32-bit
-    rounds, past every round's stride). Its slots lie in the other round pool than the averaging's (`slot`),
-    so that the averaging never claims a slot whose result a slower member may still ask for. That pool is
-    round `round_index` - 1's: an agreement may claim a slot of the previous round's clique of the same index
-    one round sooner than an averaging would, which a member of that clique still retransmitting for a lost
-    result would find gone (the averagings' own exception is two rounds apart, `codec_average.ATTEMPTS`)."""
+    rounds, past every round's stride), so that the averaging's first chunks are newer and take its slots
+    (`agreement_key`: which slots)."""
     return (round_index * ATTEMPTS - 1) % 2**32
 
 
@@ -190,10 +187,31 @@ class CliqueKey:
     """The registered job's token (`jobs.JobEntry.token`): nonzero makes the sum's frames version 3
     (`protocol.JOB_VERSION`), whose results count only with this token; 0: version 2, unregistered (the frame
     carries the route: trees through hop fields, the lab)."""
+    layout_round: int | None = None
+    """None: the sum's chunks take the slots of its own round (`slot`). An agreement's (`agreement_key`): the
+    protocol round of the averaging it precedes, whose slots a window further along it takes."""
 
     @property
     def version(self) -> int:
         return JOB_VERSION if self.token else VERSION
+
+    def slot(self, chunk: int, window: int) -> int:
+        """The slot of the sum's chunk `chunk` with window `window`."""
+        if self.layout_round is None:
+            return slot(self.round, self.clique, chunk, window, self.max_cliques)
+        return slot(self.layout_round, self.clique, chunk + window, window, self.max_cliques)
+
+
+def agreement_key(key: CliqueKey) -> CliqueKey:
+    """The key of the agreement (`UdpMember.gather`) before the sum of averaging round `key.round`, in
+    protocol round `agreement_round(key.round)`. Its chunk j takes the slot of that averaging's chunk j + W
+    (in its round's pool, its window's other half), never a slot of the round before: an island with no
+    clique in a round goes on to the next round's agreement while the others still sum the round, and an
+    agreement in the round before's pool took their slot as a newer round and stalled them. Chunk j + W is
+    sent only by a member that holds chunk j's result, for which every member had finished the agreement,
+    so the averaging takes no agreement result a member may still ask for (while the agreement has at most
+    W chunks: the window's member words, W * chunk / LAYOUT_WORDS members)."""
+    return replace(key, round=agreement_round(key.round), exponent=0, layout_round=key.round * ATTEMPTS % 2**32)
 
 
 def contributions(quantized: npt.NDArray[np.integer] | Sequence[int], member: int, key: CliqueKey, chunk: int,
@@ -240,7 +258,7 @@ class Contributions(Sequence[bytes]):
         key = self.key
         header = bytearray(self.template(count))
         _CHUNK_FIELD.pack_into(header, _CHUNK_AT, first)
-        _SLOT_FIELD.pack_into(header, _SLOT_AT, slot(key.round, key.clique, index, self.window, key.max_cliques))
+        _SLOT_FIELD.pack_into(header, _SLOT_AT, key.slot(index, self.window))
         return b"".join((header, self.wire[ELEMENT_BYTES * first:ELEMENT_BYTES * (first + count)]))
 
     def template(self, count: int) -> bytes:
@@ -676,8 +694,7 @@ class CompiledMemberSum(MemberSum):
         build = None
         if (isinstance(payloads, Contributions) and (payloads.elements, payloads.chunk) == (self.elements, self.chunk)
                 and _field_contents("chunk", max(self.elements - 1, 0)) is not None):
-            slots = tuple(slot(payloads.key.round, payloads.key.clique, index, payloads.window,
-                               payloads.key.max_cliques) for index in range(2 * payloads.window))
+            slots = tuple(payloads.key.slot(index, payloads.window) for index in range(2 * payloads.window))
             if all(_field_contents("slot", value) is not None for value in slots):
                 build = (payloads.template(self.chunk), payloads.wire, _field_at("chunk"), _field_at("slot"), slots)
         return compiled.member_lane(
@@ -1020,8 +1037,8 @@ class UdpMember:
         width = len(words)
         vector = np.zeros(key.fanin * width, dtype=np.int32)
         vector[member * width:(member + 1) * width] = words
-        agreement_key = replace(key, round=agreement_round(key.round), exponent=0)
-        run = self._run(agreement_key, member, vector, city, route, members, nearby=_places(nearby), averaging=True)
+        run = self._run(agreement_key(key), member, vector, city, route, members, nearby=_places(nearby),
+                        averaging=True)
         return run.sums().astype(np.int32).reshape(key.fanin, width)
 
 
