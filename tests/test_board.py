@@ -24,12 +24,17 @@ def _have_tools():
 
 
 @pytest.fixture(scope="session")
-def versa_build(tmp_path_factory):
+def versa_build(background):
+    """(folder, report) of the Versa bitstream's build with `inwire build`'s defaults, which the session's
+    background lane runs (conftest.py)."""
     if not _have_tools():
         pytest.fail("YoWASP Yosys/nextpnr-ecp5 are not installed (run `make setup`)")
-    out = tmp_path_factory.mktemp("board")
-    report = board_build.build("versa_ecp5", "aggregator", out=out)
-    return out, report
+    job = background.jobs["versa_build"]
+    job.wait()
+    report = job.out / "report.json"
+    if not report.exists():
+        pytest.fail(job.failure("report.json"))
+    return job.out, json.loads(report.read_text())
 
 
 def test_bitstream_is_for_the_versa_device(versa_build):

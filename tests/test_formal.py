@@ -1,7 +1,8 @@
 """Formal checks of the aggregator (SymbiYosys, Yices, ABC), and proof that the checks can fail.
 
-`make formal` runs `inwire formal` (the table). Here the same rows go through one pool of two
-(`formal.run_all`, without the `--deep` runs), and each is then a test case: every row's check must pass on
+`make formal` runs `inwire formal` (the table). Here the same rows (without the `--deep` runs) go through
+`formal.run_all` one solver at a time on the session's background lane (conftest.py), beside the rest of the
+suite, and each is then a test case: every row's check must pass on
 the real aggregator and its cover must be reached at a step below its depth (unless the row's note says why
 not), at both data widths. The rows' mutants (inwire_hdl.mutants), which must FAIL them, run in `make formal`
 and in `make mutate` (tb/mutation/gateware.py scores them), not here: they were half of this file's solver
@@ -9,6 +10,7 @@ time. Here two mutants show that a failure is reported with a counterexample VCD
 ABC through the smtbmc replay.
 """
 
+import pickle
 import shutil
 import sys
 from dataclasses import replace
@@ -37,8 +39,9 @@ YICES_TRACE_JOB = "aggregate_exact_w64_bmc"
 YICES_TRACE_MUTANT = "corrupt_sum"
 
 
-def _selected_checks(items):
-    """The rows the selected tests look at: with `-k`, only those rows run."""
+def selected_checks(items):
+    """The rows the selected tests look at (with `-k`, only those rows run), which the session's background
+    lane runs (conftest.py)."""
     jobs = set()
     for item in items:
         params = getattr(item, "callspec", None) and item.callspec.params
@@ -51,26 +54,29 @@ def _selected_checks(items):
             for check in formal.CHECKS if check.job in jobs]
 
 
-@pytest.fixture(scope="module")
-def rows(request, tmp_path_factory):
+@pytest.fixture(scope="session")
+def formal_rows(background):
+    """{job: row} of the selected rows, run one solver at a time on the background lane; its `table.md` is
+    the table `inwire formal` prints, for the log of a failed run."""
     _tools()
-    build_root = tmp_path_factory.mktemp("formal")
-    done = formal.run_all(_selected_checks(request.session.items), jobs=2, build_root=build_root)
-    # The table `inwire formal` prints, for the log of a failed run.
-    (build_root / "table.md").write_text(formal.summary(done) + "\n")
-    return {row.check.job: row for row in done}
+    job = background.jobs["formal_rows"]
+    job.wait()
+    done = job.out / "rows.pickle"
+    if not done.exists():
+        pytest.fail(job.failure("rows.pickle"))
+    return {row.check.job: row for row in pickle.loads(done.read_bytes())}
 
 
 @pytest.mark.parametrize("check", REAL_CASES, ids=lambda check: check.job)
-def test_property_holds(check, rows):
-    outcome = rows[check.job].real
+def test_property_holds(check, formal_rows):
+    outcome = formal_rows[check.job].real
     assert outcome.status == "PASS", f"{check.job}: {outcome.status}, trace {outcome.trace}, log {outcome.log}"
 
 
 @pytest.mark.parametrize("check", COVER_CASES, ids=lambda check: check.job)
-def test_subject_is_reached_within_the_depth(check, rows):
+def test_subject_is_reached_within_the_depth(check, formal_rows):
     """The cover of the check's subject is reached, at a step the check's depth includes."""
-    outcome = rows[check.job].cover
+    outcome = formal_rows[check.job].cover
     assert outcome.status == "PASS" and outcome.step is not None, f"{check.job}: cover {outcome.status}"
     assert outcome.step < check.depth or check.mode == "prove", (
         f"{check.job}: subject first observable at step {outcome.step}, depth {check.depth}")
@@ -102,8 +108,8 @@ def test_unreached_subjects_are_stated():
             assert check.note, check.job
 
 
-def test_a_yices_failure_leaves_a_trace(rows):
-    outcome = rows[YICES_TRACE_JOB].mutants[YICES_TRACE_MUTANT]
+def test_a_yices_failure_leaves_a_trace(formal_rows):
+    outcome = formal_rows[YICES_TRACE_JOB].mutants[YICES_TRACE_MUTANT]
     assert outcome.status == "FAIL" and outcome.trace is not None and outcome.trace.suffix == ".vcd"
     assert outcome.trace.exists()
 
