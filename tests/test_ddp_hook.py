@@ -42,7 +42,16 @@ def island_process(island, address, folder, out):
     torch.set_num_threads(1)
     store = dist.FileStore(str(pathlib.Path(folder) / f"{island}.store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    exchange = InwireExchange(tuple(address), deadline_s=30)
+    batches = []
+
+    class Counting(InwireExchange):
+        """Notes how many buckets each of the worker's calls sums together."""
+
+        def average_many(self, averagings, *args, **kwargs):
+            batches.append(len(averagings))
+            return super().average_many(averagings, *args, **kwargs)
+
+    exchange = Counting(tuple(address), deadline_s=30)
     records = {}
     handed, completed = [], []
 
@@ -68,6 +77,7 @@ def island_process(island, address, folder, out):
             optimizer.step()
         records["parameters"] = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy()
         records["handed"], records["completed"] = np.array(handed), np.array(completed)
+        records["batches"] = np.array(batches)
         np.savez(out, **records)
     finally:
         exchange.close()
@@ -87,8 +97,8 @@ def run_processes(target, arguments):
 
 def test_every_island_steps_with_the_codec_average_of_the_island_gradients(tmp_path):
     """Each bucket of each step leaves every island as the codec's average of what the islands put in, the
-    buckets completing in the order they were handed over; so the islands, started alike, stay bit-identical
-    while their data differ."""
+    buckets completing in the order they were handed over, those handed over during a sum summed together
+    next; so the islands, started alike, stay bit-identical while their data differ."""
     with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
         run_processes(island_process, [(island, server.address, str(tmp_path), str(tmp_path / f"{island}.npz"))
                                        for island in ISLANDS])
@@ -97,6 +107,10 @@ def test_every_island_steps_with_the_codec_average_of_the_island_gradients(tmp_p
     assert len(sums) > STEPS  # several buckets a step
     for island in ISLANDS:  # the futures complete in the order DDP handed the buckets over
         assert np.array_equal(got[island].pop("completed"), got[island].pop("handed")), island
+    # Buckets handed over while earlier ones were summed went out together, however each island grouped them.
+    batches = {island: got[island].pop("batches") for island in ISLANDS}
+    assert all(batches[island].sum() == len(sums) for island in ISLANDS), batches
+    assert any(batches[island].max() > 1 for island in ISLANDS), batches
     for name in sums:
         assert {tuple(sorted(k for k in got[i] if k.startswith(name))) for i in ISLANDS} == {(f"{name}-after",
                                                                                                f"{name}-before")}

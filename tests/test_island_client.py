@@ -588,3 +588,60 @@ def test_two_registered_trainings_on_one_aggregator_both_get_their_own_averages(
         average = clique_average([before[name] for name in names])
         for name in names:
             assert np.array_equal(flat(models[name]), average), name
+
+
+class Arrivals(SoftwareAggregator):
+    """A golden-model service that notes (clique, round) of every contribution as it arrives, by source port."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, engine="golden", **kwargs)
+        self.arrivals = {}
+
+    def _handle_golden(self, payload, peer, now=None):
+        header = np.frombuffer(payload[:PAYLOAD_HEADER_BYTES], dtype=PAYLOAD_HEADER_DTYPE)[0]
+        if header["opcode"] == client.Opcode.CONTRIBUTION and header["chunk"] != client.PRESENCE_CHUNK:
+            self.arrivals.setdefault(peer[1], []).append((int(header["clique"]), int(header["round"])))
+        return super()._handle_golden(payload, peer, now)
+
+
+@pytest.mark.parametrize("retries", [False, True])
+def test_averagings_handed_over_together_are_in_flight_together(retries):
+    """Three averagings of one clique at once (the DDP hook's buckets of a step): each is the codec's average, and
+    each member's first window of every one of them goes out before any of its results can come back, where
+    one after another would send the first averaging whole first. With `retries` a member's values need
+    re-sends at raised bounds (a bound of 1 for values near 100), each averaging's on its own while the others
+    go on: none waits for another's."""
+    rng = np.random.default_rng(5)
+    scale, bound = (100.0, 1.0) if retries else (1.0, 16.0)
+    vectors = {name: [rng.standard_normal(chunks * 64).astype(np.float32) * scale for chunks in (9, 6, 7)]
+               for name in "AB"}
+    got, errors = {}, []
+    with serving_in_thread(Arrivals(("127.0.0.1", 0), unicast=True, log=lambda line: None)) as server:
+        exchanges = {name: InwireExchange(server.address, chunk=64, bound=bound, deadline_s=20) for name in "AB"}
+
+        def island(name):
+            try:
+                got[name] = exchanges[name].average_many(
+                    [(0, clique, vector) for clique, vector in enumerate(vectors[name])], ["A", "B"], "AB".index(name),
+                    max_cliques=3)
+            except Exception as error:  # reported below
+                errors.append(error)
+            finally:
+                exchanges[name].close()
+
+        ports = {name: exchanges[name].address[1] for name in "AB"}
+        threads = [threading.Thread(target=island, args=(name,)) for name in "AB"]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert not errors, errors
+    for clique in range(3):
+        expected = clique_average([vectors[name][clique] for name in "AB"], bound)
+        for name in "AB":
+            assert np.array_equal(got[name][clique], expected), (name, clique)
+    for name in "AB":
+        first = [clique for clique, _ in server.arrivals[ports[name]][:3 * client.DEFAULT_WINDOW]]
+        assert sorted(set(first)) == [0, 1, 2], (name, first)
+        resent = {clique for clique, round_ in server.arrivals[ports[name]] if round_ > 0}
+        assert resent == ({0, 1, 2} if retries else set()), (name, resent)

@@ -857,50 +857,102 @@ class UdpMember:
         is in is never sent again, and one buffer the size of the vector is faulted in, not two. `averaging`:
         `key.round` is an attempt of an averaging (`average`) or its agreement (`gather`), and messages name the
         averaging's round."""
+        return self._run_many([(key, quantized)], member, city, route, members, in_place, nearby, averaging)[0]
+
+    def _run_many(self, sums: Sequence[tuple[CliqueKey, npt.NDArray[np.integer] | Sequence[int]]], member: int,
+                  city: str | None, route: Mapping[str, int] | None, members: Sequence[str] | None,
+                  in_place: bool = False, nearby: Sequence[Nearby] = (), averaging: bool = False,
+                  then: "Callable[[int, MemberSum], tuple[CliqueKey, npt.NDArray[np.integer]] | None] | None" = None
+                  ) -> list[MemberSum]:
+        """`_run` of several sums of one clique's members at once, each (key, quantized) with its own key (slots
+        of their own: another round or clique), all in flight together on this member's socket: every result
+        goes to every sum, and each takes only its own (`MemberSum.on_result`). `then(i, run)`, called as sum i
+        finishes, may give the next sum in its place (an averaging's re-send), which starts at once: no sum
+        waits for another's. Each sum's deadline counts from its own start; the first sum that stalls calls the
+        roll, the first that fails raises. The last `MemberSum` of each, in order."""
         host, port = self.aggregators.get(city) or next(iter(self.aggregators.values()))
         destination = (host, port) if compiled is None else (socket.gethostbyname(host), port)
-        if self.entry is not None:
-            key = replace(key, job=self.entry.job, token=self.entry.token, group=self.entry.group)
-        # A registered job's results count only from the aggregator its contributions went to.
-        source = (ip_int(socket.gethostbyname(host)), port) if key.token else None
-        payloads = Contributions(quantized, member, key, self.chunk, self.window, route)
-        # The sums in numpy's memory, which takes huge pages for large arrays: a bytearray of 100 MB costs
-        # 25,000 page faults as it fills.
-        received = payloads.wire if in_place else np.empty(ELEMENT_BYTES * len(quantized), dtype=np.uint8).data
-        run = member_sum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries,
-                         min(MIN_TIMEOUT_S, self.timeout_s), received=received)
         sockets = [self.socket] if self.listener is None else [self.socket, self.listener]
-        membership = None
-        if self.listener is not None:
-            membership = key.group.to_bytes(4, "big") + socket.inet_aton(self.address[0])
-            self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+        memberships: list[bytes] = []
         buffer, view, slot = self.buffer, self.view, RECEIVE_SLOT
         send = self._sender(destination)
+        runs: list[MemberSum] = []
+        began: list[float] = []
+
+        def start(index: int, key: CliqueKey, quantized: npt.NDArray[np.integer] | Sequence[int]) -> None:
+            if self.entry is not None:
+                key = replace(key, job=self.entry.job, token=self.entry.token, group=self.entry.group)
+            payloads = Contributions(quantized, member, key, self.chunk, self.window, route)
+            # The sums in numpy's memory, which takes huge pages for large arrays: a bytearray of 100 MB costs
+            # 25,000 page faults as it fills.
+            received = payloads.wire if in_place else np.empty(ELEMENT_BYTES * len(quantized), dtype=np.uint8).data
+            run = member_sum(payloads, key, len(quantized), self.chunk, self.window, self.timeout_s, self.retries,
+                             min(MIN_TIMEOUT_S, self.timeout_s), received=received)
+            if self.listener is not None:
+                membership = key.group.to_bytes(4, "big") + socket.inet_aton(self.address[0])
+                if membership not in memberships:
+                    self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+                    memberships.append(membership)
+            now = time.monotonic()
+            if index < len(runs):
+                self.retransmits += runs[index].retransmits
+                self.results_refused += runs[index].results_refused
+                runs[index], began[index] = run, now
+            else:
+                runs.append(run)
+                began.append(now)
+            send(run.start(now))
+
+        def finished(index: int) -> None:
+            """Sum `index` is done: its wrong results refused, its next sum started if `then` gives one."""
+            run = runs[index]
+            if run.wrong_chunks:
+                raise ClientError(f"{_round(run.key, averaging)}, clique {run.key.clique}: results of chunks "
+                                  f"{sorted(run.wrong_chunks)[:5]} do not hold the whole clique of {run.key.fanin} "
+                                  f"at exponent {run.key.exponent} (another job's traffic in these slots?)")
+            following = then(index, run) if then is not None else None
+            if following is not None:
+                start(index, *following)
+
         roll: RollCall | None = None
+        roll_of: MemberSum | None = None
         roll_send: Callable[[Sequence[bytes]], None] | None = None
         roll_next: float | None = None
         quiet = min(ROLL_CALL_TIMEOUTS * self.timeout_s, self.deadline_s / 4)
-        began = time.monotonic()
         try:
-            send(run.start(began))
-            while not run.done:
+            for index, (key, quantized) in enumerate(sums):
+                start(index, key, quantized)
+            # A registered job's results count only from the aggregator its contributions went to.
+            source = (ip_int(socket.gethostbyname(host)), port) if runs and runs[0].key.token else None
+            for index, run in enumerate(runs):
+                if run.done:
+                    finished(index)
+            while not all(run.done for run in runs):
                 now = time.monotonic()
-                send(run.due(now))
-                if run.failed_chunk is not None or now - began > self.deadline_s:
-                    message, missing = self._failure(run, key, member, members, now - began, roll, (host, port),
-                                                     averaging)
+                for run in runs:
+                    send(run.due(now))
+                # The sum that calls the roll and names a failure: the first that failed, else the first unfinished.
+                failed = [i for i, run in enumerate(runs) if run.failed_chunk is not None]
+                index = failed[0] if failed else next(i for i, run in enumerate(runs) if not run.done)
+                run = runs[index]
+                if run.failed_chunk is not None or now - began[index] > self.deadline_s:
+                    message, missing = self._failure(run, run.key, member, members, now - began[index],
+                                                     roll if roll_of is run else None, (host, port), averaging)
                     raise ClientError(message, missing)
                 # Stalled: ask the aggregator who is there, so that a failure can name who is not.
-                roll_at = (run.result_at or began) + quiet
-                if roll_next is not None:
+                roll_at = (run.result_at or began[index]) + quiet
+                if roll_next is not None and roll_of is run:
                     roll_at = max(roll_at, roll_next)
                 if now >= roll_at:
-                    if roll is None or roll_send is None:
-                        roll = RollCall(key, member, self.window, nearby)
+                    if roll is None or roll_send is None or roll_of is not run:
+                        roll, roll_of = RollCall(run.key, member, self.window, nearby), run
                         roll_send = self._sender(self._root(host, port, route))
                     roll_send(roll.datagrams())
                     roll_next = roll_at = now + min(self.timeout_s, quiet)
-                wait = max(0.0, min(run.next_deadline() or now, began + self.deadline_s, roll_at) - now)
+                due = [deadline for deadline in (run.next_deadline() for run in runs if not run.done)
+                       if deadline is not None]
+                ends = [began[i] + self.deadline_s for i, run in enumerate(runs) if not run.done]
+                wait = max(0.0, min(min(due, default=now), *ends, roll_at) - now)
                 for ready in select.select(sockets, [], [], wait)[0]:
                     while True:
                         sizes, refused = _receive(ready, buffer, slot, source)
@@ -908,21 +960,22 @@ class UdpMember:
                             break
                         self.results_refused += refused
                         now = time.monotonic()
-                        sends = run.on_results(view, sizes, slot, now)
+                        for index, run in enumerate(runs):
+                            if not run.done:
+                                send(run.on_results(view, sizes, slot, now))
+                                if run.done:
+                                    finished(index)
                         if roll is not None:
                             for index, size in enumerate(sizes):
                                 roll.read(view[index * slot:index * slot + size])
-                        send(sends)
         finally:
-            if membership is not None and self.listener is not None:
-                self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, membership)
-            self.retransmits += run.retransmits
-            self.results_refused += run.results_refused
-        if run.wrong_chunks:
-            raise ClientError(f"{_round(key, averaging)}, clique {key.clique}: results of chunks "
-                              f"{sorted(run.wrong_chunks)[:5]} do not hold the whole clique of {key.fanin} at "
-                              f"exponent {key.exponent} (another job's traffic in these slots?)")
-        return run
+            if self.listener is not None:
+                for membership in memberships:
+                    self.listener.setsockopt(socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, membership)
+            for run in runs:
+                self.retransmits += run.retransmits
+                self.results_refused += run.results_refused
+        return runs
 
     def _sender(self, destination: Address) -> Callable[[Sequence[bytes]], None]:
         """send(payloads) to `destination`: with the compiled kernel one sendmmsg per call (equal-sized runs as
@@ -1008,22 +1061,63 @@ class UdpMember:
         the bound that worked): float32 over the one buffer the elements, their sums and the average share.
         `key.round` counts averagings; `nearby`: (another averaging round, clique there, {member index here:
         index there}) where a stalled sum's roll call also looks for the members it does not find (`Nearby`)."""
-        places = _places(nearby)
-        pieces = vector if isinstance(vector, Pieces) else Pieces.of(np.asarray(vector, dtype=np.float32).reshape(-1))
+        return self.average_many([(key, vector)], member, bound, city, route, members, nearby)[0]
+
+    def average_many(self, averagings: Sequence[tuple[CliqueKey, npt.ArrayLike | Pieces]], member: int, bound: float,
+                     city: str | None = None, route: Mapping[str, int] | None = None,
+                     members: Sequence[str] | None = None, nearby: Sequence[tuple[int, int, Mapping[int, int]]] = (),
+                     words: Sequence[npt.ArrayLike | None] = (),
+                     agree: Callable[[int, npt.NDArray[np.int32]], None] | None = None
+                     ) -> list[tuple[npt.NDArray[np.float32], float]]:
+        """`average` of several vectors of one clique's members, each (key, vector) with its own key (another
+        round or clique, so slots of its own), their sums in flight together (`_run_many`); a re-send starts as
+        soon as its sums are in, whatever the others do. `words[i]`, unless None: averaging i is preceded by its
+        clique's agreement on them (`gather`), whose rows `agree(i, rows)` checks (raising to stop every
+        averaging) before averaging i's first sum starts. (average, bound) of each, in order."""
+        keys = [key for key, _ in averagings]
+        agreeing = [index < len(words) and words[index] is not None for index in range(len(keys))]
+        pieces = [vector if isinstance(vector, Pieces) else Pieces.of(np.asarray(vector, dtype=np.float32).reshape(-1))
+                  for _, vector in averagings]
         # One buffer for every attempt: a re-send quantizes the vector again over the sums it could not use.
-        elements = np.empty(pieces.count + 1, dtype=ELEMENT_DTYPE)
-        for attempt in range(AVERAGING_ATTEMPTS):
-            exponent, elements = encode(pieces, bound, key.fanin, ELEMENT_DTYPE, out=elements)
-            attempt_key = CliqueKey(key.job, key.round * ATTEMPTS + attempt, key.clique, key.group, key.fanin,
-                                    exponent, key.max_cliques, key.token)
-            run = self._run(attempt_key, member, elements, city, route, members, in_place=True, nearby=places,
-                            averaging=True)
+        buffers = [np.empty(each.count + 1, dtype=ELEMENT_DTYPE) for each in pieces]
+        attempts = [0] * len(keys)
+        bounds = [bound] * len(keys)
+        done: list[tuple[npt.NDArray[np.float32], float] | None] = [None] * len(keys)
+
+        def attempt(index: int) -> tuple[CliqueKey, npt.NDArray[np.integer]]:
+            """Averaging `index`'s next attempt: its vector quantized at the exponent of its bound."""
+            key = keys[index]
+            exponent, buffers[index] = encode(pieces[index], bounds[index], key.fanin, ELEMENT_DTYPE,
+                                              out=buffers[index])
+            return CliqueKey(key.job, key.round * ATTEMPTS + attempts[index], key.clique, key.group, key.fanin,
+                             exponent, key.max_cliques, key.token), buffers[index]
+
+        def then(index: int, run: MemberSum) -> tuple[CliqueKey, npt.NDArray[np.integer]] | None:
+            """After averaging `index`'s agreement, its first attempt; after an attempt, its sums decoded, or its
+            re-send at a raised bound when they overflowed."""
+            if agreeing[index]:
+                agreeing[index] = False
+                if agree is not None:
+                    agree(index, run.sums().astype(np.int32).reshape(keys[index].fanin, -1))
+                return attempt(index)
             # Decoded in place too: the average is float32 over the sums' memory (one vector's pages in all).
-            average, bound = decode(run.sums(), run.overflow, exponent, key.fanin, bound,
-                                    out=elements.view(np.float32)[:-1])
+            average, bounds[index] = decode(run.sums(), run.overflow, run.key.exponent, keys[index].fanin,
+                                            bounds[index], out=buffers[index].view(np.float32)[:-1])
             if average is not None:
-                return average, bound
-        raise AveragingError(f"round {key.round}: sums still overflow at a bound of {bound}")
+                done[index] = (average, bounds[index])
+                return None
+            attempts[index] += 1
+            if attempts[index] == AVERAGING_ATTEMPTS:
+                raise AveragingError(f"round {keys[index].round}: sums still overflow at a bound of {bounds[index]}")
+            return attempt(index)
+
+        firsts = []
+        for index, key in enumerate(keys):
+            agreed_on = words[index] if agreeing[index] else None
+            firsts.append(attempt(index) if agreed_on is None else _agreement(key, member, agreed_on))
+        self._run_many(firsts, member, city, route, members, in_place=True, nearby=_places(nearby), averaging=True,
+                       then=then)
+        return cast(list[tuple[npt.NDArray[np.float32], float]], done)
 
     def gather(self, key: CliqueKey, member: int, words: npt.ArrayLike, city: str | None = None,
                route: Mapping[str, int] | None = None, members: Sequence[str] | None = None,
@@ -1033,13 +1127,19 @@ class UdpMember:
         aggregator: each member sends its words at its own positions and zeros elsewhere, so every element
         adds one member's word to zeros, which neither saturates nor depends on the order of arrival; the
         codec is not involved. The other arguments are `average`'s."""
-        words = np.asarray(words, dtype=np.int32)
-        width = len(words)
-        vector = np.zeros(key.fanin * width, dtype=np.int32)
-        vector[member * width:(member + 1) * width] = words
-        run = self._run(agreement_key(key), member, vector, city, route, members, nearby=_places(nearby),
-                        averaging=True)
-        return run.sums().astype(np.int32).reshape(key.fanin, width)
+        agreement, vector = _agreement(key, member, words)
+        run = self._run(agreement, member, vector, city, route, members, nearby=_places(nearby), averaging=True)
+        return run.sums().astype(np.int32).reshape(key.fanin, -1)
+
+
+def _agreement(key: CliqueKey, member: int, words: npt.ArrayLike) -> tuple[CliqueKey, npt.NDArray[np.int32]]:
+    """(key, vector) of member `member`'s part in the agreement on `words` before averaging `key` (`gather`):
+    its words at its own positions, zeros elsewhere."""
+    words = np.asarray(words, dtype=np.int32)
+    width = len(words)
+    vector = np.zeros(key.fanin * width, dtype=np.int32)
+    vector[member * width:(member + 1) * width] = words
+    return agreement_key(key), vector
 
 
 def _places(nearby: Sequence[tuple[int, int, Mapping[int, int]]]) -> list[Nearby]:

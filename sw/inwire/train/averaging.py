@@ -22,7 +22,7 @@ over (CPU float32 ones with no copy at all), and the average is written back int
 averaging takes the model's bytes once more, and the averager keeps them once (its anchor).
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -125,6 +125,24 @@ class InwireExchange:
         # another exponent than the rest of this clique.
         average, _ = self.client.average(key, me, vector, self.bound, city, route, members, places)
         return average
+
+    def average_many(self, averagings: Sequence[tuple[int, int, npt.ArrayLike | Pieces]], members: Sequence[str],
+                     me: int, aggregator: str | None = None, tree: Mapping[str, str] | None = None,
+                     max_cliques: int = 1, period_round: int = 0, words: Sequence[npt.ArrayLike | None] = (),
+                     agree: Callable[[int, npt.NDArray[np.int32]], None] | None = None
+                     ) -> list[npt.NDArray[np.float32]]:
+        """`average` of several (round index, clique index, vector) of one clique `members` at once, their sums
+        in flight together (`client.UdpMember.average_many`: `words[i]` and `agree(i, rows)`, averaging i's
+        agreement first, as `gather` makes it, and its check): the clique's averages, in order."""
+        keys = []
+        city, route = None, None
+        for round_index, clique_index, vector in averagings:
+            key, city, route, _ = self._clique(round_index, clique_index, members, me, aggregator, tree, max_cliques,
+                                               period_round, ())
+            keys.append((key, vector))
+        # Every averaging starts from the shared bound, as `average`'s.
+        return [average for average, _ in self.client.average_many(keys, me, self.bound, city, route, members,
+                                                                   words=words, agree=agree)]
 
     def gather(self, round_index: int, clique_index: int, members: Sequence[str], me: int, words: npt.ArrayLike,
                aggregator: str | None = None, tree: Mapping[str, str] | None = None, max_cliques: int = 1,

@@ -5,26 +5,26 @@ Synchronous data parallelism across islands, SwitchML's use case, in the shape D
     state = InwireHookState(exchange, island="LON", islands=["LON", "NYC", "SIN"])   # exchange: rank 0 only
     ddp_model.register_comm_hook(state, inwire_hook)
 
-Each gradient bucket is first averaged inside the island on the island's own backend (gloo or NCCL, the
-process group DDP runs on), then its rank 0 averages the island means across islands through the
-aggregator, as one clique of every island (the global clique, or the tree the schedule gives it through
-`aggregator` and `tree`), with the codec's shared exponent and its overflow re-send; the result is broadcast
-back inside the island and the future returns it. Every island gets the same bits: the codec's average of
-the island means (`codec_average.clique_average`). The hook does not wait for the sum: it starts the
-island's all-reduce and returns a future, and a worker thread of the state sums the buckets in the order DDP
-hands them over (one at a time: the exchange's socket is the worker's while a step is in flight), so the
-backward pass goes on computing while earlier buckets travel. The worker exists only while buckets are
-pending: it ends when the queue is empty, so no thread outlives the step or an error. A failure
-in the worker completes the bucket's future with the exception (DDP raises it from backward) and the step's
-later buckets with an error that names it, on every rank of the island. A bucket's sum is named by the step
-and the bucket's index (round and clique fields), so islands whose buckets become ready in another order still
-meet in the same slots. Every island must build the same buckets (the same model and `bucket_cap_mb`), as
-every rank of one DDP job does; DDP checks that between the ranks of one island only, so the islands agree on
-each bucket's layout (its parameters' shapes and dtypes, in order, `layout.layout_words`) before its first sum,
-and again when DDP rebuilds its buckets after the first step: an island whose buckets differ (its submodules
-registered in another order) fails backward on every island with `layout.LayoutMismatch` instead of adding
-other parameters' gradients position by position.
-Buckets anywhere (CPU or CUDA) are staged through one reusable float32 host buffer (pinned where CUDA is
+Each gradient bucket is first averaged inside the island on the island's own backend (gloo or NCCL, the process
+group DDP runs on), then its rank 0 averages the island means across islands through the aggregator, as one clique
+of every island (the global clique, or the tree the schedule gives it through `aggregator` and `tree`), with the
+codec's shared exponent and its overflow re-send; the result is broadcast back inside the island and the future
+returns it. Every island gets the same bits: the codec's average of the island means
+(`codec_average.clique_average`). The hook does not wait for the sum: it starts the island's all-reduce and returns
+a future, and a worker thread of the state sums the buckets as DDP hands them over, so the backward pass goes on
+computing while earlier buckets travel: each time, every bucket handed over since its last sums began, their sums
+in flight together on the exchange's socket (`InwireExchange.average_many`; each bucket has its own slots, its
+index being the sum's clique), then each broadcast in the island in turn. The worker exists only while buckets are
+pending: it ends when the queue is empty, so no thread outlives the step or an error. A failure in the worker
+completes the bucket's future with the exception (DDP raises it from backward) and the step's later buckets with an
+error that names it, on every rank of the island. A bucket's sum is named by the step and the bucket's index (round
+and clique fields), so islands whose buckets become ready in another order still meet in the same slots. Every
+island must build the same buckets (the same model and `bucket_cap_mb`), as every rank of one DDP job does; DDP
+checks that between the ranks of one island only, so the islands agree on each bucket's layout (its parameters'
+shapes and dtypes, in order, `layout.layout_words`) before its first sum, and again when DDP rebuilds its buckets
+after the first step: an island whose buckets differ (its submodules registered in another order) fails backward on
+every island with `layout.LayoutMismatch` instead of adding other parameters' gradients position by position.
+Buckets anywhere (CPU or CUDA) are staged through a reusable float32 host buffer each (pinned where CUDA is
 present), as `CliqueAverager` stages parameters.
 
 A bucket holding NaN or infinity on some island (mixed precision's overflow, which `torch.amp.GradScaler`
@@ -107,9 +107,9 @@ class InwireHookState:
         self.buckets = buckets
         if dist.get_rank(process_group) == 0 and exchange is None:
             raise ValueError("the island's rank 0 needs an exchange to reach inwire")
-        self.host: torch.Tensor | None = None
-        """The reusable host buffer buckets are staged through (pinned where CUDA is present); it grows to the
-        largest bucket."""
+        self.hosts: dict[int, torch.Tensor] = {}
+        """Bucket index -> the reusable host buffer the bucket is staged through (pinned where CUDA is present):
+        one per bucket, since the buckets handed over together are in flight together; the model's size in all."""
         self.last: tuple[int, int, np.ndarray, np.ndarray] | None = None
         """On rank 0: (step, bucket index, island mean sent, average received) of the latest bucket, for logs
         and checks; the island mean is a view of the host buffer, valid until the next bucket."""
@@ -144,84 +144,104 @@ class InwireHookState:
                 self._worker.start()
 
     def _drain(self) -> None:
-        """The worker: sums queued buckets in order until none is left, then ends."""
+        """The worker: sums what is queued, all of it at once (the buckets DDP handed over while the previous ones
+        were summed, in flight together), until nothing is left, then ends."""
         while True:
             with self._lock:
                 if not self._jobs:
                     self._worker = None
                     return
-                job = self._jobs.popleft()
+                jobs = list(self._jobs)
+                self._jobs.clear()
             try:
-                self._sum(job)
-            except Exception as failure:  # any: the future carries it to backward instead of a hang
-                if self.failure is None or self.failure[0] != job.step:
-                    self.failure = (job.step, job.index, failure)
-                job.future.set_exception(failure)  # type: ignore[arg-type]  # torch types it as the result
-            else:
-                job.future.set_result(job.tensor)
-
-    def _sum(self, job: _Job) -> None:
-        """One bucket: the island's mean, rank 0's average of it across islands, broadcast in the island."""
-        tensor = job.tensor
-        with torch.cuda.stream(job.stream) if job.stream is not None else contextlib.nullcontext():
-            if job.reduced is not None:
-                job.reduced.wait()
-                tensor.div_(dist.get_world_size(self.group))
-            error: Exception | None = None
-            if dist.get_rank(self.group) == 0:
-                error = self._across_islands(job)
-            if self._results is not None:
-                device = tensor.device if dist.get_backend(self._results) == "nccl" else torch.device("cpu")
-                status = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=device)
-                dist.broadcast(status, src=_first_rank(self.group), group=self._results)
-                if int(status.item()) != 0 and error is None:
-                    error = AveragingError(f"step {job.step}, bucket {job.index}: rank 0 of island {self.island} "
-                                           f"could not sum it across islands")
+                errors = self._sum(jobs)
+            except Exception as failure:  # any: the futures carry it to backward instead of a hang
+                errors = [failure] * len(jobs)
+            for job, error in zip(jobs, errors, strict=True):
                 if error is None:
-                    dist.broadcast(tensor, src=_first_rank(self.group), group=self._results)
-            if error is not None:
-                raise error
-            if job.stream is not None:
-                job.stream.synchronize()
+                    job.future.set_result(job.tensor)
+                    continue
+                if self.failure is None or self.failure[0] != job.step:
+                    self.failure = (job.step, job.index, error)
+                job.future.set_exception(error)  # type: ignore[arg-type]  # torch types it as the result
 
-    def _across_islands(self, job: _Job) -> Exception | None:
-        """Rank 0: the bucket's island mean averaged across islands into the bucket (NaN if any island's was not
-        finite); the error when it could not be."""
-        if self.failure is not None and self.failure[0] == job.step:
+    def _sum(self, jobs: list[_Job]) -> list[Exception | None]:
+        """Buckets handed over together: each one's island mean, rank 0's averages of them across islands (their
+        sums in flight together), each broadcast in the island in turn (the order every rank's worker keeps,
+        however it groups the buckets); each bucket's error, or None."""
+        for job in jobs:
+            if job.reduced is not None:
+                with _on(job.stream):
+                    job.reduced.wait()
+                    job.tensor.div_(dist.get_world_size(self.group))
+        errors: list[Exception | None] = [None] * len(jobs)
+        if dist.get_rank(self.group) == 0:
+            errors = self._across_islands(jobs)
+        for index, job in enumerate(jobs):
+            with _on(job.stream):
+                if self._results is not None:
+                    tensor = job.tensor
+                    device = tensor.device if dist.get_backend(self._results) == "nccl" else torch.device("cpu")
+                    status = torch.tensor([0 if errors[index] is None else 1], dtype=torch.int32, device=device)
+                    dist.broadcast(status, src=_first_rank(self.group), group=self._results)
+                    if int(status.item()) != 0 and errors[index] is None:
+                        errors[index] = AveragingError(f"step {job.step}, bucket {job.index}: rank 0 of island "
+                                                       f"{self.island} could not sum it across islands")
+                    if errors[index] is None:
+                        dist.broadcast(tensor, src=_first_rank(self.group), group=self._results)
+                if errors[index] is None and job.stream is not None:
+                    job.stream.synchronize()
+        return errors
+
+    def _across_islands(self, jobs: list[_Job]) -> list[Exception | None]:
+        """Rank 0: each bucket's island mean averaged across islands into the bucket (NaN if any island's was
+        not finite), their sums in flight together; each bucket's error, or None. A failure fails the first
+        bucket with its error and the others naming it."""
+        step = jobs[0].step
+        if self.failure is not None and self.failure[0] == step:
             _, index, first = self.failure
-            return AveragingError(f"step {job.step}, bucket {job.index}: not summed, bucket {index} of this step "
-                                  f"failed first: {first}")
-        tensor, size = job.tensor, job.tensor.numel()
-        host = self.stage(tensor)
-        self.flag(host, size)
+            return [self._after(job, index, first) for job in jobs]
+        staged = [(self.stage(job.index, job.tensor), job.tensor.numel()) for job in jobs]
+        for host, size in staged:
+            self.flag(host, size)
         assert self.exchange is not None, "rank 0 has the exchange (InwireHookState checks)"
         me = self.islands.index(self.island)
-        try:
-            if job.words is not None:
-                rows = self.exchange.gather(job.step, job.index, self.islands, me, job.words,
-                                            aggregator=self.aggregator, tree=self.tree, max_cliques=self.buckets)
-                check_layouts(rows, self.islands, f"step {job.step}, bucket {job.index} ({', '.join(self.islands)})")
-                self.agreed[job.index] = job.words.tobytes()
-            average = self.exchange.average(job.step, job.index, self.islands, me, host, aggregator=self.aggregator,
-                                            tree=self.tree, max_cliques=self.buckets)
-        except (AveragingError, ClientError, OSError, ValueError) as failure:
-            return failure
-        self.last = (job.step, job.index, host[:size], average[:size])
-        flagged = [island for island, flag in zip(self.islands, average[size:]) if flag != 0]
-        if flagged:
-            self.non_finite = (job.step, job.index, flagged)
-            tensor.fill_(math.nan)
-        else:
-            tensor.copy_(torch.from_numpy(np.ascontiguousarray(average[:size])).view_as(tensor))
-        return None
+        def agree(index: int, rows: np.ndarray) -> None:
+            job = jobs[index]
+            check_layouts(rows, self.islands, f"step {job.step}, bucket {job.index} ({', '.join(self.islands)})")
+            assert job.words is not None  # only a bucket with words has an agreement
+            self.agreed[job.index] = job.words.tobytes()
 
-    def stage(self, tensor: torch.Tensor) -> np.ndarray:
-        """What this island sends for the bucket, as a float32 numpy vector in the host buffer: the bucket,
-        whatever its device and dtype, then one flag element per island (`flag`)."""
+        try:
+            averages = self.exchange.average_many([(job.step, job.index, host) for job, (host, _) in zip(jobs, staged)],
+                                                  self.islands, me, aggregator=self.aggregator, tree=self.tree,
+                                                  max_cliques=self.buckets, words=[job.words for job in jobs],
+                                                  agree=agree)
+        except (AveragingError, ClientError, OSError, ValueError) as failure:
+            return [failure, *(self._after(job, jobs[0].index, failure) for job in jobs[1:])]
+        for job, (host, size), average in zip(jobs, staged, averages, strict=True):
+            self.last = (job.step, job.index, host[:size], average[:size])
+            flagged = [island for island, flag in zip(self.islands, average[size:]) if flag != 0]
+            if flagged:
+                self.non_finite = (job.step, job.index, flagged)
+                job.tensor.fill_(math.nan)
+            else:
+                job.tensor.copy_(torch.from_numpy(np.ascontiguousarray(average[:size])).view_as(job.tensor))
+        return [None] * len(jobs)
+
+    @staticmethod
+    def _after(job: _Job, index: int, first: Exception) -> AveragingError:
+        return AveragingError(f"step {job.step}, bucket {job.index}: not summed, bucket {index} of this step failed "
+                              f"first: {first}")
+
+    def stage(self, index: int, tensor: torch.Tensor) -> np.ndarray:
+        """What this island sends for bucket `index`, as a float32 numpy vector in the bucket's host buffer: the
+        bucket, whatever its device and dtype, then one flag element per island (`flag`)."""
         size = tensor.numel() + len(self.islands)
-        if self.host is None or self.host.numel() < size:
-            self.host = torch.empty(size, dtype=torch.float32, pin_memory=torch.cuda.is_available())
-        staged = self.host[:size]
+        host = self.hosts.get(index)
+        if host is None or host.numel() < size:
+            host = self.hosts[index] = torch.empty(size, dtype=torch.float32, pin_memory=torch.cuda.is_available())
+        staged = host[:size]
         staged[:tensor.numel()].copy_(tensor.detach().reshape(-1))
         staged[tensor.numel():].zero_()
         return staged.numpy()
@@ -284,6 +304,11 @@ def inwire_hook(state: InwireHookState, bucket: dist.GradBucket) -> torch.future
 def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
     """The summed bucket, or the worker's error raised."""
     return future.value()
+
+
+def _on(stream: "torch.cuda.Stream | None") -> contextlib.AbstractContextManager[object]:
+    """Work queued on the CUDA stream the bucket's gradients were computed on; on CPU, nothing to choose."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def _first_rank(group: dist.ProcessGroup | None) -> int:
