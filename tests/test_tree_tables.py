@@ -1,0 +1,103 @@
+"""Registered reduction trees of any depth (issue #37): a clique's schedule tree becomes the route each
+aggregator's tables hold (`jobs.tree_routes`), and islands sum along it through real `inwire serve` services."""
+
+from dataclasses import replace
+
+import pytest
+
+from inwire.jobs import CliqueRoute, JobEntry, TreeError, tree_routes
+from inwire.model import Aggregator
+from test_jobs_model import CONFIG, TREE_JOB, Network, contribution_to, field, source_of, values
+
+R, X, Y = (0x0A_00_10_01, 18775), (0x0A_00_10_02, 18775), (0x0A_00_10_03, 18775)
+AGGREGATORS = {"R": R, "X": X, "Y": Y}
+MEMBERS = [(0x0A_00_20_00 + k, 7000 + k) for k in range(12)]
+
+
+def test_a_clique_without_a_tree_is_one_level_at_its_root():
+    members = {MEMBERS[k]: ("R", k) for k in range(3)}
+    assert tree_routes("R", None, members, AGGREGATORS) == {"R": CliqueRoute(level=0b111)}
+
+
+def test_a_fork_of_two_levels_gathers_each_child_s_members_below_the_root():
+    """The schedule's fork A, B - X - R (docs/schedule.md): A and B send to X, which sums them and sends its
+    partial to R, where R's island sends; a second child Y under R holds one member. A and B sum nowhere, so
+    they need no aggregator."""
+    tree = {"X": "R", "A": "X", "B": "X", "Y": "R"}
+    members = {MEMBERS[0]: ("X", 0), MEMBERS[1]: ("X", 1), MEMBERS[2]: ("R", 2), MEMBERS[3]: ("Y", 3)}
+    assert tree_routes("R", tree, members, AGGREGATORS) == {
+        "R": CliqueRoute(level=0b1111, children={X: 0b0011, Y: 0b1000}),
+        "X": CliqueRoute(level=0b0011, parent=R),
+        "Y": CliqueRoute(level=0b1000, parent=R),
+    }
+
+
+def chain_of(depth):
+    """Cities C0 (the root) to C{depth - 1} in a chain, members 2i and 2i + 1 sending to Ci: (tree, members,
+    aggregators); the aggregators are those of `test_jobs_model.chain`."""
+    tree = {f"C{level}": f"C{level - 1}" for level in range(1, depth)}
+    members = {(0x0A_00_20_00 + 16 * level + k, 7000 + k): (f"C{level}", 2 * level + k)
+               for level in range(depth) for k in (0, 1)}
+    aggregators = {f"C{level}": (0x0A_00_10_01 + level, CONFIG.port) for level in range(depth)}
+    return tree, members, aggregators
+
+
+def test_a_chain_of_5_levels_gives_each_aggregator_its_level_parent_and_child():
+    depth = 5
+    tree, members, aggregators = chain_of(depth)
+    routes = tree_routes("C0", tree, members, aggregators)
+    below = [sum(1 << m for m in range(2 * level, 2 * depth)) for level in range(depth + 1)]
+    assert routes == {
+        f"C{level}": CliqueRoute(level=below[level], parent=aggregators[f"C{level - 1}"] if level else None,
+                                 children={aggregators[f"C{level + 1}"]: below[level + 1]} if level < depth - 1
+                                 else {})
+        for level in range(depth)}
+
+
+def test_the_golden_model_sums_a_chain_of_6_levels_from_these_tables_over_each_link_once():
+    """Deeper than a version 2 frame can name (3 levels): every member gets the exact sum from its own
+    aggregator, and each link carries one frame each way."""
+    depth = 6
+    tree, members, aggregators = chain_of(depth)
+    routes = tree_routes("C0", tree, members, aggregators)
+    models = {}
+    for city, (ip, port) in aggregators.items():
+        models[city] = Aggregator(replace(CONFIG, ip=ip, port=port, mac=0x02_00_00_10_00_00 | ip & 0xFF))
+        models[city].install(JobEntry(members={m for m, (at, _) in members.items() if at == city},
+                                      routes={0: routes[city]}, **TREE_JOB))
+    network = Network(models.values())
+    fanin = len(members)
+    for member, (city, index) in sorted(members.items(), key=lambda item: -item[1][1]):  # the deepest first
+        network.send(contribution_to(models[city].config, member, index, fanin))
+    network.run()
+    exact = [sum(m + 1 for m in range(fanin)), sum(-10 * m for m in range(fanin)), 7 * fanin]
+    for member, (city, _) in members.items():
+        (result,) = network.inbox[member]
+        assert (source_of(result), values(result), field(result, "bitmap")) == (aggregators[city], exact,
+                                                                                 2**fanin - 1)
+    assert all(count == 1 for count in network.links.values())
+    assert len(network.links) == 2 * (fanin + depth - 1)
+
+
+@pytest.mark.parametrize(("root", "tree", "members", "aggregators", "message"), [
+    ("R", {"X": "Y", "Y": "X"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("X", 1)}, AGGREGATORS,
+     "tree: a cycle, X -> Y -> X, that never reaches the root R"),
+    ("R", {"X": "R", "Y": "X", "Z": "Y", "W": "Z"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("W", 1)},
+     {**AGGREGATORS, "W": (0x0A_00_10_04, 18775)},
+     "tree: Z gathers members but has no aggregator address"),
+    ("R", {"X": "R"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("Q", 1)}, AGGREGATORS,
+     "tree: member 10.0.32.1:7001 sends to Q, which is under no aggregator: neither the root R nor a city of the "
+     "tree"),
+    ("R", {"X": "Q"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("X", 1)}, AGGREGATORS,
+     "tree: X -> Q does not reach the root R: Q has no parent"),
+    ("R", {"R": "X", "X": "R"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("X", 1)}, AGGREGATORS,
+     "tree: it gives the root R a parent (X); the root has none"),
+    ("R", None, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("R", 0)}, AGGREGATORS,
+     "tree: the members' indices [0, 0] are not 0 to 1, each once (a clique of at most 64)"),
+    ("R", {"X": "R"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("X", 1)}, {"R": R, "X": R},
+     "tree: R and X name one aggregator, 10.0.16.1:18775; each level of a tree needs its own"),
+])
+def test_a_tree_no_tables_can_be_built_from_is_refused_in_one_line(root, tree, members, aggregators, message):
+    with pytest.raises(TreeError) as refused:
+        tree_routes(root, tree, members, aggregators)
+    assert str(refused.value) == message
