@@ -1,6 +1,7 @@
 """Registered reduction trees of any depth (issue #37): a clique's schedule tree becomes the route each
 aggregator's tables hold (`jobs.tree_routes`), and islands sum along it through real `inwire serve` services."""
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -101,3 +102,82 @@ def test_a_tree_no_tables_can_be_built_from_is_refused_in_one_line(root, tree, m
     with pytest.raises(TreeError) as refused:
         tree_routes(root, tree, members, aggregators)
     assert str(refused.value) == message
+
+
+# --- islands summing along a registered chain of services on loopback ---------------------------------------
+
+CHAIN_MEMBERS = (1, 2, 0, 1, 2)
+"""Members sending to each service of the chain, the root's first: one level holds none and only relays."""
+ELEMENTS, CHUNK = 10, 4
+CHUNKS = -(-ELEMENTS // CHUNK)
+
+
+@pytest.mark.parametrize("engine", ["fast", "golden"])
+def test_islands_sum_along_a_registered_chain_of_5_services_over_each_link_once(engine, monkeypatch):
+    """Five `inwire serve` services in a chain, each registered through its control port with the job's entry
+    and its own route from `tree_routes`; islands hang at four of the levels. Every island gets the exact sum,
+    and each service's counters show each link crossed once per chunk and direction: one partial up (none from
+    the root), one result down per child service and per own member, and nothing answered twice."""
+    from contextlib import ExitStack, closing
+
+    import numpy as np
+
+    import inwire.client as client
+    from inwire.client import CliqueKey, UdpMember, job_slots
+    from inwire.control import JobLease, new_job
+    from inwire.datagram import ip_int
+    from inwire.serve import SoftwareAggregator, serving_in_thread
+
+    if engine == "fast":
+        pytest.importorskip("inwire._kernel")
+    # A retransmission would be answered again and blur the count of frames on each link: the members' timeouts
+    # start and stay far beyond a loopback round trip, however loaded the machine.
+    monkeypatch.setattr(client, "MIN_TIMEOUT_S", 10.0)
+    depth = len(CHAIN_MEMBERS)
+    cities = [f"C{level}" for level in range(depth)]
+    with ExitStack() as stack:
+        services = {city: stack.enter_context(serving_in_thread(SoftwareAggregator(
+            ("127.0.0.1", 0), unicast=True, registered=True, engine=engine, log=lambda line: None)))
+            for city in cities}
+        islands = {}  # island -> (its city, its index in the clique)
+        for city, count in zip(cities, CHAIN_MEMBERS, strict=True):
+            for _ in range(count):
+                island = stack.enter_context(closing(UdpMember(services[city].address, chunk=CHUNK,
+                                                                          timeout_s=10.0, deadline_s=20.0)))
+                islands[island] = (city, len(islands))
+        endpoint = {island: (ip_int(island.address[0]), island.address[1]) for island in islands}
+        aggregators = {city: (ip_int(service.address[0]), service.address[1]) for city, service in services.items()}
+        routes = tree_routes(cities[0], dict(zip(cities[1:], cities, strict=False)),
+                             {endpoint[island]: place for island, place in islands.items()}, aggregators)
+        job = new_job([island.address for island in islands], job_slots(1, client.DEFAULT_WINDOW, len(islands)))
+        entries = {city: replace(job, routes={0: routes[city]},
+                                 members={endpoint[island] for island, (at, _) in islands.items() if at == city})
+                   for city in cities}
+        for city in cities:
+            stack.enter_context(JobLease(services[city].address, entries[city]))
+        for island, (city, _) in islands.items():
+            island.join(entries[city])
+        key = CliqueKey(job=job.job, round=1, clique=0, group=0, fanin=len(islands), exponent=0, token=job.token)
+        vectors = {island: np.arange(ELEMENTS) * (index + 1) - 7 * index for island, (_, index) in islands.items()}
+        sums = {}
+
+        def island_sums(island):
+            sums[islands[island][1]] = island.sum(key, islands[island][1], vectors[island])[0].tolist()
+
+        threads = [threading.Thread(target=island_sums, args=(island,)) for island in islands]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=40)
+        exact = sum(vectors.values()).tolist()
+        assert sums == dict.fromkeys(range(len(islands)), exact)
+        assert [island.retransmits for island in islands] == [0] * len(islands)
+        for level, city in enumerate(cities):
+            counters = services[city].counters()
+            children = 1 if level < depth - 1 else 0
+            below = CHAIN_MEMBERS[level] + children
+            assert {name: counters[name] for name in ("accumulated", "partials_emitted", "relayed",
+                                                      "results_emitted", "answered", "frames_in")} == {
+                "accumulated": CHUNKS * below, "partials_emitted": CHUNKS if level else 0,
+                "relayed": CHUNKS if level else 0, "results_emitted": CHUNKS * below, "answered": 0,
+                "frames_in": CHUNKS * (below + (1 if level else 0))}, city
