@@ -181,3 +181,94 @@ def test_islands_sum_along_a_registered_chain_of_5_services_over_each_link_once(
                 "accumulated": CHUNKS * below, "partials_emitted": CHUNKS if level else 0,
                 "relayed": CHUNKS if level else 0, "results_emitted": CHUNKS * below, "answered": 0,
                 "frames_in": CHUNKS * (below + (1 if level else 0))}, city
+
+
+def test_islands_average_along_a_registered_3_level_tree_of_per_city_services(tmp_path):
+    """The clique R, X, Y, Z sums along the schedule's tree Z -> Y -> X -> R (Y and Z's islands send to Y, X's
+    to X, R's to R) as a registered job: each city's service registered with its entry from `tree_job_entries`,
+    every island ends with the exact clique average, at every averaging, and the partials went up the tree."""
+    from contextlib import ExitStack, closing
+
+    pytest.importorskip("torch")
+    import numpy as np
+    import torch
+
+    from inwire.client import DEFAULT_WINDOW, job_slots
+    from inwire.codec_average import clique_average
+    from inwire.control import JobLease, new_job
+    from inwire.plan.schedule_file import load_schedule_file
+    from inwire.serve import SoftwareAggregator, serving_in_thread
+    from inwire.train.averaging import CliqueAverager, InwireExchange, tree_job_entries
+    from schedules import write_schedule
+
+    names = ["R", "X", "Y", "Z"]
+    schedule = load_schedule_file(write_schedule(tmp_path / "tree.json", islands=names, rounds=[[
+        {"members": names, "aggregator": "R", "tree": {"X": "R", "Y": "X", "Z": "Y"}}]]))
+    models = {}
+    for seed, name in enumerate(names):
+        torch.manual_seed(seed)
+        models[name] = torch.nn.Linear(20, 15)  # 315 parameters: two chunks
+    flat = [torch.nn.utils.parameters_to_vector(models[name].parameters()).detach().numpy().copy() for name in names]
+    expected = clique_average([clique_average(flat)] * len(names))  # the second averaging starts from the first
+    with ExitStack() as stack:
+        services = {city: stack.enter_context(serving_in_thread(SoftwareAggregator(
+            ("127.0.0.1", 0), unicast=True, registered=True, log=lambda line: None))) for city in ("R", "X", "Y")}
+        aggregators = {city: service.address for city, service in services.items()}
+        exchanges = {name: stack.enter_context(closing(InwireExchange(aggregators, deadline_s=20)))
+                     for name in names}
+        job = new_job([exchange.address for exchange in exchanges.values()], job_slots(1, DEFAULT_WINDOW, len(names)))
+        entries = tree_job_entries(job, schedule, {name: exchange.address for name, exchange in exchanges.items()},
+                                   aggregators)
+        assert {city: len(entry.members) for city, entry in entries.items()} == {"R": 1, "X": 1, "Y": 2}
+        for city, entry in entries.items():
+            stack.enter_context(JobLease(services[city].address, entry))
+        for exchange in exchanges.values():
+            exchange.join(job)
+        errors = []
+
+        def island(name):
+            averager = CliqueAverager(1, island=name, schedule=schedule, exchange=exchanges[name])
+            try:
+                for _ in range(2):
+                    averager.average_parameters(models[name].parameters())
+            except Exception as error:  # reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=island, args=(name,)) for name in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        counters = {city: service.counters() for city, service in services.items()}
+    assert not errors, errors
+    for name in names:
+        assert np.array_equal(torch.nn.utils.parameters_to_vector(models[name].parameters()).detach().numpy(),
+                              expected), name
+    assert counters["R"]["partials_emitted"] == 0
+    assert all(counters[city]["partials_emitted"] > 0 and counters[city]["relayed"] > 0 for city in ("X", "Y"))
+
+
+def test_a_clique_index_with_two_routes_at_one_aggregator_is_refused_in_one_line(tmp_path):
+    """Round 0 sums clique 0 along X -> R, round 1 sums clique 0 flat at X: X's tables would need two routes
+    for clique 0 (a partial to R, and none); an island the exchanges do not name is refused too."""
+    pytest.importorskip("torch")
+    from inwire.control import new_job
+    from inwire.plan.schedule_file import load_schedule_file
+    from inwire.train.averaging import tree_job_entries
+    from schedules import write_schedule
+
+    names = ["R", "X", "Y"]
+    islands = {name: ("127.0.0.1", 5000 + k) for k, name in enumerate(names)}
+    aggregators = {"R": ("127.0.0.1", 6000), "X": ("127.0.0.1", 6001)}
+    job = new_job(islands.values(), 16)
+    schedule = load_schedule_file(write_schedule(tmp_path / "two.json", islands=names, rounds=[
+        [{"members": names, "aggregator": "R", "tree": {"X": "R", "Y": "X"}}],
+        [{"members": ["X", "Y"], "aggregator": "X"}]]))
+    with pytest.raises(TreeError) as refused:
+        tree_job_entries(job, schedule, islands, aggregators)
+    assert str(refused.value) == ("schedule round 1, clique 0: X's aggregator would hold another route for clique 0 "
+                                  "than in an earlier round; a registered job's tables hold one route per clique "
+                                  "index")
+    with pytest.raises(TreeError) as refused:
+        tree_job_entries(job, schedule, {"R": islands["R"]}, aggregators)
+    assert str(refused.value) == "schedule round 0, clique 0: no address for island X, Y"
