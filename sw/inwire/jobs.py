@@ -67,7 +67,8 @@ def tree_routes(root: str, tree: Mapping[str, str] | None, members: Mapping[Endp
     to and every city above them: each gathers the members at and below it (`level`), sends its partial to
     its parent's aggregator (none at the root) and takes partials from the aggregators just below it, each
     holding that child's level. The tables carry the route, not the frames, so the depth is not capped. A
-    tree city with no member at or below it gets no route (it needs no aggregator)."""
+    tree city with no member at or below it gets no route (it needs no aggregator). `where` begins each error
+    message."""
     parents = dict(tree or {})
     if root in parents:
         raise TreeError(f"{where}: it gives the root {root} a parent ({parents[root]}); the root has none")
