@@ -481,6 +481,18 @@ def test_a_lease_that_ends_leaves_the_job_to_the_other_islands_lease(aggregator)
         2, 1, 0)
 
 
+def test_a_lease_of_a_relay_only_level_ends_without_leaving_and_its_registration_runs_out(aggregator):
+    """A tree's aggregator that only sums the levels below it is registered with routes and no members: its
+    lease ends cleanly (no one to leave, nothing torn down), and the registration expires with its ttl."""
+    address, table, plane_ = aggregator
+    relay = JobEntry(job=0x4E1A, token=0x4E1A_4E1A, slots=4, members=frozenset(),
+                     routes={0: CliqueRoute(level=0b110, parent=(0x7F000001, 9), children={(0x7F000001, 8): 0b100})})
+    with JobLease([address], relay, ttl_s=1, key=KEY):
+        assert table.entries[relay.job] == relay
+    assert relay.job in table.entries and plane_.counters["members_left"] == plane_.counters["jobs_torn_down"] == 0
+    assert plane_.expire(time.time() + 1) == [relay.job] and relay.job not in table.entries
+
+
 def test_leave_round_trip_and_its_arguments(aggregator):
     address, table, _ = aggregator
     job = new_job([MEMBER, OTHER_MEMBER], slots=4)

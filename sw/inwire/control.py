@@ -543,7 +543,9 @@ class JobLease:
     renews every ttl_s / 3 seconds in a daemon thread, and leaves on exit: `entry`'s members leave the job, so
     that other islands registered in the same job go on; the job is removed with its last member. `bases`
     holds each aggregator's first slot of the job; `last_error` the latest renewal or leave that failed
-    (renewals go on; the registration lasts ttl_s)."""
+    (renewals go on; the registration lasts ttl_s). An entry without members (a tree's aggregator that only
+    sums the levels below it, `jobs.tree_routes`) has no one to leave on exit: its registration runs out
+    ttl_s later, unless other leases of the job renew it."""
 
     def __init__(self, aggregators: str | Address | Sequence[str | Address], entry: JobEntry,
                  ttl_s: int = DEFAULT_TTL_S, key: bytes | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -593,6 +595,8 @@ class JobLease:
                     self.last_error = error
 
     def _leave(self) -> None:
+        if not self.entry.members:
+            return  # a tree's relay-only level: no member to leave; the registration runs out unless others renew it
         for aggregator in self.bases:
             try:
                 leave(aggregator, self.entry, key=self.key, timeout_s=self.timeout_s, retries=self.retries)

@@ -54,6 +54,70 @@ class CliqueRoute:
 FLAT = CliqueRoute()
 
 
+class TreeError(JobTableError):
+    """A clique's reduction tree from which no tables can be built; the message is one line naming the cause."""
+
+
+def tree_routes(root: str, tree: Mapping[str, str] | None, members: Mapping[Endpoint, tuple[str, int]],
+                aggregators: Mapping[str, Endpoint], where: str = "tree") -> dict[str, CliqueRoute]:
+    """city -> the CliqueRoute its aggregator holds for one clique summed along `tree` ({city: up}, the
+    schedule's format, docs/schedule.md) to the clique's aggregator city `root`. `members` maps each member's
+    endpoint to (the city whose aggregator it sends to, its index in the clique: 0 to n - 1, each once);
+    `aggregators` maps a city to its aggregator's endpoint. The tree's aggregators are the cities members send
+    to and every city above them: each gathers the members at and below it (`level`), sends its partial to
+    its parent's aggregator (none at the root) and takes partials from the aggregators just below it, each
+    holding that child's level. The tables carry the route, not the frames, so the depth is not capped. A
+    tree city with no member at or below it gets no route (it needs no aggregator). `where` begins each error
+    message."""
+    parents = dict(tree or {})
+    if root in parents:
+        raise TreeError(f"{where}: it gives the root {root} a parent ({parents[root]}); the root has none")
+    for city in parents:
+        _path_to_root(city, root, parents, where)
+    indices = sorted(index for _, index in members.values())
+    if indices != list(range(len(members))) or len(members) > MAX_FANIN:
+        raise TreeError(f"{where}: the members' indices {indices} are not 0 to {len(members) - 1}, each once "
+                        f"(a clique of at most {MAX_FANIN})")
+    level: dict[str, int] = {}
+    for endpoint, (city, index) in members.items():
+        if city != root and city not in parents:
+            raise TreeError(f"{where}: member {_show(endpoint)} sends to {city}, which is under no aggregator: "
+                            f"neither the root {root} nor a city of the tree")
+        for step in _path_to_root(city, root, parents, where):
+            level[step] = level.get(step, 0) | 1 << index
+    missing = sorted(city for city in level if city not in aggregators)
+    if missing:
+        raise TreeError(f"{where}: {', '.join(missing)} gather{'s' if len(missing) == 1 else ''} members but "
+                        f"{'has' if len(missing) == 1 else 'have'} no aggregator address")
+    shared: dict[Endpoint, str] = {}
+    for city in sorted(level):
+        other = shared.setdefault(aggregators[city], city)
+        if other != city:
+            raise TreeError(f"{where}: {other} and {city} name one aggregator, {_show(aggregators[city])}; each "
+                            f"level of a tree needs its own")
+    children: dict[str, dict[Endpoint, int]] = {city: {} for city in level}
+    for city in level:
+        if city != root:
+            children[parents[city]][aggregators[city]] = level[city]
+    return {city: CliqueRoute(level=level[city], parent=None if city == root else aggregators[parents[city]],
+                              children=children[city]) for city in level}
+
+
+def _path_to_root(city: str, root: str, parents: Mapping[str, str], where: str) -> list[str]:
+    """The cities from `city` up to `root`, both included, by `parents`; a loop or a dead end is a TreeError."""
+    path = [city]
+    while path[-1] != root:
+        up = parents.get(path[-1])
+        if up is None:
+            raise TreeError(f"{where}: {' -> '.join(path)} does not reach the root {root}: {path[-1]} has no "
+                            f"parent")
+        if up in path:
+            raise TreeError(f"{where}: a cycle, {' -> '.join(path[path.index(up):] + [up])}, that never reaches "
+                            f"the root {root}")
+        path.append(up)
+    return path
+
+
 @dataclass(frozen=True)
 class JobLimits:
     """How much one aggregator's tables hold."""

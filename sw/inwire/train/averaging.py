@@ -23,6 +23,7 @@ averaging takes the model's bytes once more, and the averager keeps them once (i
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from numbers import Integral
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -33,8 +34,8 @@ import torch
 from ..client import DEFAULT_CHUNK, DEFAULT_WINDOW, ClientError, CliqueKey, UdpMember, clique_group, clique_routes
 from ..codec_average import ATTEMPTS, AveragingError, Pieces
 from ..datagram import Address, ip_int
-from ..jobs import JobEntry
-from ..plan.schedule_file import ScheduleFile
+from ..jobs import FLAT, CliqueRoute, Endpoint, JobEntry, TreeError, tree_routes
+from ..plan.schedule_file import ScheduleFile, member_paths
 from ..protocol import MAX_FANIN
 from .layout import LayoutMismatch, check_layouts, layout_words, schedule_text
 from .outer import OuterOptimizer
@@ -48,7 +49,7 @@ else:
         ModelAverager = object
 
 __all__ = ["AveragingError", "CliqueAverager", "InwireExchange", "LayoutMismatch", "LocalSGD", "OuterOptimizer",
-           "UdpCliqueExchange", "anchor_parameters"]
+           "UdpCliqueExchange", "anchor_parameters", "tree_job_entries"]
 
 STATE_KEY = "inwire_averager"
 """Where an optimizer's state_dict() carries the averager's state (`CliqueAverager.keep_state_in`)."""
@@ -77,9 +78,11 @@ class InwireExchange:
     island's first send to its last result: that includes waiting for the slowest member of its clique to
     arrive (at the first averaging, its whole start-up), so its default is torch's own collective timeout
     (10 minutes), not a network round trip. `entry` (or `join(entry)` once `address` is known): the
-    registered job (`jobs.JobEntry`) this island is a member of, at one aggregator: its averagings are then
-    version 3 frames with the job's token, and results count only from that aggregator with the token
-    (`UdpMember`). The other keywords go to `UdpMember`."""
+    registered job (`jobs.JobEntry`) this island is a member of: its averagings are then version 3 frames
+    with the job's token and no route, and results count only from the aggregator it sent to, with the token
+    (`UdpMember`). With per-city aggregators each member sends to its city's aggregator by the clique's tree
+    (docs/schedule.md), whose tables (`tree_job_entries`) hold the route, at any depth. The other keywords go
+    to `UdpMember`."""
 
     def __init__(self, aggregators: Address | Mapping[str, Address], job: int = 1, bound: float = 16.0,
                  chunk: int = DEFAULT_CHUNK, window: int = DEFAULT_WINDOW, timeout_s: float = 0.2,
@@ -101,10 +104,8 @@ class InwireExchange:
         return self.client.address
 
     def join(self, entry: JobEntry) -> None:
-        """Average as a member of registered job `entry` from now on."""
-        if self.cities:
-            raise ValueError("a registered job sums at one aggregator: its frames carry no route for per-city "
-                             "aggregators and trees, which take unregistered frames")
+        """Average as a member of registered job `entry` from now on (with per-city aggregators, each registered
+        with its tables: `tree_job_entries`)."""
         self.client.join(entry)
 
     def close(self) -> None:
@@ -175,10 +176,7 @@ class InwireExchange:
 
     def _root_city(self, members: Sequence[str], aggregator: str | None) -> str | None:
         """The city whose aggregator a clique sums at (its roll call's), or None with one aggregator."""
-        if not self.cities:
-            return None
-        return aggregator if aggregator in self.cities else (
-            members[0] if members[0] in self.cities else next(iter(self.cities)))
+        return _root_city(self.cities, members, aggregator) if self.cities else None
 
     def _route(self, members: Sequence[str], me: int, aggregator: str | None,
                tree: Mapping[str, str] | None) -> tuple[str | None, Any]:
@@ -190,12 +188,60 @@ class InwireExchange:
         missing = sorted({root, *(tree or {}).values()} - set(self.cities))
         if missing:
             raise AveragingError(f"no aggregator address for {', '.join(missing)} (the schedule's tree sums there)")
+        if self.client.entry is not None:
+            # A registered job's frames carry no route: the aggregators' tables hold it, so no depth cap.
+            return member_paths(members, root, tree if root == aggregator else None)[members[me]][0], None
         routes = clique_routes(tuple(members), root, tree if root == aggregator else None, self.cities.__getitem__)
         return routes[members[me]]
 
 
 UdpCliqueExchange = InwireExchange
 """The exchange's earlier name."""
+
+
+def _root_city(cities: Mapping[str, object], members: Sequence[str], aggregator: str | None) -> str:
+    """The city of `cities` whose aggregator a clique sums at: its aggregator city, else its first member's
+    city, else the first city (an all-to-all clique is summed in-network all the same)."""
+    return aggregator if aggregator in cities else (members[0] if members[0] in cities else next(iter(cities)))
+
+
+def tree_job_entries(entry: JobEntry, schedule: ScheduleFile | Sequence[Any], islands: Mapping[str, Address],
+                     aggregators: Mapping[str, Address]) -> dict[str, JobEntry]:
+    """city -> the entry of registered job `entry` its aggregator is registered with, for islands averaging
+    along `schedule` (a loaded schedule file, whose trees it follows, or rounds of (members, aggregator)) over
+    the per-city `aggregators` ({city: (host, port)}, as `InwireExchange` takes them); `islands` maps each
+    island to the address its exchange sends from. Each city's entry holds the islands that send to its
+    aggregator in some clique and, per clique index, the route its aggregator holds there (`jobs.tree_routes`;
+    a clique flat at its root needs none). The tables hold one route per clique index, so two rounds whose
+    cliques of one index would give an aggregator two different routes are refused (`jobs.TreeError`)."""
+    rounds, trees = _schedule_rounds(schedule)
+    endpoints = {city: (ip_int(host), port) for city, (host, port) in aggregators.items()}
+    members: dict[str, set[Endpoint]] = {}
+    routes: dict[str, dict[int, CliqueRoute]] = {}
+    for period_round, cliques in enumerate(rounds):
+        for clique_index, (names, aggregator) in enumerate(cliques):
+            where = f"schedule round {period_round}, clique {clique_index}"
+            unknown = [name for name in names if name not in islands]
+            if unknown:
+                raise TreeError(f"{where}: no address for island {', '.join(unknown)}")
+            root = _root_city(aggregators, names, aggregator)
+            tree = trees[period_round][clique_index] if root == aggregator else None
+            paths = member_paths(names, root, tree)
+            placed = {(ip_int(islands[name][0]), islands[name][1]): (paths[name][0], index)
+                      for index, name in enumerate(names)}
+            for city, route in tree_routes(root, tree, placed, endpoints, where).items():
+                # The root gathers the whole clique (level 0), however many members it has in this round.
+                route = replace(route, level=0) if route.parent is None else route
+                held = routes.setdefault(city, {}).setdefault(clique_index, route)
+                if held != route:
+                    raise TreeError(f"{where}: {city}'s aggregator would hold another route for clique "
+                                    f"{clique_index} than in an earlier round; a registered job's tables hold one "
+                                    f"route per clique index")
+            for endpoint, (city, _) in placed.items():
+                members.setdefault(city, set()).add(endpoint)
+    return {city: replace(entry, members=frozenset(members.get(city, ())),
+                          routes={clique: route for clique, route in routes[city].items() if route != FLAT})
+            for city in routes}
 
 
 def anchor_parameters(model_or_params: torch.nn.Module | Iterable[Any]) -> list[torch.Tensor]:

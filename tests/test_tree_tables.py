@@ -1,0 +1,274 @@
+"""Registered reduction trees of any depth (issue #37): a clique's schedule tree becomes the route each
+aggregator's tables hold (`jobs.tree_routes`), and islands sum along it through real `inwire serve` services."""
+
+import threading
+from dataclasses import replace
+
+import pytest
+
+from inwire.jobs import CliqueRoute, JobEntry, TreeError, tree_routes
+from inwire.model import Aggregator
+from test_jobs_model import CONFIG, TREE_JOB, Network, contribution_to, field, source_of, values
+
+R, X, Y = (0x0A_00_10_01, 18775), (0x0A_00_10_02, 18775), (0x0A_00_10_03, 18775)
+AGGREGATORS = {"R": R, "X": X, "Y": Y}
+MEMBERS = [(0x0A_00_20_00 + k, 7000 + k) for k in range(12)]
+
+
+def test_a_clique_without_a_tree_is_one_level_at_its_root():
+    members = {MEMBERS[k]: ("R", k) for k in range(3)}
+    assert tree_routes("R", None, members, AGGREGATORS) == {"R": CliqueRoute(level=0b111)}
+
+
+def test_a_fork_of_two_levels_gathers_each_child_s_members_below_the_root():
+    """The schedule's fork A, B - X - R (docs/schedule.md): A and B send to X, which sums them and sends its
+    partial to R, where R's island sends; a second child Y under R holds one member. A and B sum nowhere, so
+    they need no aggregator."""
+    tree = {"X": "R", "A": "X", "B": "X", "Y": "R"}
+    members = {MEMBERS[0]: ("X", 0), MEMBERS[1]: ("X", 1), MEMBERS[2]: ("R", 2), MEMBERS[3]: ("Y", 3)}
+    assert tree_routes("R", tree, members, AGGREGATORS) == {
+        "R": CliqueRoute(level=0b1111, children={X: 0b0011, Y: 0b1000}),
+        "X": CliqueRoute(level=0b0011, parent=R),
+        "Y": CliqueRoute(level=0b1000, parent=R),
+    }
+
+
+def chain_of(depth):
+    """Cities C0 (the root) to C{depth - 1} in a chain, members 2i and 2i + 1 sending to Ci: (tree, members,
+    aggregators); the aggregators are those of `test_jobs_model.chain`."""
+    tree = {f"C{level}": f"C{level - 1}" for level in range(1, depth)}
+    members = {(0x0A_00_20_00 + 16 * level + k, 7000 + k): (f"C{level}", 2 * level + k)
+               for level in range(depth) for k in (0, 1)}
+    aggregators = {f"C{level}": (0x0A_00_10_01 + level, CONFIG.port) for level in range(depth)}
+    return tree, members, aggregators
+
+
+def test_a_chain_of_5_levels_gives_each_aggregator_its_level_parent_and_child():
+    depth = 5
+    tree, members, aggregators = chain_of(depth)
+    routes = tree_routes("C0", tree, members, aggregators)
+    below = [sum(1 << m for m in range(2 * level, 2 * depth)) for level in range(depth + 1)]
+    assert routes == {
+        f"C{level}": CliqueRoute(level=below[level], parent=aggregators[f"C{level - 1}"] if level else None,
+                                 children={aggregators[f"C{level + 1}"]: below[level + 1]} if level < depth - 1
+                                 else {})
+        for level in range(depth)}
+
+
+def test_the_golden_model_sums_a_chain_of_6_levels_from_these_tables_over_each_link_once():
+    """Deeper than a version 2 frame can name (3 levels): every member gets the exact sum from its own
+    aggregator, and each link carries one frame each way."""
+    depth = 6
+    tree, members, aggregators = chain_of(depth)
+    routes = tree_routes("C0", tree, members, aggregators)
+    models = {}
+    for city, (ip, port) in aggregators.items():
+        models[city] = Aggregator(replace(CONFIG, ip=ip, port=port, mac=0x02_00_00_10_00_00 | ip & 0xFF))
+        models[city].install(JobEntry(members={m for m, (at, _) in members.items() if at == city},
+                                      routes={0: routes[city]}, **TREE_JOB))
+    network = Network(models.values())
+    fanin = len(members)
+    for member, (city, index) in sorted(members.items(), key=lambda item: -item[1][1]):  # the deepest first
+        network.send(contribution_to(models[city].config, member, index, fanin))
+    network.run()
+    exact = [sum(m + 1 for m in range(fanin)), sum(-10 * m for m in range(fanin)), 7 * fanin]
+    for member, (city, _) in members.items():
+        (result,) = network.inbox[member]
+        assert (source_of(result), values(result), field(result, "bitmap")) == (aggregators[city], exact,
+                                                                                 2**fanin - 1)
+    assert all(count == 1 for count in network.links.values())
+    assert len(network.links) == 2 * (fanin + depth - 1)
+
+
+@pytest.mark.parametrize(("root", "tree", "members", "aggregators", "message"), [
+    ("R", {"X": "Y", "Y": "X"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("X", 1)}, AGGREGATORS,
+     "tree: a cycle, X -> Y -> X, that never reaches the root R"),
+    ("R", {"X": "R", "Y": "X", "Z": "Y", "W": "Z"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("W", 1)},
+     {**AGGREGATORS, "W": (0x0A_00_10_04, 18775)},
+     "tree: Z gathers members but has no aggregator address"),
+    ("R", {"X": "R"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("Q", 1)}, AGGREGATORS,
+     "tree: member 10.0.32.1:7001 sends to Q, which is under no aggregator: neither the root R nor a city of the "
+     "tree"),
+    ("R", {"X": "Q"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("X", 1)}, AGGREGATORS,
+     "tree: X -> Q does not reach the root R: Q has no parent"),
+    ("R", {"R": "X", "X": "R"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("X", 1)}, AGGREGATORS,
+     "tree: it gives the root R a parent (X); the root has none"),
+    ("R", None, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("R", 0)}, AGGREGATORS,
+     "tree: the members' indices [0, 0] are not 0 to 1, each once (a clique of at most 64)"),
+    ("R", {"X": "R"}, {MEMBERS[0]: ("R", 0), MEMBERS[1]: ("X", 1)}, {"R": R, "X": R},
+     "tree: R and X name one aggregator, 10.0.16.1:18775; each level of a tree needs its own"),
+])
+def test_a_tree_no_tables_can_be_built_from_is_refused_in_one_line(root, tree, members, aggregators, message):
+    with pytest.raises(TreeError) as refused:
+        tree_routes(root, tree, members, aggregators)
+    assert str(refused.value) == message
+
+
+# --- islands summing along a registered chain of services on loopback ---------------------------------------
+
+CHAIN_MEMBERS = (1, 2, 0, 1, 2)
+"""Members sending to each service of the chain, the root's first: one level holds none and only relays."""
+ELEMENTS, CHUNK = 10, 4
+CHUNKS = -(-ELEMENTS // CHUNK)
+
+
+@pytest.mark.parametrize("engine", ["fast", "golden"])
+def test_islands_sum_along_a_registered_chain_of_5_services_over_each_link_once(engine, monkeypatch):
+    """Five `inwire serve` services in a chain, each registered through its control port with the job's entry
+    and its own route from `tree_routes`; islands hang at four of the levels. Every island gets the exact sum,
+    and each service's counters show each link crossed once per chunk and direction: one partial up (none from
+    the root), one result down per child service and per own member, and nothing answered twice."""
+    from contextlib import ExitStack, closing
+
+    import numpy as np
+
+    import inwire.client as client
+    from inwire.client import CliqueKey, UdpMember, job_slots
+    from inwire.control import JobLease, new_job
+    from inwire.datagram import ip_int
+    from inwire.serve import SoftwareAggregator, serving_in_thread
+
+    if engine == "fast":
+        pytest.importorskip("inwire._kernel")
+    # A retransmission would be answered again and blur the count of frames on each link: the members' timeouts
+    # start and stay far beyond a loopback round trip, however loaded the machine.
+    monkeypatch.setattr(client, "MIN_TIMEOUT_S", 10.0)
+    depth = len(CHAIN_MEMBERS)
+    cities = [f"C{level}" for level in range(depth)]
+    with ExitStack() as stack:
+        services = {city: stack.enter_context(serving_in_thread(SoftwareAggregator(
+            ("127.0.0.1", 0), unicast=True, registered=True, engine=engine, log=lambda line: None)))
+            for city in cities}
+        islands = {}  # island -> (its city, its index in the clique)
+        for city, count in zip(cities, CHAIN_MEMBERS, strict=True):
+            for _ in range(count):
+                island = stack.enter_context(closing(UdpMember(services[city].address, chunk=CHUNK,
+                                                                          timeout_s=10.0, deadline_s=20.0)))
+                islands[island] = (city, len(islands))
+        endpoint = {island: (ip_int(island.address[0]), island.address[1]) for island in islands}
+        aggregators = {city: (ip_int(service.address[0]), service.address[1]) for city, service in services.items()}
+        routes = tree_routes(cities[0], dict(zip(cities[1:], cities, strict=False)),
+                             {endpoint[island]: place for island, place in islands.items()}, aggregators)
+        job = new_job([island.address for island in islands], job_slots(1, client.DEFAULT_WINDOW, len(islands)))
+        entries = {city: replace(job, routes={0: routes[city]},
+                                 members={endpoint[island] for island, (at, _) in islands.items() if at == city})
+                   for city in cities}
+        for city in cities:
+            stack.enter_context(JobLease(services[city].address, entries[city]))
+        for island, (city, _) in islands.items():
+            island.join(entries[city])
+        key = CliqueKey(job=job.job, round=1, clique=0, group=0, fanin=len(islands), exponent=0, token=job.token)
+        vectors = {island: np.arange(ELEMENTS) * (index + 1) - 7 * index for island, (_, index) in islands.items()}
+        sums = {}
+
+        def island_sums(island):
+            sums[islands[island][1]] = island.sum(key, islands[island][1], vectors[island])[0].tolist()
+
+        threads = [threading.Thread(target=island_sums, args=(island,)) for island in islands]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=40)
+        exact = sum(vectors.values()).tolist()
+        assert sums == dict.fromkeys(range(len(islands)), exact)
+        assert [island.retransmits for island in islands] == [0] * len(islands)
+        for level, city in enumerate(cities):
+            counters = services[city].counters()
+            children = 1 if level < depth - 1 else 0
+            below = CHAIN_MEMBERS[level] + children
+            assert {name: counters[name] for name in ("accumulated", "partials_emitted", "relayed",
+                                                      "results_emitted", "answered", "frames_in")} == {
+                "accumulated": CHUNKS * below, "partials_emitted": CHUNKS if level else 0,
+                "relayed": CHUNKS if level else 0, "results_emitted": CHUNKS * below, "answered": 0,
+                "frames_in": CHUNKS * (below + (1 if level else 0))}, city
+
+
+def test_islands_average_along_a_registered_3_level_tree_of_per_city_services(tmp_path):
+    """The clique R, X, Y, Z sums along the schedule's tree Z -> Y -> X -> R (Y and Z's islands send to Y, X's
+    to X, R's to R) as a registered job: each city's service registered with its entry from `tree_job_entries`,
+    every island ends with the exact clique average, at every averaging, and the partials went up the tree."""
+    from contextlib import ExitStack, closing
+
+    pytest.importorskip("torch")
+    import numpy as np
+    import torch
+
+    from inwire.client import DEFAULT_WINDOW, job_slots
+    from inwire.codec_average import clique_average
+    from inwire.control import JobLease, new_job
+    from inwire.plan.schedule_file import load_schedule_file
+    from inwire.serve import SoftwareAggregator, serving_in_thread
+    from inwire.train.averaging import CliqueAverager, InwireExchange, tree_job_entries
+    from schedules import write_schedule
+
+    names = ["R", "X", "Y", "Z"]
+    schedule = load_schedule_file(write_schedule(tmp_path / "tree.json", islands=names, rounds=[[
+        {"members": names, "aggregator": "R", "tree": {"X": "R", "Y": "X", "Z": "Y"}}]]))
+    models = {}
+    for seed, name in enumerate(names):
+        torch.manual_seed(seed)
+        models[name] = torch.nn.Linear(20, 15)  # 315 parameters: two chunks
+    flat = [torch.nn.utils.parameters_to_vector(models[name].parameters()).detach().numpy().copy() for name in names]
+    expected = clique_average([clique_average(flat)] * len(names))  # the second averaging starts from the first
+    with ExitStack() as stack:
+        services = {city: stack.enter_context(serving_in_thread(SoftwareAggregator(
+            ("127.0.0.1", 0), unicast=True, registered=True, log=lambda line: None))) for city in ("R", "X", "Y")}
+        aggregators = {city: service.address for city, service in services.items()}
+        exchanges = {name: stack.enter_context(closing(InwireExchange(aggregators, deadline_s=20)))
+                     for name in names}
+        job = new_job([exchange.address for exchange in exchanges.values()], job_slots(1, DEFAULT_WINDOW, len(names)))
+        entries = tree_job_entries(job, schedule, {name: exchange.address for name, exchange in exchanges.items()},
+                                   aggregators)
+        assert {city: len(entry.members) for city, entry in entries.items()} == {"R": 1, "X": 1, "Y": 2}
+        for city, entry in entries.items():
+            stack.enter_context(JobLease(services[city].address, entry))
+        for exchange in exchanges.values():
+            exchange.join(job)
+        errors = []
+
+        def island(name):
+            averager = CliqueAverager(1, island=name, schedule=schedule, exchange=exchanges[name])
+            try:
+                for _ in range(2):
+                    averager.average_parameters(models[name].parameters())
+            except Exception as error:  # reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=island, args=(name,)) for name in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        counters = {city: service.counters() for city, service in services.items()}
+    assert not errors, errors
+    for name in names:
+        assert np.array_equal(torch.nn.utils.parameters_to_vector(models[name].parameters()).detach().numpy(),
+                              expected), name
+    assert counters["R"]["partials_emitted"] == 0
+    assert all(counters[city]["partials_emitted"] > 0 and counters[city]["relayed"] > 0 for city in ("X", "Y"))
+
+
+def test_a_clique_index_with_two_routes_at_one_aggregator_is_refused_in_one_line(tmp_path):
+    """Round 0 sums clique 0 along X -> R, round 1 sums clique 0 flat at X: X's tables would need two routes
+    for clique 0 (a partial to R, and none); an island the exchanges do not name is refused too."""
+    pytest.importorskip("torch")
+    from inwire.control import new_job
+    from inwire.plan.schedule_file import load_schedule_file
+    from inwire.train.averaging import tree_job_entries
+    from schedules import write_schedule
+
+    names = ["R", "X", "Y"]
+    islands = {name: ("127.0.0.1", 5000 + k) for k, name in enumerate(names)}
+    aggregators = {"R": ("127.0.0.1", 6000), "X": ("127.0.0.1", 6001)}
+    job = new_job(islands.values(), 16)
+    schedule = load_schedule_file(write_schedule(tmp_path / "two.json", islands=names, rounds=[
+        [{"members": names, "aggregator": "R", "tree": {"X": "R", "Y": "X"}}],
+        [{"members": ["X", "Y"], "aggregator": "X"}]]))
+    with pytest.raises(TreeError) as refused:
+        tree_job_entries(job, schedule, islands, aggregators)
+    assert str(refused.value) == ("schedule round 1, clique 0: X's aggregator would hold another route for clique 0 "
+                                  "than in an earlier round; a registered job's tables hold one route per clique "
+                                  "index")
+    with pytest.raises(TreeError) as refused:
+        tree_job_entries(job, schedule, {"R": islands["R"]}, aggregators)
+    assert str(refused.value) == "schedule round 0, clique 0: no address for island X, Y"
