@@ -202,7 +202,9 @@ UdpCliqueExchange = InwireExchange
 def _root_city(cities: Mapping[str, object], members: Sequence[str], aggregator: str | None) -> str:
     """The city of `cities` whose aggregator a clique sums at: its aggregator city, else its first member's
     city, else the first city (an all-to-all clique is summed in-network all the same)."""
-    return aggregator if aggregator in cities else (members[0] if members[0] in cities else next(iter(cities)))
+    if aggregator is not None and aggregator in cities:
+        return aggregator
+    return members[0] if members[0] in cities else next(iter(cities))
 
 
 def tree_job_entries(entry: JobEntry, schedule: ScheduleFile | Sequence[Any], islands: Mapping[str, Address],
