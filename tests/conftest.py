@@ -100,8 +100,12 @@ class Job:
 
     def __init__(self, name: str, command: list[str], out: Path) -> None:
         self.name, self.command, self.out = name, command, out
+        # Taken now, in the main thread: a child forked while a test changes the environment (os.environ, setenv)
+        # could exec with the process's environment half rewritten (EFAULT: "Bad address").
+        self.environment = dict(os.environ)
         self.log = out / "job.log"
         self.process: subprocess.Popen | None = None
+        self.error: OSError | None = None
         self.done = threading.Event()
 
     def run(self, stopped: threading.Event) -> None:
@@ -109,8 +113,10 @@ class Job:
             if not stopped.is_set():
                 with self.log.open("w") as log:
                     self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                                    start_new_session=True)
+                                                    env=self.environment, start_new_session=True)
                 self.process.wait()
+        except OSError as error:  # told by `failure`, in the case that waits for the job
+            self.error = error
         finally:
             self.done.set()
 
@@ -120,6 +126,8 @@ class Job:
 
     def failure(self, what: str) -> str:
         tail = self.log.read_text()[-3000:] if self.log.exists() else ""
+        if self.error is not None:
+            return f"{self.name} did not start: {self.error}"
         return f"{self.name} wrote no {what} (exit status {self.wait()}; log {self.log}): {tail}"
 
     def stop(self) -> None:
@@ -150,7 +158,7 @@ class Lane:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def background(request, tmp_path_factory):
+def background(request, tmp_path_factory, operator_key):
     """The session's background lane: the Versa build when a selected case needs `versa_build`, then the formal
     rows the selected cases of tests/test_formal.py look at (its `selected_checks`); stopped at the end."""
     items = request.session.items
