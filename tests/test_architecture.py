@@ -373,3 +373,21 @@ def test_installed_commands_work_outside_the_checkout(installed, tmp_path):
                                                   for out in model.process(frame)]
     assert json.loads(replay.stdout) == model.stats()
     assert (tmp_path / "build" / "sim").is_dir()
+
+
+def test_no_tracked_file_holds_merge_conflict_markers():
+    """A merge's conflict left in a file (docs/host.md's failure table once held both sides of one) is caught
+    here, not by a reader."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=False)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    markers = ("<<<<<<< ", ">>>>>>> ")
+    found = []
+    for name in listed.stdout.decode().split("\0"):
+        path = ROOT / name
+        if not name or not path.is_file() or path.suffix not in {".py", ".md", ".c", ".h", ".toml", ".txt", ""}:
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if line.startswith(markers):
+                found.append(f"{name}:{number}")
+    assert not found, found
