@@ -29,6 +29,7 @@ from inwire.plan.sensitivity import (  # noqa: E402
     sensitivity_table,
 )
 from inwire.plan.topology import load_topology  # noqa: E402
+from inwire.protocol import ROUTE_HOPS  # noqa: E402
 
 from .options import (  # noqa: E402
     MAX_MODEL_MB,
@@ -77,6 +78,12 @@ def add_arguments(parser):
     parser.add_argument("--reduce-in-path", action=argparse.BooleanOptionalAction, default=True,
                         help="every aggregating city on the way to a clique's root sums what it forwards, as the "
                              "gateware's trees do (default: on)")
+    parser.add_argument("--tree-tables", action=argparse.BooleanOptionalAction, default=False,
+                        help="the reduction trees are carried by each aggregator's tables (a registered job, "
+                             "jobs.tree_routes), so a tree sums at every aggregating city on the way, at any depth; "
+                             f"off, no member's path climbs more than {ROUTE_HOPS + 1} summing levels, what a "
+                             "version 2 frame's route names (default: off, capped: inwire stream --target udp:FILE "
+                             "and the lab run a schedule's trees with unregistered frames)")
     parser.add_argument("--routing", choices=(*ROUTINGS, AUTO_ROUTING), default=AUTO_ROUTING,
                         help="latency: fixed latency-shortest paths (DoubleZero routes so); bandwidth: each "
                              "transfer takes the candidate path that completes soonest, farthest first; balanced: "
@@ -177,7 +184,8 @@ def run(args):
         _, table = run_sweep(topology, islands, sizes, args.epsilon, args.seed, Path(args.out_dir),
                              profiles=profiles, steps_ms=steps, local_steps=max(1, args.local_steps),
                              multicast=not args.no_multicast, aggregation=not args.no_aggregation,
-                             routing=args.routing, host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree)
+                             routing=args.routing, host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree,
+                             tree_tables=args.tree_tables)
         print(table)
         print(f"\nwrote {args.out_dir}/sweep.md, sweep.json, phase_*.png and the schedule maps")
         return 0
@@ -203,7 +211,7 @@ def run(args):
                          multicast, aggregation, args.seed, aggregator=aggregator,
                          reduce_in_path=args.reduce_in_path, routing=args.routing,
                          local_steps=args.local_steps, step_ms=args.step_ms,
-                         host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree)
+                         host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree, tree_tables=args.tree_tables)
     if args.global_clique:
         plan = global_clique_plan(plan)
     print(format_plan(plan))
@@ -234,7 +242,7 @@ def _run_sensitivity(args):
                                  multicast=not args.no_multicast, aggregation=not args.no_aggregation, seed=args.seed,
                                  aggregator=aggregator, reduce_in_path=args.reduce_in_path, routing=args.routing,
                                  local_steps=args.local_steps, step_ms=args.step_ms, host_nic_gbps=args.host_nic_gbps,
-                                 host_tree=args.host_tree)
+                                 host_tree=args.host_tree, tree_tables=args.tree_tables)
     with atomic_output(args.sensitivity) as path, open(path, "w") as handle:
         json.dump(rows, handle, indent=1)
         handle.write("\n")
@@ -264,11 +272,12 @@ def _parse_sizes(text, option, zero=False, high=math.inf):
 
 
 def _sweep_cell(topology, islands, epsilon, seed, iterations, profile, reduced, size_mb, step_ms, local_steps,
-                multicast, aggregation, routing, plans, host_nic_gbps=None, host_tree=False):
+                multicast, aggregation, routing, plans, host_nic_gbps=None, host_tree=False, tree_tables=False):
     """One row of the sweep: the optimum and the baselines at one setting (its plan kept in `plans`)."""
     steps = local_steps if step_ms > 0 else 0
     plan = plan_schedule(topology, islands, round(size_mb * 1e6), epsilon, multicast, aggregation,
-                         seed, iterations, profile, reduced, routing, steps, step_ms, host_nic_gbps, host_tree)
+                         seed, iterations, profile, reduced, routing, steps, step_ms, host_nic_gbps, host_tree,
+                         tree_tables)
     plans[(profile.name, reduced, size_mb, step_ms)] = plan
     best_name, best_baseline = min(plan.candidate_baselines.items(),
                                    key=lambda item: item[1].time_to_epsilon_ms)
@@ -315,7 +324,7 @@ def _rotating(schedule):
 
 def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None, reduce=(False, True),
               steps_ms=(0.0,), local_steps=1, multicast=True, aggregation=True, routing="latency", iterations=None,
-              host_nic_gbps=None, host_tree=False):
+              host_nic_gbps=None, host_tree=False, tree_tables=False):
     """Optimize every (aggregator profile, reduce-in-path, model size, step time); write the table, the
     phase diagrams (one PNG per baseline compared) and maps of the optimum at the smallest and largest size.
 
@@ -329,7 +338,8 @@ def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None
     with progress.counting(cells, "sweep cell") as advance:
         for profile, reduced, size_mb, step_ms in itertools.product(profiles, reduce, sizes_mb, steps_ms):
             rows.append(_sweep_cell(topology, islands, epsilon, seed, iterations, profile, reduced, size_mb, step_ms,
-                                    local_steps, multicast, aggregation, routing, plans, host_nic_gbps, host_tree))
+                                    local_steps, multicast, aggregation, routing, plans, host_nic_gbps, host_tree,
+                                    tree_tables))
             advance()
     header = ("| aggregator | reduce | model MB | step ms | optimized cliques per round | exchange | rho "
               "| spectral radius | time to eps ms | global ms | grid2d ms | ring ms | gain over global | x bound |")
