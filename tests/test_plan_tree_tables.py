@@ -87,3 +87,105 @@ def test_results_come_down_the_same_tree_one_copy_per_link(multicast):
     loads = {edge: profile.loads_bits[i] / model.vector_bits for edge, i in model.edge_index.items()}
     assert loads == {edge: 1.0 for edge in model.edge_index}
     assert model.clique_time_alone(Clique(tuple(CHAIN), ROOT)) == pytest.approx(CHAIN_MS + V_MS_AT_1G)
+
+
+# --- the aggregators' tables for the control plane (--tables) ------------------------------------------------
+
+def chain_levels():
+    """Each aggregator city of the chain's global clique at C4 -> the members its level gathers, as a bitmap of
+    the clique's member indices (C0 is 0): C1 gathers C0 and C1, ..., C5 gathers C5 to C8; C4, the root, all."""
+    below = {f"C{i}": (1 << i + 1) - 1 for i in range(1, 4)}
+    above = {f"C{i}": (1 << 9) - (1 << i) for i in range(5, 8)}
+    return {**below, ROOT: 0, **above}
+
+
+def test_tables_give_every_aggregator_of_the_chain_its_level_parent_and_children(tmp_path):
+    tables_path = tmp_path / "tables.json"
+    plan_chain(tmp_path, "--tree-tables", "--tables", str(tables_path))
+    tables = json.loads(tables_path.read_text())
+    levels = chain_levels()
+    parents = {**{f"C{i}": f"C{i + 1}" for i in range(1, 4)}, ROOT: None, **{f"C{i}": f"C{i - 1}" for i in range(5, 8)}}
+    children = {city: {child: levels[child] for child, up in parents.items() if up == city} for city in levels}
+    assert tables["islands"] == CHAIN
+    assert tables["cities"] == {
+        city: {"members": {"C1": ["C0", "C1"], "C7": ["C7", "C8"]}.get(city, [city]),
+               "routes": {"0": {"level": levels[city], "parent": parents[city], "children": children[city]}}}
+        for city in CHAIN[1:8]}
+
+
+def test_tables_are_the_entries_the_averager_registers(tmp_path):
+    """What `tree_job_entries` builds for the written schedule (the islands and aggregators at addresses of their
+    own) is what the tables file says, city by city, with the addresses named back."""
+    pytest.importorskip("torch")
+    from inwire.datagram import ip_int
+    from inwire.jobs import JobEntry
+    from inwire.train.averaging import tree_job_entries
+
+    tables_path = tmp_path / "tables.json"
+    schedule = plan_chain(tmp_path, "--tree-tables", "--tables", str(tables_path))
+    islands = {city: (f"10.0.1.{i + 1}", 7000) for i, city in enumerate(CHAIN)}
+    aggregators = {city: (f"10.0.2.{i + 1}", 18775) for i, city in enumerate(CHAIN)}
+    named = {(ip_int(host), port): city for table in (islands, aggregators) for city, (host, port) in table.items()}
+    entries = tree_job_entries(JobEntry(job=1, token=2, slots=8, members=frozenset()), schedule, islands, aggregators)
+    assert {city: {"members": sorted(named[member] for member in entry.members),
+                   "routes": {str(clique): {"level": route.level,
+                                            "parent": None if route.parent is None else named[route.parent],
+                                            "children": {named[child]: held for child, held in route.children.items()}}
+                              for clique, route in entry.routes.items()}}
+            for city, entry in entries.items()} == json.loads(tables_path.read_text())["cities"]
+
+
+def clashing_plan(real_plan_schedule):
+    """`plan_schedule` with its schedule replaced by two rounds of clique 0 that the tables cannot both hold:
+    the global clique summed at C4 (C3 sends its level up to C4), then C0 to C3 summed at C3 (C3 the root)."""
+    from dataclasses import replace
+
+    from inwire.plan.search import Evaluator
+
+    def plan(*args, **options):
+        planned = real_plan_schedule(*args, **options)
+        model = planned.cost_model
+        rounds = [(Clique(tuple(CHAIN), ROOT),), (Clique(tuple(CHAIN[:4]), "C3"),)]
+        return replace(planned, best=Evaluator(model, planned.epsilon).evaluate_cliques(rounds))
+    return plan
+
+
+def test_a_schedule_whose_cliques_clash_in_the_tables_is_refused_in_one_line_writing_nothing(
+        tmp_path, capsys, monkeypatch):
+    import inwire.cli.schedule as schedule_command
+
+    monkeypatch.setattr(schedule_command, "plan_schedule", clashing_plan(schedule_command.plan_schedule))
+    topology, out, tables = tmp_path / "chain9.json", tmp_path / "s.json", tmp_path / "tables.json"
+    topology.write_text(json.dumps(chain_document()))
+    argv = ["schedule", "--topology", str(topology), "--model-mb", "1", "--routing", "latency", "--out", str(out),
+            "--tree-tables"]
+    assert main([*argv, "--tables", str(tables)]) == 2
+    assert capsys.readouterr().err == ("inwire schedule: --tables: schedule round 1, clique 0: C3's aggregator would "
+                                       "hold another route for clique 0 than in an earlier round; a registered job's "
+                                       "tables hold one route per clique index\n")
+    assert not out.exists() and not tables.exists()
+    # Without --tables the same schedule is written: only the tables cannot hold it.
+    assert main(argv) == 0
+    assert load_schedule_file(out).period == (((tuple(CHAIN), ROOT),), ((tuple(CHAIN[:4]), "C3"),))
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "--tables {tables}: only trees carried by the aggregators' tables have tables to write; give --tree-tables "
+         "too (without it the trees travel in the frames)"),
+    (["--tree-tables", "--no-aggregation"], "--tables {tables}: no city of the topology aggregates in line (or "
+                                            "--no-aggregation is given), so no aggregator holds tables"),
+    (["--tree-tables", "--sweep"], "--tables writes one schedule's tables; --sweep compares the optimum over "
+                                   "settings, give one or the other"),
+    (["--tree-tables", "--sensitivity", "{sensitivity}"], "--sensitivity writes its own file and table; --tables "
+                                                          "belongs to a plan, give one or the other"),
+])
+def test_tables_where_there_are_none_to_write_are_refused_in_one_line_writing_nothing(tmp_path, capsys, argv,
+                                                                                      message):
+    files = {"tables": tmp_path / "tables.json", "sensitivity": tmp_path / "sensitivity.json"}
+    out = tmp_path / "s.json"
+    argv = [part.format(**files) for part in argv]
+    outputs = [] if "--sensitivity" in argv else ["--out", str(out)]
+    assert main(["schedule", "--islands", "LON,NYC,FRA", "--model-mb", "1", *outputs, "--tables",
+                 str(files["tables"]), *argv]) == 2
+    assert capsys.readouterr().err == f"inwire schedule: {message.format(**files)}\n"
+    assert list(tmp_path.iterdir()) == []
