@@ -189,3 +189,19 @@ def test_tables_where_there_are_none_to_write_are_refused_in_one_line_writing_no
                  str(files["tables"]), *argv]) == 2
     assert capsys.readouterr().err == f"inwire schedule: {message.format(**files)}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_on_doublezero9_the_uncapped_tree_ties_the_host_tree_and_the_capped_one_loses():
+    """docs/schedule.md: at 100 MB the global clique summed at NYC takes 375.8 ms capped (LON forwards two
+    vectors) and 289.5 ms with the tables, exactly the host tree's time (one vector per link and direction, the
+    same propagation)."""
+    dz9 = load_topology("doublezero9")
+    islands = dz9.resolve_islands()
+
+    def model(tree_tables):
+        return CostModel(dz9, islands, 100_000_000, reduce_in_path=True, tree_tables=tree_tables)
+
+    host_tree_ms = model(False).clique_time_alone(model(False).host_tree_clique(islands))
+    capped_ms, tables_ms = (model(switch).clique_time_alone(Clique(islands, "NYC")) for switch in (False, True))
+    assert (round(capped_ms, 1), round(tables_ms, 1), round(host_tree_ms, 1)) == (375.8, 289.5, 289.5)
+    assert tables_ms == pytest.approx(host_tree_ms)
