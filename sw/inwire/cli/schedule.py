@@ -16,10 +16,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 from inwire import progress  # noqa: E402
+from inwire.jobs import TreeError  # noqa: E402
 from inwire.output import atomic_output, check_outputs_apart, check_writable  # noqa: E402
 from inwire.plan.aggregator import PROFILES, load_aggregator  # noqa: E402
 from inwire.plan.cost import AGGREGATE, HOST_TREE, ROUTINGS, ScheduleError  # noqa: E402
-from inwire.plan.schedule_file import MIXING_LEGEND, format_plan, write_schedule  # noqa: E402
+from inwire.plan.schedule_file import (  # noqa: E402
+    MIXING_LEGEND,
+    format_plan,
+    parse_schedule,
+    schedule_document,
+    topology_reference,
+    write_schedule,
+)
 from inwire.plan.schedule_map import draw_schedule_map  # noqa: E402
 from inwire.plan.search import AUTO_ROUTING, global_clique_plan, plan_schedule  # noqa: E402
 from inwire.plan.sensitivity import (  # noqa: E402
@@ -28,7 +36,9 @@ from inwire.plan.sensitivity import (  # noqa: E402
     sensitivity_sweep,
     sensitivity_table,
 )
+from inwire.plan.tables import tables_document  # noqa: E402
 from inwire.plan.topology import load_topology  # noqa: E402
+from inwire.protocol import ROUTE_HOPS  # noqa: E402
 
 from .options import (  # noqa: E402
     MAX_MODEL_MB,
@@ -77,6 +87,12 @@ def add_arguments(parser):
     parser.add_argument("--reduce-in-path", action=argparse.BooleanOptionalAction, default=True,
                         help="every aggregating city on the way to a clique's root sums what it forwards, as the "
                              "gateware's trees do (default: on)")
+    parser.add_argument("--tree-tables", action=argparse.BooleanOptionalAction, default=False,
+                        help="the reduction trees are carried by each aggregator's tables (a registered job, "
+                             "jobs.tree_routes), so a tree sums at every aggregating city on the way, at any depth; "
+                             f"off, no member's path climbs more than {ROUTE_HOPS + 1} summing levels, what a "
+                             "version 2 frame's route names (default: off, capped: inwire stream --target udp:FILE "
+                             "and the lab run a schedule's trees with unregistered frames)")
     parser.add_argument("--routing", choices=(*ROUTINGS, AUTO_ROUTING), default=AUTO_ROUTING,
                         help="latency: fixed latency-shortest paths (DoubleZero routes so); bandwidth: each "
                              "transfer takes the candidate path that completes soonest, farthest first; balanced: "
@@ -100,6 +116,10 @@ def add_arguments(parser):
                              "the optimized schedule: the clique the DDP hook sums in (inwire.train.ddp)")
     parser.add_argument("--out", help="schedule JSON to write (required unless --sweep)")
     parser.add_argument("--map", help="also draw the schedule's cliques on a map (PNG)")
+    parser.add_argument("--tables", metavar="FILE.json",
+                        help="with --tree-tables: also write, for every aggregator city the schedule sends to, the "
+                             "route its tables hold per clique index (level bitmap, parent city, children cities "
+                             "with their bitmaps; jobs.tree_routes), for the control plane (docs/schedule.md)")
     parser.add_argument("--sweep", action="store_true",
                         help="aggregator profile x reduce-in-path x model size x step time: table and phase plots")
     parser.add_argument("--out-dir", default="sweep", help="folder for the --sweep table and plots")
@@ -144,9 +164,15 @@ def _check_numbers(args):
     if args.local_steps < 0:
         raise ScheduleError(f"--local-steps must be 0 or more, got {args.local_steps}")
     check_integer("--local-steps", args.local_steps, 0, MAX_LOCAL_STEPS, "far beyond any period between syncs")
+    if args.tables is not None and not args.tree_tables:
+        raise ScheduleError(f"--tables {args.tables}: only trees carried by the aggregators' tables have tables to "
+                            f"write; give --tree-tables too (without it the trees travel in the frames)")
     if args.sweep:
         if args.global_clique:
             raise ScheduleError("--global-clique writes one schedule; --sweep compares the optimum over settings, "
+                                "give one or the other")
+        if args.tables is not None:
+            raise ScheduleError("--tables writes one schedule's tables; --sweep compares the optimum over settings, "
                                 "give one or the other")
         return
     if not args.sensitivity:
@@ -177,14 +203,15 @@ def run(args):
         _, table = run_sweep(topology, islands, sizes, args.epsilon, args.seed, Path(args.out_dir),
                              profiles=profiles, steps_ms=steps, local_steps=max(1, args.local_steps),
                              multicast=not args.no_multicast, aggregation=not args.no_aggregation,
-                             routing=args.routing, host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree)
+                             routing=args.routing, host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree,
+                             tree_tables=args.tree_tables)
         print(table)
         print(f"\nwrote {args.out_dir}/sweep.md, sweep.json, phase_*.png and the schedule maps")
         return 0
     if not args.out:
         raise ScheduleError("--out FILE is required (where to write the schedule JSON)")
-    check_outputs_apart({"--out": args.out, "--map": args.map}, _input_files(args))
-    for option, path in (("--out", args.out), ("--map", args.map)):
+    check_outputs_apart({"--out": args.out, "--map": args.map, "--tables": args.tables}, _input_files(args))
+    for option, path in (("--out", args.out), ("--map", args.map), ("--tables", args.tables)):
         if path is not None:
             check_writable(path, option)
     if args.map:
@@ -199,26 +226,50 @@ def run(args):
     if args.global_clique and not aggregation:
         raise ScheduleError("--global-clique: no city of the topology aggregates in line (or --no-aggregation is "
                             "given), so the clique of every island cannot be summed in the network")
+    if args.tables is not None and not aggregation:
+        raise ScheduleError(f"--tables {args.tables}: no city of the topology aggregates in line (or "
+                            f"--no-aggregation is given), so no aggregator holds tables")
     plan = plan_schedule(topology, islands, round(args.model_mb * 1e6), args.epsilon,
                          multicast, aggregation, args.seed, aggregator=aggregator,
                          reduce_in_path=args.reduce_in_path, routing=args.routing,
                          local_steps=args.local_steps, step_ms=args.step_ms,
-                         host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree)
+                         host_nic_gbps=args.host_nic_gbps, host_tree=args.host_tree, tree_tables=args.tree_tables)
     if args.global_clique:
         plan = global_clique_plan(plan)
+    # The tables before anything is written: a schedule whose cliques would clash in them writes nothing.
+    tables = _tables(plan, args.tables) if args.tables is not None else None
     print(format_plan(plan))
-    # Both outputs or neither: the map is drawn into a temporary file first, then both are renamed.
-    with atomic_output(args.out) as schedule_path, atomic_output(args.map) as map_path:
+    # Every output or none: each is written to a temporary file first, then all are renamed.
+    with (atomic_output(args.out) as schedule_path, atomic_output(args.map) as map_path,
+          atomic_output(args.tables) as tables_path):
         write_schedule(plan, schedule_path, destination=args.out)
         if map_path:
             draw_schedule_map(topology, plan.best, map_path, _setting_title(plan), plan.cost_model)
+        if tables_path:
+            with open(tables_path, "w") as handle:
+                json.dump(tables, handle, indent=1)
+                handle.write("\n")
     return 0
+
+
+def _tables(plan, destination):
+    """--tables: the aggregators' tables of the schedule the file holds (its cliques and trees, as
+    `train.averaging.tree_job_entries` reads them), with the topology's aggregating cities as the aggregators;
+    its "topology" as the schedule file names it, from `destination`'s folder."""
+    parsed = parse_schedule(schedule_document(plan))
+    rounds = [[(members, aggregator) for members, aggregator, _ in cliques] for cliques in parsed]
+    trees = [[tree for _, _, tree in cliques] for cliques in parsed]
+    try:
+        document = tables_document(rounds, trees, plan.islands, plan.cost_model.aggregation_cities)
+    except TreeError as error:
+        raise ScheduleError(f"--tables: {error}") from None
+    return {"topology": topology_reference(plan.topology, destination), **document}
 
 
 def _run_sensitivity(args):
     """--sensitivity: the plan at every latency and bandwidth factor and model size, as JSON and a table."""
     for option, given in (("--sweep", args.sweep), ("--global-clique", args.global_clique), ("--out", args.out),
-                          ("--map", args.map)):
+                          ("--map", args.map), ("--tables", args.tables)):
         if given:
             raise ScheduleError(f"--sensitivity writes its own file and table; {option} belongs to a plan, give one "
                                 f"or the other")
@@ -234,7 +285,7 @@ def _run_sensitivity(args):
                                  multicast=not args.no_multicast, aggregation=not args.no_aggregation, seed=args.seed,
                                  aggregator=aggregator, reduce_in_path=args.reduce_in_path, routing=args.routing,
                                  local_steps=args.local_steps, step_ms=args.step_ms, host_nic_gbps=args.host_nic_gbps,
-                                 host_tree=args.host_tree)
+                                 host_tree=args.host_tree, tree_tables=args.tree_tables)
     with atomic_output(args.sensitivity) as path, open(path, "w") as handle:
         json.dump(rows, handle, indent=1)
         handle.write("\n")
@@ -264,11 +315,12 @@ def _parse_sizes(text, option, zero=False, high=math.inf):
 
 
 def _sweep_cell(topology, islands, epsilon, seed, iterations, profile, reduced, size_mb, step_ms, local_steps,
-                multicast, aggregation, routing, plans, host_nic_gbps=None, host_tree=False):
+                multicast, aggregation, routing, plans, host_nic_gbps=None, host_tree=False, tree_tables=False):
     """One row of the sweep: the optimum and the baselines at one setting (its plan kept in `plans`)."""
     steps = local_steps if step_ms > 0 else 0
     plan = plan_schedule(topology, islands, round(size_mb * 1e6), epsilon, multicast, aggregation,
-                         seed, iterations, profile, reduced, routing, steps, step_ms, host_nic_gbps, host_tree)
+                         seed, iterations, profile, reduced, routing, steps, step_ms, host_nic_gbps, host_tree,
+                         tree_tables)
     plans[(profile.name, reduced, size_mb, step_ms)] = plan
     best_name, best_baseline = min(plan.candidate_baselines.items(),
                                    key=lambda item: item[1].time_to_epsilon_ms)
@@ -315,7 +367,7 @@ def _rotating(schedule):
 
 def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None, reduce=(False, True),
               steps_ms=(0.0,), local_steps=1, multicast=True, aggregation=True, routing="latency", iterations=None,
-              host_nic_gbps=None, host_tree=False):
+              host_nic_gbps=None, host_tree=False, tree_tables=False):
     """Optimize every (aggregator profile, reduce-in-path, model size, step time); write the table, the
     phase diagrams (one PNG per baseline compared) and maps of the optimum at the smallest and largest size.
 
@@ -329,7 +381,8 @@ def run_sweep(topology, islands, sizes_mb, epsilon, seed, out_dir, profiles=None
     with progress.counting(cells, "sweep cell") as advance:
         for profile, reduced, size_mb, step_ms in itertools.product(profiles, reduce, sizes_mb, steps_ms):
             rows.append(_sweep_cell(topology, islands, epsilon, seed, iterations, profile, reduced, size_mb, step_ms,
-                                    local_steps, multicast, aggregation, routing, plans, host_nic_gbps, host_tree))
+                                    local_steps, multicast, aggregation, routing, plans, host_nic_gbps, host_tree,
+                                    tree_tables))
             advance()
     header = ("| aggregator | reduce | model MB | step ms | optimized cliques per round | exchange | rho "
               "| spectral radius | time to eps ms | global ms | grid2d ms | ring ms | gain over global | x bound |")

@@ -166,11 +166,16 @@ class CostModel:
     shortens the clique, then, among the cliques of a round, while that shortens the round).
     `host_nic_gbps` limits every island's host NIC, in and out (None: unlimited). `host_tree` offers the
     host-side tree all-reduce among each clique's options (it is always available as a baseline).
+    `tree_tables`: the reduction trees are carried by each aggregator's tables (a registered job,
+    `jobs.tree_routes`), not by the frames' route fields, so every aggregating city on the way sums, however
+    deep the tree; without it (unregistered frames, as `inwire stream` and the lab send) no member's path
+    climbs more than ROUTE_HOPS + 1 summing levels (`_cap_levels`).
     """
 
     def __init__(self, topology: Topology, islands: Iterable[str], model_bytes: int, multicast: bool = True,
                  aggregation: bool = True, aggregator: str | AggregatorProfile = "ideal", reduce_in_path: bool = False,
-                 routing: str = "latency", host_nic_gbps: float | None = None, host_tree: bool = False) -> None:
+                 routing: str = "latency", host_nic_gbps: float | None = None, host_tree: bool = False,
+                 tree_tables: bool = False) -> None:
         if routing not in ROUTINGS:
             raise ScheduleError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
         if host_nic_gbps is not None and not (host_nic_gbps > 0 and math.isfinite(host_nic_gbps)):
@@ -184,6 +189,7 @@ class CostModel:
         self.routing = routing
         self.host_nic_gbps = None if host_nic_gbps is None else float(host_nic_gbps)
         self.host_tree = bool(host_tree)
+        self.tree_tables = bool(tree_tables)
         self.default_aggregator = load_aggregator(aggregator)
         self.vector_bits = 8 * wire_bytes(self.model_bytes)
         directed = sorted(edge for u, v in topology.graph.edges for edge in ((u, v), (v, u)))
@@ -540,10 +546,13 @@ class CostModel:
         """Loads of an aggregating clique whose members reach the root along `parent` pointers.
 
         Without in-path reduction every member's vector travels the whole way. With it, a city that
-        aggregates and receives two or more streams (its own island counts) sums them and forwards one,
-        as long as no member's path climbs more than ROUTE_HOPS + 1 summing levels, the root included
-        (a frame names only ROUTE_HOPS aggregators above the one it reaches; `_cap_levels` chooses which
-        cities keep summing). A city that does not sum forwards its streams unsummed and is not charged.
+        aggregates and receives two or more streams (its own island counts) sums them and forwards one;
+        unless the trees are in the aggregators' tables (`tree_tables`), only as long as no member's path
+        climbs more than ROUTE_HOPS + 1 summing levels, the root included (a frame names only ROUTE_HOPS
+        aggregators above the one it reaches; `_cap_levels` chooses which cities keep summing). A city that
+        does not sum forwards its streams unsummed and is not charged. The result comes back down the same
+        tree: one copy per link where a city multicasts, and every summing city takes one copy and passes it
+        to its own subtree (`_add_down_tree`), as an aggregator of a tree sends the result to its children.
         Returns the schedule's tree: each summing city to the next summing city toward the root, and
         each member city that does not sum to the summing city its vector meets first, when that is not
         the root (the islands send their contributions there; docs/schedule.md).
@@ -573,7 +582,8 @@ class CostModel:
         self._add_down_tree(down, parent, depth, hub, members, self.vector_bits)
 
         if summing:
-            summing = self._cap_levels(summing, hub, members, parent, upward, own, down)
+            if not self.tree_tables:
+                summing = self._cap_levels(summing, hub, members, parent, upward, own, down)
             if not all(self._replicates[city] for city in summing):
                 down = np.zeros(len(self.capacity_bps))
                 self._add_down_tree(down, parent, depth, hub, members, self.vector_bits, summing)
@@ -873,7 +883,7 @@ class CostModel:
                                   f"({loads[first + offset] / self.vector_bits:g} x the {megabytes:,.1f} MB vector) at "
                                   f"{self.capacity_bps[first + offset] / 1e9:g} Gb/s: {latency + busy_ms:,.1f} ms "
                                   f"with its propagation, {against}")
-        if self.reduce_in_path:
+        if self.reduce_in_path and not self.tree_tables:
             parent, aggregates = self._tree(hub)[0], set(self.aggregation_cities)
             levels = 0
             for member in members:

@@ -80,6 +80,7 @@ def schedule_document(plan: PlanResult) -> dict[str, Any]:
         "seed": plan.seed,
         "aggregator": aggregator_json(plan),
         "reduce_in_path": plan.reduce_in_path,
+        "tree_tables": plan.tree_tables,
         "routing": plan.routing,
         "local_steps": plan.local_steps,
         "step_ms": plan.step_ms,
@@ -350,7 +351,8 @@ def format_plan(plan: PlanResult) -> str:
         f"topology {plan.topology}: {len(plan.islands)} islands, model {plan.model_bytes / 1e6:,.0f} MB "
         f"({wire_bytes(plan.model_bytes) / 1e6:,.1f} MB on the wire), epsilon {plan.epsilon:g}, "
         f"multicast {'on' if plan.multicast else 'off'}, aggregation {'on' if plan.aggregation else 'off'}",
-        f"aggregator {aggregator.name} ({limits}), reduce in path {'on' if plan.reduce_in_path else 'off'}, "
+        f"aggregator {aggregator.name} ({limits}), reduce in path {'on' if plan.reduce_in_path else 'off'}"
+        f"{' (trees in the aggregator tables, any depth)' if plan.tree_tables else ''}, "
         f"routing {plan.routing}{f' ({plan.routing_note})' if plan.routing_note else ''}{hosts}; "
         f"objective: {objective}",
         "",

@@ -214,6 +214,9 @@ class PlanResult:
     in its place."""
     routing_note: str = ""
     """How the routing was chosen where it was not given (`routing="auto"`)."""
+    tree_tables: bool = False
+    """Whether the trees are carried by the aggregators' tables (a registered job), at any depth
+    (`CostModel`'s `tree_tables`)."""
 
     @property
     def candidate_baselines(self) -> dict[str, Schedule]:
@@ -327,14 +330,16 @@ def plan_schedule(topology: Topology, islands: Iterable[str] | None = None, mode
                   epsilon: float = 1e-3, multicast: bool = True, aggregation: bool = True, seed: int = 0,
                   iterations: int | None = None, aggregator: str | AggregatorProfile = "ideal",
                   reduce_in_path: bool = False, routing: str = "latency", local_steps: int = 0, step_ms: float = 0.0,
-                  host_nic_gbps: float | None = None, host_tree: bool = False) -> PlanResult:
+                  host_nic_gbps: float | None = None, host_tree: bool = False,
+                  tree_tables: bool = False) -> PlanResult:
     """Find the periodic schedule with the least time to epsilon-consensus, beside the baselines
     (`_plan_routed`). With routing "auto": the topology's own routing where it names one (a network whose
     controller routes for its endpoints, as DoubleZero's does), else planned with latency and with balanced
     routing, keeping the sooner (latency on a tie); the plan's `routing_note` says which and why."""
     def plan(chosen_routing: str) -> PlanResult:
         return _plan_routed(topology, islands, model_bytes, epsilon, multicast, aggregation, seed, iterations,
-                            aggregator, reduce_in_path, chosen_routing, local_steps, step_ms, host_nic_gbps, host_tree)
+                            aggregator, reduce_in_path, chosen_routing, local_steps, step_ms, host_nic_gbps, host_tree,
+                            tree_tables)
 
     if routing != AUTO_ROUTING:
         return plan(routing)
@@ -353,7 +358,8 @@ def _plan_routed(topology: Topology, islands: Iterable[str] | None = None, model
                   epsilon: float = 1e-3, multicast: bool = True, aggregation: bool = True, seed: int = 0,
                   iterations: int | None = None, aggregator: str | AggregatorProfile = "ideal",
                   reduce_in_path: bool = False, routing: str = "latency", local_steps: int = 0, step_ms: float = 0.0,
-                  host_nic_gbps: float | None = None, host_tree: bool = False) -> PlanResult:
+                  host_nic_gbps: float | None = None, host_tree: bool = False,
+                  tree_tables: bool = False) -> PlanResult:
     """Find the periodic schedule with the least time to epsilon-consensus, beside the baselines.
 
     Candidates: every baseline (the host-tree one only with `host_tree`); a geographic grid for every
@@ -369,7 +375,7 @@ def _plan_routed(topology: Topology, islands: Iterable[str] | None = None, model
         raise ScheduleError(f"{len(chosen)} islands, more than the {MAX_ISLANDS} a schedule is planned for (the "
                             f"search took 8 minutes for 200 here); choose fewer with --islands")
     model = CostModel(topology, chosen, model_bytes, multicast, aggregation, aggregator, reduce_in_path, routing,
-                      host_nic_gbps, host_tree)
+                      host_nic_gbps, host_tree, tree_tables)
     evaluator = Evaluator(model, epsilon, local_steps, step_ms)
     rng = np.random.default_rng(seed)
     n = len(chosen)
@@ -415,7 +421,7 @@ def _plan_routed(topology: Topology, islands: Iterable[str] | None = None, model
                       reported, lower_bound_ms(model, epsilon, evaluator.compute_ms_per_round), method,
                       evaluator.evaluations, time.perf_counter() - started, model.default_aggregator,
                       model.reduce_in_path, routing, local_steps, float(step_ms), model, model.host_nic_gbps,
-                      model.host_tree)
+                      model.host_tree, tree_tables=model.tree_tables)
 
 
 

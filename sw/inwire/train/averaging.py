@@ -34,8 +34,10 @@ import torch
 from ..client import DEFAULT_CHUNK, DEFAULT_WINDOW, ClientError, CliqueKey, UdpMember, clique_group, clique_routes
 from ..codec_average import ATTEMPTS, AveragingError, Pieces
 from ..datagram import Address, ip_int
-from ..jobs import FLAT, CliqueRoute, Endpoint, JobEntry, TreeError, tree_routes
+from ..jobs import FLAT, JobEntry
 from ..plan.schedule_file import ScheduleFile, member_paths
+from ..plan.tables import root_city as _root_city
+from ..plan.tables import schedule_routes
 from ..protocol import MAX_FANIN
 from .layout import LayoutMismatch, check_layouts, layout_words, schedule_text
 from .outer import OuterOptimizer
@@ -199,14 +201,6 @@ UdpCliqueExchange = InwireExchange
 """The exchange's earlier name."""
 
 
-def _root_city(cities: Mapping[str, object], members: Sequence[str], aggregator: str | None) -> str:
-    """The city of `cities` whose aggregator a clique sums at: its aggregator city, else its first member's
-    city, else the first city (an all-to-all clique is summed in-network all the same)."""
-    if aggregator is not None and aggregator in cities:
-        return aggregator
-    return members[0] if members[0] in cities else next(iter(cities))
-
-
 def tree_job_entries(entry: JobEntry, schedule: ScheduleFile | Sequence[Any], islands: Mapping[str, Address],
                      aggregators: Mapping[str, Address]) -> dict[str, JobEntry]:
     """city -> the entry of registered job `entry` its aggregator is registered with, for islands averaging
@@ -218,29 +212,8 @@ def tree_job_entries(entry: JobEntry, schedule: ScheduleFile | Sequence[Any], is
     cliques of one index would give an aggregator two different routes are refused (`jobs.TreeError`)."""
     rounds, trees = _schedule_rounds(schedule)
     endpoints = {city: (ip_int(host), port) for city, (host, port) in aggregators.items()}
-    members: dict[str, set[Endpoint]] = {}
-    routes: dict[str, dict[int, CliqueRoute]] = {}
-    for period_round, cliques in enumerate(rounds):
-        for clique_index, (names, aggregator) in enumerate(cliques):
-            where = f"schedule round {period_round}, clique {clique_index}"
-            unknown = [name for name in names if name not in islands]
-            if unknown:
-                raise TreeError(f"{where}: no address for island {', '.join(unknown)}")
-            root = _root_city(aggregators, names, aggregator)
-            tree = trees[period_round][clique_index] if root == aggregator else None
-            paths = member_paths(names, root, tree)
-            placed = {(ip_int(islands[name][0]), islands[name][1]): (paths[name][0], index)
-                      for index, name in enumerate(names)}
-            for city, route in tree_routes(root, tree, placed, endpoints, where).items():
-                # The root gathers the whole clique (level 0), however many members it has in this round.
-                route = replace(route, level=0) if route.parent is None else route
-                held = routes.setdefault(city, {}).setdefault(clique_index, route)
-                if held != route:
-                    raise TreeError(f"{where}: {city}'s aggregator would hold another route for clique "
-                                    f"{clique_index} than in an earlier round; a registered job's tables hold one "
-                                    f"route per clique index")
-            for endpoint, (city, _) in placed.items():
-                members.setdefault(city, set()).add(endpoint)
+    addresses = {name: (ip_int(host), port) for name, (host, port) in islands.items()}
+    routes, members = schedule_routes(rounds, trees, addresses, endpoints)
     return {city: replace(entry, members=frozenset(members.get(city, ())),
                           routes={clique: route for clique, route in routes[city].items() if route != FLAT})
             for city in routes}
