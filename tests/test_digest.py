@@ -4,8 +4,6 @@ submodule in another order was averaged element by element with the others, sile
 
 import contextlib
 import re
-import threading
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -25,7 +23,8 @@ from inwire.client import (  # noqa: E402
 from inwire.codec_average import ATTEMPTS, AVERAGING_ATTEMPTS, clique_average  # noqa: E402
 from inwire.control import JobLease, new_job  # noqa: E402
 from inwire.serve import SoftwareAggregator, serving_in_thread  # noqa: E402
-from inwire.train.averaging import MAX_ROUNDS, CliqueAverager, InwireExchange, LayoutMismatch  # noqa: E402
+from inwire.train.averaging import MAX_ROUNDS, InwireExchange, LayoutMismatch  # noqa: E402
+from islands import average_in_threads  # noqa: E402
 
 DIGESTS = "\0"
 """Where a message shows two layout digests ("x against y", each 8 hex digits; `assert_refused_everywhere`)."""
@@ -74,25 +73,9 @@ def registered(names, max_cliques=1):
 def average_once(models, named=False, schedules=None, steps=1):
     """Every island averages `steps` times through a registered job; {island: its error or None}."""
     names = list(models)
-    outcome = {}
     with registered(names) as (_, exchanges):
-        def island(name):
-            schedule = (schedules or {}).get(name, [[(tuple(names), "LON")]])
-            averager = CliqueAverager(1, island=name, schedule=schedule, exchange=exchanges[name])
-            try:
-                for _ in range(steps):
-                    averager.average_parameters(models[name].named_parameters() if named
-                                                else models[name].parameters())
-                outcome[name] = None
-            except Exception as error:  # compared below
-                outcome[name] = error
-
-        threads = [threading.Thread(target=island, args=(name,)) for name in names]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-    return outcome
+        return average_in_threads(models, exchanges, {name: (schedules or {}).get(name, [[(tuple(names), "LON")]])
+                                                      for name in names}, steps, named=names if named else ())
 
 
 def values(model):
@@ -175,23 +158,11 @@ def test_agreeing_islands_average_exactly_and_agree_once_per_clique():
     expected = clique_average([flat[name] for name in names])
     for _ in range(2):
         expected = clique_average([expected] * 3)
-    errors = []
     with registered(names) as (server, exchanges):
-        def island(name):
-            averager = CliqueAverager(1, island=name, schedule=[[(tuple(names), "LON")]], exchange=exchanges[name])
-            try:
-                for _ in range(3):
-                    averager.average_parameters(models[name].named_parameters() if name != "C"
-                                                else models[name].parameters())
-            except Exception as error:  # reported below
-                errors.append(error)
-
-        threads = [threading.Thread(target=island, args=(name,)) for name in names]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
+        outcome = average_in_threads(models, exchanges, {name: [[(tuple(names), "LON")]] for name in names}, 3,
+                                     named="AB")
         counters = server.counters()
+    errors = [error for error in outcome.values() if error is not None]
     assert not errors, errors
     for name in names:
         assert np.array_equal(torch.nn.utils.parameters_to_vector(models[name].parameters()).detach().numpy(),
@@ -227,26 +198,10 @@ def test_an_island_on_at_the_next_round_s_agreement_leaves_this_round_s_sums_alo
     every averaging ends."""
     models = {name: pair(seed=seed) for seed, name in enumerate("ABCD")}
     schedule = [[(("A", "B", "C"), "LON"), (("D",), None)], [(("A", "D"), "FRA"), (("B", "C"), "AMS")]]
-    errors = []
     with registered(list(models), max_cliques=2) as (server, exchanges):
-        def island(name):
-            averager = CliqueAverager(1, island=name, schedule=schedule, exchange=exchanges[name])
-            try:
-                for _ in range(2):
-                    averager.average_parameters(models[name].parameters())
-            except Exception as error:  # reported below
-                errors.append(error)
-
-        threads = {name: threading.Thread(target=island, args=(name,)) for name in models}
-        threads["D"].start()
-        deadline = time.monotonic() + 10
-        while server.counters()["accumulated"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert server.counters()["accumulated"] == 1, "D's agreement contribution is in before the others start"
-        for name in "ABC":
-            threads[name].start()
-        for thread in threads.values():
-            thread.join(timeout=60)
+        outcome = average_in_threads(models, exchanges, dict.fromkeys(models, schedule), 2, first="D",
+                                     ready=lambda: server.counters()["accumulated"] >= 1)
         counters = server.counters()
+    errors = [error for error in outcome.values() if error is not None]
     assert not errors, errors
     assert counters["drop_stale"] == 0, counters

@@ -198,7 +198,8 @@ def test_islands_average_along_a_registered_3_level_tree_of_per_city_services(tm
     from inwire.control import JobLease, new_job
     from inwire.plan.schedule_file import load_schedule_file
     from inwire.serve import SoftwareAggregator, serving_in_thread
-    from inwire.train.averaging import CliqueAverager, InwireExchange, tree_job_entries
+    from inwire.train.averaging import InwireExchange, tree_job_entries
+    from islands import average_in_threads
     from schedules import write_schedule
 
     names = ["R", "X", "Y", "Z"]
@@ -224,22 +225,9 @@ def test_islands_average_along_a_registered_3_level_tree_of_per_city_services(tm
             stack.enter_context(JobLease(services[city].address, entry))
         for exchange in exchanges.values():
             exchange.join(job)
-        errors = []
-
-        def island(name):
-            averager = CliqueAverager(1, island=name, schedule=schedule, exchange=exchanges[name])
-            try:
-                for _ in range(2):
-                    averager.average_parameters(models[name].parameters())
-            except Exception as error:  # reported below
-                errors.append(error)
-
-        threads = [threading.Thread(target=island, args=(name,)) for name in names]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
+        outcome = average_in_threads(models, exchanges, dict.fromkeys(names, schedule), 2)
         counters = {city: service.counters() for city, service in services.items()}
+    errors = [error for error in outcome.values() if error is not None]
     assert not errors, errors
     for name in names:
         assert np.array_equal(torch.nn.utils.parameters_to_vector(models[name].parameters()).detach().numpy(),
