@@ -79,6 +79,8 @@ class _Job:
     future: "torch.futures.Future[torch.Tensor]"
     stream: "torch.cuda.Stream | None"
     words: np.ndarray | None = None
+    last: "tuple[int, int, np.ndarray, np.ndarray] | None" = None
+    """On rank 0, once summed: what `InwireHookState.last` holds while its future completes."""
 
 
 class InwireHookState:
@@ -111,8 +113,9 @@ class InwireHookState:
         """Bucket index -> the reusable host buffer the bucket is staged through (pinned where CUDA is present):
         one per bucket, since the buckets handed over together are in flight together; the model's size in all."""
         self.last: tuple[int, int, np.ndarray, np.ndarray] | None = None
-        """On rank 0: (step, bucket index, island mean sent, average received) of the latest bucket, for logs
-        and checks; the island mean is a view of the host buffer, valid until the next bucket."""
+        """On rank 0: (step, bucket index, island mean sent, average received) of the bucket whose future
+        completed last (set just before it completes: a callback on the future reads its own), for logs and
+        checks; the island mean is a view of the bucket's host buffer, valid until its next sum."""
         self.non_finite: tuple[int, int, list[str]] | None = None
         """On rank 0: (step, bucket index, the islands whose mean held NaN or infinity) of the latest bucket
         that every island ended as NaN; None until one did."""
@@ -159,6 +162,9 @@ class InwireHookState:
                 errors = [failure] * len(jobs)
             for job, error in zip(jobs, errors, strict=True):
                 if error is None:
+                    # The bucket's own, for a callback on its future (the log reads it there).
+                    if job.last is not None:
+                        self.last = job.last
                     job.future.set_result(job.tensor)
                     continue
                 if self.failure is None or self.failure[0] != job.step:
@@ -220,7 +226,7 @@ class InwireHookState:
         except (AveragingError, ClientError, OSError, ValueError) as failure:
             return [failure, *(self._after(job, jobs[0].index, failure) for job in jobs[1:])]
         for job, (host, size), average in zip(jobs, staged, averages, strict=True):
-            self.last = (job.step, job.index, host[:size], average[:size])
+            job.last = (job.step, job.index, host[:size], average[:size])
             flagged = [island for island, flag in zip(self.islands, average[size:]) if flag != 0]
             if flagged:
                 self.non_finite = (job.step, job.index, flagged)

@@ -31,11 +31,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ..codec_average import clique_average
+from ..datagram import Address
 from ..errors import InwireError
 from ..plan.cost import CostModel
 from ..plan.schedule_file import schedule_document
@@ -176,9 +177,9 @@ def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.
                    job: int | None = None, register: bool = True) -> None:
     """Run one torchrun per island and wait for all; raises DistributedRunError on failure or timeout. Every
     island gets the same `job` id, by default a random one drawn for this launch: two launches on one
-    aggregator never share a job's slots. With one aggregator (`server` HOST:PORT) and `register`, the launch
-    is a registered job there (`registration`; ControlError when the aggregator refuses it or never answers);
-    `register` False, or per-city aggregators: unregistered frames."""
+    aggregator never share a job's slots. With `register` the launch is a registered job at its aggregator
+    (`server` HOST:PORT) or at every one of a reduction tree's (`server` their map file) (`registration`;
+    ControlError when an aggregator refuses it or never answers); `register` False: unregistered frames."""
     processes: list[subprocess.Popen[bytes]] = []
     logs: dict[str, pathlib.Path] = {}
     job = 1 + secrets.randbelow(2**32 - 1) if job is None else job
@@ -229,28 +230,45 @@ def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.
 
 def registration(islands: Sequence[str], server: str, schedule_path: str | os.PathLike[str], hook: bool,
                  job: int) -> tuple[dict[str, str], dict[str, str], contextlib.AbstractContextManager[Any]]:
-    """What registers a launch with one aggregator (`server` HOST:PORT) as job `job`: each island's rank-0
-    socket address (a free port of the local address towards the aggregator), the islands' environment
-    (the job, with its token, in `island.JOB_VARIABLE`) and the `JobLease` (a random token; the quota of the
-    schedule's cliques, or of the hook's most buckets, and their roll calls for its largest clique). Per-city
-    aggregators (trees) take unregistered frames: nothing to register ({}, {}, a null context)."""
+    """What registers a launch as job `job` with its aggregators (`server`: HOST:PORT, or the map file of the
+    per-city aggregators of a reduction tree): each island's rank-0 socket address (a free port of the local
+    address towards the aggregators), the islands' environment (the job, with its token, in
+    `island.JOB_VARIABLE`) and the `JobLease`s (a random token; the quota of the schedule's cliques, or of the
+    hook's most buckets, and their roll calls for its largest clique). With per-city aggregators each city's
+    aggregator holds the job with the islands that send to it and its routes along the schedule's trees
+    (`averaging.tree_job_entries`: any depth; with the hook, every bucket's along the global clique's tree)."""
+    from types import SimpleNamespace
+
     from ..client import DEFAULT_WINDOW, job_slots, local_address_towards
     from ..control import JobLease, entry_to_json, new_job
     from ..plan.schedule_file import load_schedule_file
-    from .ddp import default_buckets
+    from .averaging import tree_job_entries
+    from .ddp import default_buckets, global_clique
     from .island import JOB_VARIABLE, aggregators_of
 
     aggregator = aggregators_of(server)
-    if isinstance(aggregator, dict):
-        return {}, {}, contextlib.nullcontext()
-    local = local_address_towards(aggregator)
+    cities = aggregator if isinstance(aggregator, dict) else None
+    local = local_address_towards(next(iter(cities.values())) if cities else cast(Address, aggregator))
     binds = {island: (local, _free_port(local)) for island in islands}
     schedule = load_schedule_file(schedule_path)
     fanin = max(len(members) for cliques in schedule.period for members, _ in cliques)
     cliques = default_buckets(len(schedule.islands)) if hook else max(len(cliques) for cliques in schedule.period)
     entry = dataclasses.replace(new_job(binds.values(), job_slots(cliques, DEFAULT_WINDOW, fanin)), job=job)
+    lease: contextlib.AbstractContextManager[Any]
+    if cities is None:
+        lease = JobLease(cast(Address, aggregator), entry)
+    else:
+        sums: Any = schedule
+        if hook:
+            # Bucket b of a step sums as clique b of the global clique, along its tree.
+            members, city, tree = global_clique(schedule)
+            sums = SimpleNamespace(period=[[(members, city)] * cliques], trees=[[tree] * cliques])
+        leases = contextlib.ExitStack()
+        for city, held in tree_job_entries(entry, sums, binds, cities).items():
+            leases.enter_context(JobLease(cities[city], held))
+        lease = leases
     return ({island: f"{host}:{port}" for island, (host, port) in binds.items()},
-            {JOB_VARIABLE: json.dumps(entry_to_json(entry))}, JobLease(aggregator, entry))
+            {JOB_VARIABLE: json.dumps(entry_to_json(entry))}, lease)
 
 
 def _free_port(host: str) -> int:
@@ -267,10 +285,12 @@ run's timeout)."""
 
 @contextlib.contextmanager
 def serving(cities: Sequence[str | None], out_dir: str | os.PathLike[str], options: Sequence[str] = (),
-            start_s: float = SERVE_START_S) -> Iterator[tuple[dict[str | None, str], dict[str | None, dict[str, int]]]]:
+            start_s: float = SERVE_START_S, unregistered: bool = False
+            ) -> Iterator[tuple[dict[str | None, str], dict[str | None, dict[str, int]]]]:
     """One `inwire serve` process per city, each at its own loopback address (127.0.0.2, .3, ...) on one
-    shared port, as a reduction tree needs; yields {city: "HOST:PORT"}. The `counters` dict handed over
-    with it is filled on exit with each service's final non-zero counters (from its log)."""
+    shared port, as a reduction tree needs, taking registered jobs (`unregistered`: unregistered frames too);
+    yields {city: "HOST:PORT"}. The `counters` dict handed over with it is filled on exit with each service's
+    final non-zero counters (from its log)."""
     from ..netns import package_environment
 
     processes: dict[str | None, subprocess.Popen[bytes]] = {}
@@ -284,7 +304,7 @@ def serving(cities: Sequence[str | None], out_dir: str | os.PathLike[str], optio
             with open(log_path, "w") as log:
                 processes[city] = subprocess.Popen(
                     [sys.executable, "-m", "inwire", "serve", "--listen", f"127.0.0.{2 + k}:{port}", "--unicast",
-                     *(["--unregistered"] if len(cities) > 1 else []), *options],
+                     *(["--unregistered"] if unregistered else []), *options],
                     stdout=log, stderr=subprocess.STDOUT, env=package_environment())
             deadline = time.monotonic() + start_s
             while not (listening := re.search(r"listening on udp://([\d.]+):(\d+)", log_path.read_text())):
@@ -343,7 +363,10 @@ def run_dist(islands: Sequence[str] = ("LON", "NYC", "SIN"), nproc: int = 2, ste
         options = ["--sim", f"{sim[0]}:{sim[1]}"] if sim else ["--golden"] if golden else []
         cities = sorted({city for entry in document["rounds"] for clique in entry["cliques"]
                          for city in (clique.get("aggregator"), *clique.get("tree", {}).values()) if city}) or [None]
-        with serving(cities, out_dir, options, timeout_s if sim else SERVE_START_S) as (addresses, counters):
+        # The co-simulated gateware's tables hold no routes: its trees take unregistered frames.
+        unregistered = bool(sim) and len(cities) > 1
+        with serving(cities, out_dir, options, timeout_s if sim else SERVE_START_S, unregistered) as (addresses,
+                                                                                                     counters):
             target: pathlib.Path | str
             if any("tree" in clique for entry in document["rounds"] for clique in entry["cliques"]):
                 target = out_dir / "aggregators.json"
@@ -351,7 +374,7 @@ def run_dist(islands: Sequence[str] = ("LON", "NYC", "SIN"), nproc: int = 2, ste
             else:
                 # One aggregator for every clique (all-to-all ones too): the islands need no map.
                 target = next(iter(addresses.values()))
-            launch_islands(islands, str(target), *arguments)
+            launch_islands(islands, str(target), *arguments, register=not unregistered)
         if None in counters:
             counters = counters[None]
     bit_exact, checked, problems = check_bit_exact(out_dir, islands, plain=outer_lr == 1.0 and outer_momentum == 0.0)
