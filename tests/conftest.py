@@ -158,7 +158,7 @@ class Lane:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def background(request, tmp_path_factory, operator_key):
+def background(request, tmp_path_factory):
     """The session's background lane: the Versa build when a selected case needs `versa_build`, then the formal
     rows the selected cases of tests/test_formal.py look at (its `selected_checks`); stopped at the end."""
     items = request.session.items
