@@ -31,12 +31,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from ..codec_average import clique_average
-from ..datagram import Address
 from ..errors import InwireError
 from ..plan.cost import CostModel
 from ..plan.schedule_file import schedule_document
@@ -185,7 +184,7 @@ def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.
     job = 1 + secrets.randbelow(2**32 - 1) if job is None else job
     binds, environment, lease = (registration(islands, server, schedule_path, hook, job) if register
                                  else ({}, {}, contextlib.nullcontext()))
-    # Registered (one aggregator) for as long as the islands run: renewed meanwhile, torn down after.
+    # Registered for as long as the islands run: renewed meanwhile, torn down after.
     registered = contextlib.ExitStack()
     registered.enter_context(lease)
     try:
@@ -247,8 +246,11 @@ def registration(islands: Sequence[str], server: str, schedule_path: str | os.Pa
     from .island import JOB_VARIABLE, aggregators_of
 
     aggregator = aggregators_of(server)
-    cities = aggregator if isinstance(aggregator, dict) else None
-    local = local_address_towards(next(iter(cities.values())) if cities else cast(Address, aggregator))
+    if isinstance(aggregator, dict):
+        cities, towards = aggregator, next(iter(aggregator.values()))
+    else:
+        cities, towards = None, aggregator
+    local = local_address_towards(towards)
     binds = {island: (local, _free_port(local)) for island in islands}
     schedule = load_schedule_file(schedule_path)
     fanin = max(len(members) for cliques in schedule.period for members, _ in cliques)
@@ -256,7 +258,7 @@ def registration(islands: Sequence[str], server: str, schedule_path: str | os.Pa
     entry = dataclasses.replace(new_job(binds.values(), job_slots(cliques, DEFAULT_WINDOW, fanin)), job=job)
     lease: contextlib.AbstractContextManager[Any]
     if cities is None:
-        lease = JobLease(cast(Address, aggregator), entry)
+        lease = JobLease(towards, entry)
     else:
         sums: Any = schedule
         if hook:
