@@ -115,7 +115,7 @@ class Job:
                     self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                                     env=self.environment, start_new_session=True)
                 self.process.wait()
-        except OSError as error:  # told by `failure`, in the case that waits for the job
+        except OSError as error:  # told by `output`, in the case that waits for the job
             self.error = error
         finally:
             self.done.set()
@@ -124,11 +124,16 @@ class Job:
         self.done.wait()
         return None if self.process is None else self.process.returncode
 
-    def failure(self, what: str) -> str:
-        tail = self.log.read_text()[-3000:] if self.log.exists() else ""
-        if self.error is not None:
-            return f"{self.name} did not start: {self.error}"
-        return f"{self.name} wrote no {what} (exit status {self.wait()}; log {self.log}): {tail}"
+    def output(self, name: str) -> Path:
+        """The file `name` the job wrote in `out`, once it has run; the case fails, naming why, if it is not there."""
+        status = self.wait()
+        path = self.out / name
+        if not path.exists():
+            if self.error is not None:
+                pytest.fail(f"{self.name} did not start: {self.error}")
+            tail = self.log.read_text()[-3000:] if self.log.exists() else ""
+            pytest.fail(f"{self.name} wrote no {name} (exit status {status}; log {self.log}): {tail}")
+        return path
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

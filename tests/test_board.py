@@ -30,11 +30,7 @@ def versa_build(background):
     if not _have_tools():
         pytest.fail("YoWASP Yosys/nextpnr-ecp5 are not installed (run `make setup`)")
     job = background.jobs["versa_build"]
-    job.wait()
-    report = job.out / "report.json"
-    if not report.exists():
-        pytest.fail(job.failure("report.json"))
-    return job.out, json.loads(report.read_text())
+    return job.out, json.loads(job.output("report.json").read_text())
 
 
 def test_bitstream_is_for_the_versa_device(versa_build):

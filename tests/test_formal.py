@@ -59,11 +59,7 @@ def formal_rows(background):
     """{job: row} of the selected rows, run one solver at a time on the background lane; its `table.md` is
     the table `inwire formal` prints, for the log of a failed run."""
     _tools()
-    job = background.jobs["formal_rows"]
-    job.wait()
-    done = job.out / "rows.pickle"
-    if not done.exists():
-        pytest.fail(job.failure("rows.pickle"))
+    done = background.jobs["formal_rows"].output("rows.pickle")
     return {row.check.job: row for row in pickle.loads(done.read_bytes())}
 
 
