@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from inwire.lab.emulator import EmulatedLink, WanLab, judge, leftover_namespaces, refuse_unless_ok
-from inwire.lab.measure import Measurement, host_parents, plan_strategies, ranking_disagreements
+from inwire.lab.emulator import TCP_TUNED, EmulatedLink, WanLab, judge, leftover_namespaces, refuse_unless_ok
+from inwire.lab.measure import STRATEGIES, Measurement, host_parents, plan_strategies, ranking_disagreements
 from inwire.netns import LabError, unavailable_reason
 from inwire.plan.topology import topology_from_dict
 
@@ -107,6 +107,37 @@ def test_one_inwire_round_and_one_gloo_all_reduce_cross_the_lab(lab, checked):
     # sum back; float32 sums in another order than float64 numpy's.
     assert hosts.order[0] == "B" and host_parents(lab.topology, hosts.order) == {"A": "B", "C": "B"}
     assert host_times[0] >= 30 + serialization_ms and host_error < 1e-4 and host_late == 0
+
+
+SOCKET_CONGESTION = ("import socket; s = socket.socket(); "
+                     "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b'\\0').decode(), "
+                     "open('/proc/sys/net/ipv4/tcp_slow_start_after_idle').read().strip())")
+"""What a new TCP socket in a city gets: its congestion control, and whether it restarts slow start after idle."""
+
+
+def _new_sockets(lab):
+    return {city: subprocess.run(lab.command(city, sys.executable, "-c", SOCKET_CONGESTION), capture_output=True,
+                                 text=True, check=True).stdout.split() for city in lab.cities}
+
+
+def test_a_tuned_strategy_s_sockets_get_reno_without_slow_start_after_idle_in_every_city_and_only_then(lab):
+    before = _new_sockets(lab)
+    assert before["A"] != ["reno", "0"], "the namespaces' own TCP would not tell tuned from untuned"
+    with lab.tcp(TCP_TUNED) as settings:
+        assert _new_sockets(lab) == {city: ["reno", "0"] for city in lab.cities}
+        assert settings == TCP_TUNED
+    assert _new_sockets(lab) == before
+
+
+def test_the_tuned_baselines_are_the_same_plans_as_the_untuned_ones():
+    names = [name for name in STRATEGIES if name.startswith(("host_tree", "gloo"))]
+    assert names == ["host_tree", "host_tree_tuned", "gloo", "gloo_tuned"]
+    plain_tree, tuned_tree, plain_gloo, tuned_gloo = plan_strategies(chain(), None, VECTOR_BYTES, 1.0, RATE_SCALE,
+                                                                     names=names)
+    for plain, tuned in ((plain_tree, tuned_tree), (plain_gloo, tuned_gloo)):
+        assert tuned.tuned and not plain.tuned
+        assert (tuned.order, tuned.predicted_ms) == (plain.order, plain.predicted_ms)
+        assert "reno" in tuned.description and "reno" not in plain.description
 
 
 def test_a_measured_order_against_a_clear_prediction_is_reported():

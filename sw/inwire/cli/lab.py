@@ -6,6 +6,7 @@ the planner's schedule and the global clique and reduction tree through `inwire 
 gloo's all_reduce over TCP. Measured medians are printed beside the cost model's predictions (docs/lab.md).
 """
 
+import contextlib
 import json
 import math
 import os
@@ -38,8 +39,9 @@ def add_arguments(parser):
                         help="drop this fraction on every link")
     parser.add_argument("--reps", type=whole("--reps"), default=5, metavar="N", help="repetitions of each strategy")
     parser.add_argument("--strategies", default=None,
-                        help="comma-separated, from schedule, global_clique, global_tree, host_tree, gloo "
-                             "(default: all)")
+                        help="comma-separated, from schedule, global_clique, global_tree, host_tree, host_tree_tuned, "
+                             "gloo, gloo_tuned (default: all; _tuned: over TCP with reno and no slow start after "
+                             "idle, the others with the namespaces' own TCP settings)")
     parser.add_argument("--window", type=whole("--window"), default=None, metavar="CHUNKS",
                         help="chunks each island keeps in flight (default: the whole vector, up to 1024)")
     parser.add_argument("--seed", type=whole("--seed"), default=0, help="seed of the planner and the test vectors")
@@ -51,8 +53,8 @@ def add_arguments(parser):
 def run(args):
     """`inwire lab`."""
     from ..host_bench import load_average
-    from ..lab.emulator import WanLab, refuse_unless_ok
-    from ..lab.measure import STRATEGIES, Measurement, plan_strategies, ranking, ranking_disagreements, summarize
+    from ..lab.emulator import TCP_TUNED, WanLab, refuse_unless_ok
+    from ..lab.measure import STRATEGIES, Measurement, plan_strategies, ranking, ranking_disagreements
     from ..plan.topology import load_topology
 
     check_range("--mb", args.mb, *MB, "MB", "one byte to minutes per repetition")
@@ -69,8 +71,8 @@ def run(args):
     for name in names:
         if name not in STRATEGIES:
             raise ValueError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
-    if "gloo" in names:
-        extras.require("torch", "the gloo strategy (leave it out of --strategies to run the others)")
+    if "gloo" in names or "gloo_tuned" in names:
+        extras.require("torch", "the gloo strategies (leave them out of --strategies to run the others)")
     if args.out_dir:
         check_outputs_apart([("--out-dir", os.path.join(args.out_dir, name)) for name in ("lab.json", "lab.png")],
                             {"--topology": topology_file(args.topology)})
@@ -98,21 +100,8 @@ def run(args):
             report["chunk_elements"], report["window"] = measurement.chunk, measurement.window
             for strategy in strategies:
                 progress.say(f"{strategy.name}: {strategy.description}, {args.reps} repetitions")
-                if strategy.name == "gloo":
-                    times, late, error = measurement.gloo(strategy)
-                    entries.append(summarize(strategy, times, ranks=list(strategy.order), start_late_s=round(late, 4),
-                                             max_abs_error=error,
-                                             predicted_as="the cost model's ring exchange in rank order"))
-                elif strategy.name == "host_tree":
-                    times, late, error = measurement.host_tree(strategy)
-                    entries.append(summarize(strategy, times, members=list(strategy.order),
-                                             start_late_s=round(late, 4), max_abs_error=error,
-                                             predicted_as="the cost model's host-tree exchange"))
-                else:
-                    times, retransmits = measurement.inwire(strategy)
-                    entries.append(summarize(strategy, times, retransmits=retransmits, bit_exact=True,
-                                             rounds=[[{"members": list(m), "aggregator": root, "tree": tree}
-                                                      for m, root, tree in cliques] for cliques in strategy.rounds]))
+                with lab.tcp(TCP_TUNED) if strategy.tuned else contextlib.nullcontext(lab.tcp_settings()) as tcp:
+                    entries.append(_measure(measurement, strategy, tcp))
     report["link_process"] = lab.relay_counters  # the link process's own counters, read as it stopped
     report["strategies"] = entries
     report["ranking_measured"] = ranking(entries, "measured_ms")
@@ -121,6 +110,24 @@ def run(args):
     report["rankings_agree"] = not report["ranking_disagreements"]
     report["load_average_1min_after"] = load_average()
     return _finish(report, args)
+
+
+def _measure(measurement, strategy, tcp):
+    """`strategy` timed and summarized; one over TCP with the `tcp` settings it ran with."""
+    from ..lab.measure import summarize
+
+    if strategy.name.startswith("gloo"):
+        times, late, error = measurement.gloo(strategy)
+        return summarize(strategy, times, ranks=list(strategy.order), start_late_s=round(late, 4),
+                         max_abs_error=error, tcp=tcp, predicted_as="the cost model's ring exchange in rank order")
+    if strategy.name.startswith("host_tree"):
+        times, late, error = measurement.host_tree(strategy)
+        return summarize(strategy, times, members=list(strategy.order), start_late_s=round(late, 4),
+                         max_abs_error=error, tcp=tcp, predicted_as="the cost model's host-tree exchange")
+    times, retransmits = measurement.inwire(strategy)
+    return summarize(strategy, times, retransmits=retransmits, bit_exact=True,
+                     rounds=[[{"members": list(m), "aggregator": root, "tree": tree} for m, root, tree in cliques]
+                             for cliques in strategy.rounds])
 
 
 def _finish(report, args, rows_only=False):
@@ -151,17 +158,26 @@ def format_report(report):
                      f"{_number(row['tcp_mbps']):>9} {row['tcp_expected_mbps']:>9.2f} {_number(row['udp_mbps']):>9} "
                      f"{row['udp_expected_mbps']:>9.2f}  {'yes' if row['ok'] else 'NO: ' + '; '.join(row['problems'])}")
     if "strategies" in report:
-        lines.append(f"{'strategy':<14} {'measured ms':>12} {'spread':>8} {'predicted':>10} {'ratio':>6}")
+        lines.append(f"{'strategy':<16} {'measured ms':>12} {'spread':>8} {'predicted':>10} {'ratio':>6}  TCP")
         for entry in report["strategies"]:
             ratio = entry["measured_over_predicted"]
-            lines.append(f"{entry['name']:<14} {entry['measured_ms']:>12.1f} {entry['spread_ms']:>8.1f} "
-                         f"{entry['predicted_ms']:>10.1f} {'' if ratio is None else f'{ratio:.3f}':>6}")
+            lines.append(f"{entry['name']:<16} {entry['measured_ms']:>12.1f} {entry['spread_ms']:>8.1f} "
+                         f"{entry['predicted_ms']:>10.1f} {'' if ratio is None else f'{ratio:.3f}':>6}  "
+                         f"{_tcp(entry.get('tcp'))}")
         lines.append(f"measured ranking:  {', '.join(report['ranking_measured'])}")
         lines.append(f"predicted ranking: {', '.join(report['ranking_predicted'])} (predictions within "
                      f"5 % of each other are ties)")
         for fast, slow in report["ranking_disagreements"]:
             lines.append(f"the model has {fast} faster than {slow}; measured, it is slower")
     return "\n".join(lines)
+
+
+def _tcp(settings):
+    """A strategy's TCP settings in brief: its congestion control, and whether it restarts slow start after idle."""
+    if not settings:
+        return ""
+    restart = "" if settings["net.ipv4.tcp_slow_start_after_idle"] != "0" else "no "
+    return f"{settings['net.ipv4.tcp_congestion_control']}, {restart}slow start after idle"
 
 
 def _number(value):

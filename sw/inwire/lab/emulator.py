@@ -50,6 +50,11 @@ PROBES = 15
 TCP_WARMUP_ROUND_TRIPS = 30
 PROBE_ATTEMPTS = 3
 STARTUP_TIMEOUT_S = 15
+TCP_SETTINGS = ("net.ipv4.tcp_congestion_control", "net.ipv4.tcp_slow_start_after_idle")
+"""The TCP settings a strategy over TCP runs with, read from (and set in) every city's namespace."""
+TCP_TUNED = {"net.ipv4.tcp_congestion_control": "reno", "net.ipv4.tcp_slow_start_after_idle": "0"}
+"""TCP tuned for repeated bulk transfers on long links: no slow start again after each idle gap between
+repetitions, and reno's loss-based window instead of a rate estimate probed anew each time."""
 
 
 _instances = itertools.count()
@@ -266,6 +271,27 @@ class WanLab:
 
     def python(self, city, module, *argv):
         return self.command(city, sys.executable, "-m", module, *argv)
+
+    def tcp_settings(self):
+        """The TCP settings (`TCP_SETTINGS`) new sockets in the cities get, as the first city's namespace has them
+        (every city's are set together)."""
+        city = self.cities[0]
+        return {name: _run(*self.command(city, "sysctl", "-n", name)).strip() for name in TCP_SETTINGS}
+
+    @contextlib.contextmanager
+    def tcp(self, settings):
+        """Every city's namespace with the TCP `settings` (sysctl name -> value) inside the block, as before
+        after it."""
+        before = self.tcp_settings()
+        try:
+            self._set_tcp(settings)
+            yield self.tcp_settings()
+        finally:
+            self._set_tcp(before)
+
+    def _set_tcp(self, settings):
+        for city in self.cities:
+            _run(*self.command(city, "sysctl", "-q", "-w", *(f"{name}={value}" for name, value in settings.items())))
 
     # -- the emulator check ---------------------------------------------------------------------
     def probe_delay_ms(self, link, probes=PROBES):

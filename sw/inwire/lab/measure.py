@@ -13,7 +13,9 @@ float32 through gloo), several times, each repetition started at one wall-clock 
   island's host sums its children's partials with its own vector along the latency-shortest-path tree
   from the root the model finds fastest, and passes the result back down (the planner's `host-tree`);
 - `gloo`: `torch.distributed.all_reduce` (gloo, TCP) among the islands, ranks in the model's ring order;
-  predicted as the model's ring exchange.
+  predicted as the model's ring exchange;
+- `host_tree_tuned`, `gloo_tuned`: the same over TCP tuned (`emulator.TCP_TUNED`); the others run with the
+  namespaces' own TCP settings, which the report states beside each.
 
 The lab routes no multicast, so every aggregator sends each member its copy (`inwire serve --unicast`), and
 the model is asked for the same (`multicast=False`).
@@ -38,7 +40,9 @@ from ..plan.topology import Topology
 from ..protocol import ELEMENT_BYTES, INWIRE_PORT, MAX_ELEMENTS_PER_FRAME
 from .island import expected_digest
 
-STRATEGIES = ("schedule", "global_clique", "global_tree", "host_tree", "gloo")
+STRATEGIES = ("schedule", "global_clique", "global_tree", "host_tree", "host_tree_tuned", "gloo", "gloo_tuned")
+TUNED = "_tuned"
+"""A strategy over TCP run with `emulator.TCP_TUNED`: its name is the untuned one's with this suffix."""
 START_MARGIN_S = 0.3
 """Commands go out this long before a round's common start: every island has its command by then."""
 STARTUP_TIMEOUT_S = 30
@@ -54,6 +58,11 @@ class Strategy:
     description: str
     order: tuple = ()
     """gloo: the islands in rank order."""
+
+    @property
+    def tuned(self):
+        """Run over TCP tuned (`emulator.TCP_TUNED`)."""
+        return self.name.endswith(TUNED)
 
     @property
     def max_cliques(self):
@@ -84,6 +93,8 @@ def plan_strategies(topology, islands, vector_bytes, delay_scale, rate_scale, se
     treed = CostModel(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True)
     strategies = []
     for name in names:
+        base = name.removesuffix(TUNED) if name in (f"host_tree{TUNED}", f"gloo{TUNED}") else name
+        tuned_tcp = " tuned: reno, no slow start after idle" if base != name else ""
         if name == "schedule":
             plan = plan_schedule(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True, seed=seed)
             rounds = []
@@ -109,15 +120,16 @@ def plan_strategies(topology, islands, vector_bytes, delay_scale, rate_scale, se
             strategies.append(Strategy(name, (((islands, hub, treed.profile(clique).tree or {}),),),
                                        treed.clique_time_alone(clique),
                                        f"every island in one reduction tree rooted at {hub}"))
-        elif name == "host_tree":
+        elif base == "host_tree":
             clique = flat.host_tree_clique(islands)
             strategies.append(Strategy(name, (), flat.clique_time_alone(clique),
-                                       f"a host-side tree all-reduce over TCP rooted at {clique.members[0]}",
+                                       f"a host-side tree all-reduce over TCP{tuned_tcp} rooted at {clique.members[0]}",
                                        clique.members))
-        elif name == "gloo":
+        elif base == "gloo":
             order = tuple(flat.ring_order(islands))
             strategies.append(Strategy(name, (), flat.clique_time_alone(Clique(order, None, RING)),
-                                       "torch.distributed all_reduce (gloo, TCP), ranks in ring order", order))
+                                       f"torch.distributed all_reduce (gloo, TCP{tuned_tcp}), ranks in ring order",
+                                       order))
         else:
             raise LabError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
     return strategies
