@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 .PHONY: setup run system-tools test sim formal fuzz coverage mutate verilog bitstream alveo docs bench demo lab train-demo train-study train-dist train-dist-hook clean
 
 # Debian packages the tests use, as command:package.
-SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2 berkeley-abc:berkeley-abc
+SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2 berkeley-abc:berkeley-abc mpirun:openmpi-bin
 # torch is pinned so that pip takes the CPU build these machines carry rather than a CUDA one.
 TORCH := torch==2.13.0
 

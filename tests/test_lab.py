@@ -109,6 +109,31 @@ def test_one_inwire_round_and_one_gloo_all_reduce_cross_the_lab(lab, checked):
     assert host_times[0] >= 30 + serialization_ms and host_error < 1e-4 and host_late == 0
 
 
+def test_an_open_mpi_all_reduce_of_each_algorithm_crosses_the_lab(lab, checked):
+    refuse_unless_ok(checked)
+    ring, tree = plan_strategies(lab.topology, None, VECTOR_BYTES, 1.0, RATE_SCALE, names=("mpi_ring", "mpi_tree"))
+    assert tree.order[0] == "B" and set(ring.order) == set(lab.cities)
+    serialization_ms = 1e3 * 8 * VECTOR_BYTES / lab.links[0].rate_bps
+    with Measurement(lab, lab.cities, VECTOR_BYTES, [ring, tree], reps=1) as measurement:
+        for strategy in (ring, tree):
+            times, late, error = measurement.mpi(strategy)
+            # Every rank's sum is float64 numpy's up to float32 rounding, and the ranks met across the emulated
+            # links: A's and C's vectors reach each other through B, at least 2 x 21 ms of delay for the ring
+            # (A to C and back) and for the tree (A and C to B and back), plus one vector's serialization.
+            assert len(times) == 1 and error < 1e-4 and late == 0, strategy.name
+            assert times[0] >= 2 * 15 + serialization_ms, strategy.name
+
+
+def test_a_failing_mpirun_is_named_with_its_strategy(lab, monkeypatch):
+    from inwire.lab import mpi
+
+    monkeypatch.setitem(mpi.ALGORITHMS, "ring", {"coll_tuned_allreduce_algorithm": "4", "btl": "no-such-transport"})
+    ring, = plan_strategies(lab.topology, None, VECTOR_BYTES, 1.0, RATE_SCALE, names=("mpi_ring",))
+    with Measurement(lab, lab.cities, VECTOR_BYTES, [ring], reps=1) as measurement:
+        with pytest.raises(LabError, match=r"^mpi_ring: mpirun failed \(status [1-9]"):
+            measurement.mpi(ring)
+
+
 SOCKET_CONGESTION = ("import socket; s = socket.socket(); "
                      "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b'\\0').decode(), "
                      "open('/proc/sys/net/ipv4/tcp_slow_start_after_idle').read().strip())")

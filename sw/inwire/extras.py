@@ -15,6 +15,7 @@ from .errors import InwireError
 EXTRAS = {
     "torch": ("torch", "sklearn", "scipy"),
     "sim": ("cocotb", "cocotb_tools.runner", "cocotbext.axi"),
+    "lab": ("mpi4py",),
 }
 """Extra -> the modules of its packages that inwire imports."""
 

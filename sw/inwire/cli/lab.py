@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 
 from .. import extras, progress
 from ..output import check_outputs_apart
@@ -40,8 +41,8 @@ def add_arguments(parser):
     parser.add_argument("--reps", type=whole("--reps"), default=5, metavar="N", help="repetitions of each strategy")
     parser.add_argument("--strategies", default=None,
                         help="comma-separated, from schedule, global_clique, global_tree, host_tree, host_tree_tuned, "
-                             "gloo, gloo_tuned (default: all; _tuned: over TCP with reno and no slow start after "
-                             "idle, the others with the namespaces' own TCP settings)")
+                             "gloo, gloo_tuned, mpi_ring, mpi_tree (default: all; _tuned: over TCP with reno and no "
+                             "slow start after idle, the others with the namespaces' own TCP settings)")
     parser.add_argument("--window", type=whole("--window"), default=None, metavar="CHUNKS",
                         help="chunks each island keeps in flight (default: the whole vector, up to 1024)")
     parser.add_argument("--seed", type=whole("--seed"), default=0, help="seed of the planner and the test vectors")
@@ -73,6 +74,11 @@ def run(args):
             raise ValueError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
     if "gloo" in names or "gloo_tuned" in names:
         extras.require("torch", "the gloo strategies (leave them out of --strategies to run the others)")
+    if any(name.startswith("mpi") for name in names):
+        extras.require("lab", "the MPI strategies (leave them out of --strategies to run the others)")
+        if shutil.which("mpirun") is None:
+            raise ValueError("the MPI strategies need mpirun (Debian's openmpi-bin: make setup installs it); "
+                             "leave them out of --strategies to run the others")
     if args.out_dir:
         check_outputs_apart([("--out-dir", os.path.join(args.out_dir, name)) for name in ("lab.json", "lab.png")],
                             {"--topology": topology_file(args.topology)})
@@ -120,6 +126,12 @@ def _measure(measurement, strategy, tcp):
         times, late, error = measurement.gloo(strategy)
         return summarize(strategy, times, ranks=list(strategy.order), start_late_s=round(late, 4),
                          max_abs_error=error, tcp=tcp, predicted_as="the cost model's ring exchange in rank order")
+    if strategy.name.startswith("mpi"):
+        times, late, error = measurement.mpi(strategy)
+        return summarize(strategy, times, ranks=list(strategy.order), start_late_s=round(late, 4),
+                         max_abs_error=error, tcp=tcp,
+                         predicted_as="the cost model's ring exchange in rank order" if strategy.name == "mpi_ring"
+                         else "the cost model's host-tree exchange (a latency-shortest-path tree, not MPI's binary)")
     if strategy.name.startswith("host_tree"):
         times, late, error = measurement.host_tree(strategy)
         return summarize(strategy, times, members=list(strategy.order), start_late_s=round(late, 4),

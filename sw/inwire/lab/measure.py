@@ -14,6 +14,10 @@ float32 through gloo), several times, each repetition started at one wall-clock 
   from the root the model finds fastest, and passes the result back down (the planner's `host-tree`);
 - `gloo`: `torch.distributed.all_reduce` (gloo, TCP) among the islands, ranks in the model's ring order;
   predicted as the model's ring exchange;
+- `mpi_ring`, `mpi_tree`: Open MPI's `MPI_Allreduce` (mpi4py, TCP) among the islands, locked to its ring
+  (ranks in the model's ring order, predicted as the model's ring exchange) or to a reduce and a broadcast
+  along a binary tree of the ranks (root and ranks in the host tree's order, predicted as the model's host
+  tree, which is a latency-shortest-path tree: the binary tree is not that tree);
 - `host_tree_tuned`, `gloo_tuned`: the same over TCP tuned (`emulator.TCP_TUNED`); the others run with the
   namespaces' own TCP settings, which the report states beside each.
 
@@ -29,6 +33,8 @@ import os
 import select
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -40,7 +46,8 @@ from ..plan.topology import Topology
 from ..protocol import ELEMENT_BYTES, INWIRE_PORT, MAX_ELEMENTS_PER_FRAME
 from .island import expected_digest
 
-STRATEGIES = ("schedule", "global_clique", "global_tree", "host_tree", "host_tree_tuned", "gloo", "gloo_tuned")
+STRATEGIES = ("schedule", "global_clique", "global_tree", "host_tree", "host_tree_tuned", "gloo", "gloo_tuned",
+              "mpi_ring", "mpi_tree")
 TUNED = "_tuned"
 """A strategy over TCP run with `emulator.TCP_TUNED`: its name is the untuned one's with this suffix."""
 START_MARGIN_S = 0.3
@@ -130,6 +137,15 @@ def plan_strategies(topology, islands, vector_bytes, delay_scale, rate_scale, se
             strategies.append(Strategy(name, (), flat.clique_time_alone(Clique(order, None, RING)),
                                        f"torch.distributed all_reduce (gloo, TCP{tuned_tcp}), ranks in ring order",
                                        order))
+        elif name == "mpi_ring":
+            order = tuple(flat.ring_order(islands))
+            strategies.append(Strategy(name, (), flat.clique_time_alone(Clique(order, None, RING)),
+                                       "Open MPI's MPI_Allreduce (mpi4py, TCP), its ring, ranks in ring order", order))
+        elif name == "mpi_tree":
+            clique = flat.host_tree_clique(islands)
+            strategies.append(Strategy(name, (), flat.clique_time_alone(clique),
+                                       f"Open MPI's MPI_Allreduce (mpi4py, TCP), reduce and broadcast along a binary "
+                                       f"tree rooted at {clique.members[0]}", clique.members))
         else:
             raise LabError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
     return strategies
@@ -313,6 +329,55 @@ class Measurement:
                 env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         reports = self._collect(order, ranks, "gloo rank", time.time() + self.deadline_s * (self.reps + 2) + 60)
         return _spans(reports)
+
+
+    def mpi(self, strategy):
+        """Each repetition's time (ms) of one Open MPI all-reduce among the islands (ranks in `strategy.order`),
+        its algorithm locked to `strategy`'s (`mpi.ALGORITHMS`). `mpirun` starts in the first rank's city and
+        reaches the others through a remote shell that enters their namespaces; ranks talk TCP over the
+        cities' own interfaces only, never through shared memory."""
+        from .mpi import ALGORITHMS
+
+        lab, order = self.lab, strategy.order
+        algorithm = ALGORITHMS[strategy.name.removeprefix("mpi_")]
+        margin = max(1.0, 8e-3 * max(lab.topology.latency_ms(a, b) * lab.delay_scale for a in order for b in order))
+        with tempfile.TemporaryDirectory(prefix="inwire-mpi-") as directory:
+            hosts, agent = os.path.join(directory, "hosts"), os.path.join(directory, "enter-city")
+            with open(hosts, "w") as handle:
+                handle.writelines(f"{lab.namespaces[city]} slots=1\n" for city in order)
+            with open(agent, "w") as handle:
+                # mpirun's remote shell: the node is a city's namespace, the rest the command to start there.
+                handle.write('#!/bin/sh\nnode="$1"; shift\nexec ip netns exec "$node" /bin/sh -c "$*"\n')
+            os.chmod(agent, 0o700)
+            parameters = {"plm_rsh_agent": agent, "plm_rsh_no_tree_spawn": "1", "btl": "self,tcp",
+                          "btl_tcp_if_include": "city", "oob_tcp_if_include": "city",
+                          "coll_tuned_use_dynamic_rules": "1", **algorithm}
+            command = lab.command(order[0], "mpirun", "--allow-run-as-root", "--hostfile", hosts, "-np",
+                                  str(len(order)), *(item for name, value in parameters.items()
+                                                     for item in ("--mca", name, value)),
+                                  sys.executable, "-m", "inwire.lab.mpi", "--elements", str(self.elements),
+                                  "--reps", str(self.reps), "--margin", f"{margin:.3f}", "--seed", str(self.seed))
+            # mpirun stops its daemons in the other cities when it is terminated, not when it is killed.
+            mpirun = subprocess.Popen(command, env=package_environment(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+            try:
+                out, err = mpirun.communicate(timeout=self.deadline_s * (self.reps + 2) + 60)
+            except subprocess.TimeoutExpired:
+                mpirun.terminate()
+                out, err = mpirun.communicate()
+                raise LabError(f"{strategy.name}: mpirun did not finish in time; its last words: "
+                               f"{' | '.join(err.strip().splitlines()[-3:]) or 'none'}") from None
+        if mpirun.returncode != 0:
+            last = (err.strip().splitlines() or ["no output"])[-1]
+            raise LabError(f"{strategy.name}: mpirun failed (status {mpirun.returncode}): {last}")
+        reports = {}
+        for line in out.splitlines():
+            with contextlib.suppress(ValueError):
+                report = json.loads(line)
+                reports[report["rank"]] = report
+        if sorted(reports) != list(range(len(order))):
+            raise LabError(f"{strategy.name}: {len(reports)} of {len(order)} ranks reported")
+        return _spans([reports[rank] for rank in range(len(order))])
 
 
 def host_parents(topology, members):
