@@ -32,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..netns import LabError, package_environment, udp_socket, unavailable_reason
+from ..netns import LabError, inside, package_environment, udp_socket, unavailable_reason
 from ..protocol import ETHERNET_BYTES, MTU_BYTES, WIRE_OVERHEAD_BYTES
 
 PREFIX = "10.75.0"
@@ -266,6 +266,11 @@ class WanLab:
 
     def python(self, city, module, *argv):
         return self.command(city, sys.executable, "-m", module, *argv)
+
+    def inside(self, city):
+        """A context in which this thread is in `city`'s namespace: sockets made there (a registration's, say)
+        stay there and reach the city's services on its own address."""
+        return inside(self.namespaces[city])
 
     # -- the emulator check ---------------------------------------------------------------------
     def probe_delay_ms(self, link, probes=PROBES):

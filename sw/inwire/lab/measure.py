@@ -5,7 +5,8 @@ float32 through gloo), several times, each repetition started at one wall-clock 
 
 - `schedule`: the planner's schedule for the scaled topology (one period: its rounds one after another,
   each started when the last has ended everywhere, as the cost model times a period), software aggregators
-  (`inwire serve`) in its cities, chained along its reduction trees;
+  (`inwire serve`) in its cities, chained along its reduction trees (of any depth: planned with the trees in
+  the aggregators' tables, `tree_tables`, as `inwire schedule --tree-tables` plans them);
 - `global_clique`: every island in one clique at the aggregation city the model finds fastest;
 - `global_tree`: the same with in-path reduction along the model's tree (every aggregating city on the way
   sums what it forwards);
@@ -15,6 +16,16 @@ float32 through gloo), several times, each repetition started at one wall-clock 
 - `gloo`: `torch.distributed.all_reduce` (gloo, TCP) among the islands, ranks in the model's ring order;
   predicted as the model's ring exchange.
 
+Every round of an inwire strategy is a registered job of its own, as training runs them: the aggregators
+take registered jobs only, authenticated with an operator key the lab makes for its run (a file of mode
+0600 in a directory of its own, removed at the end). Before a round's islands send, the lab gives the job a
+random id and token (`control.new_job`) and registers at every aggregator of the round's trees its own
+entry (`plan.tables.schedule_routes`: the islands that send to it, and per clique its level, parent and
+children), from inside that aggregator's city (`WanLab.inside`: the control exchange never crosses an
+emulated link); it tears the job down once every island has its sum. The islands send version 3 frames
+carrying the token and no route: each aggregator sends one partial to its parent, and the result comes
+back down the tree, one copy to each child aggregator and to each of its own members.
+
 The lab routes no multicast, so every aggregator sends each member its copy (`inwire serve --unicast`), and
 the model is asked for the same (`multicast=False`).
 """
@@ -23,17 +34,23 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import select
+import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 
-from ..client import clique_group, slots_needed
+from ..client import job_slots
+from ..control import MAX_TTL_S, load_key, new_job, register, teardown
+from ..datagram import ip_int
+from ..jobs import FLAT
 from ..netns import LabError, await_listening, package_environment
 from ..plan.cost import AGGREGATE, RING, Clique, CostModel
+from ..plan.schedule_file import member_paths
 from ..plan.search import plan_schedule
+from ..plan.tables import schedule_routes
 from ..plan.topology import Topology
 from ..protocol import ELEMENT_BYTES, INWIRE_PORT, MAX_ELEMENTS_PER_FRAME
 from .island import expected_digest
@@ -81,11 +98,13 @@ def plan_strategies(topology, islands, vector_bytes, delay_scale, rate_scale, se
     scaled = scaled_topology(topology, delay_scale, rate_scale)
     islands = scaled.resolve_islands(islands)
     flat = CostModel(scaled, islands, vector_bytes, multicast=False)
-    treed = CostModel(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True)
+    # The lab registers each round's trees in the aggregators' tables: no depth cap, as the model is told.
+    treed = CostModel(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True, tree_tables=True)
     strategies = []
     for name in names:
         if name == "schedule":
-            plan = plan_schedule(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True, seed=seed)
+            plan = plan_schedule(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True, seed=seed,
+                                 tree_tables=True)
             rounds = []
             for r, cliques in enumerate(plan.best.rounds):
                 for c, clique in enumerate(cliques):
@@ -141,18 +160,21 @@ class Measurement:
         self.elements = -(-int(vector_bytes) // ELEMENT_BYTES)
         self.chunk = chunk
         self.window = min(window or MAX_WINDOW, -(-self.elements // chunk))
-        self.job = int.from_bytes(os.urandom(3), "big") + 1
         self.next_round = 0
         self.cities = sorted({city for s in strategies for cliques in s.rounds for _, root, tree in cliques
                               for city in (root, *tree.values())})
-        self.slots = slots_needed(max((s.max_cliques for s in strategies), default=1), self.window)
+        # One job is registered at a time (a round's), so each aggregator holds one job's quota.
+        self.slots = job_slots(max((s.max_cliques for s in strategies), default=1), self.window,
+                               max((len(members) for s in strategies for cliques in s.rounds
+                                    for members, _, _ in cliques), default=1))
         worst_rtt_s = 2e-3 * max(lab.topology.latency_ms(a, b) * lab.delay_scale for a in self.islands
                                  for b in lab.topology.cities)
         serialization_s = 8 * len(self.islands) * self.elements * ELEMENT_BYTES / min(
             link.rate_bps for link in lab.links)
         self.timeout_s = max(1.0, 2 * worst_rtt_s + serialization_s)
         self.deadline_s = 20 * self.timeout_s + 30
-        self.services, self.members, self._stack = {}, {}, None
+        self.services, self.members, self.ports, self._stack = {}, {}, {}, None
+        self.key = self.key_file = None
 
     def __enter__(self):
         self._stack = contextlib.ExitStack()
@@ -186,11 +208,15 @@ class Measurement:
 
     def _start(self):
         lab = self.lab
+        directory = tempfile.mkdtemp(prefix="inwire-lab-")
+        self._stack.callback(shutil.rmtree, directory, True)
+        self.key_file = f"{directory}/operator.key"
+        self.key = load_key(self.key_file)  # made with mode 0600, in a directory of mode 0700
         for city in self.cities:
             service = self._spawn(lab.python(city, "inwire", "serve", "--listen",
                                              f"{lab.addresses[city]}:{INWIRE_PORT}", "--unicast", "--slots",
                                              str(self.slots), "--max-elements", str(self.chunk),
-                                             "--receive-buffer", str(32 << 20), "--unregistered"),
+                                             "--receive-buffer", str(32 << 20), "--key-file", self.key_file),
                                   stderr=subprocess.PIPE)
             await_listening(service, f"the aggregator in {city}", STARTUP_TIMEOUT_S)
             self.services[city] = service
@@ -198,24 +224,60 @@ class Measurement:
         for city in self.islands:
             self.members[city] = self._spawn(
                 lab.python(city, "inwire.lab.island", city, "--address", lab.addresses[city], "--aggregators",
-                           aggregators, "--job", str(self.job), "--chunk", str(self.chunk), "--window",
+                           aggregators, "--chunk", str(self.chunk), "--window",
                            str(self.window), "--timeout", f"{self.timeout_s:.3f}", "--deadline",
                            f"{self.deadline_s:.0f}"),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         for city, process in self.members.items():
-            _read_line(process, f"the island in {city}", STARTUP_TIMEOUT_S)
+            self.ports[city] = json.loads(_read_line(process, f"the island in {city}", STARTUP_TIMEOUT_S))["port"]
 
-    def _round(self, period_round, cliques, max_cliques):
-        """Round `period_round` of a period, its `cliques` started together; its time (s) and the
+    def job_entries(self, cliques):
+        """A fresh job (random id and token) for one round's `cliques` and city -> the entry its aggregator
+        holds: the islands that send to it and, per clique, its route in the clique's tree."""
+        lab = self.lab
+        islands = {city: (ip_int(lab.addresses[city]), port) for city, port in self.ports.items()}
+        aggregators = {city: (ip_int(lab.addresses[city]), INWIRE_PORT) for city in self.cities}
+        routes, members = schedule_routes([[(members, root) for members, root, _ in cliques]],
+                                          [[tree or None for _, _, tree in cliques]], islands, aggregators)
+        job = new_job(islands.values(), self.slots)
+        return job, {city: dataclasses.replace(job, members=frozenset(members.get(city, ())),
+                                               routes={c: route for c, route in routes[city].items() if route != FLAT})
+                     for city in routes}
+
+    @contextlib.contextmanager
+    def registered(self, entries):
+        """Each city's entry registered at its aggregator for the body, from inside the city's namespace (the
+        services listen on the cities' own addresses); the job torn down everywhere after."""
+        ttl_s = min(MAX_TTL_S, math.ceil(2 * self.deadline_s + 60))
+        done = []
+        try:
+            for city, entry in entries.items():
+                with self.lab.inside(city):
+                    register((self.lab.addresses[city], INWIRE_PORT), entry, self.key, ttl_s)
+                done.append(city)
+            yield
+        finally:
+            for city in done:
+                with self.lab.inside(city):
+                    teardown((self.lab.addresses[city], INWIRE_PORT), entries[city], self.key)
+
+    def _round(self, cliques, max_cliques):
+        """One round of a period, its `cliques` started together as one registered job; its time (s) and the
         retransmissions."""
+        job, entries = self.job_entries(cliques)
+        with self.registered(entries):
+            return self._sum_round(job, cliques, max_cliques)
+
+    def _sum_round(self, job, cliques, max_cliques):
         round_ = self.next_round
         self.next_round += 1
         start = time.time() + START_MARGIN_S
         waiting = {}
         for c, (members, root, tree) in enumerate(cliques):
+            paths = member_paths(members, root, tree)
             for member in members:
-                command = {"job": self.job, "round": round_, "clique": c, "group": clique_group(period_round, c),
-                           "members": list(members), "root": root, "tree": tree, "seed": self.seed + round_,
+                command = {"job": job.job, "token": job.token, "round": round_, "clique": c,
+                           "members": list(members), "sends_to": paths[member][0], "seed": self.seed + round_,
                            "index": self.islands.index(member), "elements": self.elements,
                            "max_cliques": max_cliques, "start": start}
                 process = self.members[member]
@@ -239,8 +301,8 @@ class Measurement:
         times, retransmits = [], 0
         for _ in range(self.reps):
             total = 0.0
-            for period_round, cliques in enumerate(strategy.rounds):
-                seconds, resent = self._round(period_round, cliques, strategy.max_cliques)
+            for cliques in strategy.rounds:
+                seconds, resent = self._round(cliques, strategy.max_cliques)
                 total += seconds
                 retransmits += resent
             times.append(1e3 * total)
