@@ -52,7 +52,15 @@ def run(args):
     """`inwire lab`."""
     from ..host_bench import load_average
     from ..lab.emulator import WanLab, refuse_unless_ok
-    from ..lab.measure import STRATEGIES, Measurement, plan_strategies, ranking, ranking_disagreements, summarize
+    from ..lab.measure import (
+        STRATEGIES,
+        Measurement,
+        link_report,
+        plan_strategies,
+        ranking,
+        ranking_disagreements,
+        summarize,
+    )
     from ..plan.topology import load_topology
 
     check_range("--mb", args.mb, *MB, "MB", "one byte to minutes per repetition")
@@ -109,10 +117,11 @@ def run(args):
                                              start_late_s=round(late, 4), max_abs_error=error,
                                              predicted_as="the cost model's host-tree exchange"))
                 else:
-                    times, retransmits = measurement.inwire(strategy)
+                    times, retransmits, carried, bound = measurement.inwire(strategy)
                     entries.append(summarize(strategy, times, retransmits=retransmits, bit_exact=True,
                                              rounds=[[{"members": list(m), "aggregator": root, "tree": tree}
-                                                      for m, root, tree in cliques] for cliques in strategy.rounds]))
+                                                      for m, root, tree in cliques] for cliques in strategy.rounds],
+                                             **link_report(lab.directions, carried, bound)))
     report["link_process"] = lab.relay_counters  # the link process's own counters, read as it stopped
     report["strategies"] = entries
     report["ranking_measured"] = ranking(entries, "measured_ms")
@@ -156,6 +165,11 @@ def format_report(report):
             ratio = entry["measured_over_predicted"]
             lines.append(f"{entry['name']:<14} {entry['measured_ms']:>12.1f} {entry['spread_ms']:>8.1f} "
                          f"{entry['predicted_ms']:>10.1f} {'' if ratio is None else f'{ratio:.3f}':>6}")
+        for entry in report["strategies"]:
+            if entry.get("link_bytes_over_bound") is not None:
+                over = entry["links_over_bound"]
+                lines.append(f"{entry['name']}: link bytes / once-per-link bound: {entry['link_bytes_over_bound']:.2f}"
+                             + (f"; more than once on {', '.join(over)}" if over else ""))
         lines.append(f"measured ranking:  {', '.join(report['ranking_measured'])}")
         lines.append(f"predicted ranking: {', '.join(report['ranking_predicted'])} (predictions within "
                      f"5 % of each other are ties)")

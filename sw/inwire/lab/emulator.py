@@ -144,6 +144,8 @@ class WanLab:
         self._index = {city: i for i, city in enumerate(self.cities)}
         self._tag = f"iw{os.getpid() % 100000}{instance % 100}"
         self._created, self._fds, self.relay, self.relay_counters = [], [], None, {}
+        self.directions = [(end, other) for link in self.links for end, other in ((link.a, link.b), (link.b, link.a))]
+        """Each emulated link direction as (from, to), in the link process's order."""
         self._previous_sigterm = None
 
     def device(self, city, towards):
@@ -176,8 +178,12 @@ class WanLab:
                             ("link", "set", "cityp", "up"), ("link", "set", "city", "up"),
                             ("addr", "add", f"{address}/32", "dev", "city")):
                 _run("ip", "-n", namespace, *command)
+            # No IPv6 on the links (set before they exist): neighbour and router solicitations would cross them
+            # beside the traffic whose bytes the lab counts.
+            ipv6 = ("net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1") \
+                if os.path.exists("/proc/sys/net/ipv6") else ()
             for setting in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
-                            "net.ipv4.conf.default.rp_filter=0"):
+                            "net.ipv4.conf.default.rp_filter=0", *ipv6):
                 _run("ip", "netns", "exec", namespace, "sysctl", "-q", "-w", setting)
         directions = []
         for k, link in enumerate(self.links):
@@ -194,7 +200,7 @@ class WanLab:
                      "gso_max_segs", "1", "up")
                 self._shape(namespace, name, link.rate_bps)
                 ends[city] = fd
-            directions += [[ends[link.a], ends[link.b], link.delay_s, link.loss],
+            directions += [[ends[link.a], ends[link.b], link.delay_s, link.loss],  # as self.directions
                            [ends[link.b], ends[link.a], link.delay_s, link.loss]]
         for city in self.cities:
             for destination in self.cities:
@@ -230,6 +236,16 @@ class WanLab:
         for fd in self._fds:
             os.close(fd)
         self._fds = []
+
+    def link_bytes(self):
+        """{(from, to): IP bytes} every emulated link direction has carried so far (the link process's count)."""
+        self.relay.stdin.write("\n")
+        self.relay.stdin.flush()
+        ready, _, _ = select.select([self.relay.stdout], [], [], STARTUP_TIMEOUT_S)
+        line = self.relay.stdout.readline() if ready else ""
+        if not line:
+            raise LabError("the link process did not report its counters")
+        return dict(zip(self.directions, json.loads(line)["bytes"], strict=True))
 
     def _stop_relay(self):
         if self.relay is None:

@@ -52,7 +52,7 @@ from ..plan.schedule_file import member_paths
 from ..plan.search import plan_schedule
 from ..plan.tables import schedule_routes
 from ..plan.topology import Topology
-from ..protocol import ELEMENT_BYTES, INWIRE_PORT, MAX_ELEMENTS_PER_FRAME
+from ..protocol import ELEMENT_BYTES, ETHERNET_BYTES, INWIRE_PORT, MAX_ELEMENTS_PER_FRAME, Opcode, frame_bytes
 from .island import expected_digest
 
 STRATEGIES = ("schedule", "global_clique", "global_tree", "host_tree", "gloo")
@@ -262,11 +262,15 @@ class Measurement:
                     teardown((self.lab.addresses[city], INWIRE_PORT), entries[city], self.key)
 
     def _round(self, cliques, max_cliques):
-        """One round of a period, its `cliques` started together as one registered job; its time (s) and the
-        retransmissions."""
+        """One round of a period, its `cliques` started together as one registered job; its time (s), the
+        retransmissions and {(from, to): bytes} each emulated link direction carried meanwhile (the
+        registration is sent within each city: it crosses no link)."""
         job, entries = self.job_entries(cliques)
         with self.registered(entries):
-            return self._sum_round(job, cliques, max_cliques)
+            before = self.lab.link_bytes()
+            seconds, retransmits = self._sum_round(job, cliques, max_cliques)
+            after = self.lab.link_bytes()
+        return seconds, retransmits, {direction: after[direction] - before[direction] for direction in after}
 
     def _sum_round(self, job, cliques, max_cliques):
         round_ = self.next_round
@@ -297,16 +301,23 @@ class Measurement:
         return ended - start, retransmits
 
     def inwire(self, strategy):
-        """Each repetition's time (ms) of one period of `strategy`, and the retransmissions in all."""
-        times, retransmits = [], 0
+        """Each repetition's time (ms) of one period of `strategy`, the retransmissions in all, each
+        repetition's bytes on every link direction ({(from, to): bytes}) and what they should be
+        (`once_per_link_bytes` of the period)."""
+        times, retransmits, carried = [], 0, []
         for _ in range(self.reps):
-            total = 0.0
+            total, period = 0.0, {}
             for cliques in strategy.rounds:
-                seconds, resent = self._round(cliques, strategy.max_cliques)
+                seconds, resent, link_bytes = self._round(cliques, strategy.max_cliques)
                 total += seconds
                 retransmits += resent
+                period = _added(period, link_bytes)
             times.append(1e3 * total)
-        return times, retransmits
+            carried.append(period)
+        bound = {}
+        for cliques in strategy.rounds:
+            bound = _added(bound, once_per_link_bytes(self.lab.topology, cliques, self.elements, self.chunk))
+        return times, retransmits, carried, bound
 
     def host_tree(self, strategy, port=29611):
         """Each repetition's time (ms) of the host-side tree all-reduce among `strategy.order` (root first),
@@ -363,6 +374,56 @@ class Measurement:
                 env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         reports = self._collect(order, ranks, "gloo rank", time.time() + self.deadline_s * (self.reps + 2) + 60)
         return _spans(reports)
+
+
+def once_per_link_bytes(topology, cliques, elements, chunk):
+    """{(from, to): IP bytes} that one round of registered `cliques` (members, root, tree) puts on each link
+    direction when every frame crosses each link once: each member's contribution to the aggregator it sends
+    to, each tree aggregator's partial to its parent, and the result from each aggregator to each of its own
+    members and to each child aggregator, along the lab's routes (the topology's latency-shortest paths).
+    Every chunk counts with what its packet must carry: IPv4, UDP and inwire headers, the status trailer of
+    a partial or result."""
+    counts = [min(chunk, elements - first) for first in range(0, elements, chunk)]
+    vector = {opcode: sum(frame_bytes(count, opcode) - ETHERNET_BYTES for count in counts)
+              for opcode in (Opcode.CONTRIBUTION, Opcode.PARTIAL, Opcode.RESULT)}
+    bound = {}
+
+    def send(source, destination, opcode):
+        path = topology.path(source, destination)
+        for hop in zip(path, path[1:]):
+            bound[hop] = bound.get(hop, 0) + vector[opcode]
+
+    for members, root, tree in cliques:
+        paths = member_paths(members, root, tree)
+        parents = {}
+        for member in members:
+            send(member, paths[member][0], Opcode.CONTRIBUTION)
+            send(paths[member][0], member, Opcode.RESULT)
+            parents.update(zip(paths[member], paths[member][1:]))
+        for city, parent in parents.items():
+            send(city, parent, Opcode.PARTIAL)
+            send(parent, city, Opcode.RESULT)
+    return bound
+
+
+def _added(totals, more):
+    return {key: totals.get(key, 0) + more.get(key, 0) for key in {*totals, *more}}
+
+
+def link_report(directions, carried, bound):
+    """The JSON report of the bytes on every link direction (`directions`, (from, to)) in each repetition
+    (`carried`) against `bound` (`once_per_link_bytes`): the ratio of all bytes to the bound (median over the
+    repetitions) and the directions that carried more than their bound in some repetition (a frame crossed
+    a link twice: a result sent down twice, a retransmission)."""
+    def named(counts):
+        return {f"{a}->{b}": counts.get((a, b), 0) for a, b in directions}
+
+    total_bound = sum(bound.values())
+    return {"link_bytes_bound": named(bound), "link_bytes": [named(period) for period in carried],
+            "link_bytes_over_bound": round(statistics.median(sum(period.values()) for period in carried)
+                                           / total_bound, 4) if total_bound else None,
+            "links_over_bound": [f"{a}->{b}" for a, b in directions
+                                 if any(period.get((a, b), 0) > bound.get((a, b), 0) for period in carried)]}
 
 
 def host_parents(topology, members):
