@@ -75,7 +75,7 @@ def test_a_link_shaped_wrong_is_caught(lab):
 
     def shape(rate_bps):
         subprocess.run(["tc", "-n", namespace, "qdisc", "change", "dev", device, "root", "tbf", "rate",
-                        f"{int(rate_bps)}bit", "burst", "16000", "limit", str(lab.queue_bytes)], check=True)
+                        f"{int(rate_bps)}bit", "burst", "16000", "limit", str(lab.queue_limit(link))], check=True)
 
     shape(link.rate_bps / 2)
     try:

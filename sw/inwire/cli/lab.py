@@ -57,6 +57,7 @@ def run(args):
         Measurement,
         link_report,
         plan_strategies,
+        queue_bytes_for,
         ranking,
         ranking_disagreements,
         summarize,
@@ -93,7 +94,8 @@ def run(args):
               "seed": args.seed,
               "real_network_vector_bytes": round(vector_bytes / (args.delay_scale * args.rate_scale)),
               "load_average_1min_before": load_average()}
-    with WanLab(topology, args.delay_scale, args.rate_scale, args.loss) as lab:
+    with WanLab(topology, args.delay_scale, args.rate_scale, args.loss,
+                queue_bytes_for(islands, vector_bytes, args.window)) as lab:
         progress.say(f"{len(lab.cities)} cities and {len(lab.links)} links emulated; checking every link")
         rows = lab.check()
         report["emulator_check"] = rows

@@ -43,7 +43,11 @@ LINK_OVERHEAD_BYTES = ETHERNET_BYTES + WIRE_OVERHEAD_BYTES
 """What a packet costs on an Ethernet link beyond its IP bytes: header, preamble, FCS, inter-frame gap."""
 IPV4_UDP_BYTES, IPV4_TCP_BYTES = 28, 52
 """IPv4 and UDP headers; IPv4 and TCP headers with the timestamp option Linux sends."""
-DEFAULT_QUEUE_BYTES = 8 << 20
+MIN_QUEUE_BYTES = 1 << 20
+"""The least queue (tbf limit) of a link direction, some 500 full frames: what a burst of the lab's own
+programs (a few islands' first windows, TCP's slow start in the link check) can put on it at once. A link
+whose bandwidth-delay product is larger queues that much (`WanLab.queue_limit`); the lab sizes the queue
+for the vectors it sums (`measure.queue_bytes_for`)."""
 TOLERANCE = 0.10
 """The emulator check refuses a link whose delay or rate is off by more than this fraction."""
 PROBES = 15
@@ -128,11 +132,12 @@ class WanLab:
     """The emulated network of `topology`; a context manager that builds it and removes it again (also on
     Ctrl-C or SIGTERM)."""
 
-    def __init__(self, topology, delay_scale=1.0, rate_scale=0.002, loss=0.0, queue_bytes=DEFAULT_QUEUE_BYTES):
+    def __init__(self, topology, delay_scale=1.0, rate_scale=0.002, loss=0.0, queue_bytes=MIN_QUEUE_BYTES):
         if not (delay_scale > 0 and rate_scale > 0 and queue_bytes > 0 and 0 <= loss < 1):
             raise LabError("delay and rate scales and the queue must be positive, loss in [0, 1)")
         self.topology, self.delay_scale, self.rate_scale = topology, delay_scale, rate_scale
         self.queue_bytes = int(queue_bytes)
+        """Each link direction's queue, unless its bandwidth-delay product is longer (`queue_limit`)."""
         self.cities = tuple(topology.cities)
         if len(self.cities) > 250:
             raise LabError(f"{len(self.cities)} cities: the lab numbers them in one /24")
@@ -198,7 +203,7 @@ class WanLab:
                 # GSO super-packet of TCP segments would pay it once for all of them.
                 _run("ip", "-n", namespace, "link", "set", name, "mtu", str(MTU_BYTES), "txqueuelen", "1000",
                      "gso_max_segs", "1", "up")
-                self._shape(namespace, name, link.rate_bps)
+                self._shape(namespace, name, link.rate_bps, self.queue_limit(link))
                 ends[city] = fd
             directions += [[ends[link.a], ends[link.b], link.delay_s, link.loss],  # as self.directions
                            [ends[link.b], ends[link.a], link.delay_s, link.loss]]
@@ -210,11 +215,17 @@ class WanLab:
                          "dev", self.device(city, hop), "src", self.addresses[city])
         self._start_relay(directions)
 
-    def _shape(self, namespace, device, rate_bps):
+    def queue_limit(self, link):
+        """The queue (bytes, with each packet's link overhead) of each direction of `link`: `queue_bytes`, or
+        the link's bandwidth-delay product where that is longer, which TCP (the link check, gloo, the host
+        tree) needs queued to keep the link busy after it halves its window."""
+        return max(self.queue_bytes, math.ceil(link.rate_bps / 8 * 2 * link.delay_s))
+
+    def _shape(self, namespace, device, rate_bps, limit_bytes):
         burst = max(4 * (MTU_BYTES + LINK_OVERHEAD_BYTES), int(rate_bps / 8 * 0.004))
         command = ("tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "stab", "overhead",
                    str(LINK_OVERHEAD_BYTES), "tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst),
-                   "limit", str(self.queue_bytes))
+                   "limit", str(limit_bytes))
         run = subprocess.run(command, capture_output=True, text=True, timeout=10)
         if run.returncode != 0:
             reason = run.stderr.strip()

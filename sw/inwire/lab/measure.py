@@ -42,7 +42,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from ..client import job_slots
+from ..client import KERNEL_BYTES_PER_DATAGRAM, job_slots
 from ..control import MAX_TTL_S, load_key, new_job, register, teardown
 from ..datagram import ip_int
 from ..jobs import FLAT
@@ -53,6 +53,7 @@ from ..plan.search import plan_schedule
 from ..plan.tables import schedule_routes
 from ..plan.topology import Topology
 from ..protocol import ELEMENT_BYTES, ETHERNET_BYTES, INWIRE_PORT, MAX_ELEMENTS_PER_FRAME, Opcode, frame_bytes
+from .emulator import LINK_OVERHEAD_BYTES, MIN_QUEUE_BYTES
 from .island import expected_digest
 
 STRATEGIES = ("schedule", "global_clique", "global_tree", "host_tree", "gloo")
@@ -60,6 +61,8 @@ START_MARGIN_S = 0.3
 """Commands go out this long before a round's common start: every island has its command by then."""
 STARTUP_TIMEOUT_S = 30
 MAX_WINDOW = 1024
+MIN_RECEIVE_BUFFER = 32 << 20
+"""The least receive buffer of an aggregator in the lab (`inwire serve --receive-buffer`)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,24 @@ def scaled_topology(topology, delay_scale, rate_scale):
                     [dataclasses.replace(link, latency_ms=link.latency_ms * delay_scale,
                                          bandwidth_gbps=link.bandwidth_gbps * rate_scale) for link in topology.links],
                     topology.description, topology.source)
+
+
+QUEUE_MARGIN = 2
+"""Times what every island can have in flight at once, the queue of each link direction (`queue_bytes_for`)."""
+
+
+def queue_bytes_for(islands, vector_bytes, window=None, chunk=MAX_ELEMENTS_PER_FRAME):
+    """The queue of each emulated link direction for `islands` summing `vector_bytes` each in chunks of `chunk`
+    elements, `window` chunks in flight per island (default: the lab's, MAX_WINDOW or the whole vector): every
+    island's window of full frames at once, with their link overhead, QUEUE_MARGIN times, at least
+    `emulator.MIN_QUEUE_BYTES`. An island sends its whole window without waiting, and the busiest link of a
+    clique summed at one city carries every island's contributions (or every member's copy of the result)
+    together; a queue that overflows drops frames that the islands then retransmit, a loss no strategy made.
+    The margin covers results, partials and contributions of several cliques meeting on one link."""
+    chunks = math.ceil(math.ceil(int(vector_bytes) / ELEMENT_BYTES) / chunk)
+    in_flight = min(window or MAX_WINDOW, chunks)
+    frame = frame_bytes(chunk, Opcode.RESULT) - ETHERNET_BYTES + LINK_OVERHEAD_BYTES
+    return max(MIN_QUEUE_BYTES, QUEUE_MARGIN * len(islands) * in_flight * frame)
 
 
 def _best_hub(model, islands):
@@ -173,6 +194,10 @@ class Measurement:
             link.rate_bps for link in lab.links)
         self.timeout_s = max(1.0, 2 * worst_rtt_s + serialization_s)
         self.deadline_s = 20 * self.timeout_s + 30
+        # An aggregator may take every island's window at once (a clique summed at its city); the kernel
+        # charges each datagram KERNEL_BYTES_PER_DATAGRAM beyond its payload.
+        self.receive_buffer = max(MIN_RECEIVE_BUFFER, QUEUE_MARGIN * len(self.islands) * self.window * (
+            frame_bytes(chunk, Opcode.PARTIAL) + KERNEL_BYTES_PER_DATAGRAM))
         self.services, self.members, self.ports, self._stack = {}, {}, {}, None
         self.key = self.key_file = None
 
@@ -216,7 +241,8 @@ class Measurement:
             service = self._spawn(lab.python(city, "inwire", "serve", "--listen",
                                              f"{lab.addresses[city]}:{INWIRE_PORT}", "--unicast", "--slots",
                                              str(self.slots), "--max-elements", str(self.chunk),
-                                             "--receive-buffer", str(32 << 20), "--key-file", self.key_file),
+                                             "--receive-buffer", str(self.receive_buffer), "--key-file",
+                                             self.key_file),
                                   stderr=subprocess.PIPE)
             await_listening(service, f"the aggregator in {city}", STARTUP_TIMEOUT_S)
             self.services[city] = service
