@@ -27,11 +27,14 @@ from inwire.lab.measure import (
     Strategy,
     host_parents,
     link_report,
+    once_per_link_bytes,
     plan_strategies,
     queue_bytes_for,
     ranking_disagreements,
+    scaled_topology,
 )
 from inwire.netns import LabError, unavailable_reason
+from inwire.plan.cost import AGGREGATE, Clique, CostModel
 from inwire.plan.topology import topology_from_dict
 from inwire.protocol import (
     AGGREGATION_HEADER_BYTES,
@@ -116,6 +119,22 @@ def test_results_sent_down_a_link_twice_exceed_the_tree_s_bound(lab, registered)
     assert bound[("A", "B")] == 2 * tree_bound[("A", "B")]
     report = link_report(lab.directions, carried, tree_bound)
     assert report["links_over_bound"] == ["A->B", "B->A"] and report["link_bytes_over_bound"] > 1.4
+
+
+def test_the_model_charges_each_link_what_the_registered_tree_sends():
+    """The cost model the lab predicts with (trees in the tables, no multicast) picks TREE's tree for the clique
+    summed at A, and charges each link direction as many vectors as `once_per_link_bytes` counts on it."""
+    islands = ("A", "B", "C")
+    model = CostModel(scaled_topology(chain(), 1.0, RATE_SCALE), islands, VECTOR_BYTES, multicast=False,
+                      reduce_in_path=True, tree_tables=True)
+    profile = model.profile(Clique(islands, "A", AGGREGATE))
+    assert profile.tree == TREE[0][2]
+    elements = math.ceil(VECTOR_BYTES / ELEMENT_BYTES)
+    bound = once_per_link_bytes(chain(), TREE, elements, MAX_ELEMENTS_PER_FRAME)
+    vector_bytes = once_per_link_bytes(chain(), [(("A", "B"), "B", {})], elements, MAX_ELEMENTS_PER_FRAME)[("A", "B")]
+    charged = {edge: round(profile.loads_bits[index] / model.vector_bits) for edge, index in model.edge_index.items()
+               if profile.loads_bits[index]}
+    assert charged == {edge: round(count / vector_bytes) for edge, count in bound.items()} == dict.fromkeys(bound, 1)
 
 
 def test_the_lab_s_aggregators_take_registered_jobs_only(lab, registered):

@@ -272,6 +272,9 @@ class WanLab:
         self.relay.stdout.close()
         with contextlib.suppress(ValueError, IndexError):
             self.relay_counters = json.loads(lines[-1])
+            for name in ("packets", "bytes"):
+                self.relay_counters[name] = {f"{a}->{b}": count for (a, b), count in
+                                             zip(self.directions, self.relay_counters[name], strict=True)}
         self.relay = None
 
     def __exit__(self, *exc):
