@@ -108,15 +108,17 @@ def run(args):
             report["chunk_elements"], report["window"] = measurement.chunk, measurement.window
             for strategy in strategies:
                 progress.say(f"{strategy.name}: {strategy.description}, {args.reps} repetitions")
+                before = lab.link_bytes()
                 if strategy.name == "gloo":
                     times, late, error = measurement.gloo(strategy)
                     entries.append(summarize(strategy, times, ranks=list(strategy.order), start_late_s=round(late, 4),
-                                             max_abs_error=error,
+                                             max_abs_error=error, link_bytes_whole_run=_carried(lab, before),
                                              predicted_as="the cost model's ring exchange in rank order"))
                 elif strategy.name == "host_tree":
                     times, late, error = measurement.host_tree(strategy)
                     entries.append(summarize(strategy, times, members=list(strategy.order),
                                              start_late_s=round(late, 4), max_abs_error=error,
+                                             link_bytes_whole_run=_carried(lab, before),
                                              predicted_as="the cost model's host-tree exchange"))
                 else:
                     times, retransmits, carried, bound = measurement.inwire(strategy)
@@ -132,6 +134,13 @@ def run(args):
     report["rankings_agree"] = not report["ranking_disagreements"]
     report["load_average_1min_after"] = load_average()
     return _finish(report, args)
+
+
+def _carried(lab, before):
+    """The bytes each link direction carried since `before` (`WanLab.link_bytes`): for the TCP strategies, their
+    whole run (every repetition, the host tree's warm-up, connection set-up and acknowledgements), named."""
+    after = lab.link_bytes()
+    return {f"{a}->{b}": after[a, b] - before[a, b] for a, b in lab.directions}
 
 
 def _finish(report, args, rows_only=False):
