@@ -1,7 +1,9 @@
 """The WAN lab (`inwire lab`): a three-city network emulated in namespaces, checked link by link, carrying
-one inwire round through chained software aggregators and one gloo all_reduce."""
+inwire rounds as registered jobs through chained software aggregators (their bytes counted on every link),
+one gloo all_reduce and one host-tree all-reduce."""
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -9,10 +11,45 @@ import time
 
 import pytest
 
-from inwire.lab.emulator import TCP_TUNED, EmulatedLink, WanLab, judge, leftover_namespaces, refuse_unless_ok
-from inwire.lab.measure import STRATEGIES, Measurement, host_parents, plan_strategies, ranking_disagreements
+from inwire.client import ClientError, CliqueKey, UdpMember, clique_group
+from inwire.control import new_job
+from inwire.lab.emulator import (
+    LINK_OVERHEAD_BYTES,
+    MIN_QUEUE_BYTES,
+    TCP_TUNED,
+    EmulatedLink,
+    WanLab,
+    judge,
+    leftover_namespaces,
+    refuse_unless_ok,
+)
+from inwire.lab.measure import (
+    STRATEGIES,
+    Measurement,
+    Strategy,
+    host_parents,
+    link_report,
+    once_per_link_bytes,
+    plan_strategies,
+    queue_bytes_for,
+    ranking_disagreements,
+    scaled_topology,
+)
 from inwire.netns import LabError, unavailable_reason
+from inwire.plan.cost import AGGREGATE, Clique, CostModel
 from inwire.plan.topology import topology_from_dict
+from inwire.protocol import (
+    AGGREGATION_HEADER_BYTES,
+    ELEMENT_BYTES,
+    ETHERNET_BYTES,
+    INWIRE_PORT,
+    IPV4_BYTES,
+    MAX_ELEMENTS_PER_FRAME,
+    RESULT_TRAILER_BYTES,
+    UDP_BYTES,
+    Opcode,
+    frame_bytes,
+)
 
 REASON = unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
@@ -34,8 +71,108 @@ def chain():
 
 @pytest.fixture(scope="module")
 def lab():
-    with WanLab(chain(), delay_scale=1.0, rate_scale=RATE_SCALE) as built:
+    with WanLab(chain(), delay_scale=1.0, rate_scale=RATE_SCALE,
+                queue_bytes=queue_bytes_for("ABC", VECTOR_BYTES)) as built:
         yield built
+
+
+TREE = ((("A", "B", "C"), "A", {"B": "A", "C": "B"}),)
+"""One clique summed along the chain to A: C's island sends to B's aggregator, which sums it with B's island's
+and sends one partial to A; the result comes back to B once, and B hands it to its own island and to C's."""
+FLAT = ((("A", "B", "C"), "A", {}),)
+"""The same clique summed at A alone: B's and C's contributions both cross B-A, and their two results A-B."""
+
+
+@pytest.fixture(scope="module")
+def registered(lab):
+    """The lab's services, and one repetition of TREE and of FLAT through them (each a registered job):
+    {name: (times, retransmits, bytes per link direction, the once-per-link bound)}."""
+    strategies = [Strategy("tree", (TREE,), math.nan, "a tree rooted at A"),
+                  Strategy("flat", (FLAT,), math.nan, "summed at A alone")]
+    with Measurement(lab, lab.cities, VECTOR_BYTES, strategies, reps=1) as measurement:
+        yield measurement, {strategy.name: measurement.inwire(strategy) for strategy in strategies}
+
+
+def test_a_registered_tree_sums_bit_exact_and_each_frame_crosses_each_link_once(lab, registered):
+    measurement, runs = registered
+    _, retransmits, carried, bound = runs["tree"]
+    # Every island's sum was compared with the exact one (Measurement raises otherwise), and no frame was sent
+    # twice, so the bytes on the links are exact: every packet carries its IPv4, UDP and inwire headers (and a
+    # partial's or result's status trailer) and nothing else crosses a link, so no tolerance is needed.
+    assert retransmits == 0
+    counts = [min(measurement.chunk, measurement.elements - first)
+              for first in range(0, measurement.elements, measurement.chunk)]
+    contribution = sum(IPV4_BYTES + UDP_BYTES + AGGREGATION_HEADER_BYTES + ELEMENT_BYTES * count for count in counts)
+    summed = contribution + RESULT_TRAILER_BYTES * len(counts)  # a partial or a result
+    assert bound == {("C", "B"): contribution, ("B", "A"): summed, ("A", "B"): summed, ("B", "C"): summed}
+    assert carried == [bound]
+    report = link_report(lab.directions, carried, bound)
+    assert report["link_bytes_over_bound"] == 1.0 and report["links_over_bound"] == []
+    assert report["link_bytes"] == [{"A->B": summed, "B->A": summed, "B->C": summed, "C->B": contribution}]
+
+
+def test_results_sent_down_a_link_twice_exceed_the_tree_s_bound(lab, registered):
+    _, runs = registered
+    tree_bound = runs["tree"][3]
+    _, retransmits, carried, bound = runs["flat"]
+    assert retransmits == 0 and carried == [bound]  # the flat clique's own bound holds
+    # Summed at A alone, B's and C's results both go down A-B (and both contributions up B-A): against the
+    # tree's bound the report names both directions.
+    assert bound[("A", "B")] == 2 * tree_bound[("A", "B")]
+    report = link_report(lab.directions, carried, tree_bound)
+    assert report["links_over_bound"] == ["A->B", "B->A"] and report["link_bytes_over_bound"] > 1.4
+
+
+def test_the_model_charges_each_link_what_the_registered_tree_sends():
+    """The cost model the lab predicts with (trees in the tables, no multicast) picks TREE's tree for the clique
+    summed at A, and charges each link direction as many vectors as `once_per_link_bytes` counts on it."""
+    islands = ("A", "B", "C")
+    model = CostModel(scaled_topology(chain(), 1.0, RATE_SCALE), islands, VECTOR_BYTES, multicast=False,
+                      reduce_in_path=True, tree_tables=True)
+    profile = model.profile(Clique(islands, "A", AGGREGATE))
+    assert profile.tree == TREE[0][2]
+    elements = math.ceil(VECTOR_BYTES / ELEMENT_BYTES)
+    bound = once_per_link_bytes(chain(), TREE, elements, MAX_ELEMENTS_PER_FRAME)
+    vector_bytes = once_per_link_bytes(chain(), [(("A", "B"), "B", {})], elements, MAX_ELEMENTS_PER_FRAME)[("A", "B")]
+    charged = {edge: round(profile.loads_bits[index] / model.vector_bits) for edge, index in model.edge_index.items()
+               if profile.loads_bits[index]}
+    assert charged == {edge: round(count / vector_bytes) for edge, count in bound.items()} == dict.fromkeys(bound, 1)
+
+
+def test_the_lab_s_aggregators_take_registered_jobs_only(lab, registered):
+    """A one-member clique at A's aggregator: unregistered (version 2), no result ever comes; registered with
+    the lab's key, from the same socket, it does."""
+    measurement, _ = registered
+    with lab.inside("A"):
+        member = UdpMember((lab.addresses["A"], INWIRE_PORT), chunk=4, timeout_s=0.2, deadline_s=1.0,
+                           bind=(lab.addresses["A"], 0))
+    try:
+        # A well-formed unregistered frame (its result group in 239.0.0.0/8, as version 2 needs), which an
+        # aggregator that takes unregistered frames answers at once.
+        with pytest.raises(ClientError, match="no result"):
+            member.sum(CliqueKey(job=7, round=1, clique=0, group=clique_group(0, 0), fanin=1, exponent=0), 0,
+                       [1, 2, 3])
+        job = new_job([member.address], measurement.slots)
+        with measurement.registered({"A": job}):
+            member.join(job)
+            key = CliqueKey(job=job.job, round=1, clique=0, group=0, fanin=1, exponent=0, token=job.token)
+            assert member.sum(key, 0, [1, 2, 3])[0].tolist() == [1, 2, 3]
+    finally:
+        member.close()
+
+
+def test_the_queues_hold_every_island_s_window_in_flight():
+    frame = frame_bytes(MAX_ELEMENTS_PER_FRAME, Opcode.RESULT) - ETHERNET_BYTES + LINK_OVERHEAD_BYTES
+    chunks = math.ceil(VECTOR_BYTES / ELEMENT_BYTES / MAX_ELEMENTS_PER_FRAME)
+    # Twice every island's whole vector (its window holds all of it), then a window of 1024 chunks at most.
+    assert queue_bytes_for("ABC", VECTOR_BYTES) == 2 * 3 * chunks * frame
+    assert queue_bytes_for(range(9), 64e6) == queue_bytes_for(range(9), 8e6) == 2 * 9 * 1024 * frame
+    assert queue_bytes_for(range(9), 64e6, window=100) == 2 * 9 * 100 * frame
+    assert queue_bytes_for("AB", 4) == MIN_QUEUE_BYTES
+    # A link whose bandwidth-delay product is longer queues that much (as TCP needs), whatever the vector.
+    lab = WanLab(chain(), queue_bytes=MIN_QUEUE_BYTES)
+    assert lab.queue_limit(EmulatedLink("A", "B", 0.1, 1e9)) == 1e9 / 8 * 0.2
+    assert lab.queue_limit(EmulatedLink("A", "B", 0.001, 1e8)) == MIN_QUEUE_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +212,7 @@ def test_a_link_shaped_wrong_is_caught(lab):
 
     def shape(rate_bps):
         subprocess.run(["tc", "-n", namespace, "qdisc", "change", "dev", device, "root", "tbf", "rate",
-                        f"{int(rate_bps)}bit", "burst", "16000", "limit", str(lab.queue_bytes)], check=True)
+                        f"{int(rate_bps)}bit", "burst", "16000", "limit", str(lab.queue_limit(link))], check=True)
 
     shape(link.rate_bps / 2)
     try:
@@ -86,17 +223,18 @@ def test_a_link_shaped_wrong_is_caught(lab):
     assert row["tcp_mbps"] == pytest.approx(row["tcp_expected_mbps"] / 2, rel=0.15)
 
 
-def test_one_inwire_round_and_one_gloo_all_reduce_cross_the_lab(lab, checked):
+def test_one_inwire_round_and_one_gloo_all_reduce_cross_the_lab(lab, checked, registered):
     refuse_unless_ok(checked)
     strategies = plan_strategies(lab.topology, None, VECTOR_BYTES, 1.0, RATE_SCALE,
                                  names=("global_tree", "host_tree", "gloo"))
     tree, hosts, gloo = strategies
-    # The model's tree for a chain rooted at B: every island sends straight to B (A and C sum nothing).
+    # The model's tree for a chain rooted at B: every island sends straight to B (A and C sum nothing), where
+    # the module's services run already (one repetition, as the model's strategies need).
     assert tree.rounds[0][0][1] == "B"
-    with Measurement(lab, lab.cities, VECTOR_BYTES, strategies, reps=1) as measurement:
-        times, retransmits = measurement.inwire(tree)
-        gloo_times, late, error = measurement.gloo(gloo)
-        host_times, host_late, host_error = measurement.host_tree(hosts)
+    measurement = registered[0]
+    times = measurement.inwire(tree)[0]
+    gloo_times, late, error = measurement.gloo(gloo)
+    host_times, host_late, host_error = measurement.host_tree(hosts)
     # The sums were checked against every island's vector (Measurement raises otherwise). One round takes at
     # least the slowest member's round trip (A and C to B: 2 x 15 ms) and the busiest link's serialization.
     serialization_ms = 1e3 * 8 * VECTOR_BYTES / lab.links[0].rate_bps

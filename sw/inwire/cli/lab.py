@@ -55,7 +55,14 @@ def run(args):
     """`inwire lab`."""
     from ..host_bench import load_average
     from ..lab.emulator import TCP_TUNED, WanLab, refuse_unless_ok
-    from ..lab.measure import STRATEGIES, Measurement, plan_strategies, ranking, ranking_disagreements
+    from ..lab.measure import (
+        STRATEGIES,
+        Measurement,
+        plan_strategies,
+        queue_bytes_for,
+        ranking,
+        ranking_disagreements,
+    )
     from ..plan.topology import load_topology
 
     check_range("--mb", args.mb, *MB, "MB", "one byte to minutes per repetition")
@@ -93,7 +100,8 @@ def run(args):
               "seed": args.seed,
               "real_network_vector_bytes": round(vector_bytes / (args.delay_scale * args.rate_scale)),
               "load_average_1min_before": load_average()}
-    with WanLab(topology, args.delay_scale, args.rate_scale, args.loss) as lab:
+    with WanLab(topology, args.delay_scale, args.rate_scale, args.loss,
+                queue_bytes_for(islands, vector_bytes, args.window)) as lab:
         progress.say(f"{len(lab.cities)} cities and {len(lab.links)} links emulated; checking every link")
         rows = lab.check()
         report["emulator_check"] = rows
@@ -106,8 +114,9 @@ def run(args):
             report["chunk_elements"], report["window"] = measurement.chunk, measurement.window
             for strategy in strategies:
                 progress.say(f"{strategy.name}: {strategy.description}, {args.reps} repetitions")
+                before = lab.link_bytes()
                 with lab.tcp(TCP_TUNED) if strategy.tuned else contextlib.nullcontext(lab.tcp_settings()) as tcp:
-                    entries.append(_measure(measurement, strategy, tcp))
+                    entries.append(_measure(measurement, strategy, tcp, before))
     report["link_process"] = lab.relay_counters  # the link process's own counters, read as it stopped
     report["strategies"] = entries
     report["ranking_measured"] = ranking(entries, "measured_ms")
@@ -118,28 +127,41 @@ def run(args):
     return _finish(report, args)
 
 
-def _measure(measurement, strategy, tcp):
-    """`strategy` timed and summarized; one over TCP with the `tcp` settings it ran with."""
-    from ..lab.measure import summarize
+def _measure(measurement, strategy, tcp, before):
+    """`strategy` timed and summarized, with the bytes on every link: one over TCP with the `tcp` settings it ran
+    with and the bytes of its whole run (`before`: `WanLab.link_bytes` as it started), an inwire one against the
+    once-per-link bound."""
+    from ..lab.measure import link_report, summarize
 
+    lab = measurement.lab
     if strategy.name.startswith("gloo"):
         times, late, error = measurement.gloo(strategy)
         return summarize(strategy, times, ranks=list(strategy.order), start_late_s=round(late, 4),
-                         max_abs_error=error, tcp=tcp, predicted_as="the cost model's ring exchange in rank order")
+                         max_abs_error=error, tcp=tcp, link_bytes_whole_run=_carried(lab, before),
+                         predicted_as="the cost model's ring exchange in rank order")
     if strategy.name.startswith("mpi"):
         times, late, error = measurement.mpi(strategy)
         return summarize(strategy, times, ranks=list(strategy.order), start_late_s=round(late, 4),
-                         max_abs_error=error, tcp=tcp,
+                         max_abs_error=error, tcp=tcp, link_bytes_whole_run=_carried(lab, before),
                          predicted_as="the cost model's ring exchange in rank order" if strategy.name == "mpi_ring"
                          else "the cost model's host-tree exchange (a latency-shortest-path tree, not MPI's binary)")
     if strategy.name.startswith("host_tree"):
         times, late, error = measurement.host_tree(strategy)
         return summarize(strategy, times, members=list(strategy.order), start_late_s=round(late, 4),
-                         max_abs_error=error, tcp=tcp, predicted_as="the cost model's host-tree exchange")
-    times, retransmits = measurement.inwire(strategy)
+                         max_abs_error=error, tcp=tcp, link_bytes_whole_run=_carried(lab, before),
+                         predicted_as="the cost model's host-tree exchange")
+    times, retransmits, carried, bound = measurement.inwire(strategy)
     return summarize(strategy, times, retransmits=retransmits, bit_exact=True,
                      rounds=[[{"members": list(m), "aggregator": root, "tree": tree} for m, root, tree in cliques]
-                             for cliques in strategy.rounds])
+                             for cliques in strategy.rounds],
+                     **link_report(lab.directions, carried, bound))
+
+
+def _carried(lab, before):
+    """The bytes each link direction carried since `before` (`WanLab.link_bytes`): for the TCP strategies, their
+    whole run (every repetition, the host tree's warm-up, connection set-up and acknowledgements), named."""
+    after = lab.link_bytes()
+    return {f"{a}->{b}": after[a, b] - before[a, b] for a, b in lab.directions}
 
 
 def _finish(report, args, rows_only=False):
@@ -176,6 +198,11 @@ def format_report(report):
             lines.append(f"{entry['name']:<16} {entry['measured_ms']:>12.1f} {entry['spread_ms']:>8.1f} "
                          f"{entry['predicted_ms']:>10.1f} {'' if ratio is None else f'{ratio:.3f}':>6}  "
                          f"{_tcp(entry.get('tcp'))}")
+        for entry in report["strategies"]:
+            if entry.get("link_bytes_over_bound") is not None:
+                over = entry["links_over_bound"]
+                lines.append(f"{entry['name']}: link bytes / once-per-link bound: {entry['link_bytes_over_bound']:.2f}"
+                             + (f"; more than once on {', '.join(over)}" if over else ""))
         lines.append(f"measured ranking:  {', '.join(report['ranking_measured'])}")
         lines.append(f"predicted ranking: {', '.join(report['ranking_predicted'])} (predictions within "
                      f"5 % of each other are ties)")

@@ -32,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..netns import LabError, package_environment, udp_socket, unavailable_reason
+from ..netns import LabError, inside, package_environment, udp_socket, unavailable_reason
 from ..protocol import ETHERNET_BYTES, MTU_BYTES, WIRE_OVERHEAD_BYTES
 
 PREFIX = "10.75.0"
@@ -43,7 +43,11 @@ LINK_OVERHEAD_BYTES = ETHERNET_BYTES + WIRE_OVERHEAD_BYTES
 """What a packet costs on an Ethernet link beyond its IP bytes: header, preamble, FCS, inter-frame gap."""
 IPV4_UDP_BYTES, IPV4_TCP_BYTES = 28, 52
 """IPv4 and UDP headers; IPv4 and TCP headers with the timestamp option Linux sends."""
-DEFAULT_QUEUE_BYTES = 8 << 20
+MIN_QUEUE_BYTES = 1 << 20
+"""The least queue (tbf limit) of a link direction, some 500 full frames: what a burst of the lab's own
+programs (a few islands' first windows, TCP's slow start in the link check) can put on it at once. A link
+whose bandwidth-delay product is larger queues that much (`WanLab.queue_limit`); the lab sizes the queue
+for the vectors it sums (`measure.queue_bytes_for`)."""
 TOLERANCE = 0.10
 """The emulator check refuses a link whose delay or rate is off by more than this fraction."""
 PROBES = 15
@@ -133,11 +137,12 @@ class WanLab:
     """The emulated network of `topology`; a context manager that builds it and removes it again (also on
     Ctrl-C or SIGTERM)."""
 
-    def __init__(self, topology, delay_scale=1.0, rate_scale=0.002, loss=0.0, queue_bytes=DEFAULT_QUEUE_BYTES):
+    def __init__(self, topology, delay_scale=1.0, rate_scale=0.002, loss=0.0, queue_bytes=MIN_QUEUE_BYTES):
         if not (delay_scale > 0 and rate_scale > 0 and queue_bytes > 0 and 0 <= loss < 1):
             raise LabError("delay and rate scales and the queue must be positive, loss in [0, 1)")
         self.topology, self.delay_scale, self.rate_scale = topology, delay_scale, rate_scale
         self.queue_bytes = int(queue_bytes)
+        """Each link direction's queue, unless its bandwidth-delay product is longer (`queue_limit`)."""
         self.cities = tuple(topology.cities)
         if len(self.cities) > 250:
             raise LabError(f"{len(self.cities)} cities: the lab numbers them in one /24")
@@ -149,6 +154,8 @@ class WanLab:
         self._index = {city: i for i, city in enumerate(self.cities)}
         self._tag = f"iw{os.getpid() % 100000}{instance % 100}"
         self._created, self._fds, self.relay, self.relay_counters = [], [], None, {}
+        self.directions = [(end, other) for link in self.links for end, other in ((link.a, link.b), (link.b, link.a))]
+        """Each emulated link direction as (from, to), in the link process's order."""
         self._previous_sigterm = None
 
     def device(self, city, towards):
@@ -181,8 +188,12 @@ class WanLab:
                             ("link", "set", "cityp", "up"), ("link", "set", "city", "up"),
                             ("addr", "add", f"{address}/32", "dev", "city")):
                 _run("ip", "-n", namespace, *command)
+            # No IPv6 on the links (set before they exist): neighbour and router solicitations would cross them
+            # beside the traffic whose bytes the lab counts.
+            ipv6 = ("net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1") \
+                if os.path.exists("/proc/sys/net/ipv6") else ()
             for setting in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
-                            "net.ipv4.conf.default.rp_filter=0"):
+                            "net.ipv4.conf.default.rp_filter=0", *ipv6):
                 _run("ip", "netns", "exec", namespace, "sysctl", "-q", "-w", setting)
         directions = []
         for k, link in enumerate(self.links):
@@ -197,9 +208,9 @@ class WanLab:
                 # GSO super-packet of TCP segments would pay it once for all of them.
                 _run("ip", "-n", namespace, "link", "set", name, "mtu", str(MTU_BYTES), "txqueuelen", "1000",
                      "gso_max_segs", "1", "up")
-                self._shape(namespace, name, link.rate_bps)
+                self._shape(namespace, name, link.rate_bps, self.queue_limit(link))
                 ends[city] = fd
-            directions += [[ends[link.a], ends[link.b], link.delay_s, link.loss],
+            directions += [[ends[link.a], ends[link.b], link.delay_s, link.loss],  # as self.directions
                            [ends[link.b], ends[link.a], link.delay_s, link.loss]]
         for city in self.cities:
             for destination in self.cities:
@@ -209,11 +220,17 @@ class WanLab:
                          "dev", self.device(city, hop), "src", self.addresses[city])
         self._start_relay(directions)
 
-    def _shape(self, namespace, device, rate_bps):
+    def queue_limit(self, link):
+        """The queue (bytes, with each packet's link overhead) of each direction of `link`: `queue_bytes`, or
+        the link's bandwidth-delay product where that is longer, which TCP (the link check, gloo, the host
+        tree) needs queued to keep the link busy after it halves its window."""
+        return max(self.queue_bytes, math.ceil(link.rate_bps / 8 * 2 * link.delay_s))
+
+    def _shape(self, namespace, device, rate_bps, limit_bytes):
         burst = max(4 * (MTU_BYTES + LINK_OVERHEAD_BYTES), int(rate_bps / 8 * 0.004))
         command = ("tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "stab", "overhead",
                    str(LINK_OVERHEAD_BYTES), "tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst),
-                   "limit", str(self.queue_bytes))
+                   "limit", str(limit_bytes))
         run = subprocess.run(command, capture_output=True, text=True, timeout=10)
         if run.returncode != 0:
             reason = run.stderr.strip()
@@ -236,6 +253,16 @@ class WanLab:
             os.close(fd)
         self._fds = []
 
+    def link_bytes(self):
+        """{(from, to): IP bytes} every emulated link direction has carried so far (the link process's count)."""
+        self.relay.stdin.write("\n")
+        self.relay.stdin.flush()
+        ready, _, _ = select.select([self.relay.stdout], [], [], STARTUP_TIMEOUT_S)
+        line = self.relay.stdout.readline() if ready else ""
+        if not line:
+            raise LabError("the link process did not report its counters")
+        return dict(zip(self.directions, json.loads(line)["bytes"], strict=True))
+
     def _stop_relay(self):
         if self.relay is None:
             return
@@ -250,6 +277,9 @@ class WanLab:
         self.relay.stdout.close()
         with contextlib.suppress(ValueError, IndexError):
             self.relay_counters = json.loads(lines[-1])
+            for name in ("packets", "bytes"):
+                self.relay_counters[name] = {f"{a}->{b}": count for (a, b), count in
+                                             zip(self.directions, self.relay_counters[name], strict=True)}
         self.relay = None
 
     def __exit__(self, *exc):
@@ -292,6 +322,11 @@ class WanLab:
     def _set_tcp(self, settings):
         for city in self.cities:
             _run(*self.command(city, "sysctl", "-q", "-w", *(f"{name}={value}" for name, value in settings.items())))
+
+    def inside(self, city):
+        """A context in which this thread is in `city`'s namespace: sockets made there (a registration's, say)
+        stay there and reach the city's services on its own address."""
+        return inside(self.namespaces[city])
 
     # -- the emulator check ---------------------------------------------------------------------
     def probe_delay_ms(self, link, probes=PROBES):

@@ -5,7 +5,8 @@ float32 through gloo), several times, each repetition started at one wall-clock 
 
 - `schedule`: the planner's schedule for the scaled topology (one period: its rounds one after another,
   each started when the last has ended everywhere, as the cost model times a period), software aggregators
-  (`inwire serve`) in its cities, chained along its reduction trees;
+  (`inwire serve`) in its cities, chained along its reduction trees (of any depth: planned with the trees in
+  the aggregators' tables, `tree_tables`, as `inwire schedule --tree-tables` plans them);
 - `global_clique`: every island in one clique at the aggregation city the model finds fastest;
 - `global_tree`: the same with in-path reduction along the model's tree (every aggregating city on the way
   sums what it forwards);
@@ -21,6 +22,16 @@ float32 through gloo), several times, each repetition started at one wall-clock 
 - `host_tree_tuned`, `gloo_tuned`: the same over TCP tuned (`emulator.TCP_TUNED`); the others run with the
   namespaces' own TCP settings, which the report states beside each.
 
+Every round of an inwire strategy is a registered job of its own, as training runs them: the aggregators
+take registered jobs only, authenticated with an operator key the lab makes for its run (a file of mode
+0600 in a directory of its own, removed at the end). Before a round's islands send, the lab gives the job a
+random id and token (`control.new_job`) and registers at every aggregator of the round's trees its own
+entry (`plan.tables.schedule_routes`: the islands that send to it, and per clique its level, parent and
+children), from inside that aggregator's city (`WanLab.inside`: the control exchange never crosses an
+emulated link); it tears the job down once every island has its sum. The islands send version 3 frames
+carrying the token and no route: each aggregator sends one partial to its parent, and the result comes
+back down the tree, one copy to each child aggregator and to each of its own members.
+
 The lab routes no multicast, so every aggregator sends each member its copy (`inwire serve --unicast`), and
 the model is asked for the same (`multicast=False`).
 """
@@ -31,6 +42,7 @@ import json
 import math
 import os
 import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,12 +50,18 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from ..client import clique_group, slots_needed
+from ..client import KERNEL_BYTES_PER_DATAGRAM, job_slots
+from ..control import MAX_TTL_S, load_key, new_job, register, teardown
+from ..datagram import ip_int
+from ..jobs import FLAT
 from ..netns import LabError, await_listening, package_environment
 from ..plan.cost import AGGREGATE, RING, Clique, CostModel
+from ..plan.schedule_file import member_paths
 from ..plan.search import plan_schedule
+from ..plan.tables import schedule_routes
 from ..plan.topology import Topology
-from ..protocol import ELEMENT_BYTES, INWIRE_PORT, MAX_ELEMENTS_PER_FRAME
+from ..protocol import ELEMENT_BYTES, ETHERNET_BYTES, INWIRE_PORT, MAX_ELEMENTS_PER_FRAME, Opcode, frame_bytes
+from .emulator import LINK_OVERHEAD_BYTES, MIN_QUEUE_BYTES
 from .island import expected_digest
 
 STRATEGIES = ("schedule", "global_clique", "global_tree", "host_tree", "host_tree_tuned", "gloo", "gloo_tuned",
@@ -54,6 +72,8 @@ START_MARGIN_S = 0.3
 """Commands go out this long before a round's common start: every island has its command by then."""
 STARTUP_TIMEOUT_S = 30
 MAX_WINDOW = 1024
+MIN_RECEIVE_BUFFER = 32 << 20
+"""The least receive buffer of an aggregator in the lab (`inwire serve --receive-buffer`)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,24 @@ def scaled_topology(topology, delay_scale, rate_scale):
                     topology.description, topology.source)
 
 
+QUEUE_MARGIN = 2
+"""Times what every island can have in flight at once, the queue of each link direction (`queue_bytes_for`)."""
+
+
+def queue_bytes_for(islands, vector_bytes, window=None, chunk=MAX_ELEMENTS_PER_FRAME):
+    """The queue of each emulated link direction for `islands` summing `vector_bytes` each in chunks of `chunk`
+    elements, `window` chunks in flight per island (default: the lab's, MAX_WINDOW or the whole vector): every
+    island's window of full frames at once, with their link overhead, QUEUE_MARGIN times, at least
+    `emulator.MIN_QUEUE_BYTES`. An island sends its whole window without waiting, and the busiest link of a
+    clique summed at one city carries every island's contributions (or every member's copy of the result)
+    together; a queue that overflows drops frames that the islands then retransmit, a loss no strategy made.
+    The margin covers results, partials and contributions of several cliques meeting on one link."""
+    chunks = math.ceil(math.ceil(int(vector_bytes) / ELEMENT_BYTES) / chunk)
+    in_flight = min(window or MAX_WINDOW, chunks)
+    frame = frame_bytes(chunk, Opcode.RESULT) - ETHERNET_BYTES + LINK_OVERHEAD_BYTES
+    return max(MIN_QUEUE_BYTES, QUEUE_MARGIN * len(islands) * in_flight * frame)
+
+
 def _best_hub(model, islands):
     hubs = [city for city in model.aggregation_cities]
     if not hubs:
@@ -97,13 +135,15 @@ def plan_strategies(topology, islands, vector_bytes, delay_scale, rate_scale, se
     scaled = scaled_topology(topology, delay_scale, rate_scale)
     islands = scaled.resolve_islands(islands)
     flat = CostModel(scaled, islands, vector_bytes, multicast=False)
-    treed = CostModel(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True)
+    # The lab registers each round's trees in the aggregators' tables: no depth cap, as the model is told.
+    treed = CostModel(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True, tree_tables=True)
     strategies = []
     for name in names:
         base = name.removesuffix(TUNED) if name in (f"host_tree{TUNED}", f"gloo{TUNED}") else name
         tuned_tcp = " tuned: reno, no slow start after idle" if base != name else ""
         if name == "schedule":
-            plan = plan_schedule(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True, seed=seed)
+            plan = plan_schedule(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True, seed=seed,
+                                 tree_tables=True)
             rounds = []
             for r, cliques in enumerate(plan.best.rounds):
                 for c, clique in enumerate(cliques):
@@ -169,18 +209,25 @@ class Measurement:
         self.elements = -(-int(vector_bytes) // ELEMENT_BYTES)
         self.chunk = chunk
         self.window = min(window or MAX_WINDOW, -(-self.elements // chunk))
-        self.job = int.from_bytes(os.urandom(3), "big") + 1
         self.next_round = 0
         self.cities = sorted({city for s in strategies for cliques in s.rounds for _, root, tree in cliques
                               for city in (root, *tree.values())})
-        self.slots = slots_needed(max((s.max_cliques for s in strategies), default=1), self.window)
+        # One job is registered at a time (a round's), so each aggregator holds one job's quota.
+        self.slots = job_slots(max((s.max_cliques for s in strategies), default=1), self.window,
+                               max((len(members) for s in strategies for cliques in s.rounds
+                                    for members, _, _ in cliques), default=1))
         worst_rtt_s = 2e-3 * max(lab.topology.latency_ms(a, b) * lab.delay_scale for a in self.islands
                                  for b in lab.topology.cities)
         serialization_s = 8 * len(self.islands) * self.elements * ELEMENT_BYTES / min(
             link.rate_bps for link in lab.links)
         self.timeout_s = max(1.0, 2 * worst_rtt_s + serialization_s)
         self.deadline_s = 20 * self.timeout_s + 30
-        self.services, self.members, self._stack = {}, {}, None
+        # An aggregator may take every island's window at once (a clique summed at its city); the kernel
+        # charges each datagram KERNEL_BYTES_PER_DATAGRAM beyond its payload.
+        self.receive_buffer = max(MIN_RECEIVE_BUFFER, QUEUE_MARGIN * len(self.islands) * self.window * (
+            frame_bytes(chunk, Opcode.PARTIAL) + KERNEL_BYTES_PER_DATAGRAM))
+        self.services, self.members, self.ports, self._stack = {}, {}, {}, None
+        self.key = self.key_file = None
 
     def __enter__(self):
         self._stack = contextlib.ExitStack()
@@ -214,11 +261,16 @@ class Measurement:
 
     def _start(self):
         lab = self.lab
+        directory = tempfile.mkdtemp(prefix="inwire-lab-")
+        self._stack.callback(shutil.rmtree, directory, True)
+        self.key_file = f"{directory}/operator.key"
+        self.key = load_key(self.key_file)  # made with mode 0600, in a directory of mode 0700
         for city in self.cities:
             service = self._spawn(lab.python(city, "inwire", "serve", "--listen",
                                              f"{lab.addresses[city]}:{INWIRE_PORT}", "--unicast", "--slots",
                                              str(self.slots), "--max-elements", str(self.chunk),
-                                             "--receive-buffer", str(32 << 20), "--unregistered"),
+                                             "--receive-buffer", str(self.receive_buffer), "--key-file",
+                                             self.key_file),
                                   stderr=subprocess.PIPE)
             await_listening(service, f"the aggregator in {city}", STARTUP_TIMEOUT_S)
             self.services[city] = service
@@ -226,24 +278,64 @@ class Measurement:
         for city in self.islands:
             self.members[city] = self._spawn(
                 lab.python(city, "inwire.lab.island", city, "--address", lab.addresses[city], "--aggregators",
-                           aggregators, "--job", str(self.job), "--chunk", str(self.chunk), "--window",
+                           aggregators, "--chunk", str(self.chunk), "--window",
                            str(self.window), "--timeout", f"{self.timeout_s:.3f}", "--deadline",
                            f"{self.deadline_s:.0f}"),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         for city, process in self.members.items():
-            _read_line(process, f"the island in {city}", STARTUP_TIMEOUT_S)
+            self.ports[city] = json.loads(_read_line(process, f"the island in {city}", STARTUP_TIMEOUT_S))["port"]
 
-    def _round(self, period_round, cliques, max_cliques):
-        """Round `period_round` of a period, its `cliques` started together; its time (s) and the
-        retransmissions."""
+    def job_entries(self, cliques):
+        """A fresh job (random id and token) for one round's `cliques` and city -> the entry its aggregator
+        holds: the islands that send to it and, per clique, its route in the clique's tree."""
+        lab = self.lab
+        islands = {city: (ip_int(lab.addresses[city]), port) for city, port in self.ports.items()}
+        aggregators = {city: (ip_int(lab.addresses[city]), INWIRE_PORT) for city in self.cities}
+        routes, members = schedule_routes([[(members, root) for members, root, _ in cliques]],
+                                          [[tree or None for _, _, tree in cliques]], islands, aggregators)
+        job = new_job(islands.values(), self.slots)
+        return job, {city: dataclasses.replace(job, members=frozenset(members.get(city, ())),
+                                               routes={c: route for c, route in routes[city].items() if route != FLAT})
+                     for city in routes}
+
+    @contextlib.contextmanager
+    def registered(self, entries):
+        """Each city's entry registered at its aggregator for the body, from inside the city's namespace (the
+        services listen on the cities' own addresses); the job torn down everywhere after."""
+        ttl_s = min(MAX_TTL_S, math.ceil(2 * self.deadline_s + 60))
+        done = []
+        try:
+            for city, entry in entries.items():
+                with self.lab.inside(city):
+                    register((self.lab.addresses[city], INWIRE_PORT), entry, self.key, ttl_s)
+                done.append(city)
+            yield
+        finally:
+            for city in done:
+                with self.lab.inside(city):
+                    teardown((self.lab.addresses[city], INWIRE_PORT), entries[city], self.key)
+
+    def _round(self, cliques, max_cliques):
+        """One round of a period, its `cliques` started together as one registered job; its time (s), the
+        retransmissions and {(from, to): bytes} each emulated link direction carried meanwhile (the
+        registration is sent within each city: it crosses no link)."""
+        job, entries = self.job_entries(cliques)
+        with self.registered(entries):
+            before = self.lab.link_bytes()
+            seconds, retransmits = self._sum_round(job, cliques, max_cliques)
+            after = self.lab.link_bytes()
+        return seconds, retransmits, {direction: after[direction] - before[direction] for direction in after}
+
+    def _sum_round(self, job, cliques, max_cliques):
         round_ = self.next_round
         self.next_round += 1
         start = time.time() + START_MARGIN_S
         waiting = {}
         for c, (members, root, tree) in enumerate(cliques):
+            paths = member_paths(members, root, tree)
             for member in members:
-                command = {"job": self.job, "round": round_, "clique": c, "group": clique_group(period_round, c),
-                           "members": list(members), "root": root, "tree": tree, "seed": self.seed + round_,
+                command = {"job": job.job, "token": job.token, "round": round_, "clique": c,
+                           "members": list(members), "sends_to": paths[member][0], "seed": self.seed + round_,
                            "index": self.islands.index(member), "elements": self.elements,
                            "max_cliques": max_cliques, "start": start}
                 process = self.members[member]
@@ -263,16 +355,23 @@ class Measurement:
         return ended - start, retransmits
 
     def inwire(self, strategy):
-        """Each repetition's time (ms) of one period of `strategy`, and the retransmissions in all."""
-        times, retransmits = [], 0
+        """Each repetition's time (ms) of one period of `strategy`, the retransmissions in all, each
+        repetition's bytes on every link direction ({(from, to): bytes}) and what they should be
+        (`once_per_link_bytes` of the period)."""
+        times, retransmits, carried = [], 0, []
         for _ in range(self.reps):
-            total = 0.0
-            for period_round, cliques in enumerate(strategy.rounds):
-                seconds, resent = self._round(period_round, cliques, strategy.max_cliques)
+            total, period = 0.0, {}
+            for cliques in strategy.rounds:
+                seconds, resent, link_bytes = self._round(cliques, strategy.max_cliques)
                 total += seconds
                 retransmits += resent
+                period = _added(period, link_bytes)
             times.append(1e3 * total)
-        return times, retransmits
+            carried.append(period)
+        bound = {}
+        for cliques in strategy.rounds:
+            bound = _added(bound, once_per_link_bytes(self.lab.topology, cliques, self.elements, self.chunk))
+        return times, retransmits, carried, bound
 
     def host_tree(self, strategy, port=29611):
         """Each repetition's time (ms) of the host-side tree all-reduce among `strategy.order` (root first),
@@ -378,6 +477,56 @@ class Measurement:
         if sorted(reports) != list(range(len(order))):
             raise LabError(f"{strategy.name}: {len(reports)} of {len(order)} ranks reported")
         return _spans([reports[rank] for rank in range(len(order))])
+
+
+def once_per_link_bytes(topology, cliques, elements, chunk):
+    """{(from, to): IP bytes} that one round of registered `cliques` (members, root, tree) puts on each link
+    direction when every frame crosses each link once: each member's contribution to the aggregator it sends
+    to, each tree aggregator's partial to its parent, and the result from each aggregator to each of its own
+    members and to each child aggregator, along the lab's routes (the topology's latency-shortest paths).
+    Every chunk counts with what its packet must carry: IPv4, UDP and inwire headers, the status trailer of
+    a partial or result."""
+    counts = [min(chunk, elements - first) for first in range(0, elements, chunk)]
+    vector = {opcode: sum(frame_bytes(count, opcode) - ETHERNET_BYTES for count in counts)
+              for opcode in (Opcode.CONTRIBUTION, Opcode.PARTIAL, Opcode.RESULT)}
+    bound = {}
+
+    def send(source, destination, opcode):
+        path = topology.path(source, destination)
+        for hop in zip(path, path[1:]):
+            bound[hop] = bound.get(hop, 0) + vector[opcode]
+
+    for members, root, tree in cliques:
+        paths = member_paths(members, root, tree)
+        parents = {}
+        for member in members:
+            send(member, paths[member][0], Opcode.CONTRIBUTION)
+            send(paths[member][0], member, Opcode.RESULT)
+            parents.update(zip(paths[member], paths[member][1:]))
+        for city, parent in parents.items():
+            send(city, parent, Opcode.PARTIAL)
+            send(parent, city, Opcode.RESULT)
+    return bound
+
+
+def _added(totals, more):
+    return {key: totals.get(key, 0) + more.get(key, 0) for key in {*totals, *more}}
+
+
+def link_report(directions, carried, bound):
+    """The JSON report of the bytes on every link direction (`directions`, (from, to)) in each repetition
+    (`carried`) against `bound` (`once_per_link_bytes`): the ratio of all bytes to the bound (median over the
+    repetitions) and the directions that carried more than their bound in some repetition (a frame crossed
+    a link twice: a result sent down twice, a retransmission)."""
+    def named(counts):
+        return {f"{a}->{b}": counts.get((a, b), 0) for a, b in directions}
+
+    total_bound = sum(bound.values())
+    return {"link_bytes_bound": named(bound), "link_bytes": [named(period) for period in carried],
+            "link_bytes_over_bound": round(statistics.median(sum(period.values()) for period in carried)
+                                           / total_bound, 4) if total_bound else None,
+            "links_over_bound": [f"{a}->{b}" for a, b in directions
+                                 if any(period.get((a, b), 0) > bound.get((a, b), 0) for period in carried)]}
 
 
 def host_parents(topology, members):

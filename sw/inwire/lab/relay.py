@@ -7,7 +7,13 @@ writes it into the receiving city's device `delay` seconds later, in order. TCP 
 
 Run as `python -m inwire.lab.relay`, with the descriptors inherited and one JSON line on stdin:
 `{"directions": [[read_fd, write_fd, delay_s, loss], ...], "seed": N}`. It prints `ready` once it
-listens, and ends on SIGTERM or when stdin closes, printing its counters as one JSON line.
+listens; each further line on stdin asks for its counters, which it prints as one JSON line; it ends on
+SIGTERM or when stdin closes, printing its counters once more.
+
+The counters: packets `carried` (written into the receiving device), `dropped_on_purpose` (the link's loss),
+`write_errors` (the receiving device refused one), `late_max_ms` (the most a packet left after its due
+time), and per direction, in the order given, the IP packets carried and their bytes (`packets`, `bytes`:
+IP header and everything after it, as the sending city's kernel handed it over).
 """
 
 import collections
@@ -28,14 +34,17 @@ BURST = 64
 """Packets read from one device before looking at the others: a busy link cannot starve the rest."""
 
 
-def relay(directions, control, counters, seed=0):
-    """Carry packets until `control` (a readable descriptor) reports end of file, counting in `counters`."""
+def relay(directions, control, counters, seed=0, report=lambda counters: None):
+    """Carry packets until `control` (a readable descriptor) reports end of file, counting in `counters`;
+    `report(counters)` for each line read from `control`."""
     rng = random.Random(seed)
     queues = {read_fd: collections.deque() for read_fd, *_ in directions}
     by_fd = {read_fd: (write_fd, delay_s, loss) for read_fd, write_fd, delay_s, loss in directions}
     for read_fd in by_fd:
         os.set_blocking(read_fd, False)
-    counters.update(carried=0, dropped_on_purpose=0, write_errors=0, late_max_ms=0.0)
+    counters.update(carried=0, dropped_on_purpose=0, write_errors=0, late_max_ms=0.0,
+                    packets=[0] * len(directions), bytes=[0] * len(directions))
+    direction_of = {read_fd: index for index, (read_fd, *_) in enumerate(directions)}
     watched = [*by_fd, control]
     while True:
         now = time.monotonic()
@@ -45,8 +54,11 @@ def relay(directions, control, counters, seed=0):
         now = time.monotonic()
         for fd in ready:
             if fd == control:
-                if not os.read(control, 4096):
+                requests = os.read(control, 4096)
+                if not requests:
                     return
+                for _ in range(requests.count(b"\n")):
+                    report(counters)
                 continue
             write_fd, delay_s, loss = by_fd[fd]
             queue = queues[fd]
@@ -61,13 +73,15 @@ def relay(directions, control, counters, seed=0):
                 queue.append((now + delay_s, packet))
         now = time.monotonic()
         for fd, queue in queues.items():
-            write_fd = by_fd[fd][0]
+            write_fd, direction = by_fd[fd][0], direction_of[fd]
             while queue and queue[0][0] <= now:
                 due, packet = queue.popleft()
                 counters["late_max_ms"] = max(counters["late_max_ms"], 1e3 * (now - due))
                 try:
                     os.write(write_fd, packet)
                     counters["carried"] += 1
+                    counters["packets"][direction] += 1
+                    counters["bytes"][direction] += len(packet)
                 except OSError:
                     # The receiving device's queue is full or the city is being torn down: a lost packet,
                     # as on a real link.
@@ -88,8 +102,12 @@ def main():
     directions = [(int(r), int(w), float(d), float(p)) for r, w, d, p in config["directions"]]
     print("ready", flush=True)
     counters = {}
+
+    def report(counters):
+        print(json.dumps(counters), flush=True)
+
     try:
-        relay(directions, sys.stdin.fileno(), counters, config.get("seed", 0))
+        relay(directions, sys.stdin.fileno(), counters, config.get("seed", 0), report)
     finally:
         print(json.dumps(counters), flush=True)
 
