@@ -373,3 +373,17 @@ def test_ctrl_c_removes_the_namespaces(tmp_path):
             process.kill()
     assert process.returncode == 130, err
     assert namespaces() <= before
+
+
+def test_rotation_is_two_rounds_of_three_cliques_of_three_that_cross_once():
+    from inwire.plan.topology import load_topology
+
+    rotation, = plan_strategies(load_topology("doublezero9"), None, 500_000, 4.0, RATE_SCALE, names=("rotation",))
+    rows, columns = ([set(members) for members, _, _ in cliques] for cliques in rotation.rounds)
+    islands = set(load_topology("doublezero9").cities)
+    for cliques in (rows, columns):
+        assert sorted(map(len, cliques)) == [3, 3, 3] and set().union(*cliques) == islands
+    # Every clique of the second round meets every clique of the first in one island: two rounds mix all nine.
+    assert all(len(row & column) == 1 for row in rows for column in columns)
+    assert all(root is not None for cliques in rotation.rounds for _, root, _ in cliques)
+    assert rotation.predicted_ms > 0

@@ -40,9 +40,10 @@ def add_arguments(parser):
                         help="drop this fraction on every link")
     parser.add_argument("--reps", type=whole("--reps"), default=5, metavar="N", help="repetitions of each strategy")
     parser.add_argument("--strategies", default=None,
-                        help="comma-separated, from schedule, global_clique, global_tree, host_tree, host_tree_tuned, "
-                             "gloo, gloo_tuned, mpi_ring, mpi_tree (default: all; _tuned: over TCP with reno and no "
-                             "slow start after idle, the others with the namespaces' own TCP settings)")
+                        help="comma-separated, from schedule, rotation, global_clique, global_tree, host_tree, "
+                             "host_tree_tuned, gloo, gloo_tuned, mpi_ring, mpi_tree (default: all; _tuned: over TCP "
+                             "with reno and no slow start after idle, the others with the namespaces' own TCP "
+                             "settings)")
     parser.add_argument("--window", type=whole("--window"), default=None, metavar="CHUNKS",
                         help="chunks each island keeps in flight (default: the whole vector, up to 1024)")
     parser.add_argument("--seed", type=whole("--seed"), default=0, help="seed of the planner and the test vectors")

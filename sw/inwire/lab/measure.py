@@ -7,6 +7,8 @@ float32 through gloo), several times, each repetition started at one wall-clock 
   each started when the last has ended everywhere, as the cost model times a period), software aggregators
   (`inwire serve`) in its cities, chained along its reduction trees (of any depth: planned with the trees in
   the aggregators' tables, `tree_tables`, as `inwire schedule --tree-tables` plans them);
+- `rotation`: rotating cliques, the planner's `grid2d` baseline (two rounds of 3+3+3 for nine islands), timed
+  as `schedule` is;
 - `global_clique`: every island in one clique at the aggregation city the model finds fastest;
 - `global_tree`: the same with in-path reduction along the model's tree (every aggregating city on the way
   sums what it forwards);
@@ -64,8 +66,11 @@ from ..protocol import ELEMENT_BYTES, ETHERNET_BYTES, INWIRE_PORT, MAX_ELEMENTS_
 from .emulator import LINK_OVERHEAD_BYTES, MIN_QUEUE_BYTES
 from .island import expected_digest
 
-STRATEGIES = ("schedule", "global_clique", "global_tree", "host_tree", "host_tree_tuned", "gloo", "gloo_tuned",
-              "mpi_ring", "mpi_tree")
+STRATEGIES = ("schedule", "rotation", "global_clique", "global_tree", "host_tree", "host_tree_tuned", "gloo",
+              "gloo_tuned", "mpi_ring", "mpi_tree")
+ROTATION = "grid2d"
+"""The rotating cliques the lab times: the planner's geographic grid, its rows in one round and its columns
+in the next (3+3+3 and 3+3+3 for nine islands), each clique summed at its aggregator along its tree."""
 TUNED = "_tuned"
 """A strategy over TCP run with `emulator.TCP_TUNED`: its name is the untuned one's with this suffix."""
 START_MARGIN_S = 0.3
@@ -130,6 +135,18 @@ def _best_hub(model, islands):
     return min(hubs, key=lambda hub: (model.clique_time_alone(Clique(islands, hub, AGGREGATE)), hub))
 
 
+def _aggregated_rounds(model, schedule, name):
+    """A schedule's rounds as (members, root, tree) per clique; a LabError if a clique is exchanged directly."""
+    rounds = []
+    for r, cliques in enumerate(schedule.rounds):
+        for c, clique in enumerate(cliques):
+            if clique.exchange != AGGREGATE:
+                raise LabError(f"{name}: clique {c} of round {r} is exchanged directly ({clique.exchange}); the lab "
+                               f"measures cliques through aggregators only")
+        rounds.append(tuple((c.members, c.aggregator, model.profile(c).tree or {}) for c in cliques))
+    return tuple(rounds)
+
+
 def plan_strategies(topology, islands, vector_bytes, delay_scale, rate_scale, seed=0, names=STRATEGIES):
     """The strategies `names` for the scaled topology, with the cost model's prediction of each."""
     scaled = scaled_topology(topology, delay_scale, rate_scale)
@@ -141,21 +158,16 @@ def plan_strategies(topology, islands, vector_bytes, delay_scale, rate_scale, se
     for name in names:
         base = name.removesuffix(TUNED) if name in (f"host_tree{TUNED}", f"gloo{TUNED}") else name
         tuned_tcp = " tuned: reno, no slow start after idle" if base != name else ""
-        if name == "schedule":
+        if name in ("schedule", "rotation"):
             plan = plan_schedule(scaled, islands, vector_bytes, multicast=False, reduce_in_path=True, seed=seed,
                                  tree_tables=True)
-            rounds = []
-            for r, cliques in enumerate(plan.best.rounds):
-                for c, clique in enumerate(cliques):
-                    if clique.exchange != AGGREGATE:
-                        raise LabError(f"the planner's schedule exchanges clique {c} of round {r} directly "
-                                       f"({clique.exchange}); the lab measures cliques through aggregators only")
-                rounds.append(tuple((c.members, c.aggregator, plan.cost_model.profile(c).tree or {})
-                                    for c in cliques))
-            predicted = sum(plan.cost_model.round_time(cliques) for cliques in plan.best.rounds)
-            strategies.append(Strategy(name, tuple(rounds), predicted,
-                                       f"the planner's schedule, {len(rounds)} rounds of "
-                                       f"{'/'.join(str(len(r)) for r in rounds)} cliques"))
+            chosen = plan.best if name == "schedule" else plan.baselines[ROTATION]
+            rounds = _aggregated_rounds(plan.cost_model, chosen, name)
+            predicted = sum(plan.cost_model.round_time(cliques) for cliques in chosen.rounds)
+            what = "the planner's schedule" if name == "schedule" else "rotating cliques (the planner's grid2d)"
+            strategies.append(Strategy(name, rounds, predicted,
+                                       f"{what}, {len(rounds)} rounds of {'/'.join(str(len(r)) for r in rounds)} "
+                                       f"cliques"))
         elif name == "global_clique":
             hub = _best_hub(flat, islands)
             strategies.append(Strategy(name, (((islands, hub, {}),),),
