@@ -80,6 +80,29 @@ def test_the_depth_cause_is_given_only_where_the_tree_is_capped():
     assert causes(True) == ["links"]
 
 
+@pytest.mark.parametrize(("aggregator", "root"), [("ideal", "NYC"), ("versa_ecp5", "LAX")])
+def test_the_depth_cause_counts_the_aggregators_a_contribution_climbs(aggregator, root):
+    """The uncapped tree to the root takes SIN's vector through FRA, AMS, LON and NYC (ideal aggregators, 2 MB) or
+    AMS -> LON -> NYC -> LAX (Versa boards, 100 MB): four summing levels, the root included. SIN's own city
+    aggregates but gathers only SIN's stream, so it sums nothing and is no level; the cause says four."""
+    from inwire.plan.aggregator import load_aggregator
+
+    dz9 = load_topology("doublezero9")
+    islands = dz9.resolve_islands()
+    model_bytes = 2_000_000 if aggregator == "ideal" else 100_000_000
+    profile = load_aggregator(aggregator)
+
+    def model(tree_tables):
+        return CostModel(dz9, islands, model_bytes, aggregator=profile, reduce_in_path=True, tree_tables=tree_tables)
+
+    uncapped = model(True).profile(Clique(islands, root)).tree
+    climbs = deepest(islands, root, uncapped)
+    assert climbs == 4
+    [depth] = [line for line in model(False).aggregation_limits(Clique(islands, None, ALL_TO_ALL))
+               if line.startswith("depth:")]
+    assert depth.startswith(f"depth: the tree to {root} has {climbs} summing levels;")
+
+
 @pytest.mark.parametrize("multicast", [True, False], ids=["multicast", "unicast"])
 def test_results_come_down_the_same_tree_one_copy_per_link(multicast):
     """Every link of the chain carries one vector each way: the partial up, the result down. Without multicast
