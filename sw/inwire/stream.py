@@ -380,13 +380,13 @@ class Workload:
                               f"{frames:,} contributions, more than the {limit:,} a {target_kind}: target "
                               f"runs; lower --elements or --rounds, or raise --chunk")
 
-    def senders(self, city):
-        """The islands that send to `city`'s aggregator in some round (its job entry's members), in schedule order."""
-        cities = {route[0] for routes in self.routes.values() for route in routes.values()}
-        if city not in cities:
-            return []
-        return [island for island in self.plan.islands
-                if any(routes.get(island, (None,))[0] == city for routes in self.routes.values())]
+    def stats_asker(self, city):
+        """The island that asks `city`'s aggregator for its counters: the first that sends to it in some round, else
+        the first island (a registered run makes it a member of that city's entry: an aggregator answers a job's
+        stats request from its members alone)."""
+        return next((island for island in self.plan.islands
+                     if any(routes.get(island, (None,))[0] == city for routes in self.routes.values())),
+                    self.plan.islands[0])
 
     @property
     def slots_needed(self):
@@ -606,16 +606,13 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
                    else stats_request())
         counters, silent = {}, {}
         for city in (sorted(addresses) if addresses else [None]):
-            asker, asked = plan.islands[0], request
+            asker = plan.islands[0]
             if city is not None and config.token:
-                # Each city's aggregator answers a member of its own entry; one that only relays (no member sends
-                # to it) is asked in version 2, which `inwire serve` takes beside registered jobs by default.
-                senders = workload.senders(city)
-                asker, asked = (senders[0], request) if senders else (plan.islands[0], stats_request())
+                asker = workload.stats_asker(city)
                 transport.answer_from(asker, city)
             stats_future = asyncio.get_running_loop().create_future()
             answer = await transport.stats(asker, stats_future, first_wait, budget,
-                                           *(() if city is None else (city,)), request=asked)
+                                           *(() if city is None else (city,)), request=request)
             if isinstance(answer, StatsSilence):
                 silent[city], answer = answer, None
             counters[city] = answer

@@ -143,7 +143,13 @@ def run(args):
         else:
             endpoints = {city: (ip_int(host), port) for city, (host, port) in transport.aggregators.items()}
             islands = {island: (ip_int(host), port) for island, (host, port) in bound.items()}
-            for city, held in job_entries(entry, plan, islands, endpoints).items():
+            entries = job_entries(entry, plan, islands, endpoints)
+            for city in endpoints:
+                held = entries.get(city, replace(entry, members=frozenset(), routes={}))
+                if not held.members:
+                    # No island sends to this aggregator (it only sums the levels below): the island that asks for
+                    # its counters is its member, which also gives its lease a member to leave at the end.
+                    held = replace(held, members={islands[workload.stats_asker(city)]})
                 leases.append(JobLease(transport.aggregators[city], held, timeout_s=timeout_s, retries=retries))
     with ExitStack() as stack:
         for lease in leases:
