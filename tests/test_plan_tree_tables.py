@@ -1,5 +1,6 @@
-"""The planner with reduction trees carried by the aggregators' tables (issue #37, `--tree-tables`): no cap on a
-tree's summing levels, results down the same tree, and each aggregator's tables written for the control plane."""
+"""The planner with reduction trees carried by the aggregators' tables (issue #37, `--tree-tables`, the default since
+`inwire stream` registers trees): no cap on a tree's summing levels, results down the same tree, and each
+aggregator's tables written for the control plane; `--no-tree-tables` plans the capped trees of version 2 frames."""
 
 import json
 
@@ -48,9 +49,11 @@ def plan_chain(tmp_path, *argv):
 def test_with_tree_tables_the_chain_sums_at_every_level_and_finishes_sooner(tmp_path):
     """Summed at C4, C0's contribution climbs C1, C2, C3 and C4 (C0 has one stream and sums nothing): 4 summing
     levels, more than the 3 a version 2 frame names. Capped, one city on each side forwards unsummed, so one link
-    carries two vectors (8 ms + 2V); with the tables every city sums and every link carries one (8 ms + V)."""
-    capped = plan_chain(tmp_path)
+    carries two vectors (8 ms + 2V); with the tables every city sums and every link carries one (8 ms + V). The
+    tables are the default: `--tree-tables` plans the same schedule as no switch at all."""
+    capped = plan_chain(tmp_path, "--no-tree-tables")
     tables = plan_chain(tmp_path, "--tree-tables")
+    assert plan_chain(tmp_path).document == tables.document
     for plan in (capped, tables):
         assert plan.period == (((tuple(CHAIN), ROOT),),)
     capped_tree, tables_tree = capped.trees[0][0], tables.trees[0][0]
@@ -75,6 +78,29 @@ def test_the_depth_cause_is_given_only_where_the_tree_is_capped():
 
     assert causes(False) == ["depth", "links"]
     assert causes(True) == ["links"]
+
+
+@pytest.mark.parametrize(("aggregator", "root"), [("ideal", "NYC"), ("versa_ecp5", "LAX")])
+def test_the_depth_cause_counts_the_aggregators_a_contribution_climbs(aggregator, root):
+    """The uncapped tree to the root takes SIN's vector through FRA, AMS, LON and NYC (ideal aggregators, 2 MB) or
+    AMS -> LON -> NYC -> LAX (Versa boards, 100 MB): four summing levels, the root included. SIN's own city
+    aggregates but gathers only SIN's stream, so it sums nothing and is no level; the cause says four."""
+    from inwire.plan.aggregator import load_aggregator
+
+    dz9 = load_topology("doublezero9")
+    islands = dz9.resolve_islands()
+    model_bytes = 2_000_000 if aggregator == "ideal" else 100_000_000
+    profile = load_aggregator(aggregator)
+
+    def model(tree_tables):
+        return CostModel(dz9, islands, model_bytes, aggregator=profile, reduce_in_path=True, tree_tables=tree_tables)
+
+    uncapped = model(True).profile(Clique(islands, root)).tree
+    climbs = deepest(islands, root, uncapped)
+    assert climbs == 4
+    [depth] = [line for line in model(False).aggregation_limits(Clique(islands, None, ALL_TO_ALL))
+               if line.startswith("depth:")]
+    assert depth.startswith(f"depth: the tree to {root} has {climbs} summing levels;")
 
 
 @pytest.mark.parametrize("multicast", [True, False], ids=["multicast", "unicast"])
@@ -170,8 +196,8 @@ def test_a_schedule_whose_cliques_clash_in_the_tables_is_refused_in_one_line_wri
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "--tables {tables}: only trees carried by the aggregators' tables have tables to write; give --tree-tables "
-         "too (without it the trees travel in the frames)"),
+    (["--no-tree-tables"], "--tables {tables}: only trees carried by the aggregators' tables have tables to write; "
+                           "--no-tree-tables sends them in the frames"),
     (["--tree-tables", "--no-aggregation"], "--tables {tables}: no city of the topology aggregates in line (or "
                                             "--no-aggregation is given), so no aggregator holds tables"),
     (["--tree-tables", "--sweep"], "--tables writes one schedule's tables; --sweep compares the optimum over "

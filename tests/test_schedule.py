@@ -281,17 +281,22 @@ def test_cli_writes_a_schedule_the_host_can_load(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("aggregator", ["ideal", "port10g"])
-def test_planned_reduction_trees_fit_in_a_frame(tmp_path, aggregator):
-    # Uncapped, the global clique's tree took SIN's vector through four summing levels (to NYC with ideal
-    # aggregators, to LAX with port10g), which the stream refuses; planned trees now stop at the header's limit.
-    out = tmp_path / "global.json"
-    assert schedule_cli("--no-host-tree", "--aggregator", aggregator, "--out", str(out)) == 0
-    deepest = 0
-    for _, _, members, root, tree in clique_trees(load_plan(out)):
-        if tree:
-            clique_routes(members, root, tree, lambda city: 1)  # the stream's own check
-            deepest = max(deepest, *(len(path) for path in member_paths(members, root, tree).values()))
-    assert deepest == 1 + ROUTE_HOPS
+def test_planned_reduction_trees_fit_in_a_frame_with_no_tree_tables(tmp_path, aggregator):
+    # Uncapped (the default: the trees are in the aggregators' tables), the global clique's tree takes SIN's vector
+    # through four summing levels (to NYC with ideal aggregators, to LAX with port10g), which an unregistered stream
+    # refuses; --no-tree-tables plans trees that stop at the header's limit.
+    deepest = {}
+    for switch in ("--tree-tables", "--no-tree-tables"):
+        out = tmp_path / f"global{switch}.json"
+        assert schedule_cli("--no-host-tree", "--aggregator", aggregator, switch, "--out", str(out)) == 0
+        deepest[switch] = 0
+        for _, _, members, root, tree in clique_trees(load_plan(out)):
+            if tree:
+                if switch == "--no-tree-tables":
+                    clique_routes(members, root, tree, lambda city: 1)  # an unregistered stream's own check
+                deepest[switch] = max(deepest[switch], *(len(path) for path in member_paths(members, root,
+                                                                                           tree).values()))
+    assert deepest == {"--tree-tables": 4, "--no-tree-tables": 1 + ROUTE_HOPS}
 
 
 @pytest.mark.parametrize("argv, message", [

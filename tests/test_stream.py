@@ -28,8 +28,8 @@ class Service:
     """A software aggregator in a thread, taking registered jobs beside unregistered frames as `inwire serve`
     does; `tamper` may rewrite its answers."""
 
-    def __init__(self, tamper=None, **options):
-        self.aggregator = SoftwareAggregator(("127.0.0.1", 0), unicast=True, registered=True, log=lambda line: None,
+    def __init__(self, tamper=None, listen=("127.0.0.1", 0), **options):
+        self.aggregator = SoftwareAggregator(listen, unicast=True, registered=True, log=lambda line: None,
                                              **options)
         if tamper:
             # serve() decides a recvmmsg batch at a time with the compiled kernel, else datagram by datagram.
@@ -404,3 +404,76 @@ def test_sends_the_islands_sockets_refused_are_reported(service, schedule):
     assert report["bit_exact"] and report["retransmits"] >= 1
     assert report["send_errors"] == RefusingTransport.refused * len(plan.islands)
     assert f"{report['send_errors']} sends the islands' sockets refused" in format_report(report, running.target)
+
+
+# --- a registered tree of any depth through one service per city (issue #36) ------------------------------------
+
+CHAIN = {"SIN": "TYO", "TYO": "SEO", "SEO": "FRA", "FRA": "LAX", "LAX": "NYC"}
+"""SIN sends to TYO and its contribution climbs five aggregators, TYO -> SEO -> FRA -> LAX -> NYC, two more than a
+version 2 frame's hops can name. No island is at FRA: its aggregator only relays."""
+CHAIN_CITIES = ["NYC", "LAX", "FRA", "SEO", "TYO"]
+"""The cities that sum along CHAIN, the root's first."""
+CHAIN_PERIOD = [[{"members": ISLANDS, "aggregator": "NYC", "tree": CHAIN}], [{"members": ISLANDS, "aggregator": "AMS"}]]
+"""The chain, then every island flat at AMS: each member's results come from another aggregator each round."""
+
+
+@pytest.fixture
+def city_services(tmp_path):
+    """One in-process service per city that sums in CHAIN_PERIOD, taking registered jobs only (`inwire serve`'s
+    default), each at its own loopback address on one port; yields {city: Service} and the path of the `udp:FILE`
+    map naming them."""
+    from test_tree import free_port
+
+    addresses = {city: f"127.0.0.{2 + k}" for k, city in enumerate([*CHAIN_CITIES, "AMS"])}
+    port = free_port(*addresses.values())
+    services = {}
+    try:
+        for city, address in addresses.items():
+            services[city] = Service(**REGISTERED, listen=(address, port), unregistered=False)
+        path = tmp_path / "aggregators.json"
+        path.write_text(json.dumps({city: f"{address}:{port}" for city, address in addresses.items()}))
+        yield services, str(path)
+    finally:
+        for running in services.values():
+            running.close()
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.05])
+def test_a_registered_tree_of_five_levels_streams_bit_exact(city_services, tmp_path, capsys, loss):
+    """`inwire stream --target udp:FILE` registers each city's part of the tree with its service and the islands
+    send version 3 frames without a route: every result is exact, each level below the root sends its partials
+    up (FRA only relays, and its counters are asked for by the first island, its member) and the root sends none."""
+    services, cities = city_services
+    schedule = write_schedule(tmp_path / "chain.json", rounds=CHAIN_PERIOD)
+    code = stream_cli("--target", f"udp:{cities}", "--schedule", str(schedule), "--rounds", "4", "--elements", "600",
+                      "--loss", str(loss), "--timeout-ms", "60" if loss else "2000", "--seed", "2", "--json")
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert code == 0 and report["bit_exact"] and report["registered"], captured.err
+    chunks = -(-600 // 256)
+    assert report["results_checked"] == 4 * len(ISLANDS) * chunks
+    partials = {city: counters["partials_emitted"] for city, counters in report["aggregators"].items()}
+    if loss:
+        assert report["dropped"] > 0 and report["retransmits"] >= report["dropped"]
+        assert all(partials[city] >= 2 * chunks for city in CHAIN_CITIES[1:]) and partials["NYC"] == 0
+    else:
+        assert report["retransmits"] == 0 and report["results_refused"] == 0
+        assert partials == {"NYC": 0, "AMS": 0, **dict.fromkeys(CHAIN_CITIES[1:], 2 * chunks)}
+        assert report["aggregators"]["FRA"]["accumulated"] == 2 * chunks  # SEO's partials alone
+        assert report["aggregators"]["AMS"]["accumulated"] == 2 * len(ISLANDS) * chunks
+    counters = {city: running.aggregator.counters() for city, running in services.items()}
+    assert all(counters[city]["drop_version"] == 0 and counters[city]["drop_member"] == 0 for city in counters)
+
+
+def test_a_tree_no_tables_can_hold_is_refused_before_any_registration(tmp_path, capsys):
+    """Clique 0 sums along LAX -> NYC in round 0 and flat at LAX in round 1: LAX's tables would need two routes
+    for it. Refused in one line before a socket is opened (no service answers at these addresses)."""
+    schedule = write_schedule(tmp_path / "two.json", rounds=[
+        [{"members": ISLANDS, "aggregator": "NYC", "tree": {"LAX": "NYC", "SIN": "LAX"}}],
+        [{"members": ISLANDS, "aggregator": "LAX"}]])
+    cities = tmp_path / "aggregators.json"
+    cities.write_text(json.dumps({"NYC": "127.0.0.2:5000", "LAX": "127.0.0.3:5000"}))
+    assert stream_cli("--target", f"udp:{cities}", "--schedule", str(schedule)) == 2
+    assert capsys.readouterr().err == (
+        "inwire stream: schedule round 1, clique 0: LAX's aggregator would hold another route for clique 0 than in "
+        "an earlier round; a registered job's tables hold one route per clique index\n")

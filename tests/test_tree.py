@@ -75,7 +75,9 @@ def write_map(path, cities):
 
 
 def stream_json(capsys, *argv):
-    code = main(["stream", *argv, "--json"])
+    """`inwire stream --json`, unregistered: the services here take version 2 frames, whose routes these tests
+    check (tests/test_stream.py runs registered trees)."""
+    code = main(["stream", *argv, "--unregistered", "--json"])
     captured = capsys.readouterr()
     return code, json.loads(captured.out), captured.err
 
@@ -213,8 +215,10 @@ def test_a_tree_deeper_than_three_levels_is_refused(tmp_path, capsys):
     schedule = write_schedule(tmp_path / "deep.json", rounds=[deep])
     target = write_map(tmp_path / "aggregators.json", {c: f"127.0.0.{i + 2}:5000" for i, c in
                                                       enumerate(["NYC", "LAX", "TYO", "SEO"])})
-    assert main(["stream", "--target", f"udp:{target}", "--schedule", str(schedule)]) == 2
-    assert "SIN's contribution climbs 4 aggregators (SEO -> LAX -> TYO -> NYC)" in capsys.readouterr().err
+    assert main(["stream", "--target", f"udp:{target}", "--schedule", str(schedule), "--unregistered"]) == 2
+    assert ("SIN's contribution climbs 4 aggregators (SEO -> LAX -> TYO -> NYC); a frame names at most 3 levels: "
+            "--unregistered carries the route in the frame (registered, the aggregators' tables hold a tree of any "
+            "depth)\n") in capsys.readouterr().err
 
 
 @pytest.mark.sim
@@ -245,6 +249,7 @@ def test_a_silent_city_is_named(serves, tmp_path, capsys):
     schedule = write_schedule(tmp_path / "tree.json", rounds=[TREE_ROUND])
     port = serves([ROOT], "golden")
     cities = write_map(tmp_path / "aggregators.json", {"NYC": f"{ROOT}:{port}", "LAX": f"{CHILD}:{port}"})
-    assert main(["stream", "--target", f"udp:{cities}", "--schedule", str(schedule), "--timeout-ms", "50"]) == 2
+    assert main(["stream", "--target", f"udp:{cities}", "--schedule", str(schedule), "--timeout-ms", "50",
+                 "--unregistered"]) == 2
     err = capsys.readouterr().err
     assert "no answer from the target: aggregator of LAX: no reply to" in err

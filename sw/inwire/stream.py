@@ -9,10 +9,13 @@ recovered by timeout and retransmission (contributions are idempotent; a complet
 stored result). Rounds run in lock step: round r+1 starts when every island has finished round r.
 
 Reduction trees: with one aggregator per city (`--target udp:FILE`, or `sim:` for a schedule with trees),
-each member sends to its own level's aggregator as the clique's schedule tree says (docs/schedule.md):
-bitmap = its own bit, expect = its level (0 at the root), and the hops above with their levels; the
-result comes from the root. A member that misses a result retransmits to the same aggregator, and the
-aggregators walk the loss up the tree (docs/protocol.md). With one aggregator the trees are ignored.
+each member sends to its own level's aggregator as the clique's schedule tree says (docs/schedule.md). A
+registered run (a token in the config: `inwire stream` over UDP) sends version 3 frames without a route: each
+city's aggregator holds its part of every tree in its job tables (`plan.tables.job_entries`), so a tree may
+have any depth, and a member's results come from the aggregator it sent to. Unregistered (version 2) frames
+carry the route: bitmap = the member's own bit, expect = its level (0 at the root), and the hops above with
+their levels, at most three levels. A member that misses a result retransmits to the same aggregator, and
+the aggregators walk the loss up the tree (docs/protocol.md). With one aggregator the trees are ignored.
 
 What a member does for one round (slots, payloads, the window, retransmission, reading results) is
 `inwire.client`'s, the one member client that the torch integration uses too; this module adds the
@@ -33,9 +36,11 @@ from .codec import choose_exponent, dequantize, quantize
 from .datagram import opcode_of, parse_endpoint, parse_stats_reply, stats_request
 from .diagnosis import diagnose
 from .errors import InwireError
+from .jobs import TreeError
 from .plan.cost import ScheduleError
 from .plan.jsonfile import read_json
 from .plan.schedule_file import load_schedule_file, schedule_topology
+from .plan.tables import member_paths_at, schedule_rounds, tables_document
 from .plan.topology import TopologyError, load_topology
 from .protocol import (
     ELEMENT_BYTES,
@@ -216,12 +221,16 @@ def make_transport(target, plan, workload_slots, config):
     return CaptureTransport(target.value, plan.islands, workload_slots, config.chunk)
 
 
+class DeepTreeError(StreamError):
+    """A tree deeper than an unregistered (version 2) frame's route can name."""
+
+
 def clique_routes(members, root, tree, address, where="schedule"):
-    """`client.clique_routes`, a path too deep for a frame refused as a StreamError."""
+    """`client.clique_routes`, a path too deep for a frame refused as a DeepTreeError."""
     try:
         return client.clique_routes(members, root, tree, address, where)
     except RouteError as error:
-        raise StreamError(str(error)) from None
+        raise DeepTreeError(str(error)) from None
 
 
 @dataclass
@@ -311,18 +320,31 @@ class CliqueRound:
     group: int
     exponent: int
     routes: dict = None
-    """member -> (aggregator city, tree fields), with one aggregator per city; None with one aggregator."""
+    """member -> (aggregator city, tree fields or None for a registered run), with one aggregator per city; None
+    with one aggregator."""
 
 
 class Workload:
     """What every island can compute alone: cliques, exponents, seeded gradients and the sums to expect."""
 
-    def __init__(self, plan, config, addresses=None):
+    def __init__(self, plan, config, addresses=None, registered=None):
         self.plan, self.config = plan, config
         self.addresses = addresses
         """Aggregator city -> IPv4 address (int) when each city has its own; None for one aggregator."""
+        self.registered = bool(config.token) if registered is None else registered
+        """Whether the run is a registered job (before its token is drawn, the caller says so)."""
         self.routes = {}
-        if addresses is not None:
+        if addresses is not None and self.registered:
+            try:
+                tables_document(*schedule_rounds(plan), plan.islands, list(addresses))
+            except TreeError as error:
+                raise StreamError(str(error)) from None
+            # The aggregators' tables hold the route (`plan.tables.job_entries`): a member only needs where it sends,
+            # as `schedule_routes` places it, and a tree may have any depth.
+            for p, c, members, aggregator, tree in clique_trees(plan):
+                paths = member_paths_at(addresses, members, aggregator, tree)
+                self.routes[p, c] = {member: (path[0], None) for member, path in paths.items()}
+        elif addresses is not None:
             for p, c, members, aggregator, tree in clique_trees(plan):
                 if aggregator is not None:
                     self.routes[p, c] = clique_routes(members, aggregator, tree, addresses.__getitem__,
@@ -357,6 +379,14 @@ class Workload:
             raise StreamError(f"--elements {config.elements:,} x --rounds {config.rounds:,} makes "
                               f"{frames:,} contributions, more than the {limit:,} a {target_kind}: target "
                               f"runs; lower --elements or --rounds, or raise --chunk")
+
+    def stats_asker(self, city):
+        """The island that asks `city`'s aggregator for its counters: the first that sends to it in some round, else
+        the first island (a registered run makes it a member of that city's entry: an aggregator answers a job's
+        stats request from its members alone)."""
+        return next((island for island in self.plan.islands
+                     if any(routes.get(island, (None,))[0] == city for routes in self.routes.values())),
+                    self.plan.islands[0])
 
     @property
     def slots_needed(self):
@@ -454,6 +484,9 @@ class Island:
         fits = expected.size == 0 or (expected.min() >= INT32_MIN and expected.max() <= INT32_MAX)
         self.expected_bytes = expected.astype(ELEMENT_DTYPE).tobytes() if fits else None
         self.route = (clique.routes[self.name][0],) if clique.routes else ()
+        if self.route and workload.registered:
+            # A registered tree's results come from the aggregator the member sends to, this round's.
+            self.transport.answer_from(self.name, self.route[0])
         self.prepared = (clique, workload.payloads(self.name, clique), expected)
 
     async def run_round(self, round_, tally):
@@ -573,8 +606,12 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
                    else stats_request())
         counters, silent = {}, {}
         for city in (sorted(addresses) if addresses else [None]):
+            asker = plan.islands[0]
+            if city is not None and config.token:
+                asker = workload.stats_asker(city)
+                transport.answer_from(asker, city)
             stats_future = asyncio.get_running_loop().create_future()
-            answer = await transport.stats(plan.islands[0], stats_future, first_wait, budget,
+            answer = await transport.stats(asker, stats_future, first_wait, budget,
                                            *(() if city is None else (city,)), request=request)
             if isinstance(answer, StatsSilence):
                 silent[city], answer = answer, None

@@ -110,6 +110,13 @@ class UdpTransport:
             self.sources[island] = (ip_int(host), target[1])
         return {island: sock.getsockname() for island, sock in self.sockets.items()}
 
+    def answer_from(self, island, city):
+        """Take datagrams for `island` only from `city`'s aggregator from now on (after `bind_islands`): in a
+        registered tree a member's results come from the aggregator it sends to, which may change by round."""
+        if self.sources is not None:
+            host, port = self.aggregators[city]
+            self.sources[island] = (ip_int(socket.gethostbyname(host)), port)
+
     async def start(self, deliver, deliver_batch=None):
         self.loop = asyncio.get_running_loop()
         self.deliver = deliver

@@ -87,12 +87,13 @@ def add_arguments(parser):
     parser.add_argument("--reduce-in-path", action=argparse.BooleanOptionalAction, default=True,
                         help="every aggregating city on the way to a clique's root sums what it forwards, as the "
                              "gateware's trees do (default: on)")
-    parser.add_argument("--tree-tables", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--tree-tables", action=argparse.BooleanOptionalAction, default=True,
                         help="the reduction trees are carried by each aggregator's tables (a registered job, "
-                             "jobs.tree_routes), so a tree sums at every aggregating city on the way, at any depth; "
-                             f"off, no member's path climbs more than {ROUTE_HOPS + 1} summing levels, what a "
-                             "version 2 frame's route names (default: off, capped: inwire stream --target udp:FILE "
-                             "and the lab run a schedule's trees with unregistered frames)")
+                             "jobs.tree_routes, as inwire stream --target udp:FILE and the launcher register "
+                             "them), so a tree sums at every aggregating city on the way, at any depth (default: "
+                             f"on); --no-tree-tables caps them so that no member's path climbs more than "
+                             f"{ROUTE_HOPS + 1} summing levels, what a version 2 frame's route names (for trees "
+                             "sent unregistered: inwire stream --unregistered or --target sim:, and the lab)")
     parser.add_argument("--routing", choices=(*ROUTINGS, AUTO_ROUTING), default=AUTO_ROUTING,
                         help="latency: fixed latency-shortest paths (DoubleZero routes so); bandwidth: each "
                              "transfer takes the candidate path that completes soonest, farthest first; balanced: "
@@ -117,7 +118,7 @@ def add_arguments(parser):
     parser.add_argument("--out", help="schedule JSON to write (required unless --sweep)")
     parser.add_argument("--map", help="also draw the schedule's cliques on a map (PNG)")
     parser.add_argument("--tables", metavar="FILE.json",
-                        help="with --tree-tables: also write, for every aggregator city the schedule sends to, the "
+                        help="also write, for every aggregator city the schedule sends to, the "
                              "route its tables hold per clique index (level bitmap, parent city, children cities "
                              "with their bitmaps; jobs.tree_routes), for the control plane (docs/schedule.md)")
     parser.add_argument("--sweep", action="store_true",
@@ -166,7 +167,7 @@ def _check_numbers(args):
     check_integer("--local-steps", args.local_steps, 0, MAX_LOCAL_STEPS, "far beyond any period between syncs")
     if args.tables is not None and not args.tree_tables:
         raise ScheduleError(f"--tables {args.tables}: only trees carried by the aggregators' tables have tables to "
-                            f"write; give --tree-tables too (without it the trees travel in the frames)")
+                            f"write; --no-tree-tables sends them in the frames")
     if args.sweep:
         if args.global_clique:
             raise ScheduleError("--global-clique writes one schedule; --sweep compares the optimum over settings, "

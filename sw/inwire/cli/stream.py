@@ -7,32 +7,35 @@ trees), pcap:FILE (the golden model, frames written to a capture), sim:icarus|ve
 gateware in co-simulation; one per aggregator city when the schedule has trees) and iface:NAME (raw
 frames through a NIC, root). A target with one aggregator sums every clique flat and ignores the trees.
 
-Against udp://HOST:PORT the run is a registered job (docs/protocol.md, Registered jobs): a random job id
-and token, the islands' sockets as its members and the slots the run needs as its quota, registered with
-the aggregator (`inwire serve`, the operator key of `control.load_key`) before the first datagram, renewed
-while it runs and torn down after; the islands send version 3 frames and take results only from that
-address with the job's token. --unregistered sends version 2 frames instead, registering nothing (an
-aggregator that takes unregistered frames, behind a relay or NAT that changes the islands' addresses).
-Trees (udp:FILE) still send version 2 frames, whose hop fields carry the route, to aggregators that take
-unregistered frames: their tables are a later step.
+Over UDP the run is a registered job (docs/protocol.md, Registered jobs): a random job id and token, the
+islands' sockets as its members and the slots the run needs as its quota, registered with the aggregator
+(`inwire serve`, the operator key of `control.load_key`) before the first datagram, renewed while it runs and
+torn down after; the islands send version 3 frames and take results only from the aggregator they sent to,
+with the job's token. With udp:FILE each city's aggregator is registered with its own entry
+(`plan.tables.job_entries`): the islands that send to it and its route in every clique's tree, so a tree may
+have any depth. --unregistered sends version 2 frames instead, registering nothing (an aggregator that takes
+unregistered frames, behind a relay or NAT that changes the islands' addresses); trees then travel in the
+frames' hop fields, at most three levels.
 """
 
-import contextlib
 import json
 import secrets
 import sys
+from contextlib import ExitStack
 from dataclasses import replace
 
 from .. import extras, progress
 from ..control import JobLease, new_job
 from ..datagram import ip_int
 from ..output import check_outputs_apart, check_writable
+from ..plan.tables import job_entries
 from ..stream import (
     DEFAULT_CHUNK,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_MS,
     DEFAULT_WINDOW,
     UNREGISTRABLE_JOB,
+    DeepTreeError,
     StreamConfig,
     StreamError,
     Workload,
@@ -75,12 +78,12 @@ def add_arguments(parser):
                         help="elements per frame (at most the aggregator's maximum)")
     parser.add_argument("--job", type=whole("--job"), default=None, metavar="ID",
                         help="job identifier (default: random; pass one for a capture that repeats byte for byte). "
-                             "With udp://HOST:PORT the job is registered there with a random token and the "
-                             "islands send version 3 frames; with udp:FILE (trees) they send version 2, unregistered")
+                             "Over UDP the job is registered with the aggregator (udp:FILE: each city's, with its "
+                             "part of the trees) with a random token, and the islands send version 3 frames")
     parser.add_argument("--unregistered", action="store_true",
-                        help="with udp://HOST:PORT: send version 2 frames and register no job (for an aggregator "
-                             "that takes unregistered frames, through a relay or NAT that changes the islands' "
-                             "addresses, which a job's member table would not name)")
+                        help="over UDP: send version 2 frames and register no job (for aggregators that take "
+                             "unregistered frames, through a relay or NAT that changes the islands' addresses, "
+                             "which a job's member table would not name); trees then climb at most 3 levels")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -93,8 +96,8 @@ def run(args):
     if target.kind == "pcap":
         check_outputs_apart({"--target pcap:": target.value},
                             {"--schedule": args.schedule, "its topology": topology_file(plan.topology.source)})
-    # One aggregator over UDP: a registered job. Trees keep version 2 (their routes travel in the frames).
-    registered = target.kind == "udp" and not isinstance(target.value, dict) and not args.unregistered
+    # Over UDP a registered job: one aggregator's, or each city's with its part of the trees.
+    registered = target.kind == "udp" and not args.unregistered
     if registered and args.job == 0:
         raise StreamError(UNREGISTRABLE_JOB)
     job = args.job if args.job is not None else 1 + secrets.randbelow(2**32 - 1)
@@ -115,21 +118,43 @@ def run(args):
         if has_trees(plan):
             print(f"inwire stream: target {target.text} is one aggregator: the schedule's reduction trees are "
                   f"ignored, every clique is summed there", file=sys.stderr)
-    workload = Workload(plan, config, addresses)
+    try:
+        workload = Workload(plan, config, addresses, registered)
+    except DeepTreeError as error:
+        if target.kind != "udp":
+            raise
+        raise StreamError(f"{error}: --unregistered carries the route in the frame (registered, the aggregators' "
+                          f"tables hold a tree of any depth)") from None
     workload.check_resources(target.kind)
     if target.kind == "pcap":
         check_writable(target.value, "--target pcap:")
     transport = make_transport(target, plan, workload.slots_needed, config)
-    lease = contextlib.nullcontext()
+    leases = []
     if registered:
         # The job's members are the islands' sockets, opened now, before it is registered.
-        entry = new_job(transport.bind_islands().values(), workload.slots_needed)
+        bound = transport.bind_islands()
+        entry = new_job(bound.values(), workload.slots_needed)
         if args.job is not None:
             entry = replace(entry, job=args.job)
         config = replace(config, job=entry.job, token=entry.token)
         timeout_s, retries = registration_patience(config)
-        lease = JobLease(target.value, entry, timeout_s=timeout_s, retries=retries)
-    with lease, progress.counting(config.rounds, "round") as advance:
+        if addresses is None:
+            leases.append(JobLease(target.value, entry, timeout_s=timeout_s, retries=retries))
+        else:
+            endpoints = {city: (ip_int(host), port) for city, (host, port) in transport.aggregators.items()}
+            islands = {island: (ip_int(host), port) for island, (host, port) in bound.items()}
+            entries = job_entries(entry, plan, islands, endpoints)
+            for city in endpoints:
+                held = entries.get(city, replace(entry, members=frozenset(), routes={}))
+                if not held.members:
+                    # No island sends to this aggregator (it only sums the levels below): the island that asks for
+                    # its counters is its member, which also gives its lease a member to leave at the end.
+                    held = replace(held, members={islands[workload.stats_asker(city)]})
+                leases.append(JobLease(transport.aggregators[city], held, timeout_s=timeout_s, retries=retries))
+    with ExitStack() as stack:
+        for lease in leases:
+            stack.enter_context(lease)
+        advance = stack.enter_context(progress.counting(config.rounds, "round"))
         report = run_stream(plan, config, transport, lambda _round: advance(), target.kind)
     if target.kind == "pcap":
         transport.write_capture()

@@ -558,26 +558,7 @@ class CostModel:
         the root (the islands send their contributions there; docs/schedule.md).
         """
         hub, members = clique.hub, clique.members
-        depth = {hub: 0}
-        own: dict[str, int] = {}
-        for member in members:
-            own[member] = own.get(member, 0) + 1
-            path: list[str] = []
-            city = member
-            while city not in depth:
-                path.append(city)
-                city = parent[city]
-            for step in reversed(path):
-                depth[step] = depth[parent[step]] + 1
-        upward = sorted((c for c in depth if c != hub), key=lambda c: (-depth[c], c))  # leaves first
-        summing: set[str] = set()
-        if self.reduce_in_path:
-            aggregates = set(self.aggregation_cities)
-            streams = {city: own.get(city, 0) for city in depth}
-            for city in upward:
-                if city in aggregates and streams[city] >= 2:
-                    summing.add(city)
-                streams[parent[city]] += 1 if city in summing else streams[city]
+        depth, own, upward, summing = self._summing(hub, members, parent)
         down = np.zeros(len(self.capacity_bps))
         self._add_down_tree(down, parent, depth, hub, members, self.vector_bits)
 
@@ -609,6 +590,42 @@ class CostModel:
             return None
         return {city: up for city, up in sorted(first_up.items()) if city in summing or up != hub}
 
+    def _summing(self, hub: str, members: Collection[str], parent: Parent
+                 ) -> tuple[dict[str, int], dict[str, int], list[str], set[str]]:
+        """(hop depth of every city on the members' paths to `hub`, islands per member city, those cities but
+        the hub leaves first, the cities that sum uncapped: every aggregating city with two or more streams, its
+        own island counted; none without `reduce_in_path`)."""
+        depth = {hub: 0}
+        own: dict[str, int] = {}
+        for member in members:
+            own[member] = own.get(member, 0) + 1
+            path: list[str] = []
+            city = member
+            while city not in depth:
+                path.append(city)
+                city = parent[city]
+            for step in reversed(path):
+                depth[step] = depth[parent[step]] + 1
+        upward = sorted((c for c in depth if c != hub), key=lambda c: (-depth[c], c))  # leaves first
+        summing: set[str] = set()
+        if self.reduce_in_path:
+            aggregates = set(self.aggregation_cities)
+            streams = {city: own.get(city, 0) for city in depth}
+            for city in upward:
+                if city in aggregates and streams[city] >= 2:
+                    summing.add(city)
+                streams[parent[city]] += 1 if city in summing else streams[city]
+        return depth, own, upward, summing
+
+    @staticmethod
+    def _levels(summing: Collection[str], hub: str, parent: Parent, upward: Sequence[str]) -> dict[str, int]:
+        """City -> the summing levels a contribution from there climbs, the root included: a member's path
+        starts at the first city of it that sums, its own when that sums (docs/schedule.md)."""
+        levels = {hub: 1}
+        for city in reversed(upward):  # the root side first
+            levels[city] = levels[parent[city]] + (city in summing)
+        return levels
+
     def _cap_levels(self, summing: set[str], hub: str, members: Collection[str], parent: Parent, upward: Sequence[str],
                     own: dict[str, int], down: np.ndarray) -> set[str]:
         """The cities that sum, out of `summing` (every aggregating city with two or more streams), such
@@ -624,9 +641,7 @@ class CostModel:
         stops summing forwards every stream it receives, which its uplink and the next summing aggregator
         carry; with aggregators at least as fast as the links, the result is never faster than `summing`.
         """
-        levels = {hub: 1}
-        for city in reversed(upward):  # the root side first
-            levels[city] = levels[parent[city]] + (city in summing)
+        levels = self._levels(summing, hub, parent, upward)
         if max(levels[member] for member in members) <= ROUTE_HOPS + 1:
             return summing
         vector, capacity = self.vector_bits, self.capacity_bps
@@ -884,14 +899,12 @@ class CostModel:
                                   f"{self.capacity_bps[first + offset] / 1e9:g} Gb/s: {latency + busy_ms:,.1f} ms "
                                   f"with its propagation, {against}")
         if self.reduce_in_path and not self.tree_tables:
-            parent, aggregates = self._tree(hub)[0], set(self.aggregation_cities)
-            levels = 0
-            for member in members:
-                city, climbed = member, 1
-                while city != hub:
-                    climbed += city in aggregates
-                    city = parent[city]
-                levels = max(levels, climbed)
+            # The aggregators a contribution climbs through: the cities that would sum uncapped on its way (a
+            # member's own city only where it gathers two or more streams), the root included.
+            parent = self._tree(hub)[0]
+            _, _, upward, summing = self._summing(hub, members, parent)
+            climbs = self._levels(summing, hub, parent, upward)
+            levels = max(climbs[member] for member in members)
             if levels > ROUTE_HOPS + 1:
                 causes.append(f"depth: the tree to {hub} has {levels} summing levels; a frame's route names at most "
                               f"{ROUTE_HOPS} aggregators above the first, so the levels beyond forward unsummed")

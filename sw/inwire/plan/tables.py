@@ -1,13 +1,14 @@
 """The routes a schedule's reduction trees put in each aggregator's tables (a registered job, `jobs.tree_routes`):
-one route per aggregator city and clique index, for the whole period. `train.averaging.tree_job_entries` builds a
-job's entries from them, `inwire schedule --tables` writes them for the control plane (docs/schedule.md)."""
+one route per aggregator city and clique index, for the whole period. `job_entries` builds a job's entries from them
+(`train.averaging.tree_job_entries` and `inwire stream` register them), `inwire schedule --tables` writes them for
+the control plane (docs/schedule.md)."""
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
-from ..jobs import FLAT, CliqueRoute, Endpoint, TreeError, tree_routes
-from .schedule_file import member_paths
+from ..jobs import FLAT, CliqueRoute, Endpoint, JobEntry, TreeError, tree_routes
+from .schedule_file import ScheduleFile, member_paths
 
 ScheduleRounds = Sequence[Sequence[tuple[Sequence[str], str | None]]]
 """Rounds of cliques as (members, aggregator city or None)."""
@@ -21,6 +22,23 @@ def root_city(cities: Mapping[str, object], members: Sequence[str], aggregator: 
     if aggregator is not None and aggregator in cities:
         return aggregator
     return members[0] if members[0] in cities else next(iter(cities))
+
+
+def member_paths_at(cities: Mapping[str, object], members: Sequence[str], aggregator: str | None,
+                    tree: Mapping[str, str] | None) -> dict[str, list[str]]:
+    """member -> the aggregator cities its contribution climbs, its own level's first (where it sends) and the
+    root last: the clique sums at `root_city`, along its tree where that is its own aggregator city."""
+    root = root_city(cities, members, aggregator)
+    return member_paths(members, root, tree if root == aggregator else None)
+
+
+def schedule_rounds(schedule: ScheduleFile | Sequence[Any]) -> tuple[list[list[tuple[tuple[str, ...], str | None]]],
+                                                                      Any]:
+    """(period: rounds of (members, aggregator), trees: per round per clique a tree or None) of a loaded
+    schedule file (`load_schedule_file`) or of a plain list of rounds."""
+    period = cast(Sequence[Any], getattr(schedule, "period", schedule))
+    trees = getattr(schedule, "trees", ()) or tuple((None,) * len(cliques) for cliques in period)
+    return [[(tuple(members), aggregator) for members, aggregator in cliques] for cliques in period], trees
 
 
 def schedule_routes(rounds: ScheduleRounds, trees: ScheduleTrees, islands: Mapping[str, Endpoint],
@@ -42,8 +60,8 @@ def schedule_routes(rounds: ScheduleRounds, trees: ScheduleTrees, islands: Mappi
             if unknown:
                 raise TreeError(f"{where}: no address for island {', '.join(unknown)}")
             root = root_city(aggregators, names, aggregator)
+            paths = member_paths_at(aggregators, names, aggregator, trees[period_round][clique_index])
             tree = trees[period_round][clique_index] if root == aggregator else None
-            paths = member_paths(names, root, tree)
             placed = {islands[name]: (paths[name][0], index) for index, name in enumerate(names)}
             for city, route in tree_routes(root, tree, placed, aggregators, where).items():
                 route = replace(route, level=0) if route.parent is None else route
@@ -55,6 +73,20 @@ def schedule_routes(rounds: ScheduleRounds, trees: ScheduleTrees, islands: Mappi
             for endpoint, (city, _) in placed.items():
                 members.setdefault(city, set()).add(endpoint)
     return routes, members
+
+
+def job_entries(entry: JobEntry, schedule: ScheduleFile | Sequence[Any], islands: Mapping[str, Endpoint],
+                aggregators: Mapping[str, Endpoint]) -> dict[str, JobEntry]:
+    """city -> the entry of registered job `entry` its aggregator is registered with, for islands (name ->
+    endpoint they send from) averaging along `schedule` (a loaded schedule file, whose trees it follows, or rounds
+    of (members, aggregator)) over the per-city `aggregators` (city -> endpoint). Each city's entry holds the
+    islands that send to its aggregator in some clique and, per clique index, the route its aggregator holds
+    there (`schedule_routes`; a clique flat at its root needs none)."""
+    rounds, trees = schedule_rounds(schedule)
+    routes, members = schedule_routes(rounds, trees, islands, aggregators)
+    return {city: replace(entry, members=frozenset(members.get(city, ())),
+                          routes={clique: route for clique, route in routes[city].items() if route != FLAT})
+            for city in routes}
 
 
 def tables_document(rounds: ScheduleRounds, trees: ScheduleTrees, islands: Sequence[str],

@@ -23,7 +23,6 @@ averaging takes the model's bytes once more, and the averager keeps them once (i
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from numbers import Integral
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -34,10 +33,11 @@ import torch
 from ..client import DEFAULT_CHUNK, DEFAULT_WINDOW, ClientError, CliqueKey, UdpMember, clique_group, clique_routes
 from ..codec_average import ATTEMPTS, AveragingError, Pieces
 from ..datagram import Address, ip_int
-from ..jobs import FLAT, JobEntry
+from ..jobs import JobEntry
 from ..plan.schedule_file import ScheduleFile, member_paths
+from ..plan.tables import job_entries
 from ..plan.tables import root_city as _root_city
-from ..plan.tables import schedule_routes
+from ..plan.tables import schedule_rounds as _schedule_rounds
 from ..protocol import MAX_FANIN
 from .layout import LayoutMismatch, check_layouts, layout_words, schedule_text
 from .outer import OuterOptimizer
@@ -55,15 +55,6 @@ __all__ = ["AveragingError", "CliqueAverager", "InwireExchange", "LayoutMismatch
 
 STATE_KEY = "inwire_averager"
 """Where an optimizer's state_dict() carries the averager's state (`CliqueAverager.keep_state_in`)."""
-
-
-def _schedule_rounds(schedule: ScheduleFile | Sequence[Any] | None
-                     ) -> tuple[list[list[tuple[tuple[str, ...], str | None]]], Any]:
-    """(period: rounds of (members, aggregator), trees: per round per clique a tree or None) of a loaded
-    schedule file (`load_schedule_file`) or of a plain list of rounds."""
-    period = cast(Sequence[Any], getattr(schedule, "period", schedule))
-    trees = getattr(schedule, "trees", ()) or tuple((None,) * len(cliques) for cliques in period)
-    return [[(tuple(members), aggregator) for members, aggregator in cliques] for cliques in period], trees
 
 
 DEFAULT_DEADLINE_S = 600.0
@@ -210,13 +201,8 @@ def tree_job_entries(entry: JobEntry, schedule: ScheduleFile | Sequence[Any], is
     aggregator in some clique and, per clique index, the route its aggregator holds there (`jobs.tree_routes`;
     a clique flat at its root needs none). The tables hold one route per clique index, so two rounds whose
     cliques of one index would give an aggregator two different routes are refused (`jobs.TreeError`)."""
-    rounds, trees = _schedule_rounds(schedule)
-    endpoints = {city: (ip_int(host), port) for city, (host, port) in aggregators.items()}
-    addresses = {name: (ip_int(host), port) for name, (host, port) in islands.items()}
-    routes, members = schedule_routes(rounds, trees, addresses, endpoints)
-    return {city: replace(entry, members=frozenset(members.get(city, ())),
-                          routes={clique: route for clique, route in routes[city].items() if route != FLAT})
-            for city in routes}
+    return job_entries(entry, schedule, {name: (ip_int(host), port) for name, (host, port) in islands.items()},
+                       {city: (ip_int(host), port) for city, (host, port) in aggregators.items()})
 
 
 def anchor_parameters(model_or_params: torch.nn.Module | Iterable[Any]) -> list[torch.Tensor]:
