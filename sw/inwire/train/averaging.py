@@ -271,9 +271,10 @@ class CliqueAverager(ModelAverager):
                  schedule: ScheduleFile | Sequence | None = None, rounds: ScheduleFile | Sequence | None = None,
                  exchange: InwireExchange | None = None, outer: OuterOptimizer | None = None,
                  outer_optimizer: torch.optim.Optimizer | None = None) -> None:
-        if (schedule is None) == (rounds is None):
+        given = rounds if schedule is None else schedule
+        if given is None or (schedule is not None and rounds is not None):
             raise ValueError("give the schedule (schedule=, or its earlier name rounds=) once")
-        self.rounds, self.trees = _schedule_rounds(schedule if schedule is not None else rounds)
+        self.rounds, self.trees = _schedule_rounds(given)
         named = {member for cliques in self.rounds for members, _ in cliques for member in members}
         if island not in named:
             raise ValueError(f"the schedule does not name island {island!r}; it names {', '.join(sorted(named))}")
