@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run system-tools test sim formal fuzz coverage mutate verilog bitstream alveo docs bench demo lab train-demo train-study train-dist train-dist-hook clean
+.PHONY: setup run system-tools test sim formal fuzz coverage mutate verilog bitstream alveo docs bench demo lab lab-sizes train-demo train-study train-dist train-dist-hook clean
 
 # Debian packages the tests use, as command:package.
 SYSTEM_TOOLS := iverilog:iverilog tshark:tshark iperf3:iperf3 ip:iproute2 berkeley-abc:berkeley-abc mpirun:openmpi-bin
@@ -105,6 +105,11 @@ demo:
 # docs/lab.md quotes build/lab/lab.json.
 lab:
 	$(BIN)/inwire lab --out-dir build/lab
+
+# The lab at every vector size docs/lab.md quotes, each in build/lab/MB/ (lab.json, lab.png).
+LAB_SIZES ?= 0.5 1 2
+lab-sizes:
+	for mb in $(LAB_SIZES); do $(BIN)/inwire lab --mb $$mb --out-dir build/lab/$$mb || exit 1; done
 
 # One seed of every strategy at 100 MB, and the study every number in docs/training.md comes from.
 train-demo:
