@@ -698,7 +698,7 @@ class Harness(Elaboratable):
         W, cfg, dut = self.width, self.config, self.dut
         job, token, address, port = AnyConst(32), AnyConst(64), AnyConst(32), AnyConst(16)
         group = Cat(AnyConst(24), Const(0xEF, 8))
-        control = ControlMap(cfg.limits.jobs, cfg.limits.members)
+        control = ControlMap(cfg.limits.jobs, cfg.limits.members, cfg.limits.routes)
         member_address, member_port = control.member_words(0, 0)
         writes = [(control.word(0, "job"), job), (control.word(0, "token_low"), token[:32]),
                   (control.word(0, "token_high"), token[32:]), (control.word(0, "quota"), Const(cfg.slots, 32)),

@@ -1,0 +1,88 @@
+"""A registered job's tree route in the gateware's job tables (inwire_hdl.job_table): the route words of
+the control map, the writes that install them, and (co-simulated with the golden model at both widths)
+the gateware below the root of a registered tree: its level's partial to the parent, the parent's result
+relayed down to the group."""
+
+import pathlib
+import re
+from dataclasses import replace
+
+import pytest
+
+from inwire.jobs import CliqueRoute, JobEntry, JobLimits
+from inwire_hdl.job_table import (
+    JOB_WORDS,
+    ROUTE_WORDS,
+    TREE_LIMITS,
+    ControlMap,
+    check_limits,
+)
+
+MAP = ControlMap(jobs=2, members=2, routes=2)
+PARENT = (0x0A000001, 7001)
+MEMBERS = frozenset({(0x0A000102, 40001), (0x0A000102, 40002)})
+
+
+def routed_entry(routes=None):
+    return JobEntry(job=77, token=0x1234_5678_9ABC_DEF0, slots=2, members=MEMBERS, group=0xEF000001,
+                    routes={5: CliqueRoute(level=0b0011, parent=PARENT)} if routes is None else routes)
+
+
+def test_route_words_follow_the_members_and_the_stride_grows_to_hold_them():
+    assert MAP.stride == 32  # 7 job words, 4 member words, 10 route words
+    first = len(JOB_WORDS) + 2 * MAP.members
+    assert [MAP.route_word(1, 1, name) for name in ROUTE_WORDS] == [32 + first + 5 + n for n in range(5)]
+    assert ControlMap(4, 8).stride == ControlMap(4, 8, 0).stride == 32
+
+
+def test_install_writes_a_route_while_the_entry_is_invalid_its_valid_bit_last():
+    writes = MAP.install(1, routed_entry(), base=3, new=False)
+    words = dict(writes)
+    at = {name: MAP.route_word(1, 0, name) for name in ROUTE_WORDS}
+    assert words[at["level_low"]] == 0b0011 and words[at["level_high"]] == 0
+    assert words[at["parent_address"]] == PARENT[0] and words[at["parent_port"]] == PARENT[1] | 1 << 16
+    assert words[at["clique"]] == 5 | 1 << 16
+    assert words[MAP.route_word(1, 1, "clique")] == 0  # the unused route is written invalid
+    order = [address for address, _ in writes]
+    valid = MAP.word(1, "valid")
+    assert writes[0] == (valid, 0) and writes[-1] == (valid, 1)
+    assert max(order.index(at[name]) for name in ROUTE_WORDS if name != "clique") < order.index(at["clique"])
+
+
+def test_install_writes_routes_in_clique_order_and_a_root_route_without_parent():
+    entry = routed_entry({9: CliqueRoute(level=1 << 40), 2: CliqueRoute(level=0b01, parent=PARENT)})
+    words = dict(MAP.install(0, entry, base=0, new=True))
+    assert words[MAP.route_word(0, 0, "clique")] == 2 | 1 << 16
+    assert words[MAP.route_word(0, 1, "clique")] == 9 | 1 << 16
+    assert words[MAP.route_word(0, 1, "level_high")] == 1 << 8
+    assert words[MAP.route_word(0, 1, "parent_port")] == 0  # rooted here: no parent
+
+
+def test_install_refuses_what_the_route_words_cannot_hold():
+    many = {clique: CliqueRoute(parent=PARENT) for clique in range(3)}
+    with pytest.raises(ValueError, match="job 77: 3 routes, more than the 2 an entry holds"):
+        MAP.install(0, routed_entry(many), base=0, new=True)
+    with_child = {4: CliqueRoute(level=0b11, parent=PARENT, children={(0x0A000203, 7002): 0b10})}
+    with pytest.raises(ValueError, match="job 77, clique 4: the gateware takes no partials from child aggregators"):
+        MAP.install(0, routed_entry(with_child), base=0, new=True)
+
+
+def test_check_limits_takes_routes_and_refuses_children():
+    check_limits(TREE_LIMITS)
+    with pytest.raises(ValueError, match="0 to 8 routes per job, got 9"):
+        check_limits(replace(TREE_LIMITS, routes=9))
+    with pytest.raises(ValueError, match="takes no partials from child aggregators"):
+        check_limits(JobLimits(jobs=4, members=8, routes=2, children=1, unicast_results=False))
+
+
+def test_the_routed_register_map_in_docs_is_the_control_maps():
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "board.md").read_text()
+    routed = ControlMap(4, 8, 2)
+    assert routed.markdown() in doc
+    rows = {name: (int(stride), int(offset), int(words)) for stride, offset, words, name in
+            re.findall(r"^\| (\d+)·e \+ (\d+) \+ (\d+)·r \| `(\w+)` \|", doc, re.MULTILINE)}
+    assert set(rows) == set(ROUTE_WORDS)
+    for index in range(routed.jobs):
+        for route in range(routed.routes):
+            for name, (stride, offset, words) in rows.items():
+                assert stride * index + offset + words * route == routed.route_word(index, route, name)
