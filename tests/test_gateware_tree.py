@@ -5,11 +5,17 @@ relayed down to the group."""
 
 import pathlib
 import re
+import shutil
 from dataclasses import replace
 
 import pytest
 
 from inwire.jobs import CliqueRoute, JobEntry, JobLimits
+from inwire.model import Aggregator as Model
+from inwire.model import AggregatorConfig
+from inwire.packets import frame_field
+from inwire.protocol import JOB_VERSION, Opcode
+from inwire_hdl.cocotb.traffic import HOST_IP, Traffic
 from inwire_hdl.job_table import (
     JOB_WORDS,
     ROUTE_WORDS,
@@ -86,3 +92,70 @@ def test_the_routed_register_map_in_docs_is_the_control_maps():
         for route in range(routed.routes):
             for name, (stride, offset, words) in rows.items():
                 assert stride * index + offset + words * route == routed.route_word(index, route, name)
+
+
+TREE_CONFIG = AggregatorConfig(slots=4, max_elements=16, max_fanin=4, registered=True, limits=TREE_LIMITS)
+"""A small gateware whose job tables hold routes."""
+UPPER = (0x0A000009, 7009)
+"""The parent aggregator of the tree below: the root, which gathers member 2 itself."""
+TREE_PORTS = (40001, 40002)
+TREE_JOB = dict(job=0x5EED_0007, token=0x0123_4567_89AB_CDEF, group=0xEF_21_00_07)
+ROUTED, FLAT = 3, 4
+"""Clique ROUTED has a route here: members 0 and 1 of its 3, the partial to UPPER. Clique FLAT has none."""
+
+
+def tree_job():
+    return JobEntry(slots=4, members={(HOST_IP, port) for port in TREE_PORTS},
+                    routes={ROUTED: CliqueRoute(level=0b011, parent=UPPER)}, **TREE_JOB)
+
+
+def v3(traffic, sender, clique, fanin, count=5, **fields):
+    fields = {**TREE_JOB, "version": JOB_VERSION, "slot": 1, "round": 7, "clique": clique, "fanin": fanin,
+              "sender": sender, "udp_sport": TREE_PORTS[sender], **fields}
+    return traffic.contribution(traffic.elements(count), **fields)
+
+
+def partial_to_parent_frames(traffic):
+    """Members 0 and 1 of the routed clique (the partial goes up), a retransmission (the partial again), a
+    result request before the result came down (dropped), and a flat clique of the same job beside it (its
+    result to the group)."""
+    routed = [v3(traffic, sender, ROUTED, 3) for sender in (0, 1)]
+    request = traffic.request(count=5, version=JOB_VERSION, slot=1, round=7, clique=ROUTED, fanin=3,
+                              udp_sport=TREE_PORTS[1], **TREE_JOB)
+    flat = [v3(traffic, sender, FLAT, 2, slot=2) for sender in (0, 1)]
+    return [*routed, routed[0], request, *flat]
+
+
+def cosimulate(width, frames, mutant=None):
+    """The model's and the gateware's outputs per frame and their counters, both holding `tree_job`."""
+    from inwire_hdl.cosim import CoSimulation
+
+    model = Model(TREE_CONFIG)
+    model.install(tree_job())
+    expected = [model.process(frame) for frame in frames]
+    gateware = CoSimulation("icarus", width, TREE_CONFIG, mutant=mutant)
+    try:
+        gateware.install(tree_job())
+        outputs = [gateware.process(frame) for frame in frames]
+        return expected, model.stats(), outputs, gateware.stats()
+    finally:
+        gateware.close()
+
+
+def destinations(outputs):
+    return [[(frame_field(out, "opcode"), frame_field(out, "ip_dst"), frame_field(out, "udp_dport")) for out in answer]
+            for answer in outputs]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("width", [8, 64])
+def test_the_gateware_below_the_root_sends_its_partial_to_the_parent(width):
+    if shutil.which("iverilog") is None:
+        pytest.fail("iverilog is not on PATH (run `make setup`)")
+    frames = partial_to_parent_frames(Traffic(TREE_CONFIG, seed=31))
+    expected, model_stats, outputs, gateware_stats = cosimulate(width, frames)
+    up, group = (Opcode.PARTIAL, *UPPER), (Opcode.RESULT, TREE_JOB["group"], TREE_CONFIG.port)
+    assert destinations(expected) == [[], [up], [up], [], [], [group]]
+    assert model_stats["drop_no_result"] == 1
+    assert outputs == expected
+    assert gateware_stats == model_stats

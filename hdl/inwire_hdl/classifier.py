@@ -57,12 +57,13 @@ class HeaderClassifier(wiring.Component):
         self.header_beats = FRAME_HEADER_BYTES // data_width
         self.slot_bits = max(1, ceil_log2(config.slots))
         self.jobs = config.limits.jobs if config.registered else 1
+        self.routes = config.limits.routes if config.registered else 0
         super().__init__({
             "s_axis_tdata": In(8 * data_width), "s_axis_tkeep": In(data_width), "s_axis_tlast": In(1),
             "s_axis_tvalid": In(1), "s_axis_tready": Out(1), "lease_tick": In(1),
             "lookup": Out(lookup_signature(self.slot_bits)),
-            "classified": Out(classified_signature(data_width, beat_bits, self.jobs)),
-            "jobs_query": Out(query_signature(self.jobs, self.slot_bits)),
+            "classified": Out(classified_signature(data_width, beat_bits, self.jobs, self.routes)),
+            "jobs_query": Out(query_signature(self.jobs, self.slot_bits, self.routes)),
             "member_query": Out(member_query_signature(self.jobs)),
         })
         # Kept here, not in `elaborate`, so that `header_class` (and a subclass's) can read them.
@@ -70,7 +71,7 @@ class HeaderClassifier(wiring.Component):
         self.i0, self.i1, self.i2 = (Signal(stage, name=f"i{n}") for n in range(3))
         self.header = header_register("hdr")
         self.header_time = Signal(TIME_BITS)
-        cls = frame_class_layout(data_width, beat_bits, self.jobs)
+        cls = frame_class_layout(data_width, beat_bits, self.jobs, self.routes)
         self.c1, self.c2 = Signal(cls, name="c1"), Signal(cls, name="c2")
 
     def elaborate(self, platform):
@@ -108,8 +109,8 @@ class HeaderClassifier(wiring.Component):
 
     def _classify_header(self, m):
         """C1: everything that needs only the header, the job tables asked about the frame's job."""
-        m.d.comb += [getattr(self.jobs_query, name).eq(field_value(self.header, name))
-                     for name in ("job", "token", "group", "slot")]
+        asked = ("job", "token", "group", "slot", "clique") if self.routes else ("job", "token", "group", "slot")
+        m.d.comb += [getattr(self.jobs_query, name).eq(field_value(self.header, name)) for name in asked]
         with m.If(self.classified.advance & self.i0.hdr_end):
             m.d.sync += [getattr(self.c1, name).eq(value) for name, value in self.header_class().items()]
 
@@ -127,8 +128,8 @@ class HeaderClassifier(wiring.Component):
         summed = (opcode == Opcode.CONTRIBUTION) | is_partial
         # A version 1 frame reads as one with every tree field 0: its sender alone, the whole clique, the root.
         v1 = f("version") == 1
-        # Version 3: a registered job's frame. Its level is its clique at this aggregator (the tables hold no
-        # routes: the whole clique), its route none, and its slot one of its job's range.
+        # Version 3: a registered job's frame. Its level is its clique at this aggregator (the whole clique
+        # unless the tables hold a route for it), its route the tables', and its slot one of its job's range.
         # (Without job tables version 3 is dropped as any version not taken: no logic follows it.)
         v3 = (f("version") == JOB_VERSION) if cfg.registered else Const(0)
         taken = Const(0)
@@ -146,6 +147,20 @@ class HeaderClassifier(wiring.Component):
         sender_bit = Const(1, 64) << sender[:6]
         clique = Cat(*(fanin > member for member in range(64)))
         hop1 = Mux(v1 | v3, 0, f("hop1"))
+        level = Mux(v1 | v3 | (expect == 0), clique, expect)
+        level_outside = ~v1 & ~v3 & (expect & ~clique).any()
+        partial_out = hop1 != 0
+        routed = {}
+        if self.routes:
+            # A version 3 frame's level is its clique's route's (the whole clique without one or with a level
+            # of 0), and a route with a parent sends the level's partial there.
+            route_level = Mux(query.routed & (query.level != 0), query.level, clique)
+            route_up = v3 & query.routed & query.up
+            hop1 = Mux(v1, 0, Mux(v3, Mux(route_up, query.parent, 0), f("hop1")))
+            level = Mux(v1 | (~v3 & (expect == 0)), clique, Mux(v3, route_level, expect))
+            level_outside = ~v1 & (Mux(v3, route_level, expect) & ~clique).any()
+            partial_out = Mux(v3, route_up, hop1 != 0)
+            routed = {"parent_port": query.parent_port}
         # Where the frame's hops may send this level's partial (the model's `_route_allowed`): up, never to
         # this aggregator or back to the frame's source, only within the upstream prefix; `hop2` only above
         # a `hop1` and distinct from it and from this aggregator. A version 1 frame has no route to check.
@@ -177,11 +192,10 @@ class HeaderClassifier(wiring.Component):
             "bad_magic": (f("magic") != MAGIC) | ~taken,
             "summed": summed, "partial": is_partial, "v1": v1, "v3": v3, "v3_result": v3_result, "payload": payload,
             "members": Mux(v1 | (bitmap == 0), sender_bit, bitmap),
-            "level": Mux(v1 | v3 | (expect == 0), clique, expect),
-            "level_outside": ~v1 & ~v3 & (expect & ~clique).any(),
+            "level": level, "level_outside": level_outside,
             "hit": hit, "job_bad": v3 & ~hit.any(), "token_bad": v3 & ~(hit & query.token_ok).any(),
             "token": f("token"),
-            "hop1": hop1, "partial_out": hop1 != 0, "route_bad": route_bad,
+            "hop1": hop1, "partial_out": partial_out, "route_bad": route_bad,
             "out_expect": f("hop1_expect"), "out_hop1": hop2_raw, "out_hop1_expect": f("hop2_expect"),
             "result_req": opcode == Opcode.RESULT_REQUEST,
             "stats_req": opcode == Opcode.STATS_REQUEST,
@@ -206,6 +220,7 @@ class HeaderClassifier(wiring.Component):
             "expected_tail": Mux(payload, contribution_end[:shift] + 1, ((FRAME_HEADER_BYTES - 1) & (W - 1)) + 1),
             "len_hdr": result_len_hdr,
             "beats_hdr": (payload_bytes + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES + W - 1)) >> shift,
+            **routed,
         }
 
     def _classify_lengths(self, m):

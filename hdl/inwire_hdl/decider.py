@@ -40,8 +40,9 @@ class Decider(wiring.Component):
         self.header_beats = FRAME_HEADER_BYTES // data_width
         self.slot_bits = max(1, ceil_log2(config.slots))
         jobs = config.limits.jobs if config.registered else 1
+        self.routes = config.limits.routes if config.registered else 0
         super().__init__({
-            "classified": In(classified_signature(data_width, beat_bits, jobs)),
+            "classified": In(classified_signature(data_width, beat_bits, jobs, self.routes)),
             "access": In(access_signature(self.slot_bits, beat_bits)),
             "beats": Out(stream.Signature(queued_beat_layout(data_width))),
             "contexts": Out(stream.Signature(ctx_layout)),
@@ -65,8 +66,10 @@ class Decider(wiring.Component):
         group, count or exponent. A version 1 or 2 frame that causes the output says where it goes: a partial
         to its `hop1` (hops moved up one level) when that is set, else the result to the group. A version 3
         frame was checked against its job's tables, so its group is its job's: a completion's result goes
-        there, a stored result (a retransmission or a result request) to the member that asked alone. Where
-        the frame is dropped these fields are not used."""
+        there, a stored result (a retransmission or a result request) to the member that asked alone; with a
+        route to a parent (`partial_out`) the level's partial goes to the parent's endpoint instead, and a
+        retransmission to a complete slot sends it there again (the model's `_answer`). Where the frame is
+        dropped these fields are not used."""
         W, c3, found = self.data_width, self.classified.frame, self.access.found
         meta3 = found.entry
         ans = Signal(self.ctx_layout)
@@ -74,6 +77,10 @@ class Decider(wiring.Component):
         result_group = Mux(stored, meta3.group, c3.group)
         up = c3.partial_out
         to_source = c3.v3 & stored
+        dst_port = Mux(to_source, c3.udp_sport, self.config.port)
+        if self.routes:
+            to_source = c3.v3 & stored & ~up
+            dst_port = Mux(to_source, c3.udp_sport, Mux(c3.v3 & up, c3.parent_port, self.config.port))
         stats_len = FRAME_HEADER_BYTES + ELEMENT_BYTES * STATS_COUNT
         # Member sets summed into a slot are disjoint (an overlap is DROP_DUPLICATE): counts add up.
         result_fields = {
@@ -87,7 +94,7 @@ class Decider(wiring.Component):
             "hdr_slot": c3.slot_rel, "slot": c3.slot,
             "dst_mac": Mux(up | to_source, self.config.gateway_mac, multicast_mac(0) | result_group[:23]),
             "dst_ip": Mux(up, c3.hop1, Mux(to_source, c3.ip_src, result_group)),
-            "dst_port": Mux(to_source, c3.udp_sport, self.config.port), "token": Mux(c3.v3, c3.token, 0),
+            "dst_port": dst_port, "token": Mux(c3.v3, c3.token, 0),
             "out_len": Mux(stored, found.len_meta, c3.len_hdr),
             "out_beats": Mux(stored, found.beats_meta, c3.beats_hdr),
             "expect": Mux(up, c3.out_expect, 0), "hop1": Mux(up, c3.out_hop1, 0),
@@ -120,7 +127,12 @@ class Decider(wiring.Component):
         with m.If(~c3.pre_pass):
             outcome(c3.pre_disp, c3.pre_action)
         with m.Elif(~c3.summed):
-            with m.If(found.key_match & meta3.complete):
+            answered = found.key_match & meta3.complete
+            if self.routes:
+                # Below the root a result request waits for the result from the parent (the model's
+                # `_result_request`).
+                answered = answered & ~(c3.v3 & c3.partial_out)
+            with m.If(answered):
                 outcome(Disposition.ANSWERED, Action.STORED)
             with m.Else():
                 outcome(Disposition.DROP_NO_RESULT)
