@@ -8,13 +8,14 @@ import re
 import shutil
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from inwire.jobs import CliqueRoute, JobEntry, JobLimits
 from inwire.model import Aggregator as Model
 from inwire.model import AggregatorConfig
-from inwire.packets import frame_field
-from inwire.protocol import JOB_VERSION, Opcode
+from inwire.packets import build_frames, frame_field
+from inwire.protocol import JOB_VERSION, STATUS_OVERFLOW, Opcode
 from inwire_hdl.cocotb.traffic import HOST_IP, Traffic
 from inwire_hdl.job_table import (
     JOB_WORDS,
@@ -157,5 +158,44 @@ def test_the_gateware_below_the_root_sends_its_partial_to_the_parent(width):
     up, group = (Opcode.PARTIAL, *UPPER), (Opcode.RESULT, TREE_JOB["group"], TREE_CONFIG.port)
     assert destinations(expected) == [[], [up], [up], [], [], [group]]
     assert model_stats["drop_no_result"] == 1
+    assert outputs == expected
+    assert gateware_stats == model_stats
+
+
+def from_parent(traffic, count=5, source=UPPER, **fields):
+    """The root's result for the routed clique (all 3 members, overflow flag set), sent from `source`."""
+    fields = {**TREE_JOB, "version": JOB_VERSION, "opcode": Opcode.RESULT, "slot": 1, "round": 7,
+              "clique": ROUTED, "fanin": 3, "sender": 2, "bitmap": 0b111, "contributors": 3,
+              "ip_src": source[0], "udp_sport": source[1], **fields}
+    return bytes(build_frames(traffic.elements(count).astype(np.int64), status=STATUS_OVERFLOW,
+                              **traffic.header(**fields))[0])
+
+
+def relay_frames(traffic):
+    """The level's partial goes up; the result comes back from a stranger (dropped), from the parent
+    (relayed to the group), from the parent again (a duplicate) and with another count (a mismatch); then
+    a member's result request and retransmission get the result, and a result for a slot holding nothing
+    is dropped."""
+    routed = [v3(traffic, sender, ROUTED, 3) for sender in (0, 1)]
+    result = from_parent(traffic)
+    request = traffic.request(count=5, version=JOB_VERSION, slot=1, round=7, clique=ROUTED, fanin=3,
+                              udp_sport=TREE_PORTS[1], **TREE_JOB)
+    return [*routed, from_parent(traffic, source=(UPPER[0] + 1, UPPER[1])),
+            from_parent(traffic, source=(UPPER[0], UPPER[1] + 1)), result, result, from_parent(traffic, count=4),
+            request, routed[0], from_parent(traffic, slot=2)]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("width", [8, 64])
+def test_the_gateware_below_the_root_relays_the_parents_result_down_once(width):
+    if shutil.which("iverilog") is None:
+        pytest.fail("iverilog is not on PATH (run `make setup`)")
+    frames = relay_frames(Traffic(TREE_CONFIG, seed=32))
+    expected, model_stats, outputs, gateware_stats = cosimulate(width, frames)
+    up, group = (Opcode.PARTIAL, *UPPER), (Opcode.RESULT, TREE_JOB["group"], TREE_CONFIG.port)
+    member = [(Opcode.RESULT, HOST_IP, port) for port in TREE_PORTS]
+    assert destinations(expected) == [[], [up], [], [], [group], [], [], [member[1]], [member[0]], []]
+    assert [model_stats[name] for name in ("drop_member", "relayed", "drop_duplicate", "drop_mismatch",
+                                           "drop_no_result")] == [2, 1, 1, 1, 1]
     assert outputs == expected
     assert gateware_stats == model_stats

@@ -158,7 +158,9 @@ class HeaderClassifier(wiring.Component):
             route_up = v3 & query.routed & query.up
             hop1 = Mux(v1, 0, Mux(v3, Mux(route_up, query.parent, 0), f("hop1")))
             level = Mux(v1 | (~v3 & (expect == 0)), clique, Mux(v3, route_level, expect))
-            level_outside = ~v1 & (Mux(v3, route_level, expect) & ~clique).any()
+            # A result coming down holds members of the whole clique (the model's `members_valid`).
+            members = Mux(bitmap == 0, sender_bit, bitmap)
+            level_outside = ~v1 & (Mux(v3_result, members, Mux(v3, route_level, expect)) & ~clique).any()
             partial_out = Mux(v3, route_up, hop1 != 0)
             routed = {"parent_port": query.parent_port}
         # Where the frame's hops may send this level's partial (the model's `_route_allowed`): up, never to
@@ -236,7 +238,7 @@ class HeaderClassifier(wiring.Component):
                 c2.request_len_ok.eq(i1.last & (frame_len == FRAME_HEADER_BYTES)),
                 c2.csum_total.eq(c1.csum_a + c1.csum_b + c1.csum_c),
                 # DROP_SENDER also for members outside the level, or a level member not below the fan-in.
-                c2.sender_bad.eq(c1.sender_bad | c1.level_outside | (c1.members & ~c1.level).any()),
+                c2.sender_bad.eq(c1.sender_bad | c1.level_outside | self.outside_level(c1)),
                 c2.members_full.eq(c1.members == c1.level),
                 c2.member_count.eq(popcount(c1.members)),
                 c2.member_bad.eq(self.source_bad(c1)),
@@ -248,11 +250,21 @@ class HeaderClassifier(wiring.Component):
                      lookup.compare.eq(adv & self.i2.hdr_end)]
         m.d.comb += [getattr(lookup.key, name).eq(getattr(c2, name)) for name in SLOT_KEY.members]
 
+    def outside_level(self, c1):
+        """Whether the frame in C1 holds a member outside its level (a result from the parent, with routes,
+        holds the whole clique: `level_outside` checks it)."""
+        outside = (c1.members & ~c1.level).any()
+        return ~c1.v3_result & outside if self.routes else outside
+
     def source_bad(self, c1):
         """Whether the version 3 frame in C1 comes from where its job's tables do not allow (`member_query`
         answers for C1's frame): a contribution, result request or stats request comes from a member; a
-        partial or a result would come from a child or the parent, which no route here names. A subclass may
-        check otherwise (inwire_hdl.mutants)."""
+        partial would come from a child aggregator, which the tables do not name; a result from the clique's
+        parent (`hop1` and `parent_port` for a route with one). A subclass may check otherwise
+        (inwire_hdl.mutants)."""
+        if self.routes:
+            from_parent = c1.partial_out & (c1.ip_src == c1.hop1) & (c1.udp_sport == c1.parent_port)
+            return c1.v3 & Mux(c1.v3_result, ~from_parent, c1.partial | ~self.member_query.member_ok)
         return c1.v3 & (c1.partial | c1.v3_result | ~self.member_query.member_ok)
 
     def _classify_checks(self, m):
