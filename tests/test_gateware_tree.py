@@ -199,3 +199,17 @@ def test_the_gateware_below_the_root_relays_the_parents_result_down_once(width):
                                            "drop_no_result")] == [2, 1, 1, 1, 1]
     assert outputs == expected
     assert gateware_stats == model_stats
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize(("mutant", "frames", "caught_at"), [
+    ("partial_to_group", partial_to_parent_frames, 1),  # the level's sums to the group, not to the parent
+    ("relay_twice", relay_frames, 5),  # the parent's result relayed a second time
+])
+def test_the_tree_tests_catch_the_tree_mutants(mutant, frames, caught_at):
+    if shutil.which("iverilog") is None:
+        pytest.fail("iverilog is not on PATH (run `make setup`)")
+    expected, _, outputs, _ = cosimulate(8, frames(Traffic(TREE_CONFIG, seed=33)), mutant=mutant)
+    first_difference = next(index for index, (want, got) in enumerate(zip(expected, outputs, strict=True))
+                            if want != got)
+    assert first_difference == caught_at
