@@ -137,7 +137,7 @@ class HeaderClassifier(wiring.Component):
             taken = taken | v1 | (f("version") == VERSION)
         if cfg.registered:
             taken = taken | v3
-        # A result coming down a tree: only version 3 takes one, from a clique's parent (none here).
+        # A result coming down a tree: only version 3 takes one, from a clique's parent (with routes).
         v3_result = v3 & (opcode == Opcode.RESULT)
         with_trailer = is_partial | v3_result
         payload = summed | v3_result
