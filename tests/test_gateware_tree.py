@@ -1,7 +1,8 @@
 """A registered job's tree route in the gateware's job tables (inwire_hdl.job_table): the route words of
 the control map, the writes that install them, and (co-simulated with the golden model at both widths)
-the gateware below the root of a registered tree: its level's partial to the parent, the parent's result
-relayed down to the group."""
+the gateware in a registered tree, as a leaf, a middle and a root aggregator: its children's partials
+taken, its level's partial to the parent, the parent's result relayed down to the group; and the tree's
+mutants caught."""
 
 import pathlib
 import re
@@ -18,6 +19,7 @@ from inwire.packets import build_frames, frame_field
 from inwire.protocol import JOB_VERSION, STATUS_OVERFLOW, Opcode
 from inwire_hdl.cocotb.traffic import HOST_IP, Traffic
 from inwire_hdl.job_table import (
+    CHILD_WORDS,
     JOB_WORDS,
     ROUTE_WORDS,
     TREE_LIMITS,
@@ -70,29 +72,57 @@ def test_install_refuses_what_the_route_words_cannot_hold():
     with pytest.raises(ValueError, match="job 77: 3 routes, more than the 2 an entry holds"):
         MAP.install(0, routed_entry(many), base=0, new=True)
     with_child = {4: CliqueRoute(level=0b11, parent=PARENT, children={(0x0A000203, 7002): 0b10})}
-    with pytest.raises(ValueError, match="job 77, clique 4: the gateware takes no partials from child aggregators"):
+    with pytest.raises(ValueError, match="job 77, clique 4: 1 child aggregators, more than the 0 a route holds"):
         MAP.install(0, routed_entry(with_child), base=0, new=True)
 
 
-def test_check_limits_takes_routes_and_refuses_children():
+def test_install_writes_children_in_endpoint_order_before_their_routes_valid_bit():
+    routed = ControlMap(jobs=1, members=2, routes=1, children=2)
+    assert routed.stride == 32 and routed.route_stride == 13  # 7 + 4 + 13 words
+    child, other = (0x0A000203, 7002), (0x0A000204, 7001)
+    entry = routed_entry({4: CliqueRoute(level=0b11 << 32 | 0b0110, parent=PARENT, children={other: 1 << 33,
+                                                                                          child: 0b0110})})
+    writes = routed.install(0, entry, base=0, new=True)
+    words, order = dict(writes), [address for address, _ in writes]
+    first = {name: routed.child_word(0, 0, 0, name) for name in CHILD_WORDS}
+    assert first["child_address"] == routed.route_word(0, 0, "parent_port") + 1
+    assert [words[first[name]] for name in CHILD_WORDS] == [child[0], 0b0110, 0, child[1] | 1 << 16]
+    second = routed.child_word(0, 0, 1, "child_members_high")
+    assert words[second] == 2 and words[second + 1] == other[1] | 1 << 16
+    assert max(order.index(address) for address in first.values()) < order.index(routed.route_word(0, 0, "clique"))
+    lone = routed.install(0, routed_entry({4: CliqueRoute(level=0b11, children={child: 0b10})}), base=0, new=True)
+    assert dict(lone)[routed.child_word(0, 0, 1, "child_port")] == 0  # the unused child is written invalid
+
+
+def test_check_limits_takes_routes_and_children_within_the_gateware():
     check_limits(TREE_LIMITS)
     with pytest.raises(ValueError, match="0 to 8 routes per job, got 9"):
         check_limits(replace(TREE_LIMITS, routes=9))
-    with pytest.raises(ValueError, match="takes no partials from child aggregators"):
-        check_limits(JobLimits(jobs=4, members=8, routes=2, children=1, unicast_results=False))
+    with pytest.raises(ValueError, match="0 to 4 child aggregators per route .none without routes., got 5 with 2"):
+        check_limits(replace(TREE_LIMITS, children=5))
+    with pytest.raises(ValueError, match="got 1 with 0 routes"):
+        check_limits(JobLimits(jobs=4, members=8, routes=0, children=1, unicast_results=False))
+    with pytest.raises(ValueError, match="holds no job without a group"):
+        check_limits(replace(TREE_LIMITS, unicast_results=True))
 
 
 def test_the_routed_register_map_in_docs_is_the_control_maps():
     doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "board.md").read_text()
-    routed = ControlMap(4, 8, 2)
+    routed = ControlMap(4, 8, 2, 2)
     assert routed.markdown() in doc
     rows = {name: (int(stride), int(offset), int(words)) for stride, offset, words, name in
             re.findall(r"^\| (\d+)·e \+ (\d+) \+ (\d+)·r \| `(\w+)` \|", doc, re.MULTILINE)}
-    assert set(rows) == set(ROUTE_WORDS)
+    children = {name: tuple(int(number) for number in numbers) for *numbers, name in
+                re.findall(r"^\| (\d+)·e \+ (\d+) \+ (\d+)·r \+ (\d+)·c \| `(\w+)` \|", doc, re.MULTILINE)}
+    assert set(rows) == set(ROUTE_WORDS) and set(children) == set(CHILD_WORDS)
     for index in range(routed.jobs):
         for route in range(routed.routes):
             for name, (stride, offset, words) in rows.items():
                 assert stride * index + offset + words * route == routed.route_word(index, route, name)
+            for child in range(routed.children):
+                for name, (stride, offset, words, child_words) in children.items():
+                    assert (stride * index + offset + words * route + child_words * child
+                            == routed.child_word(index, route, child, name))
 
 
 TREE_CONFIG = AggregatorConfig(slots=4, max_elements=16, max_fanin=4, registered=True, limits=TREE_LIMITS)
@@ -127,16 +157,16 @@ def partial_to_parent_frames(traffic):
     return [*routed, routed[0], request, *flat]
 
 
-def cosimulate(width, frames, mutant=None):
-    """The model's and the gateware's outputs per frame and their counters, both holding `tree_job`."""
+def cosimulate(width, frames, mutant=None, job=tree_job):
+    """The model's and the gateware's outputs per frame and their counters, both holding `job()`."""
     from inwire_hdl.cosim import CoSimulation
 
     model = Model(TREE_CONFIG)
-    model.install(tree_job())
+    model.install(job())
     expected = [model.process(frame) for frame in frames]
     gateware = CoSimulation("icarus", width, TREE_CONFIG, mutant=mutant)
     try:
-        gateware.install(tree_job())
+        gateware.install(job())
         outputs = [gateware.process(frame) for frame in frames]
         return expected, model.stats(), outputs, gateware.stats()
     finally:
@@ -213,3 +243,52 @@ def test_the_tree_tests_catch_the_tree_mutants(mutant, frames, caught_at):
     first_difference = next(index for index, (want, got) in enumerate(zip(expected, outputs, strict=True))
                             if want != got)
     assert first_difference == caught_at
+
+
+CHILD = (0x0A000005, 7005)
+"""A child aggregator below the gateware: it gathers members 1 and 2 of each clique below."""
+MIDDLE, ROOT = 6, 8
+"""Clique MIDDLE (fan-in 4) is routed through the gateware in the middle of a three-level tree: it gathers
+member 0 itself and members 1 and 2 through CHILD, and sends the level's partial to UPPER (member 3 is
+UPPER's). Clique ROOT (fan-in 3) is rooted here: member 0 here, members 1 and 2 through CHILD."""
+
+
+def job_with_children():
+    return JobEntry(slots=4, members={(HOST_IP, port) for port in TREE_PORTS}, routes={
+        MIDDLE: CliqueRoute(level=0b0111, parent=UPPER, children={CHILD: 0b0110}),
+        ROOT: CliqueRoute(children={CHILD: 0b0110})}, **TREE_JOB)
+
+
+def from_child(traffic, clique, fanin, bitmap=0b0110, source=CHILD, **fields):
+    fields = {**TREE_JOB, "version": JOB_VERSION, "round": 7, "clique": clique, "fanin": fanin, "sender": 1,
+              "bitmap": bitmap, "contributors": bitmap.bit_count(), "ip_src": source[0], "udp_sport": source[1],
+              **fields}
+    return traffic.partial(traffic.elements(5), **fields)
+
+
+def children_frames(traffic):
+    """The middle clique: the child's partial, one from a stranger and one holding a member the child does not
+    hold (both dropped), the gateware's own member (the level complete: its partial up), the parent's result
+    (relayed to the group). The root clique: its member and the child's partial (the result to the group),
+    the child's partial again (the result to the child alone), and a result claiming to come from the parent
+    the root clique does not have (dropped)."""
+    middle = from_child(traffic, MIDDLE, 4, slot=1)
+    root = from_child(traffic, ROOT, 3, slot=2)
+    return [middle, from_child(traffic, MIDDLE, 4, slot=1, source=(CHILD[0], CHILD[1] + 1)),
+            from_child(traffic, MIDDLE, 4, slot=1, bitmap=0b1010),
+            v3(traffic, 0, MIDDLE, 4, slot=1), from_parent(traffic, clique=MIDDLE, fanin=4, bitmap=0b1111),
+            v3(traffic, 0, ROOT, 3, slot=2), root, root, from_parent(traffic, clique=ROOT, slot=2)]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("width", [8, 64])
+def test_the_gateware_in_the_middle_and_at_the_root_takes_its_childrens_partials(width):
+    if shutil.which("iverilog") is None:
+        pytest.fail("iverilog is not on PATH (run `make setup`)")
+    frames = children_frames(Traffic(TREE_CONFIG, seed=34))
+    expected, model_stats, outputs, gateware_stats = cosimulate(width, frames, job=job_with_children)
+    up, group = (Opcode.PARTIAL, *UPPER), (Opcode.RESULT, TREE_JOB["group"], TREE_CONFIG.port)
+    assert destinations(expected) == [[], [], [], [up], [group], [], [group], [(Opcode.RESULT, *CHILD)], []]
+    assert frame_field(expected[3][0], "bitmap") == 0b0111 and model_stats["drop_member"] == 3
+    assert outputs == expected
+    assert gateware_stats == model_stats

@@ -58,12 +58,13 @@ class HeaderClassifier(wiring.Component):
         self.slot_bits = max(1, ceil_log2(config.slots))
         self.jobs = config.limits.jobs if config.registered else 1
         self.routes = config.limits.routes if config.registered else 0
+        self.children = config.limits.children if config.registered else 0
         super().__init__({
             "s_axis_tdata": In(8 * data_width), "s_axis_tkeep": In(data_width), "s_axis_tlast": In(1),
             "s_axis_tvalid": In(1), "s_axis_tready": Out(1), "lease_tick": In(1),
             "lookup": Out(lookup_signature(self.slot_bits)),
-            "classified": Out(classified_signature(data_width, beat_bits, self.jobs, self.routes)),
-            "jobs_query": Out(query_signature(self.jobs, self.slot_bits, self.routes)),
+            "classified": Out(classified_signature(data_width, beat_bits, self.jobs, self.routes, self.children)),
+            "jobs_query": Out(query_signature(self.jobs, self.slot_bits, self.routes, self.children)),
             "member_query": Out(member_query_signature(self.jobs)),
         })
         # Kept here, not in `elaborate`, so that `header_class` (and a subclass's) can read them.
@@ -71,7 +72,7 @@ class HeaderClassifier(wiring.Component):
         self.i0, self.i1, self.i2 = (Signal(stage, name=f"i{n}") for n in range(3))
         self.header = header_register("hdr")
         self.header_time = Signal(TIME_BITS)
-        cls = frame_class_layout(data_width, beat_bits, self.jobs, self.routes)
+        cls = frame_class_layout(data_width, beat_bits, self.jobs, self.routes, self.children)
         self.c1, self.c2 = Signal(cls, name="c1"), Signal(cls, name="c2")
 
     def elaborate(self, platform):
@@ -111,6 +112,13 @@ class HeaderClassifier(wiring.Component):
         """C1: everything that needs only the header, the job tables asked about the frame's job."""
         asked = ("job", "token", "group", "slot", "clique") if self.routes else ("job", "token", "group", "slot")
         m.d.comb += [getattr(self.jobs_query, name).eq(field_value(self.header, name)) for name in asked]
+        if self.children:
+            # A partial's source and members, for the child aggregators of its clique's route.
+            bitmap = field_value(self.header, "bitmap")
+            sender_bit = Const(1, 64) << field_value(self.header, "sender")[:6]
+            m.d.comb += [self.jobs_query.address.eq(field_value(self.header, "ip_src")),
+                         self.jobs_query.port.eq(field_value(self.header, "udp_sport")),
+                         self.jobs_query.members.eq(Mux(bitmap == 0, sender_bit, bitmap))]
         with m.If(self.classified.advance & self.i0.hdr_end):
             m.d.sync += [getattr(self.c1, name).eq(value) for name, value in self.header_class().items()]
 
@@ -163,6 +171,8 @@ class HeaderClassifier(wiring.Component):
             level_outside = ~v1 & (Mux(v3_result, members, Mux(v3, route_level, expect)) & ~clique).any()
             partial_out = Mux(v3, route_up, hop1 != 0)
             routed = {"parent_port": query.parent_port}
+            if self.children:
+                routed["child_ok"] = query.child_ok
         # Where the frame's hops may send this level's partial (the model's `_route_allowed`): up, never to
         # this aggregator or back to the frame's source, only within the upstream prefix; `hop2` only above
         # a `hop1` and distinct from it and from this aggregator. A version 1 frame has no route to check.
@@ -259,12 +269,14 @@ class HeaderClassifier(wiring.Component):
     def source_bad(self, c1):
         """Whether the version 3 frame in C1 comes from where its job's tables do not allow (`member_query`
         answers for C1's frame): a contribution, result request or stats request comes from a member; a
-        partial would come from a child aggregator, which the tables do not name; a result from the clique's
-        parent (`hop1` and `parent_port` for a route with one). A subclass may check otherwise
-        (inwire_hdl.mutants)."""
+        partial from a child aggregator of its clique's route holding none but that child's members
+        (`child_ok`, with children in the tables); a result from the clique's parent (`hop1` and
+        `parent_port` for a route with one). A subclass may check otherwise (inwire_hdl.mutants)."""
         if self.routes:
             from_parent = c1.partial_out & (c1.ip_src == c1.hop1) & (c1.udp_sport == c1.parent_port)
-            return c1.v3 & Mux(c1.v3_result, ~from_parent, c1.partial | ~self.member_query.member_ok)
+            from_child = c1.child_ok if self.children else Const(0)
+            return c1.v3 & Mux(c1.v3_result, ~from_parent,
+                               Mux(c1.partial, ~from_child, ~self.member_query.member_ok))
         return c1.v3 & (c1.partial | c1.v3_result | ~self.member_query.member_ok)
 
     def _classify_checks(self, m):

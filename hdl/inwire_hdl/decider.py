@@ -42,7 +42,8 @@ class Decider(wiring.Component):
         jobs = config.limits.jobs if config.registered else 1
         self.routes = config.limits.routes if config.registered else 0
         super().__init__({
-            "classified": In(classified_signature(data_width, beat_bits, jobs, self.routes)),
+            "classified": In(classified_signature(data_width, beat_bits, jobs, self.routes,
+                                                 config.limits.children if config.registered else 0)),
             "access": In(access_signature(self.slot_bits, beat_bits)),
             "beats": Out(stream.Signature(queued_beat_layout(data_width))),
             "contexts": Out(stream.Signature(ctx_layout)),

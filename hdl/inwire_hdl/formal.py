@@ -739,7 +739,8 @@ class Harness(Elaboratable):
     def _entry_writes(self, job, token, group, address, port):
         """The control writes of entry 0 (the job, its token, group and one member; slots 0 to `slots` - 1),
         its valid word not among them."""
-        control = ControlMap(self.config.limits.jobs, self.config.limits.members, self.config.limits.routes)
+        control = ControlMap(self.config.limits.jobs, self.config.limits.members, self.config.limits.routes,
+                             self.config.limits.children)
         member_address, member_port = control.member_words(0, 0)
         return [(control.word(0, "job"), job), (control.word(0, "token_low"), token[:32]),
                 (control.word(0, "token_high"), token[32:]), (control.word(0, "quota"), Const(self.config.slots, 32)),
@@ -749,7 +750,8 @@ class Harness(Elaboratable):
         """Drives `writes` and then entry 0's valid word through the control interface, one a cycle from the
         cycle after reset; the input opens once they are written."""
         dut = self.dut
-        control = ControlMap(self.config.limits.jobs, self.config.limits.members, self.config.limits.routes)
+        control = ControlMap(self.config.limits.jobs, self.config.limits.members, self.config.limits.routes,
+                             self.config.limits.children)
         writes = [*writes, (control.word(0, "valid"), Const(1, 32))]
         step = Signal(range(len(writes) + 1))
         with m.If(self.past_ok & (step < len(writes))):
@@ -770,7 +772,7 @@ class Harness(Elaboratable):
         parent, parent_port = AnyConst(32), AnyConst(16)
         group = Cat(AnyConst(24), Const(0xEF, 8))
         clique = 2
-        control = ControlMap(cfg.limits.jobs, cfg.limits.members, cfg.limits.routes)
+        control = ControlMap(cfg.limits.jobs, cfg.limits.members, cfg.limits.routes, cfg.limits.children)
         self._write_tables(m, [*self._entry_writes(job, token, group, address, port),
                                (control.route_word(0, 0, "parent_address"), parent),
                                (control.route_word(0, 0, "parent_port"), Cat(parent_port, Const(1, 16))),
@@ -1124,8 +1126,8 @@ def _checks():
                            **(dict(deep=("real", "cover")) if narrow else {})))
     # The tables take 12 cycles to write, then two frames: at 64 bytes (3 beats each) the first partial leaves
     # at step 26, the second has left whole at step 32 (the cover's). At 8 bytes each frame is 17 beats: the
-    # second leaves at about step 82, minutes, `--deep` only.
-    for width, depth in ((64, 34), (8, 86)):
+    # second has left whole at step 74 (cover: 475 s), `--deep` only.
+    for width, depth in ((64, 34), (8, 78)):
         narrow = width == 8
         table.append(Check("tree_partial_to_parent", TREE_PARTIAL, "tree", ("partial_to_parent",), width, "bmc",
                            depth, cover_depth=depth, config=JOB_TREE, steady=True, frames=2,
