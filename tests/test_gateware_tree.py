@@ -5,6 +5,7 @@ taken, its level's partial to the parent, the parent's result relayed down to th
 mutants caught."""
 
 import pathlib
+import random
 import re
 import shutil
 from dataclasses import replace
@@ -290,5 +291,40 @@ def test_the_gateware_in_the_middle_and_at_the_root_takes_its_childrens_partials
     up, group = (Opcode.PARTIAL, *UPPER), (Opcode.RESULT, TREE_JOB["group"], TREE_CONFIG.port)
     assert destinations(expected) == [[], [], [], [up], [group], [], [group], [(Opcode.RESULT, *CHILD)], []]
     assert frame_field(expected[3][0], "bitmap") == 0b0111 and model_stats["drop_member"] == 3
+    assert outputs == expected
+    assert gateware_stats == model_stats
+
+
+def mixed_tree_frames(traffic, rounds=5):
+    """Rounds of both cliques of `job_with_children`, each frame from where the tables allow or (one in
+    five) from a stranger, the parent's result sometimes before the level is complete, copies of frames and
+    result requests among them, the frames of neighbouring rounds interleaved: the model decides each."""
+    chooser = random.Random(35)
+    stranger = (UPPER[0] + 7, UPPER[1])
+    timed = []
+    for round_ in range(1, rounds + 1):
+        fields = dict(round=round_)
+        middle = [from_child(traffic, MIDDLE, 4, slot=1, **fields), v3(traffic, 0, MIDDLE, 4, slot=1, **fields),
+                  from_parent(traffic, clique=MIDDLE, fanin=4, bitmap=0b1111, **fields)]
+        root = [v3(traffic, 0, ROOT, 3, slot=2, **fields), from_child(traffic, ROOT, 3, slot=2, **fields)]
+        requests = [traffic.request(count=5, version=JOB_VERSION, slot=slot, clique=clique, fanin=fanin,
+                                    udp_sport=TREE_PORTS[1], **TREE_JOB, **fields)
+                    for slot, clique, fanin in ((1, MIDDLE, 4), (2, ROOT, 3))]
+        frames = middle + root + requests + [chooser.choice(middle + root) for _ in range(2)]
+        if chooser.random() < 0.2:
+            frames.append(from_parent(traffic, clique=MIDDLE, fanin=4, bitmap=0b1111, source=stranger, **fields))
+        timed += [(round_ + chooser.random() * 1.5, frame) for frame in frames]
+    return [frame for _, frame in sorted(timed, key=lambda pair: pair[0])]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("width", [8, 64])
+def test_mixed_tree_traffic_matches_the_model(width):
+    if shutil.which("iverilog") is None:
+        pytest.fail("iverilog is not on PATH (run `make setup`)")
+    frames = mixed_tree_frames(Traffic(TREE_CONFIG, seed=36))
+    expected, model_stats, outputs, gateware_stats = cosimulate(width, frames, job=job_with_children)
+    assert all(model_stats[name] for name in ("relayed", "partials_emitted", "results_emitted", "answered",
+                                              "drop_no_result", "drop_duplicate"))
     assert outputs == expected
     assert gateware_stats == model_stats
