@@ -18,9 +18,10 @@ from amaranth.lib import wiring
 from inwire.model import AggregatorConfig
 from inwire_hdl import mutants
 from inwire_hdl.aggregator import Aggregator
-from inwire_hdl.job_table import GATEWARE_LIMITS
+from inwire_hdl.job_table import TREE_LIMITS
 
-CONFIG = AggregatorConfig(slots=2, max_elements=8, max_fanin=4, registered=True, limits=GATEWARE_LIMITS)
+CONFIG = AggregatorConfig(slots=2, max_elements=8, max_fanin=4, registered=True, limits=TREE_LIMITS)
+"""Job tables with routes: the tree's mutants break what only such tables have."""
 WIDTH = 8
 COMPONENTS = ("classifier", "slot_table", "decider", "assembler")
 INSIDE = {"stale_memory": "assembler", "no_lease": "decider", "lease_early": "decider",
@@ -28,7 +29,8 @@ INSIDE = {"stale_memory": "assembler", "no_lease": "decider", "lease_early": "de
           "stale_claims": "decider", "lease_unwrapped": "decider", "stamp_at_claim": "decider",
           "carry_lost": "assembler", "carry_counted": "assembler", "hop2_expect_lost": "classifier",
           "members_low32": "classifier", "partials_resend_uncounted": "assembler", "source_route": "classifier",
-          "token_unchecked": "classifier", "source_unchecked": "classifier"}
+          "token_unchecked": "classifier", "source_unchecked": "classifier", "partial_to_group": "classifier",
+          "relay_twice": "decider"}
 """Each inside mutant and the component it breaks."""
 PORT = [name for name in mutants.MUTANTS if name not in INSIDE]
 

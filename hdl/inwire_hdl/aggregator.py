@@ -18,7 +18,10 @@ own trailer flag is or'ed into the slot's overflow flag as it goes by. Hops that
 this aggregator, back to the frame's source or outside the upstream prefix (`config.upstream_prefix`)
 are dropped before the slot table (DROP_ROUTE); a frame older than its job's owner of the slot (an
 earlier round, or an earlier chunk of the same round and clique) is dropped (DROP_STALE) until the
-slot's lease runs out, whether the slot is complete or not.
+slot's lease runs out, whether the slot is complete or not. Registered jobs (version 3) take their level
+and parent from the job tables' clique routes instead (`job_table`, with `limits.routes`): partials come
+from the route's child aggregators alone, the level's partial goes to the parent, and the parent's result
+is relayed to the group once.
 
 Output side: pops beats in order; a frame starts only when its context is there, which is what makes the
 beat FIFO the header delay line. Stage R loads a beat and reads the slot's sum memory (one word per beat);

@@ -314,6 +314,8 @@ class OutputAssembler(wiring.Component):
                 # The job dispositions never occur without job tables, nor RELAYED without routes: their
                 # counters stay 0, as the model's do for such an aggregator, and cost no logic.
                 never = set(JOB_DISPOSITIONS) if not self.config.registered else {Disposition.RELAYED}
+                if self.config.registered and self.config.limits.routes:
+                    never = set()
                 for disposition in (d for d in Disposition if d not in never):
                     counter = counters[index[disposition.name.lower()]]
                     with m.If(final == disposition):

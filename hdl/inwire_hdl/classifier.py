@@ -57,12 +57,14 @@ class HeaderClassifier(wiring.Component):
         self.header_beats = FRAME_HEADER_BYTES // data_width
         self.slot_bits = max(1, ceil_log2(config.slots))
         self.jobs = config.limits.jobs if config.registered else 1
+        self.routes = config.limits.routes if config.registered else 0
+        self.children = config.limits.children if config.registered else 0
         super().__init__({
             "s_axis_tdata": In(8 * data_width), "s_axis_tkeep": In(data_width), "s_axis_tlast": In(1),
             "s_axis_tvalid": In(1), "s_axis_tready": Out(1), "lease_tick": In(1),
             "lookup": Out(lookup_signature(self.slot_bits)),
-            "classified": Out(classified_signature(data_width, beat_bits, self.jobs)),
-            "jobs_query": Out(query_signature(self.jobs, self.slot_bits)),
+            "classified": Out(classified_signature(data_width, beat_bits, self.jobs, self.routes, self.children)),
+            "jobs_query": Out(query_signature(self.jobs, self.slot_bits, self.routes, self.children)),
             "member_query": Out(member_query_signature(self.jobs)),
         })
         # Kept here, not in `elaborate`, so that `header_class` (and a subclass's) can read them.
@@ -70,7 +72,7 @@ class HeaderClassifier(wiring.Component):
         self.i0, self.i1, self.i2 = (Signal(stage, name=f"i{n}") for n in range(3))
         self.header = header_register("hdr")
         self.header_time = Signal(TIME_BITS)
-        cls = frame_class_layout(data_width, beat_bits, self.jobs)
+        cls = frame_class_layout(data_width, beat_bits, self.jobs, self.routes, self.children)
         self.c1, self.c2 = Signal(cls, name="c1"), Signal(cls, name="c2")
 
     def elaborate(self, platform):
@@ -108,8 +110,15 @@ class HeaderClassifier(wiring.Component):
 
     def _classify_header(self, m):
         """C1: everything that needs only the header, the job tables asked about the frame's job."""
-        m.d.comb += [getattr(self.jobs_query, name).eq(field_value(self.header, name))
-                     for name in ("job", "token", "group", "slot")]
+        asked = ("job", "token", "group", "slot", "clique") if self.routes else ("job", "token", "group", "slot")
+        m.d.comb += [getattr(self.jobs_query, name).eq(field_value(self.header, name)) for name in asked]
+        if self.children:
+            # A partial's source and members, for the child aggregators of its clique's route.
+            bitmap = field_value(self.header, "bitmap")
+            sender_bit = Const(1, 64) << field_value(self.header, "sender")[:6]
+            m.d.comb += [self.jobs_query.address.eq(field_value(self.header, "ip_src")),
+                         self.jobs_query.port.eq(field_value(self.header, "udp_sport")),
+                         self.jobs_query.members.eq(Mux(bitmap == 0, sender_bit, bitmap))]
         with m.If(self.classified.advance & self.i0.hdr_end):
             m.d.sync += [getattr(self.c1, name).eq(value) for name, value in self.header_class().items()]
 
@@ -127,8 +136,8 @@ class HeaderClassifier(wiring.Component):
         summed = (opcode == Opcode.CONTRIBUTION) | is_partial
         # A version 1 frame reads as one with every tree field 0: its sender alone, the whole clique, the root.
         v1 = f("version") == 1
-        # Version 3: a registered job's frame. Its level is its clique at this aggregator (the tables hold no
-        # routes: the whole clique), its route none, and its slot one of its job's range.
+        # Version 3: a registered job's frame. Its level is its clique at this aggregator (the whole clique
+        # unless the tables hold a route for it), its route the tables', and its slot one of its job's range.
         # (Without job tables version 3 is dropped as any version not taken: no logic follows it.)
         v3 = (f("version") == JOB_VERSION) if cfg.registered else Const(0)
         taken = Const(0)
@@ -136,7 +145,7 @@ class HeaderClassifier(wiring.Component):
             taken = taken | v1 | (f("version") == VERSION)
         if cfg.registered:
             taken = taken | v3
-        # A result coming down a tree: only version 3 takes one, from a clique's parent (none here).
+        # A result coming down a tree: only version 3 takes one, from a clique's parent (with routes).
         v3_result = v3 & (opcode == Opcode.RESULT)
         with_trailer = is_partial | v3_result
         payload = summed | v3_result
@@ -146,6 +155,24 @@ class HeaderClassifier(wiring.Component):
         sender_bit = Const(1, 64) << sender[:6]
         clique = Cat(*(fanin > member for member in range(64)))
         hop1 = Mux(v1 | v3, 0, f("hop1"))
+        level = Mux(v1 | v3 | (expect == 0), clique, expect)
+        level_outside = ~v1 & ~v3 & (expect & ~clique).any()
+        partial_out = hop1 != 0
+        routed = {}
+        if self.routes:
+            # A version 3 frame's level is its clique's route's (the whole clique without one or with a level
+            # of 0), and a route with a parent sends the level's partial there.
+            route_level = Mux(query.routed & (query.level != 0), query.level, clique)
+            route_up = v3 & query.routed & query.up
+            hop1 = Mux(v1, 0, Mux(v3, Mux(route_up, query.parent, 0), f("hop1")))
+            level = Mux(v1 | (~v3 & (expect == 0)), clique, Mux(v3, route_level, expect))
+            # A result coming down holds members of the whole clique (the model's `members_valid`).
+            members = Mux(bitmap == 0, sender_bit, bitmap)
+            level_outside = ~v1 & (Mux(v3_result, members, Mux(v3, route_level, expect)) & ~clique).any()
+            partial_out = Mux(v3, route_up, hop1 != 0)
+            routed = {"parent_port": query.parent_port}
+            if self.children:
+                routed["child_ok"] = query.child_ok
         # Where the frame's hops may send this level's partial (the model's `_route_allowed`): up, never to
         # this aggregator or back to the frame's source, only within the upstream prefix; `hop2` only above
         # a `hop1` and distinct from it and from this aggregator. A version 1 frame has no route to check.
@@ -177,11 +204,10 @@ class HeaderClassifier(wiring.Component):
             "bad_magic": (f("magic") != MAGIC) | ~taken,
             "summed": summed, "partial": is_partial, "v1": v1, "v3": v3, "v3_result": v3_result, "payload": payload,
             "members": Mux(v1 | (bitmap == 0), sender_bit, bitmap),
-            "level": Mux(v1 | v3 | (expect == 0), clique, expect),
-            "level_outside": ~v1 & ~v3 & (expect & ~clique).any(),
+            "level": level, "level_outside": level_outside,
             "hit": hit, "job_bad": v3 & ~hit.any(), "token_bad": v3 & ~(hit & query.token_ok).any(),
             "token": f("token"),
-            "hop1": hop1, "partial_out": hop1 != 0, "route_bad": route_bad,
+            "hop1": hop1, "partial_out": partial_out, "route_bad": route_bad,
             "out_expect": f("hop1_expect"), "out_hop1": hop2_raw, "out_hop1_expect": f("hop2_expect"),
             "result_req": opcode == Opcode.RESULT_REQUEST,
             "stats_req": opcode == Opcode.STATS_REQUEST,
@@ -206,6 +232,7 @@ class HeaderClassifier(wiring.Component):
             "expected_tail": Mux(payload, contribution_end[:shift] + 1, ((FRAME_HEADER_BYTES - 1) & (W - 1)) + 1),
             "len_hdr": result_len_hdr,
             "beats_hdr": (payload_bytes + (FRAME_HEADER_BYTES + RESULT_TRAILER_BYTES + W - 1)) >> shift,
+            **routed,
         }
 
     def _classify_lengths(self, m):
@@ -221,7 +248,7 @@ class HeaderClassifier(wiring.Component):
                 c2.request_len_ok.eq(i1.last & (frame_len == FRAME_HEADER_BYTES)),
                 c2.csum_total.eq(c1.csum_a + c1.csum_b + c1.csum_c),
                 # DROP_SENDER also for members outside the level, or a level member not below the fan-in.
-                c2.sender_bad.eq(c1.sender_bad | c1.level_outside | (c1.members & ~c1.level).any()),
+                c2.sender_bad.eq(c1.sender_bad | c1.level_outside | self.outside_level(c1)),
                 c2.members_full.eq(c1.members == c1.level),
                 c2.member_count.eq(popcount(c1.members)),
                 c2.member_bad.eq(self.source_bad(c1)),
@@ -233,11 +260,23 @@ class HeaderClassifier(wiring.Component):
                      lookup.compare.eq(adv & self.i2.hdr_end)]
         m.d.comb += [getattr(lookup.key, name).eq(getattr(c2, name)) for name in SLOT_KEY.members]
 
+    def outside_level(self, c1):
+        """Whether the frame in C1 holds a member outside its level (a result from the parent, with routes,
+        holds the whole clique: `level_outside` checks it)."""
+        outside = (c1.members & ~c1.level).any()
+        return ~c1.v3_result & outside if self.routes else outside
+
     def source_bad(self, c1):
         """Whether the version 3 frame in C1 comes from where its job's tables do not allow (`member_query`
         answers for C1's frame): a contribution, result request or stats request comes from a member; a
-        partial or a result would come from a child or the parent, which no route here names. A subclass may
-        check otherwise (inwire_hdl.mutants)."""
+        partial from a child aggregator of its clique's route holding none but that child's members
+        (`child_ok`, with children in the tables); a result from the clique's parent (`hop1` and
+        `parent_port` for a route with one). A subclass may check otherwise (inwire_hdl.mutants)."""
+        if self.routes:
+            from_parent = c1.partial_out & (c1.ip_src == c1.hop1) & (c1.udp_sport == c1.parent_port)
+            from_child = c1.child_ok if self.children else Const(0)
+            return c1.v3 & Mux(c1.v3_result, ~from_parent,
+                               Mux(c1.partial, ~from_child, ~self.member_query.member_ok))
         return c1.v3 & (c1.partial | c1.v3_result | ~self.member_query.member_ok)
 
     def _classify_checks(self, m):

@@ -48,9 +48,10 @@ def receive_exactly(connection, size):
 
 
 class CoSimulation:
-    def __init__(self, simulator, data_width, config):
+    def __init__(self, simulator, data_width, config, mutant=None):
+        """`mutant`: the broken aggregator of that name (`inwire_hdl.mutants`) in place of the real one."""
         self.config = config
-        runner, run_dir = build(simulator, data_width, config)
+        runner, run_dir = build(simulator, data_width, config, mutant=mutant)
         self.scratch = tempfile.TemporaryDirectory(prefix="inwire-cosim-")
         path = str(Path(self.scratch.name) / "cosim.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

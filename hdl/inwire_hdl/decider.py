@@ -40,8 +40,10 @@ class Decider(wiring.Component):
         self.header_beats = FRAME_HEADER_BYTES // data_width
         self.slot_bits = max(1, ceil_log2(config.slots))
         jobs = config.limits.jobs if config.registered else 1
+        self.routes = config.limits.routes if config.registered else 0
         super().__init__({
-            "classified": In(classified_signature(data_width, beat_bits, jobs)),
+            "classified": In(classified_signature(data_width, beat_bits, jobs, self.routes,
+                                                 config.limits.children if config.registered else 0)),
             "access": In(access_signature(self.slot_bits, beat_bits)),
             "beats": Out(stream.Signature(queued_beat_layout(data_width))),
             "contexts": Out(stream.Signature(ctx_layout)),
@@ -50,6 +52,13 @@ class Decider(wiring.Component):
         # decider (inwire_hdl.mutants) can use it.
         self.decision = Signal(data.StructLayout({"disp": Disposition, "action": Action, "fresh": 1, "reclaim": 1,
                                                   "expire": 1, "complete": 1}))
+        # With routes, per slot: its owner's result came down from the parent (the model's `Slot.final`). Set
+        # by a relay's commit, cleared by any other: a slot is claimed anew only by a commit.
+        self.final = Signal(config.slots) if self.routes else None
+
+    def final_now(self):
+        """Whether the slot of the frame in C3 holds its owner's result from the parent (with routes)."""
+        return self.final.bit_select(self.classified.frame.slot[:self.slot_bits], 1)
 
     def elaborate(self, platform):
         m = Module()
@@ -65,8 +74,10 @@ class Decider(wiring.Component):
         group, count or exponent. A version 1 or 2 frame that causes the output says where it goes: a partial
         to its `hop1` (hops moved up one level) when that is set, else the result to the group. A version 3
         frame was checked against its job's tables, so its group is its job's: a completion's result goes
-        there, a stored result (a retransmission or a result request) to the member that asked alone. Where
-        the frame is dropped these fields are not used."""
+        there, a stored result (a retransmission or a result request) to the member that asked alone; with a
+        route to a parent (`partial_out`) the level's partial goes to the parent's endpoint instead, and a
+        retransmission to a complete slot sends it there again (the model's `_answer`). Where the frame is
+        dropped these fields are not used."""
         W, c3, found = self.data_width, self.classified.frame, self.access.found
         meta3 = found.entry
         ans = Signal(self.ctx_layout)
@@ -74,20 +85,34 @@ class Decider(wiring.Component):
         result_group = Mux(stored, meta3.group, c3.group)
         up = c3.partial_out
         to_source = c3.v3 & stored
+        dst_port = Mux(to_source, c3.udp_sport, self.config.port)
+        bitmap = Mux(found.key_match, meta3.bitmap | Mux(meta3.complete, 0, c3.members), c3.members)
+        contributors = Mux(found.key_match, meta3.contributors + Mux(meta3.complete, 0, c3.member_count),
+                           c3.member_count)
+        carry_in = c3.partial
+        if self.routes:
+            # A result from the parent (`v3_result`: relayed when not dropped) goes down to the group with its
+            # own members and overflow flag; once it came down, the slot answers with it, not the partial.
+            relay = c3.v3_result
+            up = c3.partial_out & ~relay & ~(stored & self.final_now())
+            to_source = c3.v3 & stored & ~up & ~relay
+            dst_port = Mux(to_source, c3.udp_sport, Mux(c3.v3 & up, c3.parent_port, self.config.port))
+            bitmap = Mux(relay, c3.members, bitmap)
+            contributors = Mux(relay, c3.member_count, contributors)
+            carry_in = c3.partial | relay
         stats_len = FRAME_HEADER_BYTES + ELEMENT_BYTES * STATS_COUNT
         # Member sets summed into a slot are disjoint (an overlap is DROP_DUPLICATE): counts add up.
         result_fields = {
             "opcode": Mux(up, Opcode.PARTIAL, Opcode.RESULT), "fanin": Mux(stored, meta3.fanin, c3.fanin),
             "exponent": Mux(stored, meta3.exponent, c3.exponent),
-            "contributors": Mux(found.key_match, meta3.contributors + Mux(meta3.complete, 0, c3.member_count),
-                                c3.member_count),
+            "contributors": contributors,
             "round": c3.round, "clique": c3.clique, "chunk": c3.chunk,
             "count": Mux(stored, meta3.count, c3.count), "group": result_group,
-            "bitmap": Mux(found.key_match, meta3.bitmap | Mux(meta3.complete, 0, c3.members), c3.members),
+            "bitmap": bitmap,
             "hdr_slot": c3.slot_rel, "slot": c3.slot,
             "dst_mac": Mux(up | to_source, self.config.gateway_mac, multicast_mac(0) | result_group[:23]),
             "dst_ip": Mux(up, c3.hop1, Mux(to_source, c3.ip_src, result_group)),
-            "dst_port": Mux(to_source, c3.udp_sport, self.config.port), "token": Mux(c3.v3, c3.token, 0),
+            "dst_port": dst_port, "token": Mux(c3.v3, c3.token, 0),
             "out_len": Mux(stored, found.len_meta, c3.len_hdr),
             "out_beats": Mux(stored, found.beats_meta, c3.beats_hdr),
             "expect": Mux(up, c3.out_expect, 0), "hop1": Mux(up, c3.out_hop1, 0),
@@ -97,7 +122,7 @@ class Decider(wiring.Component):
                         "dst_ip": c3.ip_src, "dst_port": c3.udp_sport, "out_len": stats_len,
                         "out_beats": (stats_len + W - 1) >> ceil_log2(W)}
         m.d.comb += [ans.rbank.eq(meta3.cur), ans.sender.eq(c3.sender), ans.job.eq(c3.job), ans.v1.eq(c3.v1),
-                     ans.v3.eq(c3.v3), ans.carry_in.eq(c3.partial)]
+                     ans.v3.eq(c3.v3), ans.carry_in.eq(carry_in)]
         for name, value in result_fields.items():
             m.d.comb += getattr(ans, name).eq(Mux(c3.stats_req, stats_fields.get(name, 0), value))
         return ans
@@ -120,10 +145,32 @@ class Decider(wiring.Component):
         with m.If(~c3.pre_pass):
             outcome(c3.pre_disp, c3.pre_action)
         with m.Elif(~c3.summed):
-            with m.If(found.key_match & meta3.complete):
-                outcome(Disposition.ANSWERED, Action.STORED)
-            with m.Else():
-                outcome(Disposition.DROP_NO_RESULT)
+            answered = found.key_match & meta3.complete
+            if self.routes:
+                # Below the root a result request waits for the result from the parent (the model's
+                # `_result_request`), which is taken once for the slot's complete level (`_relay`): it replaces
+                # the sums (added to zero) and completes the slot as it stands.
+                final = self.final_now()
+                answered = answered & ~(c3.v3 & c3.partial_out & ~final)
+                with m.If(c3.v3_result):
+                    with m.If(~(found.key_match & meta3.complete)):
+                        outcome(Disposition.DROP_NO_RESULT)
+                    with m.Elif(~found.shape_match):
+                        outcome(Disposition.DROP_MISMATCH)
+                    with m.Elif(final):
+                        outcome(Disposition.DROP_DUPLICATE)
+                    with m.Else():
+                        outcome(Disposition.RELAYED, Action.SUM_RESULT, fresh=1)
+                        m.d.comb += decision.complete.eq(1)
+                with m.Elif(answered):
+                    outcome(Disposition.ANSWERED, Action.STORED)
+                with m.Else():
+                    outcome(Disposition.DROP_NO_RESULT)
+            else:
+                with m.If(answered):
+                    outcome(Disposition.ANSWERED, Action.STORED)
+                with m.Else():
+                    outcome(Disposition.DROP_NO_RESULT)
         with m.Elif(found.key_match):
             with m.If(~found.shape_match):
                 outcome(Disposition.DROP_MISMATCH)
@@ -164,6 +211,9 @@ class Decider(wiring.Component):
                 m.d.sync += f_sum.eq((decision.action == Action.SUM_SILENT) | (decision.action == Action.SUM_RESULT))
         # A summing contribution has at least one element, so its header end is never its good tlast.
         entry = access.commit_entry
+        if self.routes:
+            with m.If(access.commit):
+                m.d.sync += self.final.bit_select(ans.slot[:self.slot_bits], 1).eq(c3.v3_result)
         m.d.comb += [
             access.commit.eq(fire & i3.last & ~i3.hdr_end & ~bad & f_sum),
             access.commit_slot.eq(ans.slot),
@@ -178,8 +228,10 @@ class Decider(wiring.Component):
         c3, decision = self.classified.frame, self.decision
         entry = {name: getattr(ans, name) for name in (
             "job", "round", "clique", "chunk", "fanin", "group", "count", "exponent", "bitmap", "contributors")}
+        # A relayed result leaves the lease as it was (the model's `_relay` does not stamp the slot).
+        stamp = Mux(c3.v3_result, self.access.found.entry.stamp, c3.now) if self.routes else c3.now
         return {**entry, "level": c3.level, "complete": decision.complete, "cur": ~self.access.found.entry.cur,
-                "stamp": c3.now}
+                "stamp": stamp}
 
     def _enqueue(self, m, ans, bad):
         """I3 offers the beat, and the context of a frame whose header ends."""

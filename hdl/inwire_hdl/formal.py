@@ -173,8 +173,9 @@ class Harness(Elaboratable):
     elements), `lease` (contribution A, then B to its slot from another job, with `lease_tick` free),
     `stale` (`lease` with B an older frame of A's job), `route` (`frames` contributions and result
     requests with symbolic version, source, slot and hops), `jobs` (a job table written through the control
-    interface, then a version 3 contribution and a member's result request). `steady` offers the frames of
-    every scenario but `free` back to back with the output always ready (no symbolic gaps or backpressure):
+    interface, then a version 3 contribution and a member's result request), `tree` (such a table with a
+    route to a parent, then a version 3 contribution of the routed clique, twice). `steady` offers the frames
+    of every scenario but `free` back to back with the output always ready (no symbolic gaps or backpressure):
     the timing is then fixed and only the data is symbolic.
     `cover` adds the cover statement of the check's subject (what its assertions are about, reached).
     `dut` builds the gateware from (config, data_width): the tests pass broken ones to see the checks fail.
@@ -695,22 +696,10 @@ class Harness(Elaboratable):
         and B, a result request for A's key from the member with the job's token. The model's rules restated:
         A is summed, and its result goes to the job's group, iff its job, token and source are the table's;
         B is answered, to the member alone, iff A was summed; nothing else leaves."""
-        W, cfg, dut = self.width, self.config, self.dut
+        W, cfg = self.width, self.config
         job, token, address, port = AnyConst(32), AnyConst(64), AnyConst(32), AnyConst(16)
         group = Cat(AnyConst(24), Const(0xEF, 8))
-        control = ControlMap(cfg.limits.jobs, cfg.limits.members)
-        member_address, member_port = control.member_words(0, 0)
-        writes = [(control.word(0, "job"), job), (control.word(0, "token_low"), token[:32]),
-                  (control.word(0, "token_high"), token[32:]), (control.word(0, "quota"), Const(cfg.slots, 32)),
-                  (control.word(0, "group"), group), (member_address, address),
-                  (member_port, Cat(port, Const(1, 16))), (control.word(0, "valid"), Const(1, 32))]
-        step = Signal(range(len(writes) + 1))
-        with m.If(self.past_ok & (step < len(writes))):
-            m.d.sync += step.eq(step + 1)
-        m.d.comb += [dut.ctl_we.eq(self.past_ok & (step < len(writes))),
-                     dut.ctl_addr.eq(_pick(step, [Const(address_word) for address_word, _ in writes])),
-                     dut.ctl_data.eq(_pick(step, [word for _, word in writes]))]
-        self.input_open = step == len(writes)
+        self._write_tables(m, self._entry_writes(job, token, group, address, port))
 
         key = dict(eth_dst=cfg.mac, eth_src=0x02_00_00_00_00_07, ip_dst=cfg.ip, udp_dport=cfg.port, fanin=1,
                    round=9, clique=2, chunk=64, slot=1, version=JOB_VERSION)
@@ -746,6 +735,69 @@ class Harness(Elaboratable):
             checked = [FRAME_OFFSETS[name] + k for name in ("opcode", "version", "job", "token", "ip_dst", "udp_dport")
                        for k in range(FIELDS_BY_NAME[name].nbytes)]
             self._expect_results(m, results, result_length, checked)
+
+    def _entry_writes(self, job, token, group, address, port):
+        """The control writes of entry 0 (the job, its token, group and one member; slots 0 to `slots` - 1),
+        its valid word not among them."""
+        control = ControlMap(self.config.limits.jobs, self.config.limits.members, self.config.limits.routes,
+                             self.config.limits.children)
+        member_address, member_port = control.member_words(0, 0)
+        return [(control.word(0, "job"), job), (control.word(0, "token_low"), token[:32]),
+                (control.word(0, "token_high"), token[32:]), (control.word(0, "quota"), Const(self.config.slots, 32)),
+                (control.word(0, "group"), group), (member_address, address), (member_port, Cat(port, Const(1, 16)))]
+
+    def _write_tables(self, m, writes):
+        """Drives `writes` and then entry 0's valid word through the control interface, one a cycle from the
+        cycle after reset; the input opens once they are written."""
+        dut = self.dut
+        control = ControlMap(self.config.limits.jobs, self.config.limits.members, self.config.limits.routes,
+                             self.config.limits.children)
+        writes = [*writes, (control.word(0, "valid"), Const(1, 32))]
+        step = Signal(range(len(writes) + 1))
+        with m.If(self.past_ok & (step < len(writes))):
+            m.d.sync += step.eq(step + 1)
+        m.d.comb += [dut.ctl_we.eq(self.past_ok & (step < len(writes))),
+                     dut.ctl_addr.eq(_pick(step, [Const(address_word) for address_word, _ in writes])),
+                     dut.ctl_data.eq(_pick(step, [word for _, word in writes]))]
+        self.input_open = step == len(writes)
+
+    def _drive_tree(self, m):
+        """`jobs`' table with a route for clique 2 (the whole clique, a symbolic parent address and port),
+        then A, a version 3 contribution (fan-in 1) of clique 2 from the member with the job's token, and B, A
+        again. The model's rules restated: A completes the level, whose partial goes to the parent's
+        endpoint; B, a retransmission before the result came down, gets the partial again; nothing else
+        leaves: no partial goes anywhere but to the parent, and no result to the group."""
+        W, cfg = self.width, self.config
+        job, token, address, port = AnyConst(32), AnyConst(64), AnyConst(32), AnyConst(16)
+        parent, parent_port = AnyConst(32), AnyConst(16)
+        group = Cat(AnyConst(24), Const(0xEF, 8))
+        clique = 2
+        control = ControlMap(cfg.limits.jobs, cfg.limits.members, cfg.limits.routes, cfg.limits.children)
+        self._write_tables(m, [*self._entry_writes(job, token, group, address, port),
+                               (control.route_word(0, 0, "parent_address"), parent),
+                               (control.route_word(0, 0, "parent_port"), Cat(parent_port, Const(1, 16))),
+                               (control.route_word(0, 0, "clique"), Const(clique | 1 << 16, 32))])
+        key = dict(eth_dst=cfg.mac, eth_src=0x02_00_00_00_00_07, ip_dst=cfg.ip, udp_dport=cfg.port, fanin=1,
+                   round=9, clique=clique, chunk=64, slot=1, version=JOB_VERSION)
+        contribution = bytes(build_frames(np.zeros(1, dtype=np.int64), opcode=Opcode.CONTRIBUTION, **key)[0])
+        frame = [Const(b, 8) for b in contribution]
+        for name, value in (("job", job), ("token", token), ("ip_src", address), ("udp_sport", port),
+                            ("group", group)):
+            _set_field(frame, name, value)
+        _set_field(frame, "ip_csum", _ipv4_checksum(frame))
+        raw = (Cat(*frame), Const(len(contribution), 16), Const(beats(len(contribution), W), 16))
+        self._stream_frames(m, [raw, raw], len(contribution))
+        partial_length = len(contribution) + RESULT_TRAILER_BYTES
+        partial = [Const(0, 8)] * partial_length
+        for name, value in (("opcode", Const(Opcode.PARTIAL, 8)), ("version", Const(JOB_VERSION, 8)),
+                            ("job", job), ("token", token), ("ip_dst", parent), ("udp_dport", parent_port)):
+            _set_field(partial, name, value)
+        results = [(Cat(*partial), Const(1)), (Cat(*partial), Const(1))]
+        self.cover_frames = len(results)
+        if "partial_to_parent" in self.checks:
+            checked = [FRAME_OFFSETS[name] + k for name in ("opcode", "version", "job", "token", "ip_dst", "udp_dport")
+                       for k in range(FIELDS_BY_NAME[name].nbytes)]
+            self._expect_results(m, results, partial_length, checked)
 
     def _never_to_self(self, m):
         """No output frame's IPv4 destination is the aggregator's own address; the cover: an output frame's
@@ -931,6 +983,15 @@ TABLES_ONLY = ("a job table written through the control interface (symbolic job 
                "source outside the table changes no slot: the request then gets nothing); the request is answered "
                "to the member alone; no other frame leaves, so none goes to an address outside the tables; none "
                f"missing after {OUTPUT_GAP} silent cycles; back to back, output always ready")
+JOB_TREE = AggregatorConfig(slots=2, max_elements=1, max_fanin=2, registered=True, unregistered=False,
+                           limits=JobLimits(jobs=1, members=1, routes=1, children=0, unicast_results=False))
+"""The tree row: `JOB_TABLE` with a route per job."""
+TREE_PARTIAL = ("a job table with a route written through the control interface (symbolic job id, token, group, "
+                "member address and port, parent address and port), then a version 3 contribution (fan-in 1) of "
+                "the routed clique from the member, twice: the first completes the level and its partial goes to "
+                "the parent's address and port, the second gets it again; nothing else leaves: no partial of a "
+                "registered job goes anywhere but to its parent, no result to the group; none missing after "
+                f"{OUTPUT_GAP} silent cycles; back to back, output always ready")
 
 REACHES = ("stat_{counter} counted: a cover of symbolic frames, gaps and backpressure with lease_tick free (at "
            "most two frames at this depth)")
@@ -1062,6 +1123,15 @@ def _checks():
         table.append(Check("tables_only", TABLES_ONLY, "jobs", ("tables_only",), width, "bmc", depth,
                            cover_depth=depth, config=JOB_TABLE, steady=True, frames=2,
                            **_mutants_of(width, ("token_unchecked", "source_unchecked"), ()),
+                           **(dict(deep=("real", "cover")) if narrow else {})))
+    # The tables take 12 cycles to write, then two frames: at 64 bytes (3 beats each) the first partial leaves
+    # at step 26, the second has left whole at step 32 (the cover's). At 8 bytes each frame is 17 beats: the
+    # second has left whole at step 74 (cover: 475 s), `--deep` only.
+    for width, depth in ((64, 34), (8, 78)):
+        narrow = width == 8
+        table.append(Check("tree_partial_to_parent", TREE_PARTIAL, "tree", ("partial_to_parent",), width, "bmc",
+                           depth, cover_depth=depth, config=JOB_TREE, steady=True, frames=2,
+                           **_mutants_of(width, ("partial_to_group",), ()),
                            **(dict(deep=("real", "cover")) if narrow else {})))
     # A cover per counter, each disposition's among them: symbolic traffic moves it (tests/traffic.py has the
     # concrete scenario each engine runs). 50 to 100 s of Yices each: `--deep`, which `make formal` runs.

@@ -18,7 +18,10 @@ More inside mutants of the same kind, each a small bug a real edit could make: `
 (`OutputAssembler.carries_flag`), `carry_counted` and `partials_resend_uncounted`
 (`OutputAssembler.counter_increments`), `hop2_expect_lost` and `members_low32` in the tree, `source_route` in
 the route check (`HeaderClassifier.header_class`), `token_unchecked` (`HeaderClassifier.header_class`) and
-`source_unchecked` (`HeaderClassifier.source_bad`) in the job tables' checks. tests/test_gateware_mutants.py
+`source_unchecked` (`HeaderClassifier.source_bad`) in the job tables' checks; `partial_to_group`
+(`HeaderClassifier.header_class`) and `relay_twice` (`Decider.final_now`) in a registered tree, which only a
+gateware whose tables hold routes has (tests/test_gateware_tree.py and formal's `tree_partial_to_parent` run
+them; the cocotb suite's gateware holds none, so there they are the real one). tests/test_gateware_mutants.py
 checks that each inside mutant changes the component it replaces and only it. `make mutate`
 (tb/mutation/gateware.py) runs every mutant against the cocotb suite and the formal rows that name it.
 
@@ -72,6 +75,10 @@ MUTANTS = {
     "source_route": "(inside) the route check without the source: a hop1 equal to the frame's IPv4 source passes",
     "token_unchecked": "(inside) a version 3 frame's token not compared: any token of a registered job passes",
     "source_unchecked": "(inside) a version 3 frame's source not compared with its job's members: anyone passes",
+    "partial_to_group": "(inside) a registered clique's route to its parent ignored: its level's sums go to the "
+                        "job's group as a result instead of up to the parent",
+    "relay_twice": "(inside) a slot never marked as holding the parent's result: each copy of it is relayed "
+                   "down again",
 }
 
 
@@ -209,6 +216,31 @@ class SourceUnchecked(Aggregator):
     """The real aggregator taking a registered job's contributions and requests from any source."""
 
     classifier_type = _SourceUncheckedClassifier
+
+
+class _PartialToGroupClassifier(HeaderClassifier):
+    def header_class(self):
+        fields = super().header_class()
+        v3 = fields["v3"]
+        return {**fields, "partial_out": fields["partial_out"] & ~v3, "hop1": Mux(v3, 0, fields["hop1"])}
+
+
+class PartialToGroup(Aggregator):
+    """The real aggregator treating every registered clique as rooted here, whatever its route says."""
+
+    classifier_type = _PartialToGroupClassifier
+
+
+class _RelayTwiceDecider(Decider):
+    def final_now(self):
+        return Const(0)
+
+
+class RelayTwice(Aggregator):
+    """The real aggregator forgetting that a slot's result came down: a copy of it is relayed again, and
+    the slot answers with its partial as before the result came."""
+
+    decider_type = _RelayTwiceDecider
 
 
 class _DecideOnChangedMatch(Decider):
@@ -402,7 +434,8 @@ def build(name, config, data_width, buffer_beats):
               "lease_unwrapped": LeaseUnwrapped, "stamp_at_claim": StampAtClaim, "carry_lost": CarryLost,
               "carry_counted": CarryCounted, "hop2_expect_lost": Hop2ExpectLost, "members_low32": MembersLow32,
               "partials_resend_uncounted": PartialsResendUncounted, "source_route": SourceRoute,
-              "token_unchecked": TokenUnchecked, "source_unchecked": SourceUnchecked}
+              "token_unchecked": TokenUnchecked, "source_unchecked": SourceUnchecked,
+              "partial_to_group": PartialToGroup, "relay_twice": RelayTwice}
     if name in inside:
         return inside[name](config, data_width, buffer_beats=buffer_beats)
     if name == "no_lease":

@@ -83,12 +83,18 @@ def queued_beat_layout(data_width):
     return data.StructLayout({"data": 8 * data_width, "keep": data_width, "last": 1, "first": 1, "bad": 1})
 
 
-def frame_class_layout(data_width, beat_bits, jobs=1):
+def frame_class_layout(data_width, beat_bits, jobs=1, routes=0, children=0):
     """What the header classifier knows about the frame whose header ended (C1-C3): decoded flags and fields,
     partial checksums, and the first disposition, from the checks before the slot table. `hit`: which of the
     `jobs` job-table entries holds a version 3 frame's job; `slot` is the aggregator's slot, `slot_rel` the
-    frame's (they differ for version 3)."""
+    frame's (they differ for version 3). With job tables that hold `routes`, a version 3 partial going up
+    goes to `hop1` (the clique's parent) at `parent_port`; with `children`, `child_ok`: a partial's source
+    is a child aggregator of its clique's route, its members within the child's."""
+    with_routes = {"parent_port": 16} if routes else {}
+    if children:
+        with_routes["child_ok"] = 1
     return data.StructLayout({
+        **with_routes,
         **{flag: 1 for flag in (
             "foreign", "bad_ver", "frag", "bad_magic", "summed", "partial", "v1", "v3", "v3_result", "payload",
             "job_bad", "token_bad", "member_bad", "partial_out",
@@ -129,8 +135,9 @@ def access_signature(slot_bits, beat_bits):
                              "commit_slot": In(slot_bits), "commit_entry": In(META)})
 
 
-def classified_signature(data_width, beat_bits, jobs=1):
+def classified_signature(data_width, beat_bits, jobs=1, routes=0, children=0):
     """Classifier to decider: the beat in I3 and the classification of the last header that ended, in C3;
     back, `advance` moves the input registers (both FIFOs have room)."""
     return wiring.Signature({"beat": Out(input_beat_layout(data_width, beat_bits)),
-                             "frame": Out(frame_class_layout(data_width, beat_bits, jobs)), "advance": In(1)})
+                             "frame": Out(frame_class_layout(data_width, beat_bits, jobs, routes, children)),
+                             "advance": In(1)})

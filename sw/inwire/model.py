@@ -98,7 +98,7 @@ class AggregatorConfig:
     None: the /24 of `ip`."""
     registered: bool = False
     """Holds job tables (`install`): version 3 frames of registered jobs count. The gateware holds them when
-    built with it, sized by `limits` (`inwire_hdl.job_table`: jobs with a group, no routes)."""
+    built with it, sized by `limits` (`inwire_hdl.job_table`: jobs with a group, routes with `TREE_LIMITS`)."""
     unregistered: bool = True
     """Takes version 1 and 2 frames, whose headers name their fan-in, group, level and route: for captures
     and the lab. An aggregator shared by jobs that do not trust each other takes registered jobs only."""

@@ -76,6 +76,9 @@ DIRECTED = {
                         "registered_and_stranger_traffic_mixed_under_backpressure"),
     "source_unchecked": ("registered_job_refuses_what_its_tables_do_not_allow",
                          "registered_and_stranger_traffic_mixed_under_backpressure"),
+    # Routes only: the suite's gateware holds none (tests/test_gateware_tree.py and formal's tree row see them).
+    "partial_to_group": (),
+    "relay_twice": (),
 }
 """The cocotb tests written for each mutant's fault: the directed suite's score is theirs alone."""
 
