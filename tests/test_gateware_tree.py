@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from inwire.jobs import CliqueRoute, JobEntry, JobLimits
+from inwire.jobs import CliqueRoute, JobEntry, JobLimits, JobTableError
 from inwire.model import Aggregator as Model
 from inwire.model import AggregatorConfig
 from inwire.packets import build_frames, frame_field
@@ -70,10 +70,10 @@ def test_install_writes_routes_in_clique_order_and_a_root_route_without_parent()
 
 def test_install_refuses_what_the_route_words_cannot_hold():
     many = {clique: CliqueRoute(parent=PARENT) for clique in range(3)}
-    with pytest.raises(ValueError, match="job 77: 3 routes, more than the 2 an entry holds"):
+    with pytest.raises(JobTableError, match="job 77: 3 routes, more than the 2 an aggregator holds per job"):
         MAP.install(0, routed_entry(many), base=0, new=True)
     with_child = {4: CliqueRoute(level=0b11, parent=PARENT, children={(0x0A000203, 7002): 0b10})}
-    with pytest.raises(ValueError, match="job 77, clique 4: 1 child aggregators, more than the 0 a route holds"):
+    with pytest.raises(JobTableError, match="job 77, clique 4: 1 child aggregators, more than the 0 a route holds"):
         MAP.install(0, routed_entry(with_child), base=0, new=True)
 
 

@@ -983,8 +983,7 @@ TABLES_ONLY = ("a job table written through the control interface (symbolic job 
                "source outside the table changes no slot: the request then gets nothing); the request is answered "
                "to the member alone; no other frame leaves, so none goes to an address outside the tables; none "
                f"missing after {OUTPUT_GAP} silent cycles; back to back, output always ready")
-JOB_TREE = AggregatorConfig(slots=2, max_elements=1, max_fanin=2, registered=True, unregistered=False,
-                           limits=JobLimits(jobs=1, members=1, routes=1, children=0, unicast_results=False))
+JOB_TREE = replace(JOB_TABLE, limits=replace(JOB_TABLE.limits, routes=1))
 """The tree row: `JOB_TABLE` with a route per job."""
 TREE_PARTIAL = ("a job table with a route written through the control interface (symbolic job id, token, group, "
                 "member address and port, parent address and port), then a version 3 contribution (fan-in 1) of "

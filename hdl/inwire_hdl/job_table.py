@@ -23,7 +23,7 @@ from amaranth.lib import crc, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from inwire.jobs import JobEntry, JobLimits
+from inwire.jobs import JobEntry, JobLimits, check_fits
 
 GATEWARE_LIMITS = JobLimits(jobs=4, members=8, routes=0, children=0, unicast_results=False)
 """What the gateware's job tables hold unless a configuration says otherwise: jobs with a multicast group and
@@ -138,17 +138,7 @@ class ControlMap:
         routes with it), valid before its range is emptied (a version 1 or 2 frame can then no longer claim a
         slot of it). Routes go in clique order, their children in endpoint order; the unused ones are
         written invalid."""
-        if len(entry.members) > self.members:
-            raise ValueError(f"job {entry.job}: {len(entry.members)} members, more than the {self.members} an "
-                             f"entry holds")
-        if len(entry.routes) > self.routes:
-            raise ValueError(f"job {entry.job}: {len(entry.routes)} routes, more than the {self.routes} an entry "
-                             f"holds")
-        crowded = next((clique for clique, route in entry.routes.items() if len(route.children) > self.children),
-                       None)
-        if crowded is not None:
-            raise ValueError(f"job {entry.job}, clique {crowded}: {len(entry.routes[crowded].children)} child "
-                             f"aggregators, more than the {self.children} a route holds")
+        check_fits(entry, JobLimits(self.jobs, self.members, self.routes, self.children))
         writes = [(self.word(index, "valid"), 0),
                   (self.word(index, "job"), entry.job),
                   (self.word(index, "token_low"), entry.token & 0xFFFFFFFF),

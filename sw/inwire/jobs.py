@@ -197,6 +197,25 @@ def _show(endpoint: Endpoint) -> str:
     return f"{'.'.join(str(address >> shift & 0xFF) for shift in (24, 16, 8, 0))}:{port}"
 
 
+
+def check_fits(entry: JobEntry, limits: JobLimits) -> None:
+    """Refuse, in one line (JobTableError), an entry that one job's share of tables of `limits` cannot hold:
+    too many members, routes or child aggregators of a route, or no group where results cannot be copied."""
+    if len(entry.members) > limits.members:
+        raise JobTableError(f"job {entry.job}: {len(entry.members)} members, more than the {limits.members} "
+                            f"an aggregator holds per job")
+    if not entry.group and not limits.unicast_results:
+        raise JobTableError(f"job {entry.job}: without a group its results go out as one copy per member, "
+                            f"which this aggregator cannot send: give the job a multicast group")
+    crowded = next((clique for clique, route in entry.routes.items() if len(route.children) > limits.children),
+                   None)
+    if crowded is not None:
+        raise JobTableError(f"job {entry.job}, clique {crowded}: {len(entry.routes[crowded].children)} child "
+                            f"aggregators, more than the {limits.children} a route holds")
+    if len(entry.routes) > limits.routes:
+        raise JobTableError(f"job {entry.job}: {len(entry.routes)} routes, more than the {limits.routes} an "
+                            f"aggregator holds per job")
+
 class JobTable:
     """The jobs one aggregator holds, each with its range of the aggregator's `slots`."""
 
@@ -225,20 +244,7 @@ class JobTable:
         limits = self.limits
         if len(self.entries) >= limits.jobs:
             raise JobTableError(f"job {entry.job}: this aggregator holds {limits.jobs} jobs already")
-        if len(entry.members) > limits.members:
-            raise JobTableError(f"job {entry.job}: {len(entry.members)} members, more than the {limits.members} "
-                                f"an aggregator holds per job")
-        if not entry.group and not limits.unicast_results:
-            raise JobTableError(f"job {entry.job}: without a group its results go out as one copy per member, "
-                                f"which this aggregator cannot send: give the job a multicast group")
-        crowded = next((clique for clique, route in entry.routes.items() if len(route.children) > limits.children),
-                       None)
-        if crowded is not None:
-            raise JobTableError(f"job {entry.job}, clique {crowded}: {len(entry.routes[crowded].children)} child "
-                                f"aggregators, more than the {limits.children} a route holds")
-        if len(entry.routes) > limits.routes:
-            raise JobTableError(f"job {entry.job}: {len(entry.routes)} routes, more than the {limits.routes} an "
-                                f"aggregator holds per job")
+        check_fits(entry, limits)
         base = self._free_range(entry.slots)
         if base is None:
             raise JobTableError(f"job {entry.job}: no {entry.slots} free slots in a row among this aggregator's "
