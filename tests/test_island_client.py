@@ -597,11 +597,11 @@ class Arrivals(SoftwareAggregator):
         super().__init__(*args, engine="golden", **kwargs)
         self.arrivals = {}
 
-    def _handle_golden(self, payload, peer, now=None):
+    def handle(self, payload, peer, now=None):
         header = np.frombuffer(payload[:PAYLOAD_HEADER_BYTES], dtype=PAYLOAD_HEADER_DTYPE)[0]
         if header["opcode"] == client.Opcode.CONTRIBUTION and header["chunk"] != client.PRESENCE_CHUNK:
             self.arrivals.setdefault(peer[1], []).append((int(header["clique"]), int(header["round"])))
-        return super()._handle_golden(payload, peer, now)
+        return super().handle(payload, peer, now)
 
 
 @pytest.mark.parametrize("retries", [False, True])

@@ -503,3 +503,28 @@ def test_the_service_clock_starts_once_its_engine_is_up(monkeypatch):
         assert aggregator.ticks() == 250
     finally:
         aggregator.close()
+
+
+@pytest.mark.parametrize("registered", [False, True], ids=["data", "control_port"])
+@pytest.mark.parametrize("engine", ["fast", "golden"])
+def test_handle_is_the_one_decision_path_whatever_the_engine_and_control_port(engine, registered):
+    """`handle` is one method for every engine, with or without the control port: a service that overrides it
+    (to note arrivals, as tests/test_island_client.py's does) sees each datagram handed to it, and the answers
+    are the base class's."""
+    seen = []
+
+    class Noting(SoftwareAggregator):
+        def handle(self, payload, peer, now=None):
+            seen.append(bytes(payload))
+            return super().handle(payload, peer, now)
+
+    aggregator = Noting(("127.0.0.1", 0), log=lambda line: None, engine=engine, registered=registered,
+                        key=bytes(32) if registered else None)
+    try:
+        first, second = contribution(0, [1, 2]), contribution(1, [10, 20])
+        assert aggregator.handle(first, ("127.0.0.1", 5000)) == []
+        (result, destination), = aggregator.handle(second, ("127.0.0.1", 5001))
+    finally:
+        aggregator.close()
+    assert seen == [first, second]
+    assert destination == ("239.73.0.1", aggregator.address[1]) and result_elements(result)[1] == [11, 22]

@@ -114,8 +114,8 @@ class FastAggregator:
     answer payload or None) of one datagram that arrived at `now` (lease ticks; None: no time passed since the
     previous one) from IPv4 address `source` (an int, or a dotted string as a socket gives it, read only when
     the datagram names a next hop), counted, with the model's state and counters; given `peer` it learns
-    serve's table too. `serve` (one datagram) and `serve_batch` (a recvmmsg batch) take serve's common case,
-    `learned` is serve's learning table and `copies` makes a result's unicast copies (`_kernel.Decider`).
+    serve's table too. `serve_batch` (a recvmmsg batch) takes serve's common case, `learned` is serve's learning
+    table and `copies` makes a result's unicast copies (`_kernel.Decider`): `serve.LearningTable`'s interface.
 
     Registered jobs (version 3): `install(entry)` and `remove(job)` are the model's. `jobs` (a `jobs.JobTable`)
     allocates each job's range and merges its members, as the model's does; the decider holds a copy of each
@@ -130,7 +130,6 @@ class FastAggregator:
         self.jobs = JobTable(config.slots, config.limits)
         # The compiled methods themselves: no Python frame around them, once per datagram.
         self.handle = self._decider.handle
-        self.serve = self._decider.serve
         self.serve_batch = self._decider.serve_batch
         self.copies = self._decider.copies
         self.learned = self._decider.learned

@@ -185,9 +185,6 @@ class SoftwareAggregator:
     read before the socket is bound).
     """
 
-    handle: Callable[..., list[Send]]
-    """`handle(payload, peer, now=None)`: the fast path's or the golden model's, chosen by `engine`."""
-
     def __init__(self, listen: Address = ("127.0.0.1", INWIRE_PORT), unicast: bool = False,
                  slots: int = DEFAULT_SLOTS, max_elements: int = DEFAULT_MAX_ELEMENTS,
                  multicast_iface: str | None = None, log: Callable[[str], None] | None = None,
@@ -248,23 +245,31 @@ class SoftwareAggregator:
         self._local: dict[str, bool] = {}
         self.model: FrameAggregator | None
         self.fast: FastAggregator | None
+        self._decide: Callable[[Payload, Address, int], tuple[int | None, bytes | list[Send] | None]]
+        """The engine's decision, the one call `handle` makes per datagram: (payload, peer, arrival time) ->
+        (disposition, answer payload, or for version 3 the list of sends its job's tables name, or None). It
+        decides, counts and learns who sent what; everything around it is `handle`'s."""
+        self._table: LearningTable | FastAggregator
+        """The learning table (`learned`, `LearningTable`): the compiled decider's where it decides (it learns as
+        it decides and makes the unicast copies of a batch's results without leaving C), else the service's."""
         if engine == "fast":
             self.model = None
             self.fast = FastAggregator(self.config)
-            # The compiled decider also keeps the learning table (`learned`) and makes the unicast copies.
-            self.handle = self._handle_compiled
-            self._serve, self._compiled_copies = self.fast.serve, self.fast.copies
+            decide = self.fast.handle
+            # The peer is the source (for the route rule and job tables) and, given, is learned.
+            self._decide = lambda payload, peer, now: decide(payload, now, peer, peer)
+            self._table = self.fast
             self.batch_io = True
         else:
             self.fast = None
             self.model = (make_aggregator or Aggregator)(self.config)
-            self.handle = self._handle_golden
+            self._decide = self._decide_golden
+            self._table = LearningTable()
             self.batch_io = False
         # The clock starts once the engine is up: a co-simulation's gateware, built and reset meanwhile, would
         # otherwise simulate the build's seconds as lease ticks before its first frame.
         self._started = time.monotonic()
         self.dst_mac = self.config.mac.to_bytes(6, "big")
-        self._learned: Learned = {}
         self.parents: dict[int, tuple[SlotKey, Address]] = {}
         """slot -> (owner key, (ip, port)) of the partial this service last sent up for the slot: the one
         result it may relay next."""
@@ -274,16 +279,13 @@ class SoftwareAggregator:
         self.control = (ControlPlane(self.install_job, self.remove_job, self.leave_job, key, self.log) if registered
                         else None)
         self._next_expiry = 0.0
-        if self.control is not None:
-            self._decide = self.handle
-            self.handle = self._handle_with_control
 
     @property
     def learned(self) -> Learned:
         """slot -> (owner key, {sender index: (ip, port)} of members, {(ip, port)} of child aggregators),
-        learned from the accepted contributions and partials of the slot's current owner. With the compiled
-        decider the table lives in it, and this is a copy."""
-        return self.fast.learned() if self.fast is not None else self._learned
+        learned from the accepted contributions and partials of the slot's current owner (`LearningTable`); a
+        copy."""
+        return self._table.learned()
 
     @property
     def description(self) -> str:
@@ -316,11 +318,18 @@ class SoftwareAggregator:
         leave = getattr(self.fast if self.fast is not None else self.model, "leave", None)
         return (0, 0) if leave is None else leave(job, members)
 
-    def _handle_with_control(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
-        """`handle` with the control port: control messages go to it, everything else to the engine."""
-        if is_control(payload):
+    def handle(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
+        """The datagrams to send for `payload` from `peer`, arrived at `now` (lease ticks; None: `ticks()`), for
+        every engine alike: a control message goes to the control port; the service answers or refuses what it
+        looks at itself; the engine decides the rest (`_decide`), and its answer goes where it goes."""
+        if self.control is not None and is_control(payload):
             return self._control(payload, peer)
-        return self._decide(payload, peer, now)
+        if len(payload) > 3 and payload[3] in _SERVICE_OPCODES:
+            refused = self._refused_before_deciding(payload, peer)
+            if refused is not None:
+                return refused
+        disposition, answer = self._decide(payload, peer, self.ticks() if now is None else now)
+        return [] if answer is None else self._send_answer(payload, peer, disposition, answer)
 
     def _control(self, payload: Payload, peer: Address) -> list[Send]:
         """The control plane's reply to a control message, if any (never to this service itself)."""
@@ -349,34 +358,9 @@ class SoftwareAggregator:
         address = ipaddress.IPv4Address(host)
         return address.is_loopback or address in self.stats_from
 
-    def _handle_compiled(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
-        """The compiled decider's answer to `payload` from `peer`: it learns the peer as `_learn` would and, in
-        the common case, makes the unicast copies of a completed result too (`Decider.serve`)."""
-        now = self.ticks() if now is None else now
-        # The service's address, for the decider to leave out of unicast copies; without it (multicast, or a
-        # wildcard address, which makes other addresses the service's too) copies are made here.
-        own = self.address if self._copies_in_decider else None
-        decided = self._serve(payload, now, peer, peer, own)
-        if decided is None:  # a result or stats request: the service looks first
-            refused = self._refused_before_deciding(payload, peer)
-            if refused is not None:
-                return refused
-            assert self.fast is not None  # this path serves only with it
-            disposition, answer = self.fast.handle(payload, now, peer, peer)
-            return [] if answer is None else self._send_answer(payload, peer, disposition, answer)
-        if decided.__class__ is list:  # nothing to send
-            return decided
-        first, second = decided
-        if first.__class__ is list:  # a completed result's unicast copies, and how many were to this service
-            own_counts = self.own
-            own_counts["sends_refused"] += second
-            own_counts["unicast_copies"] += len(first)
-            return first
-        return self._send_answer(payload, peer, first, second)
-
-    def _send_answer(self, payload: Payload, peer: Address, disposition: int,
+    def _send_answer(self, payload: Payload, peer: Address, disposition: int | None,
                      answer: bytes | list[Send]) -> list[Send]:
-        """Where the fast path's answer to `payload` from `peer` goes: a version 3 answer names its sends."""
+        """Where the engine's answer to `payload` from `peer` goes: a version 3 answer names its sends."""
         if isinstance(answer, list):
             return self._unless_own(answer)
         if answer[3] == _PARTIAL:
@@ -392,38 +376,26 @@ class SoftwareAggregator:
             destination = self._groups[group] = (ip_str(group), self.config.port)
         return [(answer, destination)]
 
-    def _handle_golden(self, payload: Payload, peer: Address, now: int | None = None) -> list[Send]:
+    def _decide_golden(self, payload: Payload, peer: Address, now: int) -> tuple[int | None, bytes | list[Send] | None]:
+        """The golden model's (or a co-simulation's) decision on the frame `payload` would have arrived in from
+        `peer`, as `_decide`: the disposition is the counter that moved (None if none did)."""
         model = self.model
         assert model is not None  # this path serves only with it
-        if len(payload) > 3 and payload[3] in _SERVICE_OPCODES:
-            refused = self._refused_before_deciding(payload, peer)
-            if refused is not None:
-                return refused
         frame = wrap(payload, peer, self._at, self.dst_mac)
         before = model.stats()
-        outputs = model.process(frame, self.ticks() if now is None else now)
+        outputs = model.process(frame, now)
         if len(payload) > 2 and payload[2] == JOB_VERSION:
             # Each output to where the model addressed it, from the job's tables (a stats reply: the asker).
-            return self._unless_own([(payload_of(output), (ip_str(frame_field(output, "ip_dst")),
-                                                           frame_field(output, "udp_dport"))) for output in outputs])
+            return None, [(payload_of(output), (ip_str(frame_field(output, "ip_dst")),
+                                                frame_field(output, "udp_dport"))) for output in outputs]
         after = model.stats()
-        answered = after["answered"] > before["answered"]
-        if answered or after["accumulated"] > before["accumulated"]:
-            self._learn(payload, peer)
-        sends: list[Send] = []
-        for output in outputs:
-            body = payload_of(output)
-            opcode = frame_field(output, "opcode")
-            if self.unicast and opcode == Opcode.RESULT:
-                sends.extend(self._unicast_copies(body, peer, answered))
-            elif opcode == Opcode.PARTIAL:
-                sends.extend(self._partial(body, (ip_str(frame_field(output, "ip_dst")),
-                                                  frame_field(output, "udp_dport"))))
-            else:
-                destination = (ip_str(frame_field(output, "ip_dst")), frame_field(output, "udp_dport"))
-                sends.extend(self._unless_own([(body, destination)]) if opcode == Opcode.STATS_REPLY
-                             else [(body, destination)])
-        return sends
+        disposition = next((number for number, name in _DISPOSITIONS if after[name] != before[name]), None)
+        if disposition == _ACCUMULATED or disposition == _ANSWERED:
+            assert isinstance(self._table, LearningTable)  # the golden path's own
+            self._table.learn(payload, peer)
+        # Versions 1 and 2 answer with one frame at most: to the requester, the next hop up or the group, as
+        # `_send_answer` reads from the payloads.
+        return disposition, payload_of(outputs[0]) if outputs else None
 
     def decide_at(self, destination: int) -> None:
         """With a wildcard listen address: decide the next datagrams as the aggregator at IPv4 `destination`
@@ -447,21 +419,6 @@ class SoftwareAggregator:
         self.parents[slot] = (key, parent)
         return [(body, parent)]
 
-    def _learn(self, payload: Payload, peer: Address) -> None:
-        """Who sent an accepted contribution or partial (only those get here, so the header is whole), for
-        unicast copies: a member by its index, an aggregator below by its address; per slot, for its
-        current owner."""
-        if payload[3] not in _LEARNED_OPCODES:
-            return
-        slot, key, sender = _owner(payload)
-        entry = self._learned.get(slot)
-        if entry is None or entry[0] != key:
-            entry = self._learned[slot] = (key, {}, set())
-        if payload[3] == _PARTIAL:
-            entry[2].add(peer)
-        else:
-            entry[1][sender] = peer
-
     def _unicast_copies(self, body: bytes, peer: Address, answered: bool) -> list[Send]:
         if answered:
             return self._unless_own([(body, peer)])
@@ -472,16 +429,7 @@ class SoftwareAggregator:
     def _copies(self, body: bytes, parent: Address | None = None) -> list[Send]:
         """A result for each member and child aggregator learned for its slot's owner, except `parent`
         (where a relayed result came from) and this service."""
-        if self.fast is not None:
-            return self._unless_own(self._compiled_copies(body, parent))
-        slot, key, _ = _owner(body)
-        entry = self._learned.get(slot)
-        if entry is None or entry[0] != key:
-            return []
-        bitmap, = _BITMAP.unpack_from(body, _BITMAP_AT)
-        addresses = [address for sender, address in sorted(entry[1].items()) if bitmap >> sender & 1]
-        addresses += sorted(entry[2])
-        return self._unless_own([(body, address) for address in addresses if address != parent])
+        return self._unless_own(self._table.copies(body, parent))
 
     def _relay(self, payload: Payload, peer: Address) -> list[Send] | None:
         """Copies of a result for everyone below, when it answers the partial this service last sent up for
@@ -663,36 +611,40 @@ class SoftwareAggregator:
 
     def _handle_run(self, buffer: bytearray, batch: Sequence[tuple[int, Address]], start: int, slot: int, now: int,
                     view: memoryview) -> list[Send]:
-        """`handle_batch` on the datagrams of `batch` from `start` on. Control messages are taken aside here: the
-        compiled decider would drop them as data frames of no known version."""
+        """`handle` on each datagram of `batch` from `start` on. With the compiled decider, runs of them are
+        decided in one call (`_decide_run`); control messages, which it would drop as data frames of no known
+        version, end a run and go through `handle`."""
+        sends: list[Send] = []
+        if self.fast is None:
+            handle = self.handle
+            for index in range(start, len(batch)):
+                size, peer = batch[index]
+                sends += handle(view[index * slot:index * slot + size], peer, now)
+            return sends
         # One slice of the batch's version bytes tells whether any datagram may be one (most batches: none).
-        if (self.control is None or self.fast is None
-                or _CONTROL_MARK not in buffer[start * slot + _CONTROL_MARK_AT:len(batch) * slot:slot]):
+        if self.control is None or _CONTROL_MARK not in buffer[start * slot + _CONTROL_MARK_AT:len(batch) * slot:slot]:
             return self._decide_run(buffer, batch, start, slot, now, view)
         at, magic_bytes = buffer.startswith, len(MAGIC)
         # a datagram's size first: the bytes past it are an earlier datagram's
         controls = [index for index in range(start, len(batch))
                     if batch[index][0] >= magic_bytes and at(MAGIC, index * slot)]
-        if not controls:
-            return self._decide_run(buffer, batch, start, slot, now, view)
-        sends: list[Send] = []
         for index in controls:
             if index > start:
                 sends += self._decide_run(buffer, batch[:index], start, slot, now, view)
             size, peer = batch[index]
-            sends += self._control(view[index * slot:index * slot + size], peer)
+            sends += self.handle(view[index * slot:index * slot + size], peer, now)
             start = index + 1
         return sends + self._decide_run(buffer, batch, start, slot, now, view)
 
     def _decide_run(self, buffer: bytearray, batch: Sequence[tuple[int, Address]], start: int, slot: int, now: int,
                     view: memoryview) -> list[Send]:
-        """The engine's decision on the datagrams of `batch` from `start` on."""
-        if self.fast is None:
-            sends: list[Send] = []
-            for index, (size, peer) in enumerate(batch[start:], start):
-                sends += self.handle(view[index * slot:index * slot + size], peer, now)
-            return sends
-        serve_batch, counts, sends, index, end = self.fast.serve_batch, self.own, [], start, len(batch)
+        """`handle` on the data datagrams of `batch` from `start` on, with the compiled decider: its common case
+        (decided, learned and, with `unicast`, a completed result's copies made) takes one call for the run
+        (`Decider.serve_batch`), which stops at each datagram the service looks at before deciding (that one
+        goes through `handle`) and at each answer that goes elsewhere (through `_send_answer`)."""
+        assert self.fast is not None  # runs are decided in one call only by the compiled decider
+        serve_batch, counts, index, end = self.fast.serve_batch, self.own, start, len(batch)
+        sends: list[Send] = []
         own = self.address if self._copies_in_decider else None
         while index < end:
             index, decided, refused, copies = serve_batch(buffer, batch, slot, index, now, own, sends)
@@ -745,11 +697,53 @@ _SERVICE_OPCODES = frozenset((int(Opcode.RESULT), int(Opcode.STATS_REQUEST)))
 _PARTIAL, _RESULT = int(Opcode.PARTIAL), int(Opcode.RESULT)
 _LEARNED_OPCODES = frozenset((int(Opcode.CONTRIBUTION), _PARTIAL))
 """Opcodes whose sender the service learns for unicast copies, when the aggregator takes or answers them."""
-_ANSWERED = int(Disposition.ANSWERED)
+_ACCUMULATED, _ANSWERED = int(Disposition.ACCUMULATED), int(Disposition.ANSWERED)
+_DISPOSITIONS = tuple((int(disposition), disposition.name.lower()) for disposition in Disposition)
+"""(number, counter) of each disposition: the golden path's decision is the counter that moved."""
 _GROUP_AT = FRAME_OFFSETS["group"] - PAYLOAD_OFFSET
 _CONTROL_MARK_AT = FRAME_OFFSETS["version"] - PAYLOAD_OFFSET
 _CONTROL_MARK = MAGIC[_CONTROL_MARK_AT:_CONTROL_MARK_AT + 1]
 """The byte of a control message where a data header has its version: "C", no version of the protocol."""
+
+
+class LearningTable:
+    """Who sent the accepted or answered version 1 and 2 contributions and partials of each slot's current owner,
+    for a result's unicast copies: a member by its index, an aggregator below by its address. Bounded by the
+    slots: a slot's new owner starts its entry over. The compiled decider keeps the same table (`learned` and
+    `copies` alike, `_fastpath.c`), where it decides."""
+
+    def __init__(self) -> None:
+        self._entries: Learned = {}
+
+    def learn(self, payload: Payload, peer: Address) -> None:
+        """Note `peer` as the sender of `payload`, which the engine accepted or answered (its header is whole)."""
+        opcode = payload[3]
+        if opcode not in _LEARNED_OPCODES:
+            return
+        slot, key, sender = _owner(payload)
+        entry = self._entries.get(slot)
+        if entry is None or entry[0] != key:
+            entry = self._entries[slot] = (key, {}, set())
+        if opcode == _PARTIAL:
+            entry[2].add(peer)
+        else:
+            entry[1][sender] = peer
+
+    def copies(self, body: bytes, parent: Address | None = None) -> list[Send]:
+        """Result `body` for each member learned for its slot's owner whose bit its bitmap holds (by index),
+        then each child aggregator (sorted), except `parent`."""
+        slot, key, _ = _owner(body)
+        entry = self._entries.get(slot)
+        if entry is None or entry[0] != key:
+            return []
+        bitmap, = _BITMAP.unpack_from(body, _BITMAP_AT)
+        addresses = [address for sender, address in sorted(entry[1].items()) if bitmap >> sender & 1]
+        addresses += sorted(entry[2])
+        return [(body, address) for address in addresses if address != parent]
+
+    def learned(self) -> Learned:
+        """slot -> (owner key, {sender index: (ip, port)}, {(ip, port)} of children): a copy."""
+        return {slot: (key, dict(members), set(children)) for slot, (key, members, children) in self._entries.items()}
 
 
 class Served(Protocol):
