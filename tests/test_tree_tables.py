@@ -2,6 +2,7 @@
 aggregator's tables hold (`jobs.tree_routes`), and islands sum along it through real `inwire serve` services."""
 
 import threading
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -112,20 +113,67 @@ ELEMENTS, CHUNK = 10, 4
 CHUNKS = -(-ELEMENTS // CHUNK)
 
 
+def join_chain(stack, addresses, counts, group=0, **member_options):
+    """Islands registered along a chain of services at `addresses` (the root's first), `counts[level]` of them
+    sending to each level's, each service registered through its control port with the job's entry and its
+    own route from `tree_routes`: (islands {island: (its level, its index in the clique)}, the clique's key)."""
+    from contextlib import closing
+
+    import inwire.client as client
+    from inwire.client import CliqueKey, UdpMember, job_slots
+    from inwire.control import JobLease, new_job
+    from inwire.datagram import ip_int
+
+    cities = [f"C{level}" for level in range(len(addresses))]
+    islands = {}
+    for level, count in enumerate(counts):
+        for _ in range(count):
+            island = stack.enter_context(closing(UdpMember(addresses[level], chunk=CHUNK, **member_options)))
+            islands[island] = (level, len(islands))
+    endpoint = {island: (ip_int(island.address[0]), island.address[1]) for island in islands}
+    aggregators = {city: (ip_int(host), port) for city, (host, port) in zip(cities, addresses, strict=True)}
+    routes = tree_routes(cities[0], dict(zip(cities[1:], cities, strict=False)),
+                         {endpoint[island]: (cities[level], index) for island, (level, index) in islands.items()},
+                         aggregators)
+    job = new_job([island.address for island in islands], job_slots(1, client.DEFAULT_WINDOW, len(islands)), group)
+    entries = [replace(job, routes={0: routes[city]},
+                       members={endpoint[island] for island, (at, _) in islands.items() if at == level})
+               for level, city in enumerate(cities)]
+    for address, entry in zip(addresses, entries, strict=True):
+        stack.enter_context(JobLease(address, entry))
+    for island, (level, _) in islands.items():
+        island.join(entries[level])
+    key = CliqueKey(job=job.job, round=1, clique=0, group=0, fanin=len(islands), exponent=0, token=job.token)
+    return islands, key
+
+
+def sum_in_threads(islands, key, join_s):
+    """Every island's sum of the clique's vectors, each in its own thread: ({index: sums}, the exact sum)."""
+    import numpy as np
+
+    vectors = {island: np.arange(ELEMENTS) * (index + 1) - 7 * index for island, (_, index) in islands.items()}
+    sums = {}
+
+    def island_sums(island):
+        sums[islands[island][1]] = island.sum(key, islands[island][1], vectors[island])[0].tolist()
+
+    threads = [threading.Thread(target=island_sums, args=(island,)) for island in islands]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=join_s)
+    return sums, sum(vectors.values()).tolist()
+
+
 @pytest.mark.parametrize("engine", ["fast", "golden"])
 def test_islands_sum_along_a_registered_chain_of_5_services_over_each_link_once(engine, monkeypatch):
     """Five `inwire serve` services in a chain, each registered through its control port with the job's entry
     and its own route from `tree_routes`; islands hang at four of the levels. Every island gets the exact sum,
     and each service's counters show each link crossed once per chunk and direction: one partial up (none from
     the root), one result down per child service and per own member, and nothing answered twice."""
-    from contextlib import ExitStack, closing
-
-    import numpy as np
+    from contextlib import ExitStack
 
     import inwire.client as client
-    from inwire.client import CliqueKey, UdpMember, job_slots
-    from inwire.control import JobLease, new_job
-    from inwire.datagram import ip_int
     from inwire.serve import SoftwareAggregator, serving_in_thread
 
     if engine == "fast":
@@ -134,53 +182,117 @@ def test_islands_sum_along_a_registered_chain_of_5_services_over_each_link_once(
     # start and stay far beyond a loopback round trip, however loaded the machine.
     monkeypatch.setattr(client, "MIN_TIMEOUT_S", 10.0)
     depth = len(CHAIN_MEMBERS)
-    cities = [f"C{level}" for level in range(depth)]
     with ExitStack() as stack:
-        services = {city: stack.enter_context(serving_in_thread(SoftwareAggregator(
+        services = [stack.enter_context(serving_in_thread(SoftwareAggregator(
             ("127.0.0.1", 0), unicast=True, registered=True, engine=engine, log=lambda line: None)))
-            for city in cities}
-        islands = {}  # island -> (its city, its index in the clique)
-        for city, count in zip(cities, CHAIN_MEMBERS, strict=True):
-            for _ in range(count):
-                island = stack.enter_context(closing(UdpMember(services[city].address, chunk=CHUNK,
-                                                                          timeout_s=10.0, deadline_s=20.0)))
-                islands[island] = (city, len(islands))
-        endpoint = {island: (ip_int(island.address[0]), island.address[1]) for island in islands}
-        aggregators = {city: (ip_int(service.address[0]), service.address[1]) for city, service in services.items()}
-        routes = tree_routes(cities[0], dict(zip(cities[1:], cities, strict=False)),
-                             {endpoint[island]: place for island, place in islands.items()}, aggregators)
-        job = new_job([island.address for island in islands], job_slots(1, client.DEFAULT_WINDOW, len(islands)))
-        entries = {city: replace(job, routes={0: routes[city]},
-                                 members={endpoint[island] for island, (at, _) in islands.items() if at == city})
-                   for city in cities}
-        for city in cities:
-            stack.enter_context(JobLease(services[city].address, entries[city]))
-        for island, (city, _) in islands.items():
-            island.join(entries[city])
-        key = CliqueKey(job=job.job, round=1, clique=0, group=0, fanin=len(islands), exponent=0, token=job.token)
-        vectors = {island: np.arange(ELEMENTS) * (index + 1) - 7 * index for island, (_, index) in islands.items()}
-        sums = {}
-
-        def island_sums(island):
-            sums[islands[island][1]] = island.sum(key, islands[island][1], vectors[island])[0].tolist()
-
-        threads = [threading.Thread(target=island_sums, args=(island,)) for island in islands]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=40)
-        exact = sum(vectors.values()).tolist()
+            for _ in range(depth)]
+        islands, key = join_chain(stack, [service.address for service in services], CHAIN_MEMBERS,
+                                  timeout_s=10.0, deadline_s=20.0)
+        sums, exact = sum_in_threads(islands, key, join_s=40)
         assert sums == dict.fromkeys(range(len(islands)), exact)
         assert [island.retransmits for island in islands] == [0] * len(islands)
-        for level, city in enumerate(cities):
-            counters = services[city].counters()
+        for level, service in enumerate(services):
+            counters = service.counters()
             children = 1 if level < depth - 1 else 0
             below = CHAIN_MEMBERS[level] + children
             assert {name: counters[name] for name in ("accumulated", "partials_emitted", "relayed",
                                                       "results_emitted", "answered", "frames_in")} == {
                 "accumulated": CHUNKS * below, "partials_emitted": CHUNKS if level else 0,
                 "relayed": CHUNKS if level else 0, "results_emitted": CHUNKS * below, "answered": 0,
-                "frames_in": CHUNKS * (below + (1 if level else 0))}, city
+                "frames_in": CHUNKS * (below + (1 if level else 0))}, level
+
+
+GATEWARE_CHAIN_MEMBERS = (1, 1, 2, 0, 1)
+"""Members sending to each level of the chain through the gateware, the root's first: the gateware at level
+GATEWARE_LEVEL gathers two members and the partial of the level below, which holds none and only relays."""
+GATEWARE_LEVEL = 2
+GATEWARE_GROUP = "239.73.0.37"
+
+
+@contextmanager
+def served_gateware(slots, max_elements):
+    """`inwire serve --sim icarus:8` on loopback, its results multicast out of lo: its address, once built."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("iverilog") is None:
+        pytest.fail("iverilog is not on PATH (run `make setup`)")
+    process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--sim", "icarus:8", "--listen", "127.0.0.1:0",
+                                "--slots", str(slots), "--max-elements", str(max_elements), "--multicast-iface",
+                                "127.0.0.1"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stderr.readline()
+        if line.startswith("inwire serve: building the gateware"):
+            line = process.stderr.readline()
+        assert "listening on udp://127.0.0.1:" in line, line
+        yield "127.0.0.1", int(line.split("udp://127.0.0.1:")[1].split(",")[0])
+    finally:
+        process.terminate()
+        try:
+            process.communicate(timeout=30)
+        finally:
+            process.kill()
+
+
+def counters_asked_by(island, aggregator):
+    """An aggregator's counters, asked by a member of its registered job with a version 3 stats request."""
+    import numpy as np
+
+    from inwire.datagram import parse_stats_reply, payload_of
+    from inwire.packets import build_frames
+    from inwire.protocol import Opcode
+
+    entry = island.entry
+    request = build_frames(np.zeros((1, 0), dtype=np.int32), opcode=Opcode.STATS_REQUEST, version=3, sender=0,
+                           job=entry.job, token=entry.token, group=entry.group)
+    island.socket.settimeout(30)
+    island.socket.sendto(payload_of(request[0]), aggregator)
+    while True:  # answers to the island's last retransmissions may come first
+        counters = parse_stats_reply(island.socket.recv(65535))
+        if counters is not None:
+            return counters
+
+
+@pytest.mark.sim
+def test_islands_sum_bit_exact_along_a_registered_chain_of_5_levels_through_the_served_gateware(monkeypatch):
+    """A chain of five services registered through their control ports, the middle one `inwire serve --sim`:
+    the gateware's tables take its route (its level, the parent its partial goes to, the child whose partials
+    it takes). The gateware holds jobs with a multicast group only, and with a group a result goes to the group
+    and to no child aggregator: each level below the root gets the result when its members' retransmissions
+    walk up to a level that has it (docs/protocol.md, Loss recovery); the islands here do not listen on the
+    group (their sockets share the services' host), so each takes the answer to its retransmission. Every
+    island gets the exact sum; at every level, the gateware's as the golden model's, each chunk is summed once
+    per member and child and its result relayed once from the parent, and nothing is refused."""
+    from contextlib import ExitStack
+
+    import inwire.client as client
+    from inwire.serve import SoftwareAggregator, serving_in_thread
+
+    # Retransmissions carry the result down: a first one soon, none faster than the co-simulation answers.
+    monkeypatch.setattr(client, "MIN_TIMEOUT_S", 0.5)
+    depth = len(GATEWARE_CHAIN_MEMBERS)
+    with ExitStack() as stack:
+        gateware = stack.enter_context(served_gateware(slots=32, max_elements=CHUNK))
+        services = {level: stack.enter_context(serving_in_thread(SoftwareAggregator(
+            ("127.0.0.1", 0), registered=True, engine="golden", multicast_iface="127.0.0.1", log=lambda line: None)))
+            for level in range(depth) if level != GATEWARE_LEVEL}
+        addresses = [gateware if level == GATEWARE_LEVEL else services[level].address for level in range(depth)]
+        islands, key = join_chain(stack, addresses, GATEWARE_CHAIN_MEMBERS, group=GATEWARE_GROUP, timeout_s=2.0,
+                                  deadline_s=90.0)
+        sums, exact = sum_in_threads(islands, key, join_s=120)
+        assert sums == dict.fromkeys(range(len(islands)), exact)
+        member = next(island for island, (level, _) in islands.items() if level == GATEWARE_LEVEL)
+        counters = {level: service.counters() for level, service in services.items()}
+        counters[GATEWARE_LEVEL] = counters_asked_by(member, gateware)
+    for level in range(depth):
+        below = GATEWARE_CHAIN_MEMBERS[level] + (1 if level < depth - 1 else 0)
+        assert {name: counters[level][name] for name in ("accumulated", "relayed", "drop_member", "drop_mismatch",
+                                                         "drop_job", "drop_token")} == {
+            "accumulated": CHUNKS * below, "relayed": CHUNKS if level else 0, "drop_member": 0, "drop_mismatch": 0,
+            "drop_job": 0, "drop_token": 0}, level
+        # Up once per chunk, and again for each retransmission that reached the level before the result did.
+        assert counters[level]["partials_emitted"] >= (CHUNKS if level else 0), level
 
 
 def test_islands_average_along_a_registered_3_level_tree_of_per_city_services(tmp_path):

@@ -180,7 +180,7 @@ class SoftwareAggregator:
     "fast" (default) or "golden"; `make_aggregator` (a factory taking the `AggregatorConfig`, e.g. a
     co-simulation) implies "golden". `registered` (job tables: version 3) and `unregistered` (versions 1 and 2)
     are the aggregator's (`AggregatorConfig`), and so are `limits`, what its job tables hold (default:
-    `JobLimits()`; a co-simulated gateware holds `inwire_hdl.job_table.GATEWARE_LIMITS`); with `registered` the
+    `JobLimits()`; `inwire serve --sim`'s gateware holds `inwire_hdl.job_table.TREE_LIMITS`); with `registered` the
     control port (`control`) takes registrations signed with the operator `key` (default: `control.load_key()`,
     read before the socket is bound).
     """

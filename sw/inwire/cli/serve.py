@@ -12,7 +12,8 @@ launchers on their own, authenticated with the operator key). --unregistered als
 frames of versions 1 and 2, whose headers configure their slot and route: for captures, trees and the lab,
 never on an aggregator shared by jobs that do not trust each other. With --sim the gateware decides, with
 its job tables written through its control interface as jobs register: it holds jobs with a multicast group
-only (it sends each result once, to the group), and no routes of reduction trees.
+only (it sends each result once, to the group), and with them the routes of reduction trees (2 per job,
+2 child aggregators each), so it can be any level of a registered tree.
 """
 
 import argparse
@@ -102,11 +103,11 @@ def run(args):
     kwargs = {"engine": "golden" if args.golden or args.sim else None, "receive_buffer": args.receive_buffer}
     if args.sim:
         from inwire_hdl.cosim import CoSimulation
-        from inwire_hdl.job_table import GATEWARE_LIMITS
+        from inwire_hdl.job_table import TREE_LIMITS
 
         sim, width = args.sim
         kwargs["make_aggregator"] = lambda config: CoSimulation(sim, width, config)
-        kwargs["limits"] = GATEWARE_LIMITS
+        kwargs["limits"] = TREE_LIMITS  # routes too: the gateware can be any level of a registered tree
     server = SoftwareAggregator(listen, unicast=args.unicast, slots=args.slots, max_elements=args.max_elements,
                                 multicast_iface=args.multicast_iface, lease=args.lease, upstream=args.upstream,
                                 stats_from=args.stats_from, registered=True, unregistered=args.unregistered,
