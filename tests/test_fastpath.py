@@ -1145,6 +1145,19 @@ def test_fast_path_equals_the_model_on_registered_job_traffic(max_elements):
         assert counters[name] > 0, name
 
 
+def test_fast_path_equals_the_model_on_a_tree_with_a_group():
+    """`JobStream`'s traffic of the tree job (0x53), beside the same tree with a multicast group (0x56): below
+    the root a result from the parent goes only to those whose retransmission asked for it."""
+    pair = JobPair(slots=12, max_elements=16)
+    stream = JobStream(seed=77, max_elements=16)
+    tree = stream.entries[0x53]
+    stream.entries = {0x53: tree, 0x56: dataclasses.replace(tree, job=0x56, token=0x0BAD_F00D_0000_0003,
+                                                            group=0xEF000007)}
+    assert job_difference(pair, stream.stream(DATAGRAMS // 2)) is None
+    assert pair.fast.stats()["relayed"] > 0
+    assert any(to == ("239.0.0.7", pair.config.port) for _, to in pair.sent)
+
+
 def test_with_a_group_a_result_relayed_down_goes_to_those_that_asked_as_in_the_model():
     """A job with a group and a tree, below the root: the result that comes down answers the partial sent up
     again for a member's and a child's retransmissions; both engines send it to those two, not to the group,
