@@ -210,9 +210,15 @@ def test_a_round_given_up_under_loss_names_retries(serve, schedule, capsys):
 
 def test_a_registered_run_whose_results_were_refused_names_the_refusals_not_unicast():
     """A registered job's results reach its members whatever --unicast says; what keeps them off is the
-    islands' refusal (another source or token): named, with the way out."""
-    report = {**failed_report(results_emitted=12), "results_checked": 0, "registered": True, "results_refused": 12}
-    (line,) = diagnose(report, "udp", 3)
-    assert line.startswith("the islands refused 12 datagrams as results of their job") and "--unregistered" in line
+    islands' refusal, each kind named as what it is (datagrams from another address than the aggregator's,
+    results without the job's token), never with --unregistered, which would drop the job's protection."""
+    report = {**failed_report(results_emitted=12), "results_checked": 0, "registered": True, "results_refused": 12,
+              "results_from_elsewhere": 9}
+    elsewhere, token = diagnose(report, "udp", 3)
+    assert elsewhere.startswith("the islands refused 9 datagrams from another address than the aggregator's they "
+                                "sent to: a registered job's results count only from there")
+    assert token.startswith("the islands refused 3 results without their job's version and token")
+    assert diagnose({**report, "results_from_elsewhere": 12}, "udp", 3) == [elsewhere.replace("9", "12", 1)]
+    assert not any("--unregistered" in line for line in diagnose(report, "udp", 3))
     unregistered = {**failed_report(results_emitted=12), "results_checked": 0}
     assert any("--unicast" in line for line in diagnose(unregistered, "udp", 3))

@@ -1145,6 +1145,51 @@ def test_fast_path_equals_the_model_on_registered_job_traffic(max_elements):
         assert counters[name] > 0, name
 
 
+def test_fast_path_equals_the_model_on_a_tree_with_a_group():
+    """`JobStream`'s traffic of the tree job (0x53), beside the same tree with a multicast group (0x56): below
+    the root a result from the parent goes only to those whose retransmission asked for it."""
+    pair = JobPair(slots=12, max_elements=16)
+    stream = JobStream(seed=77, max_elements=16)
+    tree = stream.entries[0x53]
+    stream.entries = {0x53: tree, 0x56: dataclasses.replace(tree, job=0x56, token=0x0BAD_F00D_0000_0003,
+                                                            group=0xEF000007)}
+    assert job_difference(pair, stream.stream(DATAGRAMS // 2)) is None
+    assert pair.fast.stats()["relayed"] > 0
+    assert any(to == ("239.0.0.7", pair.config.port) for _, to in pair.sent)
+
+
+def test_with_a_group_a_result_relayed_down_goes_to_those_that_asked_as_in_the_model():
+    """A job with a group and a tree, below the root: the result that comes down answers the partial sent up
+    again for a member's and a child's retransmissions; both engines send it to those two, not to the group,
+    drop a second copy, and then answer a retransmission to its source alone."""
+    from inwire.jobs import CliqueRoute, JobEntry
+
+    pair = JobPair(slots=4, max_elements=8)
+    entry = JobEntry(job=0x55, token=0x0BAD_F00D_0000_0001, slots=1, group=0xEF000007,
+                     members=frozenset(_endpoint(peer) for peer in MEMBER_PEERS[:2]),
+                     routes={0: CliqueRoute(level=0b111, parent=_endpoint(PARENT_PEER),
+                                            children={_endpoint(CHILD_PEERS[0]): 0b100})})
+    shared = dict(version=3, token=entry.token, job=entry.job, group=entry.group, fanin=4, round=5, clique=0,
+                  slot=0, chunk=0, exponent=0)
+
+    def payload(values, status=None, **fields):
+        return payload_of(build_frames(np.asarray(values, dtype=np.int64).reshape(1, -1), status=status,
+                                       **shared, **fields)[0])
+
+    member = [payload([1, 2], opcode=Opcode.CONTRIBUTION, sender=m) for m in (0, 1)]
+    child = payload([3, 4], status=0, opcode=Opcode.PARTIAL, sender=2, bitmap=0b100)
+    result = payload([10, 20], status=0, opcode=Opcode.RESULT, sender=3, bitmap=0b1111)
+    stream = [("install", entry), (member[0], MEMBER_PEERS[0]), (member[1], MEMBER_PEERS[1]),
+              (child, CHILD_PEERS[0]), (member[0], MEMBER_PEERS[0]), (child, CHILD_PEERS[0]),
+              (result, PARENT_PEER)]
+    assert job_difference(pair, stream) is None
+    relayed = [to for _, to in pair.sent[-2:]]
+    assert relayed == [MEMBER_PEERS[0], CHILD_PEERS[0]], pair.sent
+    assert job_difference(pair, [(result, PARENT_PEER), (member[1], MEMBER_PEERS[1])]) is None
+    assert [to for _, to in pair.sent[-1:]] == [MEMBER_PEERS[1]]
+    assert [pair.fast.stats()[name] for name in ("relayed", "drop_duplicate")] == [1, 1]
+
+
 def frame_source(frame):
     """Where a frame's datagram comes from, as a kernel reports it: the frame's IPv4 source and UDP port; a frame
     too short to name them, from the first of PEERS."""

@@ -315,9 +315,10 @@ DEPTH = 4
 TREE_JOB = dict(job=0x7EE_0001, token=0x7EE_7EE_7EE_7EE, slots=2)
 
 
-def chain(depth=DEPTH):
+def chain(depth=DEPTH, group=0):
     """Aggregators 0 (the root) to depth - 1 in a chain; aggregator i has members 2i and 2i + 1 of a clique
-    of 2 * depth and gathers them and those below it; the root's level is the whole clique (0)."""
+    of 2 * depth and gathers them and those below it; the root's level is the whole clique (0). The job's
+    results go to `group` (0: unicast copies)."""
     configs = [replace(CONFIG, ip=0x0A_00_10_01 + level, mac=0x02_00_00_10_00_01 + level)
                for level in range(depth)]
     endpoints = [(config.ip, config.port) for config in configs]
@@ -329,13 +330,13 @@ def chain(depth=DEPTH):
                             parent=endpoints[level - 1] if level else None,
                             children={endpoints[level + 1]: gathered[level + 1]} if level + 1 < depth else {})
         aggregator = Aggregator(config)
-        aggregator.install(JobEntry(members=set(members[level]), routes={0: route}, **TREE_JOB))
+        aggregator.install(JobEntry(members=set(members[level]), routes={0: route}, group=group, **TREE_JOB))
         aggregators.append(aggregator)
     return aggregators, endpoints, members
 
 
-def contribution_to(config, member, sender, fanin, **fields):
-    entry = JobEntry(members={member}, **TREE_JOB)
+def contribution_to(config, member, sender, fanin, group=0, **fields):
+    entry = JobEntry(members={member}, group=group, **TREE_JOB)
     return frame(entry, member, to=config, sender=sender, fanin=fanin, elements=(sender + 1, -10 * sender, 7),
                  **fields)
 
@@ -366,6 +367,29 @@ def test_a_tree_of_depth_4_gives_every_member_the_exact_sum_over_each_link_once(
     assert network.links == expected
     assert [a.stats()["relayed"] for a in aggregators] == [0] + [1] * (DEPTH - 1)
     assert set(network.inbox) == {member for pair in members for member in pair}
+
+
+def test_with_a_group_a_result_relayed_down_goes_only_to_the_members_that_retransmitted():
+    """With a group the root's result reaches every member at once; a lower aggregator gets it only as the
+    answer to its partial sent again for a member's retransmission. That member (and only it) gets the copy:
+    the group is not sent the result a second time, and a second answer from the parent is dropped."""
+    aggregators, endpoints, members = chain(3, group=GROUP)
+    network = Network(aggregators)
+    for level in reversed(range(3)):
+        for k, member in enumerate(members[level]):
+            network.send(contribution_to(aggregators[level].config, member, 2 * level + k, 6, group=GROUP))
+    network.run()
+    assert [source_of(data) for data in network.inbox[GROUP, PORT]] == [endpoints[0]]
+    lost, other = members[2]
+    network.send(contribution_to(aggregators[2].config, lost, 4, 6, group=GROUP))
+    network.send(contribution_to(aggregators[1].config, members[1][0], 2, 6, group=GROUP))
+    network.run()
+    assert len(network.inbox[GROUP, PORT]) == 1, "the group got the result again"
+    exact = [sum(m + 1 for m in range(6)), sum(-10 * m for m in range(6)), 42]
+    assert [values(data) for data in network.inbox[lost]] == [exact]
+    assert [values(data) for data in network.inbox[members[1][0]]] == [exact]
+    assert not network.inbox[other] and not network.inbox[members[1][1]]
+    assert [a.stats()["relayed"] for a in aggregators] == [0, 1, 1]
 
 
 def test_a_result_from_the_parent_is_relayed_once_and_a_member_is_then_answered_below():

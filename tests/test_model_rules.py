@@ -213,7 +213,7 @@ class Reference:
             if slot["final"]:
                 return Disposition.DROP_DUPLICATE, []
             slot.update(sums=list(f["elements"]), members=members, overflow=bool(f["status"] & 1), final=True)
-            return Disposition.RELAYED, self.down(f, job, slot)
+            return Disposition.RELAYED, self.down(f, job, slot, relayed=True)
         if opcode == RESULT_REQUEST:
             if slot and slot["complete"] and owner == key:
                 if not v3:
@@ -228,7 +228,11 @@ class Reference:
             if slot["complete"]:
                 if not v3:
                     return Disposition.ANSWERED, [self.output(f, route, slot)]
-                if parent is not None and not slot["final"]:
+                if parent is not None and not slot["final"]:  # noted: the result that comes down answers it
+                    if opcode == PARTIAL:
+                        slot["asked_children"] |= {source} & slot["children"]
+                    elif sender in slot["sources"]:
+                        slot["asked"] |= 1 << sender
                     return Disposition.ANSWERED, [self.job_output(f, job, slot, PARTIAL, parent)]
                 return Disposition.ANSWERED, [self.job_output(f, job, slot, RESULT, source)]
             if slot["members"] & members:
@@ -246,7 +250,8 @@ class Reference:
             slot = None
         if slot is None:
             slot = self.slots[index] = dict(owner=key, shape=shape, members=0, sums=[0] * count, overflow=False,
-                                            complete=False, final=False, sources={}, children=set())
+                                            complete=False, final=False, sources={}, children=set(), asked=0,
+                                            asked_children=set())
         sums = [s + e for s, e in zip(slot["sums"], f["elements"], strict=True)]
         if any(not INT32_MIN <= s <= INT32_MAX for s in sums):
             self.counters["saturations"] += 1
@@ -269,15 +274,20 @@ class Reference:
             return Disposition.ACCUMULATED, [self.job_output(f, job, slot, PARTIAL, parent)]
         return Disposition.ACCUMULATED, self.down(f, job, slot)
 
-    def down(self, f, job, slot):
-        """A version 3 result going down from here: to the job's group, else one copy to each member index's
-        source (by index; an address that several indices sent from only once, at its first) and to each
-        child whose partial was summed (in address order)."""
-        if job["group"]:
+    def down(self, f, job, slot, relayed=False):
+        """A version 3 result going down from here: from the root, to the job's group; else one copy to each
+        member index's source (by index; an address that several indices sent from only once, at its first)
+        and to each child whose partial was summed (in address order). With a group the root sent it to the
+        group, so a result relayed from the parent goes only to those indices and children whose retransmission
+        sent the partial up again."""
+        if job["group"] and not relayed:
             return [self.job_output(f, job, slot, RESULT, (job["group"], self.config.port),
                                     eth_dst=0x01_00_5E_00_00_00 | job["group"] & 0x7FFFFF)]
+        asked = slot["asked"] if job["group"] else ~0
+        children = slot["asked_children"] if job["group"] else slot["children"]
         where = []
-        for destination in [slot["sources"][index] for index in sorted(slot["sources"])] + sorted(slot["children"]):
+        for destination in ([slot["sources"][index] for index in sorted(slot["sources"]) if asked >> index & 1]
+                            + sorted(children)):
             if destination not in where:
                 where.append(destination)
         return [self.job_output(f, job, slot, RESULT, destination) for destination in where]
@@ -905,6 +915,33 @@ def test_partials_emitted_counts_every_partial_sent_again():
     assert counts(child, *names) == (4, 1, 4)
 
 
+def test_a_group_s_lower_level_relays_a_result_only_to_those_whose_retransmission_asked():
+    """A job with a group and a tree: the root sends the result to the group, so a level below gets it only
+    as the answer to its partial sent up again for a retransmission. The model follows the rules through
+    the level, the retransmissions, the result (to the member and the child that asked, not to the group)
+    and a second copy of it; after it a retransmission is answered to its source alone."""
+    config = dataclasses.replace(REGISTERED, unregistered=False)
+    entry = JobEntry(job=9, token=0x5A5A_0000_0000_0001, slots=1, members=MEMBERS, group=0xEF_00_00_09,
+                     routes={0: CliqueRoute(level=0b0111, parent=PARENT, children={CHILDREN[0]: 0b0100})})
+    reference, aggregator = Reference(config), Aggregator(config)
+    assert aggregator.install(entry) == reference.install(entry)
+    shared = dict(version=3, token=entry.token, job=entry.job, group=entry.group, fanin=4, round=3, clique=0, slot=0,
+                  chunk=0, exponent=0, elements=[5, -7])
+
+    def member(sender, source):
+        return dict(shared, opcode=CONTRIBUTION, sender=sender, ip_src=source[0], udp_sport=source[1])
+
+    child = dict(shared, opcode=PARTIAL, sender=2, bitmap=0b0100, status=0, ip_src=CHILDREN[0][0],
+                 udp_sport=CHILDREN[0][1])
+    result = dict(shared, opcode=RESULT, sender=3, bitmap=0b1111, status=0, elements=[20, -28], ip_src=PARENT[0],
+                  udp_sport=PARENT[1])
+    steps = [member(0, MEMBERS[0]), member(1, MEMBERS[1]), child, member(0, MEMBERS[0]), child, result, result,
+             member(1, MEMBERS[1])]
+    frames = [(f, build(f), None) for f in (frame_fields(config, **step) for step in steps)]
+    assert compare(aggregator, reference, frames) is None
+    assert counts(aggregator, "relayed", "drop_duplicate", "partials_emitted", "results_emitted") == (1, 1, 3, 3)
+
+
 def test_members_32_to_63_are_summed_once_and_complete_their_level():
     """A level of the upper 32 members of a clique of 64 at a child, then the whole clique at its parent."""
     child, root = Aggregator(OWN), Aggregator(dataclasses.replace(OWN, ip=UPSTREAM[0]))
@@ -1103,6 +1140,12 @@ TAMPERS = {
         "job_streams"),
     "partial_again_after_the_result_came_down": ((Aggregator, "_answer", lambda: _replaced(
         Aggregator._answer, "if parent is not None and not slot.final:", "if parent is not None:")), "job_streams"),
+    "relayed_to_the_group": ((Aggregator, "_relay", lambda: _replaced(
+        Aggregator._relay, "self._down(header, slot, relayed=True)", "self._down(header, slot)")),
+        "test_a_group_s_lower_level_relays_a_result_only_to_those_whose_retransmission_asked"),
+    "relayed_to_every_member_here": ((Aggregator, "_down", lambda: _replaced(
+        Aggregator._down, "if not entry.group or slot.asked >> index & 1", "")),
+        "test_a_group_s_lower_level_relays_a_result_only_to_those_whose_retransmission_asked"),
     "relayed_every_time": ((Aggregator, "_relay", lambda: _replaced(
         Aggregator._relay, "if slot.final:\n        return Disposition.DROP_DUPLICATE, []\n", "")), "job_streams"),
     "request_below_the_root_answered_before_the_result": ((Aggregator, "_result_request", lambda: _replaced(

@@ -271,6 +271,37 @@ def job_frame(entry, opcode, sender, values=(), slot=0, fanin=2, round_=1):
     return payload[:FRAME_HEADER_BYTES - PAYLOAD_OFFSET] if opcode == Opcode.RESULT_REQUEST else payload
 
 
+@pytest.mark.parametrize("engine", ["golden", "fast"])
+def test_a_registered_tree_with_a_group_relays_a_result_only_to_those_that_asked(server, engine):
+    """A lower level of a job with a group and a tree: the root sent the group the result, so the one that
+    comes down (the parent's answer to the partial sent up again for a member's retransmission) goes to that
+    member alone, not to the group a second time; a second copy from the parent goes nowhere."""
+    from inwire.datagram import ip_int
+    from inwire.jobs import CliqueRoute, JobEntry
+
+    if engine == "fast":
+        pytest.importorskip("inwire._kernel")
+    aggregator = server(engine=engine, registered=True, key=bytes(32))
+    members, parent = [("127.0.0.1", 5000), ("127.0.0.1", 5001)], ("127.0.0.5", 6000)
+    entry = JobEntry(job=0x2B2B, token=0x5EC2E7_0000_0002, slots=1, group=0xEF_00_00_2B,
+                     members=frozenset((ip_int(host), port) for host, port in members),
+                     routes={0: CliqueRoute(level=0b11, parent=(ip_int(parent[0]), parent[1]))})
+    aggregator.install_job(entry)
+    contributions = [job_frame(entry, Opcode.CONTRIBUTION, sender, [sender + 1], fanin=3) for sender in (0, 1)]
+    assert aggregator.handle(contributions[0], members[0]) == []
+    ((partial, to),) = aggregator.handle(contributions[1], members[1])
+    assert (partial[3], to) == (Opcode.PARTIAL, parent)
+    ((again, to),) = aggregator.handle(contributions[1], members[1])
+    assert (again, to) == (partial, parent)
+    frame = build_frames(np.asarray([[10]], dtype=np.int32), opcode=Opcode.RESULT, version=3, sender=2, fanin=3,
+                         job=entry.job, token=entry.token, round=1, clique=0, slot=0, chunk=0, group=entry.group,
+                         bitmap=0b111, status=0)
+    result = payload_of(frame[0])
+    assert [to for _, to in aggregator.handle(result, parent)] == [members[1]]
+    assert aggregator.handle(result, parent) == []
+    assert aggregator.counters()["relayed"] == 1
+
+
 def _udp_sockets(count):
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]
     for sock in sockets:

@@ -126,6 +126,11 @@ def test_a_round_whose_results_carry_another_token_never_finishes_within_its_tim
     assert not report["rounds"][0]["finished"] and report["bit_exact"] is False
     assert report["results_refused"] > 0 and report["results_checked"] == 0
     assert "no result for chunk" in captured.err
+    # The diagnosis names the refused token, not an address, and never suggests dropping the registration.
+    assert report["results_from_elsewhere"] == 0
+    assert report["diagnosis"] == [f"the islands refused {report['results_refused']} results without their job's "
+                                   f"version and token: results of another job, or forged ones, reach the "
+                                   f"islands' ports"]
 
 
 def test_an_aggregator_too_small_for_the_run_refuses_its_registration(service, schedule, capsys):

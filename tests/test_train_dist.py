@@ -87,6 +87,43 @@ def test_a_launch_is_a_registered_job_and_an_aggregator_that_refuses_it_stops_it
     assert not list(tmp_path.glob("*.log"))
 
 
+def test_a_launch_holds_its_members_places_and_each_island_registers_a_socket_of_its_own(tmp_path):
+    """The launcher never names a port it probed and let go (another process could take it before the island
+    binds it): the members its leases register are sockets it holds while the islands run, so no one else can
+    bind them, and each island is told to register a socket of its own in the same entry, which the aggregator
+    merges with the one it holds (a clash would be refused)."""
+    import dataclasses
+    import socket
+
+    from inwire.control import JobLease, entry_from_json
+    from inwire.datagram import ip_int, ip_str
+    from inwire.serve import SoftwareAggregator, serving_in_thread
+    from inwire.train.dist import registration
+    from inwire.train.island import JOB_VARIABLE, REGISTER_VARIABLE
+
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps({"islands": ["LON", "NYC"], "rounds": [
+        {"cliques": [{"members": ["LON", "NYC"], "aggregator": "LON"}], "time_ms": 1.0}]}))
+    with serving_in_thread(SoftwareAggregator(("127.0.0.1", 0), engine="golden", registered=True,
+                                              log=lambda line: None)) as server:
+        environments, lease = registration(["LON", "NYC"], f"127.0.0.1:{server.address[1]}", schedule, False, 5)
+        entry = entry_from_json(json.loads(environments["LON"][JOB_VARIABLE]))
+        assert entry.job == 5 and len(entry.members) == 2
+        with lease:
+            for address, port in entry.members:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other, pytest.raises(OSError):
+                    other.bind((ip_str(address), port))
+            for island in ("LON", "NYC"):
+                ((aggregator, fields),) = json.loads(environments[island][REGISTER_VARIABLE])
+                assert aggregator == f"127.0.0.1:{server.address[1]}"
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as own:
+                    own.bind(("127.0.0.1", 0))
+                    mine = dataclasses.replace(entry_from_json(fields), members={(ip_int("127.0.0.1"),
+                                                                                  own.getsockname()[1])})
+                    with JobLease(aggregator, mine) as joined:
+                        assert list(joined.bases.values()) == [0]
+
+
 def test_a_missing_island_is_named_on_every_rank_of_the_others(tmp_path):
     """LON and SIN (2 ranks each) average with NYC, which never starts: rank 0 fails at its deadline naming
     NYC (the roll call at the aggregator), and tells rank 1, whose error names NYC too."""

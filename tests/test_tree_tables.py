@@ -372,3 +372,61 @@ def test_a_clique_index_with_two_routes_at_one_aggregator_is_refused_in_one_line
     with pytest.raises(TreeError) as refused:
         tree_job_entries(job, schedule, {"R": islands["R"]}, aggregators)
     assert str(refused.value) == "schedule round 0, clique 0: no address for island X, Y"
+
+
+@pytest.mark.parametrize("engine", ["fast", "golden"])
+def test_a_stalled_sum_s_roll_call_names_the_missing_member_at_every_level_of_a_registered_tree(engine):
+    """A chain of two services, member 0 at the root C0, members 1 and 2 below at C1; member 2 never sends. The
+    island below is told that member 2's contribution never arrived (its roll call, kept at its own service,
+    finds member 1 and not member 2); the island at the root, whose service holds no record of members 1 and 2,
+    is told that every member sending there answered and that 1 and 2 send to another aggregator of the tree,
+    not that they are missing."""
+    from contextlib import ExitStack, closing
+
+    import numpy as np
+
+    import inwire.client as client
+    from inwire.client import ClientError, CliqueKey, UdpMember, job_slots
+    from inwire.control import JobLease, new_job
+    from inwire.datagram import ip_int
+    from inwire.serve import SoftwareAggregator, serving_in_thread
+
+    if engine == "fast":
+        pytest.importorskip("inwire._kernel")
+    cities = ["C0", "C1"]
+    with ExitStack() as stack:
+        services = {city: stack.enter_context(serving_in_thread(SoftwareAggregator(
+            ("127.0.0.1", 0), unicast=True, registered=True, engine=engine, log=lambda line: None)))
+            for city in cities}
+        islands = [stack.enter_context(closing(UdpMember(services[city].address, chunk=CHUNK, timeout_s=0.05,
+                                                         deadline_s=1.5)))
+                   for city in ("C0", "C1", "C1")]
+        place = {island: (city, index) for index, (island, city) in enumerate(zip(islands, ("C0", "C1", "C1")))}
+        endpoint = {island: (ip_int(island.address[0]), island.address[1]) for island in islands}
+        aggregators = {city: (ip_int(service.address[0]), service.address[1]) for city, service in services.items()}
+        routes = tree_routes("C0", {"C1": "C0"}, {endpoint[island]: at for island, at in place.items()}, aggregators)
+        job = new_job([island.address for island in islands], job_slots(1, client.DEFAULT_WINDOW, len(islands)))
+        entries = {city: replace(job, routes={0: routes[city]},
+                                 members={endpoint[island] for island, (at, _) in place.items() if at == city})
+                   for city in cities}
+        for city in cities:
+            stack.enter_context(JobLease(services[city].address, entries[city]))
+        for island, (city, _) in place.items():
+            island.join(entries[city])
+        key = CliqueKey(job=job.job, round=1, clique=0, group=0, fanin=3, exponent=0, token=job.token)
+        failures = {}
+
+        def island_sums(island):
+            with pytest.raises(ClientError) as failure:
+                island.sum(key, place[island][1], np.arange(ELEMENTS))
+            failures[place[island][1]] = failure.value
+
+        threads = [threading.Thread(target=island_sums, args=(island,)) for island in islands[:2]]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+    assert failures[1].missing == (2,) and "no contribution of member 2 arrived" in str(failures[1]), failures[1]
+    assert failures[0].missing == () and ("every member that sends to this aggregator answered the roll call; "
+                                          "member 1, member 2 send to other aggregators of the registered tree"
+                                          in str(failures[0])), failures[0]

@@ -113,6 +113,9 @@ typedef struct {
     /* Version 3 (registered jobs). */
     int final;            /* below the root: the clique's result came down from the parent and replaced the sums */
     uint64_t sourced;     /* bit i: member i's contribution came from source[i] */
+    /* Below the root, before the result came down: those whose retransmission sent the partial up again (the
+       model's Slot.asked and asked_children), members by index, children by their place in `child`. */
+    uint64_t asked, asked_children;
     Py_ssize_t n_children;
     uint64_t *source;     /* max_members endpoints each, made when a version 3 frame first claims the slot */
     uint64_t *child;      /* the child aggregators whose partials the slot holds, ascending */
@@ -383,6 +386,7 @@ static int claim(Decider *d, slot_t *s, const owner_t *key, const shape_t *shape
     s->overflow = 0;
     s->final = 0;
     s->sourced = 0;
+    s->asked = s->asked_children = 0;
     s->n_children = 0;
     return 0;
 }
@@ -678,40 +682,47 @@ static PyObject *send_one(Decider *d, PyObject *body, uint64_t endpoint, int par
     return sends;
 }
 
-/* Whether a copy of the result went to `endpoint` already: from a member index below `index` (64: any), or a child
-   before `child`. */
-static int sent_already(const slot_t *s, uint64_t endpoint, unsigned index, Py_ssize_t child)
+/* Whether a copy of the result went to `endpoint` already: from a member index of `members` below `index` (64:
+   any), or a child of `children` (bits by place) before `child`. */
+static int sent_already(const slot_t *s, uint64_t members, uint64_t children, uint64_t endpoint, unsigned index,
+                        Py_ssize_t child)
 {
     uint64_t below = index >= 64 ? ~0ULL : (1ULL << index) - 1;
-    for (uint64_t bits = s->sourced & below; bits; bits &= bits - 1)
+    for (uint64_t bits = members & below; bits; bits &= bits - 1)
         if (s->source[__builtin_ctzll(bits)] == endpoint)
             return 1;
     for (Py_ssize_t i = 0; i < child; i++)
-        if (s->child[i] == endpoint)
+        if (children >> i & 1 && s->child[i] == endpoint)
             return 1;
     return 0;
 }
 
-/* The result sent down from here (the model's _down): to the job's group, or (no group) a copy to each address a
-   contribution the slot took here came from (by member index, once an address) and to each child aggregator
-   whose partial it took. */
-static PyObject *send_down(Decider *d, slot_t *s, const job_t *j, uint64_t sender, uint64_t slot, int fresh)
+/* The result sent down from here (the model's _down): from the root, to the job's group; else a copy to each
+   address a contribution the slot took here came from (by member index, once an address) and to each child
+   aggregator whose partial it took. A result `relayed` from the parent of a job with a group answers
+   retransmissions (the root sent it to the group): only those that asked (`asked`, `asked_children`) get it. */
+static PyObject *send_down(Decider *d, slot_t *s, const job_t *j, uint64_t sender, uint64_t slot, int fresh,
+                           int relayed)
 {
     PyObject *body = job_output(d, s, j, d->k[K_RESULT], sender, slot, fresh);
     if (body == NULL)
         return NULL;
-    if (j->group)
+    if (j->group && !relayed)
         return send_one(d, body, j->group << 16 | d->config[C_PORT], 0);
+    uint64_t members = j->group ? s->sourced & s->asked : s->sourced;
+    uint64_t children = j->group ? s->asked_children : ~0ULL;
     PyObject *sends = PyList_New(0);
     if (sends == NULL)
         goto failed;
-    for (uint64_t bits = s->sourced; bits; bits &= bits - 1) {
+    for (uint64_t bits = members; bits; bits &= bits - 1) {
         unsigned index = (unsigned)__builtin_ctzll(bits);
-        if (!sent_already(s, s->source[index], index, 0) && send_to(d, sends, body, s->source[index], 0) < 0)
+        if (!sent_already(s, members, children, s->source[index], index, 0)
+            && send_to(d, sends, body, s->source[index], 0) < 0)
             goto failed;
     }
     for (Py_ssize_t i = 0; i < s->n_children; i++)
-        if (!sent_already(s, s->child[i], 64, i) && send_to(d, sends, body, s->child[i], 0) < 0)
+        if (children >> i & 1 && !sent_already(s, members, children, s->child[i], 64, i)
+            && send_to(d, sends, body, s->child[i], 0) < 0)
             goto failed;
     Py_DECREF(body);
     return sends;
@@ -841,16 +852,23 @@ static long long decide_job(Decider *d, const uint8_t *p, Py_ssize_t length, uin
         s->bitmap = members;
         s->overflow = (p[length - 1] & k[K_STATUS_OVERFLOW]) != 0;
         s->final = 1;
-        *reply = send_down(d, s, j, sender, slot, 1);
+        *reply = send_down(d, s, j, sender, slot, 1, 1);
         return *reply ? (long long)k[K_RELAYED] : -1;
     }
     shape_t shape = {fanin, group, count, exponent, level};
     long long admitted = admit(d, s, &key, &shape, members);
     if (admitted == ANSWER_DUE) {
-        /* To the frame's source alone: below the root the partial again until the result came down. */
-        if (route->parent != 0 && !s->final)
+        /* To the frame's source alone: below the root the partial again until the result came down, noting who
+           asked (the result that comes down answers them). */
+        if (route->parent != 0 && !s->final) {
+            if (opcode != k[K_PARTIAL])
+                s->asked |= s->sourced & (uint64_t)1 << sender;
+            else
+                for (Py_ssize_t i = 0; i < s->n_children; i++)
+                    if (s->child[i] == from)
+                        s->asked_children |= (uint64_t)1 << i;
             *reply = send_one(d, job_output(d, s, j, k[K_PARTIAL], sender, slot, 0), route->parent, 1);
-        else
+        } else
             *reply = send_one(d, job_output(d, s, j, k[K_RESULT], sender, slot, 0), from, 0);
         return *reply ? (long long)k[K_ANSWERED] : -1;
     }
@@ -865,7 +883,7 @@ static long long decide_job(Decider *d, const uint8_t *p, Py_ssize_t length, uin
     if (route->parent != 0)
         *reply = send_one(d, job_output(d, s, j, k[K_PARTIAL], sender, slot, 1), route->parent, 1);
     else
-        *reply = send_down(d, s, j, sender, slot, 1);
+        *reply = send_down(d, s, j, sender, slot, 1, 0);
     return *reply ? (long long)k[K_ACCUMULATED] : -1;
 }
 
@@ -1456,6 +1474,7 @@ static void reset_slot(Decider *d, slot_t *s)
     Py_CLEAR(s->output);
     s->owned = s->done = s->overflow = s->final = 0;
     s->bitmap = s->stamp = s->sourced = 0;
+    s->asked = s->asked_children = 0;
     s->n_children = 0;
 }
 

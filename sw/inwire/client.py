@@ -330,13 +330,21 @@ class RollCall:
     instead); the aggregator answers each with at most one result, so nothing is amplified. `read(payload)`
     notes the members whose records a result shows: `seen`, and in `elsewhere` {member: averaging round}
     those found at a `nearby` round. Its slots lie beyond the schedule's: an aggregator with no more slots
-    than `slots_needed` answers none (then `seen` stays without this member, and nothing can be told)."""
+    than `slots_needed` answers none (then `seen` stays without this member, and nothing can be told).
 
-    def __init__(self, key: CliqueKey, member: int, window: int, nearby: Sequence[Nearby] = ()) -> None:
+    In a registered tree (`tree`: (the records' clique, `here`), from `UdpMember._tree_place`) each
+    aggregator's route of the clique gathers a level, which a one-member record is not, so the records name a
+    clique no route names (each aggregator keeps them as sums of their own), and the roll call asks only for
+    the members that send to this member's aggregator (`here`, a bitmap): the others' records are kept at
+    theirs."""
+
+    def __init__(self, key: CliqueKey, member: int, window: int, nearby: Sequence[Nearby] = (),
+                 tree: tuple[int, int] | None = None) -> None:
         self.member, self.fanin, self.max_cliques = member, key.fanin, key.max_cliques
-        self.owner = (key.job, key.round, key.clique)
+        record_clique, self.here = tree if tree is not None else (key.clique, (1 << key.fanin) - 1)
+        self.owner = (key.job, key.round, record_clique)
         self.first = presence_slot(0, key, window)
-        self.records = _presence_payloads(key, key.round, key.clique,
+        self.records = _presence_payloads(key, key.round, record_clique,
                                           [presence_slot(m, key, window) for m in range(key.fanin)])
         self.requests = [_request(record) for record in self.records]
         self.seen: set[int] = set()
@@ -349,9 +357,9 @@ class RollCall:
                               key.token)
             members = [m for m in place.positions if m != member and 0 <= m < key.fanin]
             slots = [presence_slot(place.positions[m], there, window) for m in members]
-            for m, slot_, record in zip(members, slots, _presence_payloads(key, place.protocol_round, place.clique,
-                                                                           slots)):
-                self.places[(key.job, place.protocol_round, place.clique, slot_)] = (m, place.round)
+            clique = place.clique if tree is None else record_clique
+            for m, slot_, record in zip(members, slots, _presence_payloads(key, place.protocol_round, clique, slots)):
+                self.places[(key.job, place.protocol_round, clique, slot_)] = (m, place.round)
                 self.nearby_requests.setdefault(m, []).append(_request(record))
         self.calls = 0
         self.version, self.token = key.version, key.token
@@ -359,7 +367,7 @@ class RollCall:
     def datagrams(self) -> list[bytes]:
         self.calls += 1
         sends = [] if self.member in self.seen else [self.records[self.member]]
-        unheard = [m for m in range(self.fanin) if m != self.member and m not in self.seen]
+        unheard = [m for m in range(self.fanin) if m != self.member and m not in self.seen and self.here >> m & 1]
         return (sends + [self.requests[m] for m in unheard]
                 + [request for m in unheard if m not in self.elsewhere for request in self.nearby_requests.get(m, ())])
 
@@ -945,7 +953,7 @@ class UdpMember:
                     roll_at = max(roll_at, roll_next)
                 if now >= roll_at:
                     if roll is None or roll_send is None or roll_of is not run:
-                        roll, roll_of = RollCall(run.key, member, self.window, nearby), run
+                        roll, roll_of = RollCall(run.key, member, self.window, nearby, self._tree_place(run.key)), run
                         roll_send = self._sender(self._root(host, port, route))
                     roll_send(roll.datagrams())
                     roll_next = roll_at = now + min(self.timeout_s, quiet)
@@ -1004,6 +1012,20 @@ class UdpMember:
                     select.select([], [sock], [])  # a full send buffer, waited out as a blocking sendto would
         return send
 
+    def _tree_place(self, key: CliqueKey) -> tuple[int, int] | None:
+        """For a clique that the registered job's tables route along a tree: (a clique no route names, where the
+        roll call's records go; the members that send to this member's aggregator: its level without its
+        children's), else None."""
+        entry = self.entry
+        route = entry.routes.get(key.clique) if entry is not None else None
+        if entry is None or route is None:
+            return None
+        below = 0
+        for held in route.children.values():
+            below |= held
+        free = next(clique for clique in range(0xFFFF, -1, -1) if clique not in entry.routes)
+        return free, route.resolved_level(key.fanin) & ~below
+
     def _root(self, host: str, port: int, route: Mapping[str, int] | None) -> Address:
         """The (host, port) of the clique's root aggregator, where the roll call is kept: the member's own
         aggregator, or the topmost hop its route names (the aggregators of a tree share one port)."""
@@ -1037,10 +1059,18 @@ class UdpMember:
                 cause += (" (or it takes registered jobs only, as inwire serve does unless --unregistered, and this "
                           "island sends unregistered frames: give it its job, entry= or $INWIRE_JOB)")
         else:
-            missing = [m for m in range(key.fanin) if m not in roll.seen]
+            missing = [m for m in range(key.fanin) if m not in roll.seen and roll.here >> m & 1]
+            # In a registered tree the roll call sees only the members that send to this island's aggregator.
+            beyond = [named[m] for m in range(key.fanin) if not roll.here >> m & 1]
             absent = [named[m] for m in missing if m not in roll.elsewhere]
-            cause = (f"no contribution of {', '.join(named[m] for m in missing)} arrived" if missing else
-                     f"every member answered the roll call, yet {unreached}")
+            if missing:
+                cause = f"no contribution of {', '.join(named[m] for m in missing)} arrived"
+            elif beyond:
+                cause = (f"every member that sends to this aggregator answered the roll call; {', '.join(beyond)} "
+                         f"send{'s' if len(beyond) == 1 else ''} to other aggregators of the registered tree, whose "
+                         f"roll-call records this island cannot see: one of them never contributed, or {unreached}")
+            else:
+                cause = f"every member answered the roll call, yet {unreached}"
             if absent:
                 cause += f" (the aggregator holds no roll-call record of {'it' if len(absent) == 1 else 'them'})"
             behind = [f"{named[m]} at round {roll.elsewhere[m]}" for m in missing if m in roll.elsewhere]

@@ -24,6 +24,22 @@ def drop_line(disposition, frames, context):
     return f"the aggregator dropped {frames} frames as {name} ({disposition.meaning})"
 
 
+def refusal_lines(report):
+    """Why a registered run's islands refused results: `results_from_elsewhere` of its `results_refused` came
+    from another address than the aggregator's, the rest were results without the job's version and token."""
+    refused = report["results_refused"]
+    elsewhere = min(report.get("results_from_elsewhere", 0), refused)
+    lines = []
+    if elsewhere:
+        lines.append(f"the islands refused {elsewhere} datagrams from another address than the aggregator's they "
+                     f"sent to: a registered job's results count only from there (a relay or NAT between them "
+                     f"and the aggregator rewrites the source, or another host sends to the islands' ports)")
+    if refused > elsewhere:
+        lines.append(f"the islands refused {refused - elsewhere} results without their job's version and token: "
+                     f"results of another job, or forged ones, reach the islands' ports")
+    return lines
+
+
 def diagnose(report, target_kind, largest_clique, failed_slot=None, kernel=None):
     """Lines naming what the counters say went wrong and what to do; [] when nothing needs explaining.
 
@@ -52,9 +68,7 @@ def diagnose(report, target_kind, largest_clique, failed_slot=None, kernel=None)
         lines.append(f"the kernel dropped {kernel['islands']} datagrams at the islands' sockets (receive buffer "
                      f"full); lower --window")
     if report.get("results_refused"):
-        lines.append(f"the islands refused {report['results_refused']} datagrams as results of their job: from "
-                     f"another address than the aggregator's they sent to, or without the job's token (a relay or "
-                     f"NAT between them and the aggregator: run with --unregistered)")
+        lines += refusal_lines(report)
     elif (target_kind == "udp" and not report.get("registered") and moved.get("results_emitted")
             and report["results_checked"] == 0):
         lines.append(f"the aggregator sent {moved['results_emitted']} results but none reached the islands: it "

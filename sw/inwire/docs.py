@@ -135,10 +135,12 @@ aggregator of its clique, holding only that child's members; a result from the c
 slot and is counted. Its `expect` and hop fields must be 0 (`drop_route`): the route is the tables'. Everything the
 aggregator sends for a job goes to an address in the job's tables: the result to the job's group or, one
 copy each, to the addresses the slot's contributions came from (once an address, however many members
-send from it, a member that left since included) and the child aggregators whose partials it took; a
-partial to the clique's parent; the answer to a retransmission or a result request to its sender alone,
-once per request. Results carry the job's token, and members accept results only from the aggregator they
-sent to, with their job's token.
+send from it, a member that left since included) and the child aggregators whose partials it took; with a
+group, the root's result reaches every member at once, so a result that comes down to a lower level (the
+answer to its partial sent up again for a retransmission) goes only to the members and child aggregators
+whose retransmission sent it, not to the group again; a partial to the clique's parent; the answer to a
+retransmission or a result request to its sender alone, once per request. Results carry the job's token,
+and members accept results only from the aggregator they sent to, with their job's token.
 A stats reply is larger than its request, so a version {JOB_VERSION} stats request is answered only once
 these checks passed, to the member that asked: no one else can have an aggregator that takes registered
 jobs only reflect a larger reply at an address of their choosing.

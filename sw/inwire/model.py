@@ -161,6 +161,11 @@ class Slot:
     """Version 3: the child aggregators whose partials the slot holds."""
     final: bool = False
     """Version 3, below the root: the clique's result came down from the parent and replaced the sums."""
+    asked: int = 0
+    """Version 3, below the root, before the result came down: the member indices (of `sources`) whose
+    retransmitted contribution sent the partial up again."""
+    asked_children: set[Endpoint] = field(default_factory=set)
+    """Likewise, the child aggregators (of `children`) whose retransmitted partial did."""
 
 
 def round_is_newer(candidate: int, current: int) -> bool:
@@ -561,7 +566,7 @@ class Aggregator:
         slot.bitmap = tree_fields(header).members
         slot.overflow = carried
         slot.final = True
-        return Disposition.RELAYED, self._down(header, slot)
+        return Disposition.RELAYED, self._down(header, slot, relayed=True)
 
     def _claim(self, slot: Slot, header: np.void, route: CliqueRoute = FLAT) -> None:
         slot.key = _key(header)
@@ -572,6 +577,8 @@ class Aggregator:
         slot.final = False
         slot.sources = {}
         slot.children = set()
+        slot.asked = 0
+        slot.asked_children = set()
         slot.sums = np.zeros(slot.count, dtype=np.int64)
 
     def _answer(self, header: np.void, slot: Slot, source: Endpoint) -> list[bytes]:
@@ -582,18 +589,28 @@ class Aggregator:
             return [self._output(header, slot)]
         parent = self.route(header).parent
         if parent is not None and not slot.final:
+            if header["opcode"] == Opcode.PARTIAL:
+                if source in slot.children:
+                    slot.asked_children.add(source)
+            elif int(header["sender"]) in slot.sources:
+                slot.asked |= 1 << int(header["sender"])
             return [self._partial_up(header, slot, parent)]
         return [self._result_to(header, slot, source)]
 
-    def _down(self, header: np.void, slot: Slot) -> list[bytes]:
-        """A version 3 result sent down from this aggregator: to the job's group, or (no group) a copy to each
-        address a contribution the slot took here came from (members by index; one copy an address, however
-        many members sent from it) and to each child aggregator whose partial it took."""
+    def _down(self, header: np.void, slot: Slot, relayed: bool = False) -> list[bytes]:
+        """A version 3 result sent down from this aggregator: from the root, to the job's group; else a copy to
+        each address a contribution the slot took here came from (members by index; one copy an address, however
+        many members sent from it) and to each child aggregator whose partial it took. A result `relayed` from
+        the parent of a job with a group answers retransmissions (the root sent it to the group already): its
+        copies go only to those whose retransmission sent the partial up again (`Slot.asked`), so that the
+        group does not get it twice."""
         entry = self.job_of(header)
-        if entry.group:
+        if entry.group and not relayed:
             return [self._v3_frame(header, slot, Opcode.RESULT, multicast_mac(entry.group), (entry.group,
                                                                                            self.config.port))]
-        destinations = [slot.sources[index] for index in sorted(slot.sources)] + sorted(slot.children)
+        indices = [index for index in sorted(slot.sources) if not entry.group or slot.asked >> index & 1]
+        children = sorted(slot.asked_children if entry.group else slot.children)
+        destinations = [slot.sources[index] for index in indices] + children
         return [self._result_to(header, slot, destination) for destination in dict.fromkeys(destinations)]
 
     def _result_to(self, header: np.void, slot: Slot, destination: Endpoint) -> bytes:

@@ -272,7 +272,8 @@ class Disposition(IntEnum):
                    "a sender's address and port are not the job's: register each member's socket address, or "
                    "someone outside the job")
     RELAYED = (24, "version 3 result from the clique's parent for a slot waiting for it: stored and sent down "
-                   "(to the job's group, or to the slot's members and child aggregators)")
+                   "(to the slot's members and child aggregators; with a group, which the root sent it to, only to "
+                   "those whose retransmission sent the partial up again)")
 
 
 COUNTERS = tuple(disposition.name.lower() for disposition in Disposition) + (

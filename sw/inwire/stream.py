@@ -675,6 +675,7 @@ async def stream_async(plan, config, transport, progress=lambda _round: None, ta
         "retransmits": sum(r["retransmits"] for r in reports), "dropped": sum(r["dropped"] for r in reports),
         "results_checked": sum(r["results_checked"] for r in reports), "wrong_results": wrong,
         "results_refused": sum(r["results_refused"] for r in reports) + getattr(transport, "results_refused", 0),
+        "results_from_elsewhere": getattr(transport, "results_refused", 0),
         "registered": config.token != 0,
         "finished": finished, "bit_exact": finished and wrong == 0,
         "model_spread": float(np.max(models.max(axis=0) - models.min(axis=0))),

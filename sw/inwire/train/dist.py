@@ -182,8 +182,8 @@ def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.
     processes: list[subprocess.Popen[bytes]] = []
     logs: dict[str, pathlib.Path] = {}
     job = 1 + secrets.randbelow(2**32 - 1) if job is None else job
-    binds, environment, lease = (registration(islands, server, schedule_path, hook, job) if register
-                                 else ({}, {}, contextlib.nullcontext()))
+    environments, lease = (registration(islands, server, schedule_path, hook, job) if register
+                           else (dict.fromkeys(islands, {}), contextlib.nullcontext()))
     # Registered for as long as the islands run: renewed meanwhile, torn down after.
     registered = contextlib.ExitStack()
     registered.enter_context(lease)
@@ -196,14 +196,13 @@ def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.
                        "--period", str(period), "--seed", str(seed), "--alpha", alpha,
                        "--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum), "--hidden", str(hidden),
                        "--timeout", str(max(5.0, timeout_s / 4)), "--job", str(job),
-                       *(["--bind", binds[island]] if binds else []),
                        *(["--hook", "--bucket-mb", str(bucket_mb)] if hook else []),
                        *(["--log-gradients"] if hook and log_gradients else [])]
             with open(logs[island], "w") as log:
                 # A session per island, so that its torchrun and every rank can be stopped together.
                 processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                   start_new_session=True,
-                                                  env={**os.environ, **environment, "OMP_NUM_THREADS": "1",
+                                                  env={**os.environ, **environments[island], "OMP_NUM_THREADS": "1",
                                                        # a rank that aborts in C++ leaves its Python stack in the log
                                                        "PYTHONFAULTHANDLER": "1"}))
         deadline = time.monotonic() + timeout_s
@@ -228,22 +227,23 @@ def launch_islands(islands: Sequence[str], server: str, schedule_path: str | os.
 
 
 def registration(islands: Sequence[str], server: str, schedule_path: str | os.PathLike[str], hook: bool,
-                 job: int) -> tuple[dict[str, str], dict[str, str], contextlib.AbstractContextManager[Any]]:
+                 job: int) -> tuple[dict[str, dict[str, str]], contextlib.AbstractContextManager[Any]]:
     """What registers a launch as job `job` with its aggregators (`server`: HOST:PORT, or the map file of the
-    per-city aggregators of a reduction tree): each island's rank-0 socket address (a free port of the local
-    address towards the aggregators), the islands' environment (the job, with its token, in
-    `island.JOB_VARIABLE`) and the `JobLease`s (a random token; the quota of the schedule's cliques, or of the
-    hook's most buckets, and their roll calls for its largest clique). With per-city aggregators each city's
-    aggregator holds the job with the islands that send to it and its routes along the schedule's trees
-    (`averaging.tree_job_entries`: any depth; with the hook, every bucket's along the global clique's tree)."""
-    from types import SimpleNamespace
+    per-city aggregators of a reduction tree): each island's environment and the `JobLease`s (a random token;
+    the quota of the schedule's cliques, or of the hook's most buckets, and their roll calls for its largest
+    clique). With per-city aggregators each city's aggregator holds the job with the islands that send to it
+    and its routes along the schedule's trees (`averaging.tree_job_entries`: any depth; with the hook, every
+    bucket's along the global clique's tree).
 
-    from ..client import DEFAULT_WINDOW, job_slots, local_address_towards
-    from ..control import JobLease, entry_to_json, new_job
-    from ..plan.schedule_file import load_schedule_file
-    from .averaging import tree_job_entries
-    from .ddp import default_buckets, global_clique
-    from .island import JOB_VARIABLE, aggregators_of
+    An island's rank 0 binds a port of its own, so its address is known only once it runs: the launcher's
+    leases name a place for each island instead, a socket of the local address towards the aggregators that
+    the lease holds for the run (no other process can take its port), and each island registers its own
+    socket beside its place, in each entry that holds the place, changed in nothing else, which the tables
+    merge (`island.REGISTER_VARIABLE`). The environment also holds the job, with its token, in
+    `island.JOB_VARIABLE`."""
+    from ..client import local_address_towards
+    from ..control import JobLease
+    from .island import aggregators_of
 
     aggregator = aggregators_of(server)
     if isinstance(aggregator, dict):
@@ -251,33 +251,66 @@ def registration(islands: Sequence[str], server: str, schedule_path: str | os.Pa
     else:
         cities, towards = None, aggregator
     local = local_address_towards(towards)
-    binds = {island: (local, _free_port(local)) for island in islands}
+    held = contextlib.ExitStack()
+    try:
+        binds = {island: held.enter_context(_place(local)).getsockname() for island in islands}
+        environments, entries = _entries(binds, towards, cities, schedule_path, hook, job)
+    except BaseException:
+        held.close()
+        raise
+
+    @contextlib.contextmanager
+    def leased() -> Iterator[None]:
+        with held, contextlib.ExitStack() as leases:  # the places are closed once the leases have left
+            for at, there in entries.items():
+                leases.enter_context(JobLease(at, there))
+            yield
+
+    return environments, leased()
+
+
+def _entries(binds: dict[str, tuple[str, int]], towards: tuple[str, int], cities: dict[str, tuple[str, int]] | None,
+             schedule_path: str | os.PathLike[str], hook: bool, job: int
+             ) -> tuple[dict[str, dict[str, str]], dict[tuple[str, int], Any]]:
+    """`registration`'s islands' environments and {aggregator: the entry it holds}, for the places `binds`."""
+    from types import SimpleNamespace
+
+    from ..client import DEFAULT_WINDOW, job_slots
+    from ..control import entry_to_json, new_job
+    from ..datagram import ip_int
+    from ..plan.schedule_file import load_schedule_file
+    from .averaging import tree_job_entries
+    from .ddp import default_buckets, global_clique
+    from .island import JOB_VARIABLE, REGISTER_VARIABLE
+
     schedule = load_schedule_file(schedule_path)
     fanin = max(len(members) for cliques in schedule.period for members, _ in cliques)
     cliques = default_buckets(len(schedule.islands)) if hook else max(len(cliques) for cliques in schedule.period)
     entry = dataclasses.replace(new_job(binds.values(), job_slots(cliques, DEFAULT_WINDOW, fanin)), job=job)
-    lease: contextlib.AbstractContextManager[Any]
     if cities is None:
-        lease = JobLease(towards, entry)
+        entries = {towards: entry}
     else:
         sums: Any = schedule
         if hook:
             # Bucket b of a step sums as clique b of the global clique, along its tree.
             members, city, tree = global_clique(schedule)
             sums = SimpleNamespace(period=[[(members, city)] * cliques], trees=[[tree] * cliques])
-        leases = contextlib.ExitStack()
-        for city, held in tree_job_entries(entry, sums, binds, cities).items():
-            leases.enter_context(JobLease(cities[city], held))
-        lease = leases
-    return ({island: f"{host}:{port}" for island, (host, port) in binds.items()},
-            {JOB_VARIABLE: json.dumps(entry_to_json(entry))}, lease)
+        entries = {cities[city]: held for city, held in tree_job_entries(entry, sums, binds, cities).items()}
+    environments = {}
+    for island, (host, port) in binds.items():
+        place = (ip_int(host), port)
+        joins = [[f"{aggregator[0]}:{aggregator[1]}", entry_to_json(dataclasses.replace(there, members=frozenset()))]
+                 for aggregator, there in entries.items() if place in there.members]
+        environments[island] = {JOB_VARIABLE: json.dumps(entry_to_json(entry)), REGISTER_VARIABLE: json.dumps(joins)}
+    return environments, entries
 
 
-def _free_port(host: str) -> int:
-    """A UDP port free at `host` now (an island binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+@contextlib.contextmanager
+def _place(host: str) -> Iterator[socket.socket]:
+    """A UDP socket of `host` on a port of the system's choosing, held (never read) while the body runs."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as place:
+        place.bind((host, 0))
+        yield place
 
 
 SERVE_START_S = 30.0

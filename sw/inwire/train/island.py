@@ -12,10 +12,14 @@ islands in the schedule's clique of every island. Each rank writes what it sent 
 averaging or bucket (`<island>-rank<r>.npz`: digests, and on rank 0 the vectors sent), and rank 0 the
 island's test accuracy and a digest of its final parameters (`<island>.json`), for the launcher to check.
 With $INWIRE_JOB (a registered job, as the launcher registers it for one aggregator) rank 0 averages from
-`--bind` as a member of that job: version 3 frames with its token (`InwireExchange.join`).
+`--bind` as a member of that job: version 3 frames with its token (`InwireExchange.join`). With
+$INWIRE_JOB_REGISTER too (as the launcher starts islands) rank 0 binds a port of its own and registers that
+socket itself, in each entry the variable names, for as long as it runs.
 """
 
 import argparse
+import contextlib
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -39,10 +43,17 @@ if TYPE_CHECKING:
 JOB_VARIABLE = "INWIRE_JOB"
 """The registered job an island is a member of, as the control plane's JSON (`control.entry_to_json`, with the
 token): from the environment, which other users cannot read, unlike the command line."""
+REGISTER_VARIABLE = "INWIRE_JOB_REGISTER"
+"""Where rank 0 registers its own socket, once bound: a JSON list of ["HOST:PORT" of an aggregator, the entry
+(`control.entry_to_json`) that aggregator holds the job with], each entry registered with this socket as its
+member (the tables merge it with the members held already: `dist.registration`)."""
 
 
-def registered_job(parser: argparse.ArgumentParser, args: argparse.Namespace, text: str) -> "JobEntry":
-    """The job of ${JOB_VARIABLE}, checked against --job and --bind (one of its members)."""
+def registered_job(parser: argparse.ArgumentParser, args: argparse.Namespace, text: str,
+                   registrations: str | None = None) -> "JobEntry":
+    """The job of ${JOB_VARIABLE}, checked against --job and --bind (one of its members); with
+    `registrations` (${REGISTER_VARIABLE}) no --bind, and `args.registrations` the [(aggregator, entry)] that
+    rank 0 registers its own socket in."""
     from ..control import entry_from_json
     from ..datagram import ip_int, parse_endpoint
 
@@ -53,6 +64,11 @@ def registered_job(parser: argparse.ArgumentParser, args: argparse.Namespace, te
         parser.error(f"${JOB_VARIABLE}: {str(error).splitlines()[0]}")
     if entry.job != args.job:
         parser.error(f"${JOB_VARIABLE} holds job {entry.job}, --job says {args.job}")
+    if registrations is not None:
+        args.registrations = job_registrations(parser, registrations, entry.job)
+        if args.bind is not None:
+            parser.error(f"--bind {args.bind}: with ${REGISTER_VARIABLE} the island binds a port of its own")
+        return entry
     if args.bind is None:
         parser.error(f"${JOB_VARIABLE} needs --bind, the member address its registration names for this island")
     try:
@@ -63,6 +79,24 @@ def registered_job(parser: argparse.ArgumentParser, args: argparse.Namespace, te
         parser.error(f"--bind {args.bind} is not a member of job {entry.job}")
     args.bind = (host, port)
     return entry
+
+
+def job_registrations(parser: argparse.ArgumentParser, text: str, job: int) -> list[tuple[str, "JobEntry"]]:
+    """The [(aggregator "HOST:PORT", entry)] of ${REGISTER_VARIABLE}, each entry of job `job`."""
+    from ..control import entry_from_json
+
+    try:
+        body = json.loads(text)
+        if not isinstance(body, list) or not all(isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                                                 and isinstance(item[1], dict) for item in body):
+            raise ValueError("not a list of [\"HOST:PORT\", entry]")
+        registrations = [(aggregator, entry_from_json(fields)) for aggregator, fields in body]
+    except ValueError as error:  # not JSON, or a field the control plane would refuse
+        parser.error(f"${REGISTER_VARIABLE}: {str(error).splitlines()[0]}")
+    other = next((entry.job for _, entry in registrations if entry.job != job), None)
+    if other is not None:
+        parser.error(f"${REGISTER_VARIABLE} holds job {other}, ${JOB_VARIABLE} job {job}")
+    return registrations
 
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -97,10 +131,10 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="with --hook, every rank also logs its own bucket before the hook (a model's worth "
                              "per step and rank), so that the launcher checks the island means too")
     args = parser.parse_args(argv)
-    args.entry = None
+    args.entry, args.registrations = None, []
     text = os.environ.get(JOB_VARIABLE)
     if text is not None:
-        args.entry = registered_job(parser, args, text)
+        args.entry = registered_job(parser, args, text, os.environ.get(REGISTER_VARIABLE))
     # Made before any training: a folder that cannot be written would otherwise lose the whole run's log at the end.
     try:
         pathlib.Path(args.out_dir).mkdir(parents=True, exist_ok=True)
@@ -163,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from ..control import JobLease
+    from ..datagram import ip_int
     from ..plan.schedule_file import load_schedule_file
     from .averaging import CliqueAverager, InwireExchange, OuterOptimizer
     from .ddp import InwireHookState, global_clique, inwire_hook
@@ -174,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if backend == "nccl" else "cpu")
     exchange = None
+    leases = contextlib.ExitStack()
     try:
         schedule = load_schedule_file(args.schedule)
         islands = list(schedule.islands)
@@ -190,7 +227,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Half the group's timeout: rank 0 gives up on inwire while the other ranks still wait in the
             # status broadcast, so that they hear why instead of timing out on their own.
             exchange = InwireExchange(aggregators_of(args.server), job=args.job, deadline_s=args.timeout / 2,
-                                      bind=args.bind, entry=args.entry)
+                                      bind=args.bind, entry=None if args.registrations else args.entry)
+            if args.registrations:
+                # This socket's port is known now: registered beside the place the launcher holds for it.
+                own = (ip_int(exchange.address[0]), exchange.address[1])
+                for aggregator, entry in args.registrations:
+                    leases.enter_context(JobLease(aggregator, dataclasses.replace(entry, members=frozenset({own}))))
+                exchange.join(dataclasses.replace(args.entry, members=args.entry.members | {own}))
         # Every rank logs digests; rank 0 also the vectors sent, from which the launcher recomputes the average.
         # With the hook only rank 0 sees the island's mean and the average before they reach the bucket.
         digests = ("sent_sha", "average_sha", "after_sha") if rank == 0 or not args.hook else ("after_sha",)
@@ -263,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "parameters_sha": digest(parameters_of(model))}) + "\n")
         dist.barrier()
     finally:
+        leases.close()
         if exchange is not None:
             exchange.close()
         dist.destroy_process_group()
