@@ -1158,13 +1158,15 @@ def test_fast_path_equals_the_model_on_a_tree_with_a_group():
     assert any(to == ("239.0.0.7", pair.config.port) for _, to in pair.sent)
 
 
-def test_with_a_group_a_result_relayed_down_goes_to_those_that_asked_as_in_the_model():
+@pytest.mark.parametrize("copies", [True, False], ids=["copies", "group_only"])
+def test_with_a_group_a_result_relayed_down_goes_to_those_that_asked_as_in_the_model(copies):
     """A job with a group and a tree, below the root: the result that comes down answers the partial sent up
     again for a member's and a child's retransmissions; both engines send it to those two, not to the group,
-    drop a second copy, and then answer a retransmission to its source alone."""
-    from inwire.jobs import CliqueRoute, JobEntry
+    drop a second copy, and then answer a retransmission to its source alone. An aggregator that sends no
+    copies (one frame per result, as the gateware) sends it to the group again instead."""
+    from inwire.jobs import CliqueRoute, JobEntry, JobLimits
 
-    pair = JobPair(slots=4, max_elements=8)
+    pair = JobPair(slots=4, max_elements=8, limits=JobLimits(unicast_results=copies))
     entry = JobEntry(job=0x55, token=0x0BAD_F00D_0000_0001, slots=1, group=0xEF000007,
                      members=frozenset(_endpoint(peer) for peer in MEMBER_PEERS[:2]),
                      routes={0: CliqueRoute(level=0b111, parent=_endpoint(PARENT_PEER),
@@ -1183,8 +1185,10 @@ def test_with_a_group_a_result_relayed_down_goes_to_those_that_asked_as_in_the_m
               (child, CHILD_PEERS[0]), (member[0], MEMBER_PEERS[0]), (child, CHILD_PEERS[0]),
               (result, PARENT_PEER)]
     assert job_difference(pair, stream) is None
-    relayed = [to for _, to in pair.sent[-2:]]
-    assert relayed == [MEMBER_PEERS[0], CHILD_PEERS[0]], pair.sent
+    if copies:
+        assert [to for _, to in pair.sent[-2:]] == [MEMBER_PEERS[0], CHILD_PEERS[0]], pair.sent
+    else:
+        assert pair.sent[-1][1] == (ip_str(entry.group), pair.config.port), pair.sent
     assert job_difference(pair, [(result, PARENT_PEER), (member[1], MEMBER_PEERS[1])]) is None
     assert [to for _, to in pair.sent[-1:]] == [MEMBER_PEERS[1]]
     assert [pair.fast.stats()[name] for name in ("relayed", "drop_duplicate")] == [1, 1]

@@ -78,11 +78,11 @@ static const char *const CONSTANT_NAMES[N_CONSTANTS] = {
 
 enum {
     C_SLOTS, C_MAX_FANIN, C_MAX_ELEMENTS, C_LEASE, C_IP, C_PORT, C_UPSTREAM_NETWORK, C_UPSTREAM_MASK, C_REGISTERED,
-    C_UNREGISTERED, N_CONFIG
+    C_UNREGISTERED, C_UNICAST_RESULTS, N_CONFIG
 };
 static const char *const CONFIG_NAMES[N_CONFIG] = {
     "slots", "max_fanin", "max_elements", "lease", "ip", "port", "upstream_network", "upstream_mask", "registered",
-    "unregistered"};
+    "unregistered", "unicast_results"};
 
 typedef struct {
     uint64_t job, round, clique, chunk;
@@ -700,14 +700,15 @@ static int sent_already(const slot_t *s, uint64_t members, uint64_t children, ui
 /* The result sent down from here (the model's _down): from the root, to the job's group; else a copy to each
    address a contribution the slot took here came from (by member index, once an address) and to each child
    aggregator whose partial it took. A result `relayed` from the parent of a job with a group answers
-   retransmissions (the root sent it to the group): only those that asked (`asked`, `asked_children`) get it. */
+   retransmissions (the root sent it to the group): only those that asked (`asked`, `asked_children`) get it,
+   unless this aggregator sends no copies (config unicast_results 0, as the gateware): then the group again. */
 static PyObject *send_down(Decider *d, slot_t *s, const job_t *j, uint64_t sender, uint64_t slot, int fresh,
                            int relayed)
 {
     PyObject *body = job_output(d, s, j, d->k[K_RESULT], sender, slot, fresh);
     if (body == NULL)
         return NULL;
-    if (j->group && !relayed)
+    if (j->group && (!relayed || !d->config[C_UNICAST_RESULTS]))
         return send_one(d, body, j->group << 16 | d->config[C_PORT], 0);
     uint64_t members = j->group ? s->sourced & s->asked : s->sourced;
     uint64_t children = j->group ? s->asked_children : ~0ULL;

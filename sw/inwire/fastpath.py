@@ -99,7 +99,7 @@ def _decider_config(config: AggregatorConfig) -> dict[str, int]:
     return {"slots": config.slots, "max_fanin": config.max_fanin, "max_elements": config.max_elements,
             "lease": config.lease, "ip": config.ip, "port": config.port, "upstream_network": network,
             "upstream_mask": _prefix_mask(length), "registered": int(config.registered),
-            "unregistered": int(config.unregistered)}
+            "unregistered": int(config.unregistered), "unicast_results": int(config.limits.unicast_results)}
 
 
 def _tables(entry: JobEntry, base: int) -> tuple[int, int, int, int, int, list[tuple[int, int]], list[tuple]]:

@@ -603,9 +603,10 @@ class Aggregator:
         many members sent from it) and to each child aggregator whose partial it took. A result `relayed` from
         the parent of a job with a group answers retransmissions (the root sent it to the group already): its
         copies go only to those whose retransmission sent the partial up again (`Slot.asked`), so that the
-        group does not get it twice."""
+        group does not get it twice; an aggregator that sends no copies (`JobLimits.unicast_results` False, as
+        the gateware, one frame per result) sends it to the group again."""
         entry = self.job_of(header)
-        if entry.group and not relayed:
+        if entry.group and (not relayed or not self.config.limits.unicast_results):
             return [self._v3_frame(header, slot, Opcode.RESULT, multicast_mac(entry.group), (entry.group,
                                                                                            self.config.port))]
         indices = [index for index in sorted(slot.sources) if not entry.group or slot.asked >> index & 1]
