@@ -1032,65 +1032,16 @@ static PyObject *Decider_handle(Decider *d, PyObject *const *args, Py_ssize_t na
 
 static PyObject *make_copies(Decider *d, PyObject *body, PyObject *parent, PyObject *own, Py_ssize_t *refused);
 
-/* serve(payload, now, source, peer, own) -> None, [], (disposition, answer) or (copies, refused): inwire serve's
-   handling of one datagram from `peer` up to where its answer goes, for its common case.
-   None: the payload's opcode is one the service looks at before the aggregator (a result, a stats request,
-   serve.py's `_refused_before_deciding`); nothing was decided. []: decided, nothing to send.
-   (copies, refused): `own` (the service's address; given in unicast mode where no wildcard address makes
-   other addresses the service's too) and a result that completed its slot: its copies for the members and
-   children learned (as `copies`), without those to `own`, and how many those were.
-   (disposition, answer): any other answer, for serve to send where it goes (for version 3, a list of (payload,
-   (host, port)) to send as it is). `source` is the peer's address, or the peer. */
-static PyObject *Decider_serve(Decider *d, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!ready(d))
-        return NULL;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "serve(payload, now, source, peer, own)");
-        return NULL;
-    }
-    PyObject *reply = NULL, *own = args[4];
-    payload_t payload;
-    if (open_payload(args[0], &payload) < 0)
-        return NULL;
-    if (payload.length >= d->at[F_OPCODE] + d->width[F_OPCODE]) {
-        uint64_t opcode = FIELD(d, payload.p, F_OPCODE);
-        if (opcode == d->k[K_RESULT] || opcode == d->k[K_STATS_REQUEST]) {
-            close_payload(&payload);
-            Py_RETURN_NONE;
-        }
-    }
-    if (set_now(d, args[1]) < 0) {
-        close_payload(&payload);
-        return NULL;
-    }
-    long long disposition = decide_counted(d, payload.p, payload.length, args[2], args[3], &reply);
-    close_payload(&payload);
-    if (disposition < 0)
-        return NULL;
-    if (reply == NULL)
-        return PyList_New(0);
-    if (own == Py_None || disposition == (long long)d->k[K_ANSWERED] || PyList_CheckExact(reply) ||
-        FIELD(d, (const uint8_t *)PyBytes_AS_STRING(reply), F_OPCODE) != d->k[K_RESULT])
-        return outcome(disposition, reply);
-    Py_ssize_t refused = 0;
-    PyObject *copies = make_copies(d, reply, Py_None, own, &refused);
-    Py_DECREF(reply);
-    if (copies == NULL)
-        return NULL;
-    PyObject *count = PyLong_FromSsize_t(refused);
-    PyObject *pair = count ? PyTuple_Pack(2, copies, count) : NULL;
-    Py_DECREF(copies);
-    Py_XDECREF(count);
-    return pair;
-}
-
-/* serve_batch(buffer, batch, slot_size, start, now, own, sends) -> (next, decided, refused, copies): `serve` on
-   each datagram of a recv_batch `batch` from index `start` on (batch[i] is its (size, peer), its bytes at
-   i * slot_size in `buffer`), all arrived at `now`, with the common case's unicast copies appended to `sends`,
-   until one whose answer serve.py sends itself. `next` is that datagram's index (len(batch): none), `decided`
-   what `serve` returned for it (None: nothing was decided; or (disposition, answer)); `refused` and `copies`
-   count the copies to `own` left out and those appended. One call per batch instead of one per datagram. */
+/* serve_batch(buffer, batch, slot_size, start, now, own, sends) -> (next, decided, refused, copies): inwire serve's
+   handling of each datagram of a recv_batch `batch` from index `start` on (batch[i] is its (size, peer), its bytes
+   at i * slot_size in `buffer`), all arrived at `now`, up to where its answer goes, for the common case: a
+   result that completed its slot has its copies for the members and children learned appended to `sends`
+   (without those to `own`, the service's address, given in unicast mode where no wildcard address makes other
+   addresses the service's too). It stops at the first datagram whose answer serve.py sends itself: `next` is
+   its index (len(batch): none), `decided` None when its opcode is one the service looks at before the
+   aggregator (a result, a stats request: nothing was decided), else (disposition, answer) (for version 3, a list
+   of (payload, (host, port)) to send as it is); `refused` and `copies` count the copies to `own` left out and
+   those appended. One call per batch instead of one per datagram. */
 static PyObject *Decider_serve_batch(Decider *d, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!ready(d))
@@ -1659,8 +1610,6 @@ static void Decider_dealloc(Decider *d)
 static PyMethodDef Decider_methods[] = {
     {"handle", (PyCFunction)(void (*)(void))Decider_handle, METH_FASTCALL,
      "handle(payload, now=None, source=0, peer=None) -> (disposition, answer or None)"},
-    {"serve", (PyCFunction)(void (*)(void))Decider_serve, METH_FASTCALL,
-     "serve(payload, now, source, peer, own) -> None, [], (disposition, answer) or (copies, refused)"},
     {"serve_batch", (PyCFunction)(void (*)(void))Decider_serve_batch, METH_FASTCALL,
      "serve_batch(buffer, batch, slot_size, start, now, own, sends) -> (next, decided, refused, copies)"},
     {"copies", (PyCFunction)(void (*)(void))Decider_copies, METH_FASTCALL,
