@@ -469,6 +469,43 @@ def test_a_lost_tail_chunk_is_probed_after_two_round_trips_not_after_a_timeout()
     assert run.done and np.array_equal(run.sums(), np.arange(32, dtype=np.int32))
 
 
+@pytest.mark.parametrize("kind", ["python", "compiled"])
+def test_a_lost_fast_retransmission_is_sent_again_two_round_trips_later_not_after_the_timeout_floor(kind):
+    """Round trips of 1 ms under `UdpMember`'s timeout floor (MIN_TIMEOUT_S, 20 ms): chunk 1 is lost, sent
+    again at its third successor's result, and lost again. Its window is blocked behind it, so no later
+    result can reveal the second loss: it goes out once more PROBE_SRTTS smoothed round trips after the fast
+    retransmission, not a whole floored timeout later; once only, then the backed-off timeout."""
+    if kind == "compiled" and client.compiled is None:
+        pytest.skip("the compiled kernel (inwire._kernel) is not built")
+    make = MemberSum if kind == "python" else client.CompiledMemberSum
+    key = CliqueKey(job=1, round=2, clique=0, group=0xEF000001, fanin=1, exponent=0)
+    config = AggregatorConfig(slots=slots_needed(1, 8), max_elements=4)
+    address, model = ("10.73.87.1", config.port), Aggregator(config)
+    vector = np.arange(32, dtype=np.int32)
+    run = make(Contributions(vector, 0, key, 4, 8), key, 32, 4, 8, timeout_s=1.0, retries=None,
+               min_timeout_s=client.MIN_TIMEOUT_S)
+
+    def answer(payload):
+        return [payload_of(frame) for frame in model.process(wrap(payload, ("10.0.0.9", 4000), address, bytes(6)))]
+
+    sent = run.start(0.0)
+    resent = {}
+    for k in (0, 2, 3, 4, 5, 6, 7):
+        for result in answer(sent[k]):
+            resent[k] = list(run.on_result(result, 0.001 + 0.0001 * k))
+        if k == 4:  # the fast retransmission, with the round trips measured so far
+            again_at = 0.001 + 0.0001 * k + client.PROBE_SRTTS * max(run.srtt, run.interval)
+    assert resent[4] == [sent[1]] and not any(resent[k] for k in (0, 2, 3, 5, 6, 7))
+    assert run.retransmits == 1 and list(run.deadline) == [1]
+    assert run.rto == client.MIN_TIMEOUT_S and again_at < 0.0014 + run.rto / 4
+    assert run.next_deadline() == pytest.approx(again_at)
+    assert run.due(again_at - 1e-6) == [] and run.due(again_at) == [sent[1]] and run.retransmits == 2
+    assert run.due(again_at + run.rto) == [] and run.retransmits == 2
+    for result in answer(sent[1]):
+        run.on_result(result, again_at + 0.001)
+    assert run.done and np.array_equal(run.sums(), vector)
+
+
 def failures_of_members_without(absent, names=None, deadline_s=2.0):
     """Every member of a clique of three but `absent` sums through `inwire serve` (names given or not) and
     fails; their errors, by member index."""

@@ -76,7 +76,8 @@ SLOT_POOLS = 4
 FAST_RETRANSMIT = 3
 """A chunk in flight counts as lost when the result of a chunk this many after it is in (adaptive timeouts)."""
 PROBE_SRTTS = 2
-"""A tail-loss probe goes out this many smoothed round trips after the last result (TCP's TLP, RFC 8985)."""
+"""A tail-loss probe goes out this many smoothed round trips after the last result (TCP's TLP, RFC 8985); a
+chunk sent again because later results came back goes out once more this many round trips later."""
 MIN_TIMEOUT_S = 0.02
 """The shortest adaptive retransmission timeout `UdpMember` uses: a loss is usually found sooner by the
 results of later chunks; below this, a loaded host's scheduling delays read as losses (2 ms made a
@@ -405,7 +406,9 @@ class MemberSum:
     of a chunk FAST_RETRANSMIT or more after it has come back, since results of one member come back in the
     order its chunks went out unless one was lost (SACK's duplicate threshold, RFC 6675: every gap below
     the highest result, not only the oldest, or a window with several losses waits out its first, long
-    timeout for all but one). No later result reveals a loss among the last chunks in
+    timeout for all but one). Such a chunk is due again PROBE_SRTTS smoothed round trips later rather than
+    a floored timeout later (`_recovery_wait`): the window waits behind it, so no later result reveals that
+    its retransmission was lost too. No later result reveals a loss among the last chunks in
     flight (the tail), so when results stop with chunks outstanding, the newest of them is sent again
     PROBE_SRTTS smoothed round trips (or smoothed intervals between results, if longer: results of a queue
     that drains slowly have not stopped) after the last result, if that is sooner than the next timeout (a
@@ -577,6 +580,7 @@ class MemberSum:
             self.rto = min(max(self.srtt + 4 * self.rttvar, self.min_timeout_s), self.timeout_s)
         self.backoff.pop(chunk, None)
         lost: list[int] = []
+        wait = self._recovery_wait()
         for earlier in self.deadline:  # chunks enter the dict in ascending order and keep their place
             if chunk - earlier < FAST_RETRANSMIT:
                 break
@@ -587,8 +591,18 @@ class MemberSum:
             self.tries[earlier] += 1
             self.retransmits += 1
             self.sent_at.pop(earlier, None)
-            self.deadline[earlier] = now + self.rto
+            self.deadline[earlier] = now + wait
         return [self.payloads[earlier] for earlier in lost]
+
+    def _recovery_wait(self) -> float:
+        """How long a chunk sent again on the evidence of later results waits before it goes out once more:
+        PROBE_SRTTS smoothed round trips (or intervals between results, if longer), at most the timeout. The
+        window is blocked behind it, so no later result can reveal that it was lost again, and the timeout's
+        floor (`min_timeout_s`, tens of round trips on a fast path) stalled every member that long. Then its
+        timeout backs off from `rto` as any chunk's (`due`): one early re-send per loss at most."""
+        if self.srtt is None:
+            return self.rto
+        return min(self.rto, PROBE_SRTTS * max(self.srtt, self.interval or 0.0))
 
     def on_result(self, payload: bytes | memoryview, now: float) -> Sequence[bytes]:
         """A datagram (bytes, or a view valid only during the call); the payloads it lets out."""
@@ -700,8 +714,8 @@ class CompiledMemberSum(MemberSum):
         return compiled.member_lane(
             tuple(_field_at(name) for name in _LANE_FIELDS), expected,
             (PAYLOAD_HEADER_BYTES, RESULT_TRAILER_BYTES, ELEMENT_BYTES, STATUS_OVERFLOW, self.chunk, self.elements,
-             self.window, FAST_RETRANSMIT), (self.timeout_s, self.min_timeout_s), self.received, self.done_chunks,
-            payloads, build)
+             self.window, FAST_RETRANSMIT, PROBE_SRTTS), (self.timeout_s, self.min_timeout_s), self.received,
+            self.done_chunks, payloads, build)
 
     def on_result(self, payload: bytes | memoryview, now: float) -> Sequence[bytes]:
         if self.lane is None:
