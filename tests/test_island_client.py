@@ -472,9 +472,10 @@ def test_a_lost_tail_chunk_is_probed_after_two_round_trips_not_after_a_timeout()
 @pytest.mark.parametrize("kind", ["python", "compiled"])
 def test_a_lost_fast_retransmission_is_sent_again_two_round_trips_later_not_after_the_timeout_floor(kind):
     """Round trips of 1 ms under `UdpMember`'s timeout floor (MIN_TIMEOUT_S, 20 ms): chunk 1 is lost, sent
-    again at its third successor's result, and lost again. Its window is blocked behind it, so no later
-    result can reveal the second loss: it goes out once more PROBE_SRTTS smoothed round trips after the fast
-    retransmission, not a whole floored timeout later; once only, then the backed-off timeout."""
+    again at its third successor's result, and lost again (or its result on the way back). Its window is
+    blocked behind it, so no later result can reveal the second loss: it goes out once more PROBE_SRTTS
+    smoothed round trips after the fast retransmission, then at waits doubling from there, not a whole
+    floored timeout later."""
     if kind == "compiled" and client.compiled is None:
         pytest.skip("the compiled kernel (inwire._kernel) is not built")
     make = MemberSum if kind == "python" else client.CompiledMemberSum
@@ -494,15 +495,20 @@ def test_a_lost_fast_retransmission_is_sent_again_two_round_trips_later_not_afte
         for result in answer(sent[k]):
             resent[k] = list(run.on_result(result, 0.001 + 0.0001 * k))
         if k == 4:  # the fast retransmission, with the round trips measured so far
-            again_at = 0.001 + 0.0001 * k + client.PROBE_SRTTS * max(run.srtt, run.interval)
+            fast_at, wait = 0.001 + 0.0001 * k, client.PROBE_SRTTS * max(run.srtt, run.interval)
     assert resent[4] == [sent[1]] and not any(resent[k] for k in (0, 2, 3, 5, 6, 7))
     assert run.retransmits == 1 and list(run.deadline) == [1]
-    assert run.rto == client.MIN_TIMEOUT_S and again_at < 0.0014 + run.rto / 4
-    assert run.next_deadline() == pytest.approx(again_at)
-    assert run.due(again_at - 1e-6) == [] and run.due(again_at) == [sent[1]] and run.retransmits == 2
-    assert run.due(again_at + run.rto) == [] and run.retransmits == 2
+    assert run.rto == client.MIN_TIMEOUT_S and wait < run.rto / 4
+    at = fast_at
+    for _ in range(3):
+        assert run.next_deadline() == pytest.approx(at + wait)
+        assert run.due(at + wait - 1e-6) == []
+        at += wait
+        assert run.due(at) == [sent[1]]
+        wait *= 2
+    assert run.retransmits == 4 and at < fast_at + run.rto  # three re-sends before the floor's first
     for result in answer(sent[1]):
-        run.on_result(result, again_at + 0.001)
+        run.on_result(result, at + 0.001)
     assert run.done and np.array_equal(run.sums(), vector)
 
 

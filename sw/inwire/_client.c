@@ -411,7 +411,7 @@ static int lane_recovery_wait(Lane *lane, PyObject *state, double rto, double *w
 
 /* MemberSum._measured: the round trip of chunk `key` folded into the timeout `*rto`, and every chunk in flight
    FAST_RETRANSMIT or more before it sent again once (appended to `sends`), each due again after
-   lane_recovery_wait. */
+   lane_recovery_wait, from which its later waits double. */
 static int lane_measured(Lane *lane, PyObject *state, LaneState *s, PyObject *key, Py_ssize_t index, double now,
                          double *rto, PyObject *sends)
 {
@@ -467,7 +467,7 @@ static int lane_measured(Lane *lane, PyObject *state, LaneState *s, PyObject *ke
     }
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(lost); k++) {
         /* fast_resent.add(c); tries[c] += 1; retransmits += 1; sent_at.pop(c, None); deadline[c] = now + wait;
-           the payload of c */
+           backoff[c] = wait; the payload of c */
         PyObject *chunk_object = PyList_GET_ITEM(lost, k), *payload = NULL;
         Py_ssize_t chunk = PyLong_AsSsize_t(chunk_object), tried, retransmits;
         PyObject *tried_object = PyDict_GetItemWithError(s->tries, chunk_object);
@@ -483,6 +483,7 @@ static int lane_measured(Lane *lane, PyObject *state, LaneState *s, PyObject *ke
             lane_get_size(state, LK_RETRANSMITS, &retransmits) < 0 ||
             lane_set_size(state, LK_RETRANSMITS, retransmits + 1) < 0 || lane_discard(s->sent_at, chunk_object) < 0 ||
             lane_set_item(s->deadline, chunk_object, PyFloat_FromDouble(now + wait)) < 0 ||
+            lane_set_item(s->backoff, chunk_object, PyFloat_FromDouble(wait)) < 0 ||
             (payload = lane_payload(lane, chunk)) == NULL || PyList_Append(sends, payload) < 0) {
             Py_XDECREF(payload);
             goto out;

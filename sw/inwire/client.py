@@ -407,9 +407,10 @@ class MemberSum:
     order its chunks went out unless one was lost (SACK's duplicate threshold, RFC 6675: every gap below
     the highest result, not only the oldest, or a window with several losses waits out its first, long
     timeout for all but one). Such a chunk is due again PROBE_SRTTS smoothed round trips later rather than
-    a floored timeout later (`_recovery_wait`): the window waits behind it, so no later result reveals that
-    its retransmission was lost too. No later result reveals a loss among the last chunks in
-    flight (the tail), so when results stop with chunks outstanding, the newest of them is sent again
+    a floored timeout later, and its later waits double from there (`_recovery_wait`): the window waits
+    behind it, so no later result reveals that its retransmission, or the result, was lost too. No later
+    result reveals a loss among the last chunks in flight (the tail), so when results stop with chunks
+    outstanding, the newest of them is sent again
     PROBE_SRTTS smoothed round trips (or smoothed intervals between results, if longer: results of a queue
     that drains slowly have not stopped) after the last result, if that is sooner than the next timeout (a
     tail-loss probe, as TCP's TLP): its result, or the gap it leaves, shows what was lost. One probe per
@@ -592,14 +593,18 @@ class MemberSum:
             self.retransmits += 1
             self.sent_at.pop(earlier, None)
             self.deadline[earlier] = now + wait
+            self.backoff[earlier] = wait
         return [self.payloads[earlier] for earlier in lost]
 
     def _recovery_wait(self) -> float:
         """How long a chunk sent again on the evidence of later results waits before it goes out once more:
         PROBE_SRTTS smoothed round trips (or intervals between results, if longer), at most the timeout. The
         window is blocked behind it, so no later result can reveal that it was lost again, and the timeout's
-        floor (`min_timeout_s`, tens of round trips on a fast path) stalled every member that long. Then its
-        timeout backs off from `rto` as any chunk's (`due`): one early re-send per loss at most."""
+        floor (`min_timeout_s`, tens of round trips on a fast path) stalled every member that long. Each
+        later re-send waits twice as long as the one before (`due`), from this wait up to `timeout_s`: a
+        result lost on the way back as well is not waited for at the floor either, and a member whose chunk
+        waits for another member's re-send sends a few duplicates at most (log2 of the floor over this
+        wait) before its waits pass the timeout."""
         if self.srtt is None:
             return self.rto
         return min(self.rto, PROBE_SRTTS * max(self.srtt, self.interval or 0.0))
