@@ -2,8 +2,10 @@
 slots, the schedule's aggregator cities and reduction trees, islands on their own (non-loopback) addresses,
 and a differential test of the client's reading of results against the golden model."""
 
+import contextlib
 import errno
 import random
+import socket
 import threading
 import tracemalloc
 
@@ -579,6 +581,47 @@ def test_udp_members_recover_lost_datagrams_on_either_socket_path(socket_path):
         total, overflow = sums[index]
         assert total.dtype == np.int32 and np.array_equal(total, vectors.sum(axis=0)) and not overflow
         assert retransmits[index] > 0
+
+
+def test_the_loss_injection_draws_once_per_dropped_datagram_not_once_per_datagram(socket_path):
+    """A member dropping 1 % of its datagrams on purpose sends 3000, one to three a call, to a socket that
+    reads them as they come: it drew its random numbers once per datagram it dropped (the gap to the next
+    drop), not once per datagram, which cost a lossy run CPU its lossless reference does not spend; the
+    datagrams that arrive are the others, in order."""
+    class Counted:
+        def __init__(self, rng):
+            self.rng, self.draws = rng, 0
+
+        def __getattr__(self, name):
+            draw = getattr(self.rng, name)
+
+            def counted(*args, **kwargs):
+                self.draws += 1
+                return draw(*args, **kwargs)
+            return counted
+
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    receiver.setblocking(False)
+    island = UdpMember(receiver.getsockname(), loss=0.01, seed=5)
+    try:
+        island.loss_rng = Counted(island.loss_rng)
+        send = island._sender(receiver.getsockname())
+        payloads = [index.to_bytes(4, "big") for index in range(3000)]
+        arrived, start = [], 0
+        while start < len(payloads):
+            calls = payloads[start:start + 1 + start % 3]
+            start += len(calls)
+            send(calls)
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    arrived.append(receiver.recv(16))
+    finally:
+        island.close()
+        receiver.close()
+    dropped = len(payloads) - len(arrived)
+    assert arrived == sorted(arrived) and set(arrived) <= set(payloads)
+    assert 10 <= dropped <= 60 and island.loss_rng.draws == dropped
 
 
 def test_a_datagram_the_kernel_refuses_raises_its_error_on_either_socket_path(socket_path):
