@@ -2,8 +2,10 @@
 slots, the schedule's aggregator cities and reduction trees, islands on their own (non-loopback) addresses,
 and a differential test of the client's reading of results against the golden model."""
 
+import contextlib
 import errno
 import random
+import socket
 import threading
 import tracemalloc
 
@@ -469,6 +471,49 @@ def test_a_lost_tail_chunk_is_probed_after_two_round_trips_not_after_a_timeout()
     assert run.done and np.array_equal(run.sums(), np.arange(32, dtype=np.int32))
 
 
+@pytest.mark.parametrize("kind", ["python", "compiled"])
+def test_a_lost_fast_retransmission_is_sent_again_two_round_trips_later_not_after_the_timeout_floor(kind):
+    """Round trips of 1 ms under `UdpMember`'s timeout floor (MIN_TIMEOUT_S, 20 ms): chunk 1 is lost, sent
+    again at its third successor's result, and lost again (or its result on the way back). Its window is
+    blocked behind it, so no later result can reveal the second loss: it goes out once more PROBE_SRTTS
+    smoothed round trips after the fast retransmission, then at waits doubling from there, not a whole
+    floored timeout later."""
+    if kind == "compiled" and client.compiled is None:
+        pytest.skip("the compiled kernel (inwire._kernel) is not built")
+    make = MemberSum if kind == "python" else client.CompiledMemberSum
+    key = CliqueKey(job=1, round=2, clique=0, group=0xEF000001, fanin=1, exponent=0)
+    config = AggregatorConfig(slots=slots_needed(1, 8), max_elements=4)
+    address, model = ("10.73.87.1", config.port), Aggregator(config)
+    vector = np.arange(32, dtype=np.int32)
+    run = make(Contributions(vector, 0, key, 4, 8), key, 32, 4, 8, timeout_s=1.0, retries=None,
+               min_timeout_s=client.MIN_TIMEOUT_S)
+
+    def answer(payload):
+        return [payload_of(frame) for frame in model.process(wrap(payload, ("10.0.0.9", 4000), address, bytes(6)))]
+
+    sent = run.start(0.0)
+    resent = {}
+    for k in (0, 2, 3, 4, 5, 6, 7):
+        for result in answer(sent[k]):
+            resent[k] = list(run.on_result(result, 0.001 + 0.0001 * k))
+        if k == 4:  # the fast retransmission, with the round trips measured so far
+            fast_at, wait = 0.001 + 0.0001 * k, client.PROBE_SRTTS * max(run.srtt, run.interval)
+    assert resent[4] == [sent[1]] and not any(resent[k] for k in (0, 2, 3, 5, 6, 7))
+    assert run.retransmits == 1 and list(run.deadline) == [1]
+    assert run.rto == client.MIN_TIMEOUT_S and wait < run.rto / 4
+    at = fast_at
+    for _ in range(3):
+        assert run.next_deadline() == pytest.approx(at + wait)
+        assert run.due(at + wait - 1e-6) == []
+        at += wait
+        assert run.due(at) == [sent[1]]
+        wait *= 2
+    assert run.retransmits == 4 and at < fast_at + run.rto  # three re-sends before the floor's first
+    for result in answer(sent[1]):
+        run.on_result(result, at + 0.001)
+    assert run.done and np.array_equal(run.sums(), vector)
+
+
 def failures_of_members_without(absent, names=None, deadline_s=2.0):
     """Every member of a clique of three but `absent` sums through `inwire serve` (names given or not) and
     fails; their errors, by member index."""
@@ -536,6 +581,47 @@ def test_udp_members_recover_lost_datagrams_on_either_socket_path(socket_path):
         total, overflow = sums[index]
         assert total.dtype == np.int32 and np.array_equal(total, vectors.sum(axis=0)) and not overflow
         assert retransmits[index] > 0
+
+
+def test_the_loss_injection_draws_once_per_dropped_datagram_not_once_per_datagram(socket_path):
+    """A member dropping 1 % of its datagrams on purpose sends 3000, one to three a call, to a socket that
+    reads them as they come: it drew its random numbers once per datagram it dropped (the gap to the next
+    drop), not once per datagram, which cost a lossy run CPU its lossless reference does not spend; the
+    datagrams that arrive are the others, in order."""
+    class Counted:
+        def __init__(self, rng):
+            self.rng, self.draws = rng, 0
+
+        def __getattr__(self, name):
+            draw = getattr(self.rng, name)
+
+            def counted(*args, **kwargs):
+                self.draws += 1
+                return draw(*args, **kwargs)
+            return counted
+
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    receiver.setblocking(False)
+    island = UdpMember(receiver.getsockname(), loss=0.01, seed=5)
+    try:
+        island.loss_rng = Counted(island.loss_rng)
+        send = island._sender(receiver.getsockname())
+        payloads = [index.to_bytes(4, "big") for index in range(3000)]
+        arrived, start = [], 0
+        while start < len(payloads):
+            calls = payloads[start:start + 1 + start % 3]
+            start += len(calls)
+            send(calls)
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    arrived.append(receiver.recv(16))
+    finally:
+        island.close()
+        receiver.close()
+    dropped = len(payloads) - len(arrived)
+    assert arrived == sorted(arrived) and set(arrived) <= set(payloads)
+    assert 10 <= dropped <= 60 and island.loss_rng.draws == dropped
 
 
 def test_a_datagram_the_kernel_refuses_raises_its_error_on_either_socket_path(socket_path):

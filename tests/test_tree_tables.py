@@ -9,7 +9,8 @@ import pytest
 
 from inwire.jobs import CliqueRoute, JobEntry, TreeError, tree_routes
 from inwire.model import Aggregator
-from test_jobs_model import CONFIG, TREE_JOB, Network, contribution_to, field, source_of, values
+from inwire.protocol import Opcode
+from test_jobs_model import CONFIG, TREE_JOB, Network, chain, contribution_to, destination, field, source_of, values
 
 R, X, Y = (0x0A_00_10_01, 18775), (0x0A_00_10_02, 18775), (0x0A_00_10_03, 18775)
 AGGREGATORS = {"R": R, "X": X, "Y": Y}
@@ -79,6 +80,77 @@ def test_the_golden_model_sums_a_chain_of_6_levels_from_these_tables_over_each_l
                                                                                  2**fanin - 1)
     assert all(count == 1 for count in network.links.values())
     assert len(network.links) == 2 * (fanin + depth - 1)
+
+
+class LosingNetwork(Network):
+    """`Network` that loses the first frame of `opcode` on the link `lost` (source, destination)."""
+
+    def __init__(self, aggregators, lost, opcode):
+        super().__init__(aggregators)
+        self.lost, self.opcode = lost, opcode
+
+    def run(self):
+        while self.in_flight:
+            data = self.in_flight.pop(0)
+            link = (source_of(data), destination(data))
+            if link == self.lost and field(data, "opcode") == self.opcode:
+                self.lost = None
+                continue
+            self.links[link] += 1
+            if link[1] in self.aggregators:
+                self.in_flight += self.aggregators[link[1]].process(data)
+            else:
+                self.inbox[link[1]].append(data)
+
+
+@pytest.mark.parametrize(("lost", "opcode"), [((2, 1), Opcode.PARTIAL), ((0, 1), Opcode.RESULT)])
+def test_a_frame_lost_between_two_aggregators_of_a_chain_is_recovered_at_that_link(lost, opcode):
+    """A chain of 4 aggregators (the golden model, registered tables), two members at each. The partial from
+    level 2 to level 1, or the root's result to level 1, is lost; then every member still without a result
+    sends its contribution again, once. Every member ends with exactly one result, exact. The levels below
+    the lost partial answer with the partials they hold and sum nothing again; a lost result is sent again
+    by the root, from the result it holds, to the child that asked and to no one else; each aggregator below
+    relays the result down once. No member sends more than its one retransmission."""
+    aggregators, endpoints, members = chain()
+    depth, fanin = len(aggregators), 2 * len(aggregators)
+    network = LosingNetwork(aggregators, (endpoints[lost[0]], endpoints[lost[1]]), opcode)
+
+    def contribute(level, k):
+        network.send(contribution_to(aggregators[level].config, members[level][k], 2 * level + k, fanin))
+
+    for level in reversed(range(depth)):
+        for k in (0, 1):
+            contribute(level, k)
+    network.run()
+    assert network.lost is None, "the frame was lost"
+    served = [member for level in range(depth) for member in members[level] if network.inbox.get(member)]
+    assert served == ([] if opcode == Opcode.PARTIAL else members[0])
+    before = [aggregator.stats() for aggregator in aggregators]
+    network.links.clear()
+    for level in reversed(range(depth)):
+        for k in (0, 1):
+            if members[level][k] not in served:
+                contribute(level, k)
+    network.run()
+    exact = [sum(m + 1 for m in range(fanin)), sum(-10 * m for m in range(fanin)), 7 * fanin]
+    for level in range(depth):
+        for member in members[level]:
+            (result,) = network.inbox[member]
+            assert (source_of(result), values(result)) == (endpoints[level], exact)
+    moved = [{name: count - earlier[name] for name, count in aggregator.stats().items()}
+             for aggregator, earlier in zip(aggregators, before, strict=True)]
+    # Summed again only above the lost partial; after a lost result, nowhere.
+    resummed = [1 if opcode == Opcode.PARTIAL and level < lost[1] + 1 else 0 for level in range(depth)]
+    assert [each["accumulated"] for each in moved] == resummed
+    assert [each["relayed"] for each in moved] == [0] + [1] * (depth - 1)
+    assert all(network.links[member, endpoints[level]] == (member not in served)
+               for level in range(depth) for member in members[level])
+    # The root's own members get the result once in all; every partial that reached the root again (one per
+    # retransmission below the loss) is answered with the result the root holds, to level 1 alone.
+    assert [network.links[endpoints[0], member] for member in members[0]] == [int(opcode == Opcode.PARTIAL)] * 2
+    again = network.links[endpoints[1], endpoints[0]] - moved[0]["accumulated"]
+    assert again >= 1 and moved[0]["answered"] == again
+    assert network.links[endpoints[0], endpoints[1]] == moved[0]["accumulated"] + again
 
 
 @pytest.mark.parametrize(("root", "tree", "members", "aggregators", "message"), [

@@ -9,7 +9,7 @@
        The sum's constants, once: `layout` the (offset, bytes) of the result fields read, in LaneField
        order; `expected` their values as unsigned field contents, None for those not compared with a
        constant; `sizes` (header bytes, trailer bytes, element bytes, overflow status bit, chunk, elements,
-       window, fast retransmit); `timeouts` (timeout_s, min_timeout_s or None); `received` the sums' buffer
+       window, fast retransmit, probe round trips); `timeouts` (timeout_s, min_timeout_s or None); `received` the sums' buffer
        and `done` the per-chunk flags (writable); `payloads` the sequence of contributions; `build` None,
        or (header template, wire, chunk field (offset, bytes), slot field (offset, bytes), slots) to make
        a full chunk's payload here rather than by payloads[index]: chunk i takes slots[i % len(slots)].
@@ -80,7 +80,7 @@ typedef struct {
     Py_ssize_t at[LANE_FIELDS], width[LANE_FIELDS];
     uint64_t expected[LANE_FIELDS];
     int compared[LANE_FIELDS];
-    Py_ssize_t header, trailer, element, chunk, elements, window, chunks, fast_retransmit;
+    Py_ssize_t header, trailer, element, chunk, elements, window, chunks, fast_retransmit, probe_srtts;
     uint64_t overflow_bit;
     double timeout_s, min_timeout_s;
     int adaptive, build;
@@ -152,8 +152,9 @@ static PyObject *member_lane(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     PyObject *min_timeout;
     unsigned long long overflow_bit;
-    if (!PyArg_ParseTuple(args[2], "nnnKnnnn", &lane->header, &lane->trailer, &lane->element, &overflow_bit,
-                          &lane->chunk, &lane->elements, &lane->window, &lane->fast_retransmit) ||
+    if (!PyArg_ParseTuple(args[2], "nnnKnnnnn", &lane->header, &lane->trailer, &lane->element, &overflow_bit,
+                          &lane->chunk, &lane->elements, &lane->window, &lane->fast_retransmit,
+                          &lane->probe_srtts) ||
         !PyArg_ParseTuple(args[3], "dO", &lane->timeout_s, &min_timeout))
         goto fail;
     lane->overflow_bit = overflow_bit;
@@ -389,8 +390,28 @@ static int lane_refill(Lane *lane, PyObject *state, LaneState *s, PyObject *now_
     return outcome < 0 ? -1 : lane_set_size(state, LK_NEXT, chunk);
 }
 
+/* MemberSum._recovery_wait: min(rto, probe_srtts * max(srtt, interval or 0)), rto while nothing is measured. */
+static int lane_recovery_wait(Lane *lane, PyObject *state, double rto, double *wait)
+{
+    double srtt, interval;
+    int measured, smoothed;
+    *wait = rto;
+    if (lane_get_float(state, LK_SRTT, &srtt, &measured) < 0)
+        return -1;
+    if (!measured)
+        return 0;
+    if (lane_get_float(state, LK_INTERVAL, &interval, &smoothed) < 0)
+        return -1;
+    double other = smoothed ? interval : 0.0;
+    double early = (double)lane->probe_srtts * (other > srtt ? other : srtt);
+    if (early < rto)
+        *wait = early;
+    return 0;
+}
+
 /* MemberSum._measured: the round trip of chunk `key` folded into the timeout `*rto`, and every chunk in flight
-   FAST_RETRANSMIT or more before it sent again once (appended to `sends`). */
+   FAST_RETRANSMIT or more before it sent again once (appended to `sends`), each due again after
+   lane_recovery_wait, from which its later waits double. */
 static int lane_measured(Lane *lane, PyObject *state, LaneState *s, PyObject *key, Py_ssize_t index, double now,
                          double *rto, PyObject *sends)
 {
@@ -423,7 +444,8 @@ static int lane_measured(Lane *lane, PyObject *state, LaneState *s, PyObject *ke
     } else if (sent_object != NULL && PyDict_DelItem(s->sent_at, key) < 0) {
         return -1;
     }
-    if (lane_discard(s->backoff, key) < 0)
+    double wait;
+    if (lane_discard(s->backoff, key) < 0 || lane_recovery_wait(lane, state, *rto, &wait) < 0)
         return -1;
     /* Every chunk in flight FAST_RETRANSMIT or more before `index` and not sent again yet, in send order:
        collected first, then each sent again (the loop below updates the dict it would walk). */
@@ -444,8 +466,8 @@ static int lane_measured(Lane *lane, PyObject *state, LaneState *s, PyObject *ke
             goto out;
     }
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(lost); k++) {
-        /* fast_resent.add(c); tries[c] += 1; retransmits += 1; sent_at.pop(c, None); deadline[c] = now + rto;
-           the payload of c */
+        /* fast_resent.add(c); tries[c] += 1; retransmits += 1; sent_at.pop(c, None); deadline[c] = now + wait;
+           backoff[c] = wait; the payload of c */
         PyObject *chunk_object = PyList_GET_ITEM(lost, k), *payload = NULL;
         Py_ssize_t chunk = PyLong_AsSsize_t(chunk_object), tried, retransmits;
         PyObject *tried_object = PyDict_GetItemWithError(s->tries, chunk_object);
@@ -460,7 +482,8 @@ static int lane_measured(Lane *lane, PyObject *state, LaneState *s, PyObject *ke
             lane_set_item(s->tries, chunk_object, PyLong_FromSsize_t(tried + 1)) < 0 ||
             lane_get_size(state, LK_RETRANSMITS, &retransmits) < 0 ||
             lane_set_size(state, LK_RETRANSMITS, retransmits + 1) < 0 || lane_discard(s->sent_at, chunk_object) < 0 ||
-            lane_set_item(s->deadline, chunk_object, PyFloat_FromDouble(now + *rto)) < 0 ||
+            lane_set_item(s->deadline, chunk_object, PyFloat_FromDouble(now + wait)) < 0 ||
+            lane_set_item(s->backoff, chunk_object, PyFloat_FromDouble(wait)) < 0 ||
             (payload = lane_payload(lane, chunk)) == NULL || PyList_Append(sends, payload) < 0) {
             Py_XDECREF(payload);
             goto out;
