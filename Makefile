@@ -106,10 +106,13 @@ demo:
 lab:
 	$(BIN)/inwire lab --out-dir build/lab
 
-# The lab at every vector size docs/lab.md quotes, each in build/lab/MB/ (lab.json, lab.png).
+# The lab runs docs/lab.md's tables come from: every vector size (build/lab/MB/), then 1 % loss (build/lab/loss/).
 LAB_SIZES ?= 0.5 1 2
+LAB_STRATEGIES ?= schedule,rotation,global_tree,host_tree,host_tree_tuned,mpi_ring,mpi_tree
 lab-sizes:
-	for mb in $(LAB_SIZES); do $(BIN)/inwire lab --mb $$mb --out-dir build/lab/$$mb || exit 1; done
+	for mb in $(LAB_SIZES); do \
+		$(BIN)/inwire lab --mb $$mb --strategies $(LAB_STRATEGIES) --reps 3 --out-dir build/lab/$$mb || exit 1; done
+	$(BIN)/inwire lab --mb 0.5 --loss 0.01 --strategies global_tree,host_tree_tuned --reps 3 --out-dir build/lab/loss
 
 # One seed of every strategy at 100 MB, and the study every number in docs/training.md comes from.
 train-demo:
