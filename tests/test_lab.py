@@ -262,6 +262,18 @@ def test_an_open_mpi_all_reduce_of_each_algorithm_crosses_the_lab(lab, checked):
             assert times[0] >= 2 * 15 + serialization_ms, strategy.name
 
 
+def test_an_mpirun_stopped_at_its_deadline_is_run_again_once_and_counted(lab, monkeypatch):
+    ring, = plan_strategies(lab.topology, None, VECTOR_BYTES, 1.0, RATE_SCALE, names=("mpi_ring",))
+    with Measurement(lab, lab.cities, VECTOR_BYTES, [ring], reps=1) as measurement:
+        deadlines = iter([0.05, measurement.mpirun_timeout_s()])
+        monkeypatch.setattr(measurement, "mpirun_timeout_s", lambda: next(deadlines))
+        times, _, error = measurement.mpi(ring)
+        assert len(times) == 1 and error < 1e-4 and measurement.mpirun_reruns == {"mpi_ring": 1}
+        monkeypatch.setattr(measurement, "mpirun_timeout_s", lambda: 0.05)
+        with pytest.raises(LabError, match=r"^mpi_ring: mpirun did not finish in time, 2 times"):
+            measurement.mpi(ring)
+
+
 def test_a_failing_mpirun_is_named_with_its_strategy(lab, monkeypatch):
     from inwire.lab import mpi
 

@@ -144,6 +144,7 @@ def _measure(measurement, strategy, tcp, before):
         times, late, error = measurement.mpi(strategy)
         return summarize(strategy, times, ranks=list(strategy.order), start_late_s=round(late, 4),
                          max_abs_error=error, tcp=tcp, link_bytes_whole_run=_carried(lab, before),
+                         mpirun_reruns=measurement.mpirun_reruns.get(strategy.name, 0),
                          predicted_as="the cost model's ring exchange in rank order" if strategy.name == "mpi_ring"
                          else "the cost model's host-tree exchange (a latency-shortest-path tree, not MPI's binary)")
     if strategy.name.startswith("host_tree"):
