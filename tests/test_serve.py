@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -12,6 +11,7 @@ import threading
 import numpy as np
 import pytest
 
+import services
 from inwire.cli import main
 from inwire.datagram import (
     PAYLOAD_OFFSET,
@@ -412,27 +412,11 @@ def test_a_version_3_result_is_never_relayed_by_the_service_s_own_machinery(serv
 def served_gateware(tmp_path_factory):
     """`inwire serve --sim icarus:8` on loopback, registered jobs only, its results multicast out of lo: its
     address, the operator key its control port takes, and its listening line."""
-    if shutil.which("iverilog") is None:
-        pytest.fail("iverilog is not on PATH (run `make setup`)")
     from inwire.control import load_key
 
     key_file = tmp_path_factory.mktemp("operator") / "operator.key"
-    process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--sim", "icarus:8", "--listen", "127.0.0.1:0",
-                                "--slots", "4", "--max-elements", "8", "--multicast-iface", "127.0.0.1",
-                                "--key-file", str(key_file)], stderr=subprocess.PIPE, text=True)
-    try:
-        line = process.stderr.readline()
-        if line.startswith("inwire serve: building the gateware"):
-            line = process.stderr.readline()
-        assert "listening on udp://127.0.0.1:" in line, line
-        port = int(line.split("udp://127.0.0.1:")[1].split(",")[0])
-        yield ("127.0.0.1", port), load_key(key_file), line.rstrip()
-    finally:
-        process.terminate()
-        try:
-            process.communicate(timeout=30)
-        finally:
-            process.kill()
+    with services.served_gateware("--slots", "4", "--max-elements", "8", "--key-file", str(key_file)) as (port, line):
+        yield ("127.0.0.1", port), load_key(key_file), line
 
 
 @pytest.mark.sim

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+import services
 from inwire.jobs import CliqueRoute, JobEntry, TreeError, tree_routes
 from inwire.model import Aggregator
 from inwire.protocol import Opcode
@@ -284,27 +285,8 @@ GATEWARE_GROUP = "239.73.0.37"
 @contextmanager
 def served_gateware(slots, max_elements):
     """`inwire serve --sim icarus:8` on loopback, its results multicast out of lo: its address, once built."""
-    import shutil
-    import subprocess
-    import sys
-
-    if shutil.which("iverilog") is None:
-        pytest.fail("iverilog is not on PATH (run `make setup`)")
-    process = subprocess.Popen([sys.executable, "-m", "inwire", "serve", "--sim", "icarus:8", "--listen", "127.0.0.1:0",
-                                "--slots", str(slots), "--max-elements", str(max_elements), "--multicast-iface",
-                                "127.0.0.1"], stderr=subprocess.PIPE, text=True)
-    try:
-        line = process.stderr.readline()
-        if line.startswith("inwire serve: building the gateware"):
-            line = process.stderr.readline()
-        assert "listening on udp://127.0.0.1:" in line, line
-        yield "127.0.0.1", int(line.split("udp://127.0.0.1:")[1].split(",")[0])
-    finally:
-        process.terminate()
-        try:
-            process.communicate(timeout=30)
-        finally:
-            process.kill()
+    with services.served_gateware("--slots", str(slots), "--max-elements", str(max_elements)) as (port, _):
+        yield "127.0.0.1", port
 
 
 def counters_asked_by(island, aggregator):
