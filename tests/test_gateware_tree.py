@@ -162,6 +162,9 @@ def cosimulate(width, frames, mutant=None, job=tree_job):
     """The model's and the gateware's outputs per frame and their counters, both holding `job()`."""
     from inwire_hdl.cosim import CoSimulation
 
+    if shutil.which("iverilog") is None:
+        pytest.fail("iverilog is not on PATH (run `make setup`)")
+
     model = Model(TREE_CONFIG)
     model.install(job())
     expected = [model.process(frame) for frame in frames]
@@ -174,6 +177,10 @@ def cosimulate(width, frames, mutant=None, job=tree_job):
         gateware.close()
 
 
+UP, GROUP = (Opcode.PARTIAL, *UPPER), (Opcode.RESULT, TREE_JOB["group"], TREE_CONFIG.port)
+"""Where a routed level's partial goes (opcode, address, port), and where a result goes down."""
+
+
 def destinations(outputs):
     return [[(frame_field(out, "opcode"), frame_field(out, "ip_dst"), frame_field(out, "udp_dport")) for out in answer]
             for answer in outputs]
@@ -182,12 +189,9 @@ def destinations(outputs):
 @pytest.mark.sim
 @pytest.mark.parametrize("width", [8, 64])
 def test_the_gateware_below_the_root_sends_its_partial_to_the_parent(width):
-    if shutil.which("iverilog") is None:
-        pytest.fail("iverilog is not on PATH (run `make setup`)")
     frames = partial_to_parent_frames(Traffic(TREE_CONFIG, seed=31))
     expected, model_stats, outputs, gateware_stats = cosimulate(width, frames)
-    up, group = (Opcode.PARTIAL, *UPPER), (Opcode.RESULT, TREE_JOB["group"], TREE_CONFIG.port)
-    assert destinations(expected) == [[], [up], [up], [], [], [group]]
+    assert destinations(expected) == [[], [UP], [UP], [], [], [GROUP]]
     assert model_stats["drop_no_result"] == 1
     assert outputs == expected
     assert gateware_stats == model_stats
@@ -219,13 +223,10 @@ def relay_frames(traffic):
 @pytest.mark.sim
 @pytest.mark.parametrize("width", [8, 64])
 def test_the_gateware_below_the_root_relays_the_parents_result_down_once(width):
-    if shutil.which("iverilog") is None:
-        pytest.fail("iverilog is not on PATH (run `make setup`)")
     frames = relay_frames(Traffic(TREE_CONFIG, seed=32))
     expected, model_stats, outputs, gateware_stats = cosimulate(width, frames)
-    up, group = (Opcode.PARTIAL, *UPPER), (Opcode.RESULT, TREE_JOB["group"], TREE_CONFIG.port)
     member = [(Opcode.RESULT, HOST_IP, port) for port in TREE_PORTS]
-    assert destinations(expected) == [[], [up], [], [], [group], [], [], [member[1]], [member[0]], []]
+    assert destinations(expected) == [[], [UP], [], [], [GROUP], [], [], [member[1]], [member[0]], []]
     assert [model_stats[name] for name in ("drop_member", "relayed", "drop_duplicate", "drop_mismatch",
                                            "drop_no_result")] == [2, 1, 1, 1, 1]
     assert outputs == expected
@@ -238,8 +239,6 @@ def test_the_gateware_below_the_root_relays_the_parents_result_down_once(width):
     ("relay_twice", relay_frames, 5),  # the parent's result relayed a second time
 ])
 def test_the_tree_tests_catch_the_tree_mutants(mutant, frames, caught_at):
-    if shutil.which("iverilog") is None:
-        pytest.fail("iverilog is not on PATH (run `make setup`)")
     expected, _, outputs, _ = cosimulate(8, frames(Traffic(TREE_CONFIG, seed=33)), mutant=mutant)
     first_difference = next(index for index, (want, got) in enumerate(zip(expected, outputs, strict=True))
                             if want != got)
@@ -284,12 +283,9 @@ def children_frames(traffic):
 @pytest.mark.sim
 @pytest.mark.parametrize("width", [8, 64])
 def test_the_gateware_in_the_middle_and_at_the_root_takes_its_childrens_partials(width):
-    if shutil.which("iverilog") is None:
-        pytest.fail("iverilog is not on PATH (run `make setup`)")
     frames = children_frames(Traffic(TREE_CONFIG, seed=34))
     expected, model_stats, outputs, gateware_stats = cosimulate(width, frames, job=job_with_children)
-    up, group = (Opcode.PARTIAL, *UPPER), (Opcode.RESULT, TREE_JOB["group"], TREE_CONFIG.port)
-    assert destinations(expected) == [[], [], [], [up], [group], [], [group], [(Opcode.RESULT, *CHILD)], []]
+    assert destinations(expected) == [[], [], [], [UP], [GROUP], [], [GROUP], [(Opcode.RESULT, *CHILD)], []]
     assert frame_field(expected[3][0], "bitmap") == 0b0111 and model_stats["drop_member"] == 3
     assert outputs == expected
     assert gateware_stats == model_stats
@@ -320,8 +316,6 @@ def mixed_tree_frames(traffic, rounds=5):
 @pytest.mark.sim
 @pytest.mark.parametrize("width", [8, 64])
 def test_mixed_tree_traffic_matches_the_model(width):
-    if shutil.which("iverilog") is None:
-        pytest.fail("iverilog is not on PATH (run `make setup`)")
     frames = mixed_tree_frames(Traffic(TREE_CONFIG, seed=36))
     expected, model_stats, outputs, gateware_stats = cosimulate(width, frames, job=job_with_children)
     assert all(model_stats[name] for name in ("relayed", "partials_emitted", "results_emitted", "answered",

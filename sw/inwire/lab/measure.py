@@ -180,25 +180,18 @@ def plan_strategies(topology, islands, vector_bytes, delay_scale, rate_scale, se
             strategies.append(Strategy(name, (((islands, hub, treed.profile(clique).tree or {}),),),
                                        treed.clique_time_alone(clique),
                                        f"every island in one reduction tree rooted at {hub}"))
-        elif base == "host_tree":
+        elif base in ("host_tree", "mpi_tree"):
             clique = flat.host_tree_clique(islands)
+            what = (f"a host-side tree all-reduce over TCP{tuned_tcp}" if base == "host_tree"
+                    else "Open MPI's MPI_Allreduce (mpi4py, TCP), reduce and broadcast along a binary tree")
             strategies.append(Strategy(name, (), flat.clique_time_alone(clique),
-                                       f"a host-side tree all-reduce over TCP{tuned_tcp} rooted at {clique.members[0]}",
-                                       clique.members))
-        elif base == "gloo":
+                                       f"{what} rooted at {clique.members[0]}", clique.members))
+        elif base in ("gloo", "mpi_ring"):
             order = tuple(flat.ring_order(islands))
+            what = (f"torch.distributed all_reduce (gloo, TCP{tuned_tcp})" if base == "gloo"
+                    else "Open MPI's MPI_Allreduce (mpi4py, TCP), its ring")
             strategies.append(Strategy(name, (), flat.clique_time_alone(Clique(order, None, RING)),
-                                       f"torch.distributed all_reduce (gloo, TCP{tuned_tcp}), ranks in ring order",
-                                       order))
-        elif name == "mpi_ring":
-            order = tuple(flat.ring_order(islands))
-            strategies.append(Strategy(name, (), flat.clique_time_alone(Clique(order, None, RING)),
-                                       "Open MPI's MPI_Allreduce (mpi4py, TCP), its ring, ranks in ring order", order))
-        elif name == "mpi_tree":
-            clique = flat.host_tree_clique(islands)
-            strategies.append(Strategy(name, (), flat.clique_time_alone(clique),
-                                       f"Open MPI's MPI_Allreduce (mpi4py, TCP), reduce and broadcast along a binary "
-                                       f"tree rooted at {clique.members[0]}", clique.members))
+                                       f"{what}, ranks in ring order", order))
         else:
             raise LabError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
     return strategies
@@ -430,7 +423,7 @@ class Measurement:
     def gloo(self, strategy, port=29511):
         """Each repetition's time (ms) of one gloo all_reduce among the islands (ranks in `strategy.order`)."""
         lab, order = self.lab, strategy.order
-        margin = max(1.0, 8e-3 * max(lab.topology.latency_ms(a, b) * lab.delay_scale for a in order for b in order))
+        margin = self._start_margin_s(order)
         environment = package_environment()
         environment["GLOO_SOCKET_IFNAME"] = "city"
         ranks = []
@@ -444,6 +437,11 @@ class Measurement:
         reports = self._collect(order, ranks, "gloo rank", time.time() + self.deadline_s * (self.reps + 2) + 60)
         return _spans(reports)
 
+    def _start_margin_s(self, order):
+        """How far ahead rank 0 of a TCP baseline names each repetition's common start: the time for its
+        announcement to reach every rank (8 one-way delays of the longest path among them), at least 1 s."""
+        lab = self.lab
+        return max(1.0, 8e-3 * max(lab.topology.latency_ms(a, b) * lab.delay_scale for a in order for b in order))
 
     def mpirun_timeout_s(self):
         """How long one mpirun of `reps` all-reduces may take before it is stopped."""
@@ -460,7 +458,7 @@ class Measurement:
 
         lab, order = self.lab, strategy.order
         algorithm = ALGORITHMS[strategy.name.removeprefix("mpi_")]
-        margin = max(1.0, 8e-3 * max(lab.topology.latency_ms(a, b) * lab.delay_scale for a in order for b in order))
+        margin = self._start_margin_s(order)
         with tempfile.TemporaryDirectory(prefix="inwire-mpi-") as directory:
             hosts, agent = os.path.join(directory, "hosts"), os.path.join(directory, "enter-city")
             with open(hosts, "w") as handle:
