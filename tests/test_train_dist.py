@@ -1,7 +1,9 @@
 """Islands as torchrun jobs (2 gloo ranks each) averaging, or training through the DDP hook, across
 `inwire serve` processes on loopback."""
 
+import dataclasses
 import json
+import re
 import shutil
 
 import numpy as np
@@ -276,3 +278,39 @@ def test_an_island_has_no_fixed_default_job(tmp_path, capsys):
                      "--out-dir", str(tmp_path)])
     assert exit_.value.code == 2
     assert "the following arguments are required: --job" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("registrations", "bind", "message"), [
+    ("not json", None, r"\$INWIRE_JOB_REGISTER: "),
+    ('{"127.0.0.1:1": {}}', None, r"\$INWIRE_JOB_REGISTER: not a list of \[\"HOST:PORT\", entry\]"),
+    ('[["127.0.0.1:1"]]', None, r"\$INWIRE_JOB_REGISTER: not a list of \[\"HOST:PORT\", entry\]"),
+    ('[["127.0.0.1:1", {"job": 5}]]', None, r"\$INWIRE_JOB_REGISTER: field token is missing$"),
+    ("OTHER_JOB", None, r"\$INWIRE_JOB_REGISTER holds job 6, \$INWIRE_JOB job 5"),
+    ("SAME_JOB", "127.0.0.1:9", r"--bind 127.0.0.1:9: with \$INWIRE_JOB_REGISTER the island binds a port of its own"),
+    ("NO_TOKEN_JOB", None, r"^.*: error: \$INWIRE_JOB: field token is missing$"),
+])
+def test_a_bad_registration_variable_is_one_line_naming_it_before_any_work(monkeypatch, tmp_path, capsys,
+                                                                           registrations, bind, message):
+    """$INWIRE_JOB_REGISTER (and $INWIRE_JOB) come from whoever starts the island: a malformed one (not JSON,
+    not the shape, an entry missing a field), one of another job, or one beside --bind ends the island at its
+    arguments with one line naming the variable (exit 2), nothing trained and no out-dir made."""
+    from inwire.control import entry_to_json, new_job
+    from inwire.train.island import JOB_VARIABLE, REGISTER_VARIABLE, parse_arguments
+
+    entry = dataclasses.replace(new_job([("127.0.0.1", 9)], 4), job=5)
+    entries = {"OTHER_JOB": dataclasses.replace(entry, job=6), "SAME_JOB": entry, "NO_TOKEN_JOB": entry}
+    job = entry_to_json(entry)
+    if registrations == "NO_TOKEN_JOB":  # $INWIRE_JOB itself without its token
+        del job["token"]
+    if registrations in entries:
+        registrations = json.dumps([["127.0.0.1:1", entry_to_json(entries[registrations])]])
+    monkeypatch.setenv(JOB_VARIABLE, json.dumps(job))
+    monkeypatch.setenv(REGISTER_VARIABLE, registrations)
+    out_dir = tmp_path / "out"
+    argv = ["--island", "LON", "--schedule", "s.json", "--server", "127.0.0.1:1", "--out-dir", str(out_dir),
+            "--job", "5", *(["--bind", bind] if bind else [])]
+    with pytest.raises(SystemExit) as exit_:
+        parse_arguments(argv)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and re.search(message, error), error
+    assert not out_dir.exists()

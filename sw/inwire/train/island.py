@@ -54,13 +54,13 @@ def registered_job(parser: argparse.ArgumentParser, args: argparse.Namespace, te
     """The job of ${JOB_VARIABLE}, checked against --job and --bind (one of its members); with
     `registrations` (${REGISTER_VARIABLE}) no --bind, and `args.registrations` the [(aggregator, entry)] that
     rank 0 registers its own socket in."""
-    from ..control import entry_from_json
+    from ..control import RequestError, entry_from_json
     from ..datagram import ip_int, parse_endpoint
 
     try:
         body = json.loads(text)
         entry = entry_from_json(body if isinstance(body, dict) else {})
-    except ValueError as error:  # not JSON, or a field the control plane would refuse
+    except (ValueError, RequestError) as error:  # not JSON, or a field the control plane would refuse
         parser.error(f"${JOB_VARIABLE}: {str(error).splitlines()[0]}")
     if entry.job != args.job:
         parser.error(f"${JOB_VARIABLE} holds job {entry.job}, --job says {args.job}")
@@ -83,7 +83,7 @@ def registered_job(parser: argparse.ArgumentParser, args: argparse.Namespace, te
 
 def job_registrations(parser: argparse.ArgumentParser, text: str, job: int) -> list[tuple[str, "JobEntry"]]:
     """The [(aggregator "HOST:PORT", entry)] of ${REGISTER_VARIABLE}, each entry of job `job`."""
-    from ..control import entry_from_json
+    from ..control import RequestError, entry_from_json
 
     try:
         body = json.loads(text)
@@ -91,7 +91,7 @@ def job_registrations(parser: argparse.ArgumentParser, text: str, job: int) -> l
                                                  and isinstance(item[1], dict) for item in body):
             raise ValueError("not a list of [\"HOST:PORT\", entry]")
         registrations = [(aggregator, entry_from_json(fields)) for aggregator, fields in body]
-    except ValueError as error:  # not JSON, or a field the control plane would refuse
+    except (ValueError, RequestError) as error:  # not JSON, or a field the control plane would refuse
         parser.error(f"${REGISTER_VARIABLE}: {str(error).splitlines()[0]}")
     other = next((entry.job for _, entry in registrations if entry.job != job), None)
     if other is not None:
