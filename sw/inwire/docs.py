@@ -138,7 +138,8 @@ copy each, to the addresses the slot's contributions came from (once an address,
 send from it, a member that left since included) and the child aggregators whose partials it took; with a
 group, the root's result reaches every member at once, so a result that comes down to a lower level (the
 answer to its partial sent up again for a retransmission) goes only to the members and child aggregators
-whose retransmission sent it, not to the group again; a partial to the clique's parent; the answer to a
+whose retransmission sent it, not to the group again (an aggregator that sends one frame per result, as the
+gateware, sends it to the group again: members then get it twice); a partial to the clique's parent; the answer to a
 retransmission or a result request to its sender alone, once per request. Results carry the job's token,
 and members accept results only from the aggregator they sent to, with their job's token.
 A stats reply is larger than its request, so a version {JOB_VERSION} stats request is answered only once

@@ -273,7 +273,8 @@ class Disposition(IntEnum):
                    "someone outside the job")
     RELAYED = (24, "version 3 result from the clique's parent for a slot waiting for it: stored and sent down "
                    "(to the slot's members and child aggregators; with a group, which the root sent it to, only to "
-                   "those whose retransmission sent the partial up again)")
+                   "those whose retransmission sent the partial up again, or to the group again by an aggregator "
+                   "that sends one frame per result, as the gateware)")
 
 
 COUNTERS = tuple(disposition.name.lower() for disposition in Disposition) + (
